@@ -1,0 +1,99 @@
+// The one bounded wait every loom spin goes through.
+//
+// Each wait has a deadline (launch start + LOOM_TIMEOUT_MS, read from %globaltimer) and polls
+// two abort words: the device-wide one that the first failing CTA raises, and the host-mapped
+// one the host raises (comm abort, host-side deadline). On timeout the CTA writes one error
+// record (code, op, epoch, rank waited on, flag) into host-mapped memory, raises the device
+// abort and returns false; the caller returns from the kernel. No trap: the CUDA context stays
+// usable and the host reports a Status.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/comm/signals.cuh"
+#include "runtime/device_abi.h"
+
+namespace loom::kernels {
+
+// Abort words are read every kAbortCheckInterval polls (they live in host memory or are
+// shared by all CTAs, so reading them every spin would cost bandwidth).
+constexpr uint32_t kAbortCheckInterval = 64;
+constexpr uint32_t kSleepAfterPolls = 256;  // then back off with nanosleep to spare the flag's line
+
+struct WaitContext {
+  WaitParams params;
+  uint64_t deadline_ns;
+  uint64_t epoch;
+  OpId op;
+
+  __device__ static WaitContext start(const WaitParams& p, OpId op, uint64_t epoch) {
+    WaitContext c;
+    c.params = p;
+    c.deadline_ns = global_timer_ns() + p.timeout_ns;
+    c.epoch = epoch;
+    c.op = op;
+    return c;
+  }
+
+  __device__ bool aborted() const {
+    return *reinterpret_cast<const volatile uint32_t*>(params.device_abort) != 0 ||
+           (params.host_abort != nullptr && *params.host_abort != 0);
+  }
+
+  // Records the failure (first CTA wins), raises the device abort.
+  __device__ void fail(DeviceError code, int waited_on, FlagKind kind, uint32_t index, uint64_t observed,
+                       uint64_t waited_ns) const {
+    ErrorRecord* e = params.error;
+    if (e != nullptr && atomicCAS(reinterpret_cast<unsigned int*>(&e->code), 0u, static_cast<unsigned>(code)) == 0u) {
+      e->op = static_cast<uint32_t>(op);
+      e->epoch = epoch;
+      e->waited_on = waited_on;
+      e->flag_kind = static_cast<uint32_t>(kind);
+      e->flag_index = index;
+      e->cta = static_cast<int32_t>(blockIdx.x);
+      e->observed = observed;
+      e->waited_ns = waited_ns;
+      __threadfence_system();
+    }
+    atomicExch(params.device_abort, 1u);
+    __threadfence_system();
+  }
+};
+
+// Spins (one thread) until *flag reaches `target`. Returns false on timeout or abort; the
+// failure is then already recorded.
+__device__ __noinline__ inline bool wait_flag(const uint64_t* flag, uint64_t target, const WaitContext& ctx,
+                                              int waited_on, FlagKind kind, uint32_t index) {
+  uint64_t seen = flag_load_acquire(flag);
+  if (epoch_reached(seen, target)) return true;
+  const uint64_t begin = global_timer_ns();
+  for (uint32_t polls = 1;; ++polls) {
+    seen = flag_load_acquire(flag);
+    if (epoch_reached(seen, target)) return true;
+    if (polls % kAbortCheckInterval == 0) {
+      if (ctx.aborted()) {
+        ctx.fail(DeviceError::kAborted, waited_on, kind, index, seen, global_timer_ns() - begin);
+        return false;
+      }
+      const uint64_t now = global_timer_ns();
+      if (now > ctx.deadline_ns) {
+        ctx.fail(DeviceError::kTimeout, waited_on, kind, index, seen, now - begin);
+        return false;
+      }
+    }
+    if (polls > kSleepAfterPolls) __nanosleep(64);
+  }
+}
+
+// The whole CTA waits for a flag that one thread polls; returns the same answer to every thread.
+__device__ __forceinline__ bool cta_wait_flag(const uint64_t* flag, uint64_t target, const WaitContext& ctx,
+                                              int waited_on, FlagKind kind, uint32_t index) {
+  __shared__ int ok_shared;
+  if (threadIdx.x == 0) ok_shared = wait_flag(flag, target, ctx, waited_on, kind, index) ? 1 : 0;
+  __syncthreads();
+  const bool ok = ok_shared != 0;
+  __syncthreads();  // ok_shared may be reused by the next call
+  return ok;
+}
+
+}  // namespace loom::kernels

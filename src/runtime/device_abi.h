@@ -1,0 +1,122 @@
+// Structures shared by host code and device code (plain data, no CUDA headers).
+//
+// These cross the host/device boundary by value (kernel parameters) or live in memory both
+// sides read: the error record and the abort word are host-mapped pinned memory, the epoch
+// state is device memory, the control region is at the start of the symmetric heap.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define LOOM_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define LOOM_HOST_DEVICE inline
+#endif
+
+namespace loom {
+
+// Which operation a kernel runs: recorded in error records and logs.
+enum class OpId : uint32_t {
+  kNone = 0,
+  kSelfTest,
+  kAllGather,
+  kReduceScatter,
+  kAllReduce,
+  kGemm,
+  kAgGemm,
+  kGemmRs,
+  kGemmAr,
+};
+const char* op_name(OpId op);
+
+// Which kind of flag a failed wait was waiting for.
+enum class FlagKind : uint32_t {
+  kNone = 0,
+  kEntered,  // "rank s has entered epoch e: its inputs are ready and its receive buffers free"
+  kChunk,    // "rank s has written chunk c of epoch e into my buffer"
+  kDone,     // "rank s has finished reading my buffers in epoch e"
+  kTile,     // a GEMM tile's input rows have arrived
+};
+const char* flag_kind_name(FlagKind kind);
+
+enum class DeviceError : uint32_t { kNone = 0, kTimeout = 1, kAborted = 2 };
+
+// Written once, by the first CTA that fails, into host-mapped memory; the host turns it into a
+// Status after the stream's work completes (or after the host deadline).
+struct ErrorRecord {
+  uint32_t code;         // DeviceError
+  uint32_t op;           // OpId
+  uint64_t epoch;        // epoch of the failed launch
+  int32_t waited_on;     // local rank whose flag never came (-1: not a flag wait)
+  uint32_t flag_kind;    // FlagKind
+  uint32_t flag_index;   // chunk/tile index within that kind
+  int32_t cta;           // blockIdx.x of the CTA that gave up
+  uint64_t observed;     // the flag value last seen
+  uint64_t waited_ns;    // how long it waited
+};
+
+// Everything a bounded wait needs; passed by value in every kernel's parameters.
+struct WaitParams {
+  uint64_t timeout_ns;             // per launch, from LOOM_TIMEOUT_MS
+  const volatile uint32_t* host_abort;  // host-mapped: the host sets it to abort running kernels
+  uint32_t* device_abort;          // device memory: the first failing CTA sets it for the others
+  ErrorRecord* error;              // host-mapped
+};
+
+// Per-communicator launch counter in device memory. Each launch uses epoch + 1 and its last CTA
+// to finish stores that value back, so epochs advance inside CUDA graphs without host work.
+struct EpochState {
+  uint64_t epoch;          // last completed epoch (0 before the first launch)
+  uint32_t ctas_finished;  // CTAs of the running launch that are done
+  uint32_t pad;
+};
+
+// Serial-number comparison: has `flag` reached `target`? Correct across 2^64 wrap-around as
+// long as the two are within 2^63 of each other (which no run reaches).
+LOOM_HOST_DEVICE bool epoch_reached(uint64_t flag, uint64_t target) {
+  return static_cast<int64_t>(flag - target) >= 0;
+}
+
+// Layout of the control region at offset 0 of every rank's symmetric heap (equal on all ranks).
+// All flags are uint64_t epochs written by peers over NVLink and polled by the owner.
+//   entered[src]            local_world              * 8 B
+//   done[src]               local_world              * 8 B
+//   chunk[src][chunk]       local_world * max_chunks * 8 B
+//   self_test[src][word]    local_world * kSelfTestWords * 8 B
+struct ControlLayout {
+  static constexpr uint32_t kSelfTestWords = 8;
+  uint64_t entered_offset;
+  uint64_t done_offset;
+  uint64_t chunk_offset;
+  uint64_t self_test_offset;
+  uint64_t bytes;        // total, rounded up to 4 KiB
+  uint32_t local_world;
+  uint32_t max_chunks;   // per source rank
+};
+
+LOOM_HOST_DEVICE ControlLayout make_control_layout(uint32_t local_world, uint32_t max_chunks) {
+  ControlLayout c{};
+  c.local_world = local_world;
+  c.max_chunks = max_chunks;
+  c.entered_offset = 0;
+  c.done_offset = c.entered_offset + 8ull * local_world;
+  c.chunk_offset = c.done_offset + 8ull * local_world;
+  c.self_test_offset = c.chunk_offset + 8ull * local_world * max_chunks;
+  const uint64_t end = c.self_test_offset + 8ull * local_world * ControlLayout::kSelfTestWords;
+  c.bytes = (end + 4095) & ~uint64_t{4095};
+  return c;
+}
+
+// The local node as a kernel sees it: this rank's index, the peers' heap bases (device array of
+// local_world pointers, entry local_rank is our own heap) and the control region's layout.
+struct DeviceComm {
+  int32_t local_rank;
+  int32_t local_world;
+  const uint64_t* peer_heap_bases;  // device memory, [local_world]
+  uint64_t local_heap_base;
+  ControlLayout control;
+  EpochState* epoch_state;  // device memory
+  WaitParams wait;
+};
+
+}  // namespace loom
