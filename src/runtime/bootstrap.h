@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -51,8 +52,14 @@ class Bootstrap {
   // Rank 0 of a unique-id job: binds `bind_addr` on an ephemeral port, draws a random secret and
   // keeps the listener open for the later from_unique_id() call in this process.
   static Result<UniqueId> create_unique_id(std::string_view bind_addr = "127.0.0.1");
+  // Any rank; rank 0 takes over the listener create_unique_id() left in this process (or binds
+  // the id's address itself when another process created the id). A garbage id fails with
+  // invalid_argument.
   static Result<std::unique_ptr<Bootstrap>> from_unique_id(const UniqueId& id, int rank, int world_size,
                                                            std::chrono::milliseconds timeout);
+  // Closes the listener create_unique_id() keeps for `id` when this process will not be its
+  // rank 0 (an abandoned job, or a parent that forked the ranks). No effect otherwise.
+  static void discard_unique_id(const UniqueId& id);
   // Connects (rank != 0) or listens and accepts everyone (rank 0). Returns when all world_size
   // ranks are connected and authenticated, or fails within config.timeout (+ at most 1 s).
   static Result<std::unique_ptr<Bootstrap>> connect(const BootstrapConfig& config);
@@ -70,5 +77,41 @@ class Bootstrap {
   // peer_failure("rank R: <message>") instead of waiting for the deadline.
   virtual void report_failure(std::string_view message) = 0;
 };
+// A Bootstrap is used by one thread at a time. After a step fails, every later step returns
+// aborted (the first failure is in its message).
+
+// The wire format, exposed so tests can play a hostile client or a fake rank 0; only
+// bootstrap.cc builds real messages. Each message is a 16-byte header (magic, version, type,
+// payload length; little-endian) and a fixed-size body of its type; kStep and kResult append the
+// caller's bytes, whose length the receiver knows before reading them. Nothing else is ever
+// deserialized.
+namespace bootstrap_wire {
+
+inline constexpr uint32_t kMagic = 0x4d4f4f4c;  // "LOOM" in memory order
+inline constexpr uint16_t kVersion = 1;
+inline constexpr size_t kHeaderBytes = 16;
+inline constexpr size_t kChallengeBodyBytes = 32;  // rank 0's nonce
+inline constexpr size_t kHelloBodyBytes = 72;      // rank, world size, client nonce, client proof
+inline constexpr size_t kWelcomeBodyBytes = 32;    // rank 0's proof over the client nonce
+
+enum class MessageType : uint16_t {
+  kChallenge = 1,  // rank 0 -> client, first message of a connection
+  kHello = 2,      // client -> rank 0
+  kWelcome = 3,    // rank 0 -> client: authenticated both ways
+  kReady = 4,      // rank 0 -> client: every rank has joined
+  kQuery = 5,      // client -> rank 0 when its init deadline passes: which ranks are missing?
+  kMissing = 6,    // rank 0 -> client: the ranks still missing
+  kStep = 7,       // client -> rank 0: a collective step and this rank's bytes
+  kResult = 8,     // rank 0 -> client: the step's result
+  kFailure = 9,    // either way: a rejection, a reported failure, a timeout verdict
+};
+
+std::array<uint8_t, kHeaderBytes> encode_header(MessageType type, uint64_t payload_bytes);
+// The proof a client puts in its hello: HMAC-SHA256(secret, domain || challenge || rank || world).
+Result<std::array<uint8_t, 32>> client_proof(const Secret& secret,
+                                             std::span<const uint8_t, kChallengeBodyBytes> challenge, uint32_t rank,
+                                             uint32_t world_size);
+
+}  // namespace bootstrap_wire
 
 }  // namespace loom::runtime

@@ -1,2 +1,58 @@
-// Placeholder until the launcher lands.
-int main() { return 1; }
+// loom-run: starts N local ranks of a command and supervises them.
+//
+//   loom-run -n N [--timeout SEC] [--no-prefix] -- command args...
+//
+// Exit status: 0 iff every rank exited 0; otherwise the first failed rank's exit code (128 + its
+// signal number when a signal ended it), 124 when the wall-clock limit passed, 128 + the signal
+// number when loom-run was interrupted, 1 for anything else. The last line on stderr says what
+// happened and names the failed ranks.
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "runtime/launcher.h"
+
+namespace {
+
+constexpr int kTimedOutExit = 124;  // as timeout(1)
+
+int exit_status(const loom::runtime::LaunchReport& report) {
+  if (report.all_succeeded()) return 0;
+  if (report.first_failed_rank >= 0) {
+    const loom::runtime::RankExit& failed = report.ranks[report.first_failed_rank];
+    if (failed.signal != 0) return 128 + failed.signal;
+    if (failed.exit_code > 0) return failed.exit_code;
+    return 1;
+  }
+  if (report.timed_out) return kTimedOutExit;
+  if (report.forwarded_signal != 0) return 128 + report.forwarded_signal;
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Start N local ranks of a command (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOOM_SECRET set)"};
+  loom::runtime::LaunchOptions options;
+  double timeout_seconds = 0;
+  bool no_prefix = false;
+  app.add_option("-n,--nproc", options.num_ranks, "number of ranks")->required()->check(CLI::Range(1, 1024));
+  app.add_option("--timeout", timeout_seconds, "wall-clock limit in seconds; every rank is killed after it (0: none)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--no-prefix", no_prefix, "do not prefix output lines with [rank N]");
+  app.add_option("command", options.argv, "the command each rank runs (after --)")->required();
+  CLI11_PARSE(app, argc, argv);
+
+  options.prefix_output = !no_prefix;
+  options.timeout = std::chrono::milliseconds(static_cast<long long>(timeout_seconds * 1000.0));
+  loom::Result<loom::runtime::LaunchReport> report = loom::runtime::launch_local_ranks(options);
+  if (!report.ok()) {
+    std::fprintf(stderr, "loom-run: %s\n", report.status().to_string().c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "loom-run: %s\n", report->summary().c_str());
+  return exit_status(*report);
+}

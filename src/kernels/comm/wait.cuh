@@ -62,7 +62,7 @@ struct WaitContext {
 
 // Spins (one thread) until *flag reaches `target`. Returns false on timeout or abort; the
 // failure is then already recorded.
-__device__ __noinline__ inline bool wait_flag(const uint64_t* flag, uint64_t target, const WaitContext& ctx,
+__device__ __forceinline__ bool wait_flag(const uint64_t* flag, uint64_t target, const WaitContext& ctx,
                                               int waited_on, FlagKind kind, uint32_t index) {
   uint64_t seen = flag_load_acquire(flag);
   if (epoch_reached(seen, target)) return true;

@@ -1,0 +1,74 @@
+// all_gather over NVLink: recv[s * bytes ...] on every rank = rank s's send[0, bytes).
+//
+// Push: CTA c copies slice c of this rank's shard into every rank's recv (peers first, local
+// last), then publishes chunk[me][c]; it finishes when chunk[s][c] arrived from every peer.
+// recv must be in the symmetric heap (peers write it); send may be any local device memory.
+// Engines: kVector (all threads, 16-byte stores) or kBulk (one thread drives the TMA engine).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/collectives/common.cuh"
+#include "kernels/comm/copy.cuh"
+
+namespace loom::kernels {
+
+enum class CopyEngine : uint32_t { kVector = 0, kBulk = 1 };
+
+struct AllGatherConfig {
+  static constexpr int kThreads = 512;
+  static constexpr int kUnroll = 4;        // 16-byte vectors in flight per thread
+  static constexpr int kBulkStages = 4;    // TMA ring depth
+  static constexpr uint32_t kBulkStageBytes = 16 * 1024;
+  using Bulk = BulkCopier<kBulkStages, kBulkStageBytes>;
+  // Dynamic shared memory: the TMA ring (kBulk only) followed by nothing else.
+  static constexpr uint32_t kBulkSmemBytes = Bulk::kSmemBytes;
+};
+
+template <CopyEngine kEngine>
+__global__ void __launch_bounds__(AllGatherConfig::kThreads, 1) all_gather_kernel(CollectiveArgs a) {
+  using Config = AllGatherConfig;
+  extern __shared__ __align__(128) char smem[];
+  const DeviceComm& c = a.comm;
+  const uint64_t epoch = launch_epoch(c.epoch_state);
+  const WaitContext ctx = WaitContext::start(c.wait, OpId::kAllGather, epoch);
+  const int me = c.local_rank;
+  const int world = c.local_world;
+  const uint32_t cta = blockIdx.x;
+
+  if (cta_enter(c, epoch, ctx)) {
+    const Slice slice = slice_of(a.bytes, gridDim.x, cta, kVectorBytes);
+    const char* src = a.send + slice.begin;
+    const uint64_t dst_offset = a.recv_offset + static_cast<uint64_t>(me) * a.bytes + slice.begin;
+    bool ok = true;
+    if constexpr (kEngine == CopyEngine::kBulk) {
+      // The TMA engine needs 16-byte aligned, 16-byte multiple ranges: the host only picks it then.
+      __shared__ char* dsts_shared[1];
+      const Config::Bulk bulk = Config::Bulk::carve(smem);
+      if (threadIdx.x == 0) bulk.init();
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        uint64_t phases = 0;
+        for (int i = 1; i <= world && ok; ++i) {
+          const int d = (me + i) % world;
+          dsts_shared[0] = peer_heap(c, d) + dst_offset;
+          if (dsts_shared[0] == src || slice.size() == 0) continue;
+          phases = bulk.copy(dsts_shared, 1, src, slice.size(), phases, ctx);
+          ok = phases != ~uint64_t{0};
+        }
+      }
+    } else {
+      for (int i = 1; i <= world; ++i) {
+        const int d = (me + i) % world;
+        char* dst = peer_heap(c, d) + dst_offset;
+        if (dst != src) vector_copy<Config::kUnroll>(dst, src, slice.size(), threadIdx.x, blockDim.x);
+      }
+    }
+    // A failed bulk copy has recorded the error; publishing anyway is harmless (peers abort too).
+    cta_publish_chunk(c, cta, epoch);
+    cta_wait_chunk_from_all(c, cta, epoch, ctx);
+  }
+  if (threadIdx.x == 0) finish_launch(c.epoch_state, epoch);
+}
+
+}  // namespace loom::kernels

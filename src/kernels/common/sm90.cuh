@@ -1,0 +1,141 @@
+// Hopper (sm_90a) primitives that CCCL's cuda::ptx does not provide: wgmma (issue, fences,
+// shared-memory matrix descriptors), setmaxnreg, named barriers, tensor-map prefetch, and the
+// bounded mbarrier wait every loom pipeline uses. Everything else (TMA, mbarrier init/arrive,
+// proxy fences, bulk groups) comes from <cuda/ptx>.
+#pragma once
+
+#include <cuda/ptx>
+
+#include <cstdint>
+
+#include "kernels/comm/wait.cuh"
+#include "kernels/common/tma_descriptor.h"
+#include "kernels/common/wgmma_generated.cuh"
+
+namespace loom::kernels::sm90 {
+
+// ---- small helpers --------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// TmaDescriptor: an opaque CUtensorMap (kernels/common/tma_descriptor.h); device code does not
+// include driver headers, and host code static_asserts that the two agree.
+
+__device__ __forceinline__ void prefetch_tensormap(const TmaDescriptor* map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// ---- register reallocation (warpgroup-wide; needs __launch_bounds__(threads, 1)) -----------
+
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  static_assert(kRegs >= 24 && kRegs <= 256 && kRegs % 8 == 0, "setmaxnreg takes 24..256 in steps of 8");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  static_assert(kRegs >= 24 && kRegs <= 256 && kRegs % 8 == 0, "setmaxnreg takes 24..256 in steps of 8");
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegs));
+}
+
+// ---- named barriers (id 0 is __syncthreads) -------------------------------------------------
+
+__device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// ---- wgmma -----------------------------------------------------------------------------------
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+}
+
+// Keeps the compiler from moving accesses to accumulator registers across wgmma issue/wait.
+template <int kCount>
+__device__ __forceinline__ void fence_operands(float (&d)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// Shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format"):
+//   bits  0-13  start address >> 4      bits 16-29  leading-dimension byte offset >> 4
+//   bits 32-45  stride-dimension byte offset >> 4      bits 49-51  base offset (0: atoms 1024-aligned)
+//   bits 62-63  swizzle: 1 = 128-byte
+// 128B-swizzle atoms are 8 rows x 128 bytes (1024 B). K-major operands: SBO = 1024 (next 8 rows),
+// LBO unused (1). N-major B: LBO = byte distance between 64-element groups along N, SBO = 1024
+// (next 8 rows along K).
+__device__ __forceinline__ uint64_t make_smem_desc_sw128(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  uint64_t desc = 0;
+  desc |= static_cast<uint64_t>((smem_addr & 0x3FFFFu) >> 4);
+  desc |= static_cast<uint64_t>((lbo_bytes & 0x3FFFFu) >> 4) << 16;
+  desc |= static_cast<uint64_t>((sbo_bytes & 0x3FFFFu) >> 4) << 32;
+  desc |= uint64_t{1} << 62;
+  return desc;
+}
+
+// One m64nNk16 wgmma for N in {64, 128, 256}.
+template <int kN, bool kBF16, int kTransB>
+__device__ __forceinline__ void wgmma_m64k16(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
+  if constexpr (kN == 256) {
+    if constexpr (kBF16) wgmma_m64n256k16_bf16<kTransB>(d, desc_a, desc_b, scale_d);
+    else wgmma_m64n256k16_f16<kTransB>(d, desc_a, desc_b, scale_d);
+  } else if constexpr (kN == 128) {
+    if constexpr (kBF16) wgmma_m64n128k16_bf16<kTransB>(d, desc_a, desc_b, scale_d);
+    else wgmma_m64n128k16_f16<kTransB>(d, desc_a, desc_b, scale_d);
+  } else {
+    static_assert(kN == 64, "wgmma_m64k16 is generated for N = 64, 128, 256");
+    if constexpr (kBF16) wgmma_m64n64k16_bf16<kTransB>(d, desc_a, desc_b, scale_d);
+    else wgmma_m64n64k16_f16<kTransB>(d, desc_a, desc_b, scale_d);
+  }
+}
+
+// ---- bounded mbarrier waits ------------------------------------------------------------------
+
+// What an intra-CTA wait was for, recorded in ErrorRecord::flag_index (flag_kind = kNone,
+// waited_on = -1) when it gives up: kind << 16 | index.
+enum class BarrierWhat : uint32_t { kStageFull = 1, kStageEmpty = 2, kTileFull = 3, kTileEmpty = 4 };
+__device__ __forceinline__ uint32_t barrier_what(BarrierWhat what, uint32_t index) {
+  return (static_cast<uint32_t>(what) << 16) | (index & 0xFFFFu);
+}
+
+// Intra-CTA waits give the bounded flag waits (which carry the informative error) a head start:
+// they time out a grace period after the launch deadline, and leave at once on an abort.
+__device__ __forceinline__ uint64_t internal_deadline(const WaitContext& ctx) {
+  const uint64_t grace = ctx.params.timeout_ns / 4 + 20'000'000ull;  // + 20 ms
+  const uint64_t d = ctx.deadline_ns + grace;
+  return d < ctx.deadline_ns ? ~uint64_t{0} : d;
+}
+
+__device__ __forceinline__ bool mbarrier_wait_slow(uint64_t* bar, uint32_t parity, const WaitContext& ctx,
+                                                      uint32_t what) {
+  const uint64_t begin = global_timer_ns();
+  const uint64_t deadline = internal_deadline(ctx);
+  for (uint32_t polls = 1;; ++polls) {
+    if (cuda::ptx::mbarrier_try_wait_parity(bar, parity)) return true;
+    if (polls % 128 == 0) {
+      if (ctx.aborted()) {
+        ctx.fail(DeviceError::kAborted, -1, FlagKind::kNone, what, 0, global_timer_ns() - begin);
+        return false;
+      }
+      const uint64_t now = global_timer_ns();
+      if (now > deadline) {
+        ctx.fail(DeviceError::kTimeout, -1, FlagKind::kNone, what, 0, now - begin);
+        return false;
+      }
+    }
+  }
+}
+
+// Waits until the phase of parity `parity` of `bar` has completed. Returns false (the failure
+// recorded) on abort or timeout; the caller then leaves its loop.
+__device__ __forceinline__ bool mbarrier_wait(uint64_t* bar, uint32_t parity, const WaitContext& ctx, uint32_t what) {
+  if (cuda::ptx::mbarrier_try_wait_parity(bar, parity)) return true;
+  return mbarrier_wait_slow(bar, parity, ctx, what);
+}
+
+}  // namespace loom::kernels::sm90

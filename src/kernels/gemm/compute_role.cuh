@@ -1,0 +1,392 @@
+// The GEMM engine's compute role: one persistent CTA's share of D = A * B, callable from any
+// kernel (the standalone GEMM kernel, or a fused kernel whose role table makes this CTA a
+// compute CTA).
+//
+// Roles inside the CTA (Cfg::kThreads threads):
+//   warpgroup 0            producer: thread 0 asks the scheduler for tiles (the scheduler gates
+//                          each tile on its arrival flags), publishes them in the tile ring and
+//                          issues the TMA loads of A and B into the kStages-deep ring of stages.
+//                          Registers drop to kProducerRegs. Threads 1..127 idle.
+//   warpgroups 1..C        consumers: read the tile ring, run the wgmma mainloop (warpgroup g
+//                          owns tile rows [64g, 64g + 64), m64nBNk16 per 16-wide k step, one
+//                          k-block of wgmma in flight while the next stage is waited for), then
+//                          the epilogue: each warp stages its 16 rows x 128 bytes at a time
+//                          (converted to the output type, 128B-swizzled, double-buffered) and
+//                          hands the box to the epilogue object (TMA store or reduce-add). Tile
+//                          signals are deferred to the next tile's epilogue (or the exit), when
+//                          the bulk writes have long landed. Registers rise to kConsumerRegs.
+// Synchronisation: full[s] (1 arrival + TMA bytes), empty[s] (one arrival per consumer warp),
+// tile_full[t] (producer), tile_empty[t] (one arrival per consumer warp); every wait is bounded
+// (sm90::mbarrier_wait, comm/wait.cuh's wait_flag for gates) and leaves cleanly on failure.
+//
+// Use from a kernel launched with Cfg::kThreads threads, __launch_bounds__(Cfg::kThreads, 1) and
+// Cfg::kSmemBytes of dynamic shared memory:
+//   Role::init(smem);                                           // every thread, once per launch
+//   WorkItem exit = Role::run(smem, operands, sched, epi, index, count, ctx);  // every thread
+// run() returns (to every thread, after a CTA barrier) the item that ended it: kDone, kFailed,
+// or kYield, after which the caller may run another role and call run() again (the pipeline
+// state persists in shared memory; the scheduler object must be the same).
+#pragma once
+
+#include <cuda/ptx>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "kernels/comm/wait.cuh"
+#include "kernels/common/sm90.cuh"
+#include "kernels/gemm/config.h"
+#include "kernels/gemm/params.h"
+
+namespace loom::kernels::gemm {
+
+// The A and B operands as the role sees them: tensor maps (kernel parameters or global memory)
+// and the problem shape.
+struct GemmOperands {
+  const sm90::TmaDescriptor* a;  // [M, K] row-major, box {64, BLOCK_M}, 128B swizzle
+  const sm90::TmaDescriptor* b;  // N-major: [K, N], box {64, 64}; K-major: [N, K], box {64, BLOCK_N}
+  uint32_t m, n, k;
+};
+
+// Per-call pipeline state kept in shared memory between run() calls (64 bytes).
+struct RoleState {
+  uint32_t producer_stage, producer_phase, producer_slot, producer_slot_phase;
+  uint32_t consumer_stage, consumer_phase, consumer_slot, consumer_slot_phase;
+  WorkItem exit;
+  uint32_t epi_parity;
+  uint32_t reserved[3];
+};
+static_assert(sizeof(RoleState) == 64, "RoleState must fit its 64-byte slot");
+
+template <class Cfg, bool kBF16, bool kBNMajor, class Scheduler, class Epilogue>
+class ComputeRole {
+ public:
+  static constexpr int kThreads = Cfg::kThreads;
+  static constexpr uint32_t kSmemBytes = Cfg::kSmemBytes;
+  static constexpr int BM = Cfg::kBlockM;
+  static constexpr int BN = Cfg::kBlockN;
+  static constexpr int kStages = Cfg::kStages;
+  static constexpr int kAcc = BN / 2;  // fp32 accumulators per consumer thread
+
+  // Every thread of the CTA, once per launch, before the first run().
+  __device__ static void init(uint8_t* smem_raw) {
+    const Smem sm(smem_raw);
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < kStages; ++s) {
+        cuda::ptx::mbarrier_init(sm.full(s), 1);
+        cuda::ptx::mbarrier_init(sm.empty(s), Cfg::kConsumers * 4);
+      }
+      for (int t = 0; t < kTileSlots; ++t) {
+        cuda::ptx::mbarrier_init(sm.tile_full(t), 1);
+        cuda::ptx::mbarrier_init(sm.tile_empty(t), Cfg::kConsumers * 4);
+      }
+      RoleState* st = sm.state();
+      *st = RoleState{};
+      // Make the initialised barriers visible to the async proxy (TMA complete_tx).
+      cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+    }
+    __syncthreads();
+  }
+
+  __device__ static WorkItem run(uint8_t* smem_raw, const GemmOperands& ops, Scheduler& sched, Epilogue& epi,
+                                 uint32_t compute_index, uint32_t num_compute, const WaitContext& ctx) {
+    const Smem sm(smem_raw);
+    const uint32_t warpgroup = threadIdx.x / 128;
+    if (warpgroup == 0) {
+      if constexpr (Cfg::kSetMaxNReg) sm90::setmaxnreg_dec<Cfg::kProducerRegs>();
+      if (threadIdx.x == 0) producer(sm, ops, sched, compute_index, num_compute, ctx);
+      if constexpr (Cfg::kSetMaxNReg) sm90::setmaxnreg_inc<Cfg::kEntryRegs>();
+    } else {
+      if constexpr (Cfg::kSetMaxNReg) sm90::setmaxnreg_inc<Cfg::kConsumerRegs>();
+      consumer(sm, ops, epi, warpgroup - 1, ctx);
+      if constexpr (Cfg::kSetMaxNReg) sm90::setmaxnreg_dec<Cfg::kEntryRegs>();
+    }
+    __syncthreads();
+    const WorkItem exit = sm.state()->exit;
+    __syncthreads();  // the next run() may overwrite it
+    return exit;
+  }
+
+ private:
+  struct Smem {
+    uint8_t* base;
+    __device__ explicit Smem(uint8_t* raw)
+        : base(reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023})) {}
+    __device__ uint8_t* a(int s) const { return base + Cfg::kAOffset + s * Cfg::kABytes; }
+    __device__ uint8_t* b(int s) const { return base + Cfg::kBOffset + s * Cfg::kBBytes; }
+    __device__ uint8_t* epi(int g, int w, uint32_t parity) const {
+      return base + Cfg::kEpiOffset + ((g * 4 + w) * 2 + parity) * kEpiBoxBytes;
+    }
+    __device__ uint64_t* full(int s) const { return reinterpret_cast<uint64_t*>(base + Cfg::kFullOffset) + s; }
+    __device__ uint64_t* empty(int s) const { return reinterpret_cast<uint64_t*>(base + Cfg::kEmptyOffset) + s; }
+    __device__ uint64_t* tile_full(int t) const {
+      return reinterpret_cast<uint64_t*>(base + Cfg::kTileFullOffset) + t;
+    }
+    __device__ uint64_t* tile_empty(int t) const {
+      return reinterpret_cast<uint64_t*>(base + Cfg::kTileEmptyOffset) + t;
+    }
+    __device__ WorkItem* ring(int t) const { return reinterpret_cast<WorkItem*>(base + Cfg::kTileRingOffset) + t; }
+    __device__ RoleState* state() const { return reinterpret_cast<RoleState*>(base + Cfg::kStateOffset); }
+  };
+
+  // ---- producer (one thread) -----------------------------------------------------------------
+  __device__ static void producer(const Smem& sm, const GemmOperands& ops, Scheduler& sched, uint32_t compute_index,
+                                  uint32_t num_compute, const WaitContext& ctx) {
+    RoleState* st = sm.state();
+    uint32_t stage = st->producer_stage, phase = st->producer_phase;
+    uint32_t slot = st->producer_slot, slot_phase = st->producer_slot_phase;
+    sm90::prefetch_tensormap(ops.a);
+    sm90::prefetch_tensormap(ops.b);
+    const uint32_t k_blocks = (ops.k + kBlockK - 1) / kBlockK;
+
+    for (;;) {
+      const WorkItem item = sched.next(compute_index, num_compute, ctx);
+      // Publish the item (tiles, and the sentinel that tells the consumers to leave).
+      if (!sm90::mbarrier_wait(sm.tile_empty(slot), slot_phase ^ 1, ctx,
+                               sm90::barrier_what(sm90::BarrierWhat::kTileEmpty, slot))) {
+        return;  // consumers leave on the abort this raised
+      }
+      *sm.ring(slot) = item;
+      cuda::ptx::mbarrier_arrive(sm.tile_full(slot));
+      if (++slot == kTileSlots) {
+        slot = 0;
+        slot_phase ^= 1;
+      }
+      if (item.kind != static_cast<uint32_t>(WorkKind::kTile)) break;
+
+      const int32_t m0 = static_cast<int32_t>(item.m_block * BM);
+      const int32_t n0 = static_cast<int32_t>(item.n_block * BN);
+      for (uint32_t kb = 0; kb < k_blocks; ++kb) {
+        if (!sm90::mbarrier_wait(sm.empty(stage), phase ^ 1, ctx,
+                                 sm90::barrier_what(sm90::BarrierWhat::kStageEmpty, stage))) {
+          return;
+        }
+        uint64_t* full = sm.full(stage);
+        constexpr uint32_t kStageTxBytes = Cfg::kStageTxBytes;
+        cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                             full, kStageTxBytes);
+        const int32_t k0 = static_cast<int32_t>(kb * kBlockK);
+        const int32_t a_coords[2] = {k0, m0};
+        cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, sm.a(stage), ops.a,
+                                        a_coords, full);
+        if constexpr (kBNMajor) {
+          // [K, N] row-major: BN/64 boxes of 64 N-columns x 64 K-rows, 8 KiB apart.
+#pragma unroll
+          for (int i = 0; i < BN / 64; ++i) {
+            const int32_t b_coords[2] = {n0 + 64 * i, k0};
+            cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
+                                            sm.b(stage) + i * 64 * kBlockK * 2, ops.b, b_coords, full);
+          }
+        } else {
+          const int32_t b_coords[2] = {k0, n0};
+          cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, sm.b(stage), ops.b,
+                                          b_coords, full);
+        }
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+    }
+    st->producer_stage = stage;
+    st->producer_phase = phase;
+    st->producer_slot = slot;
+    st->producer_slot_phase = slot_phase;
+  }
+
+  // ---- consumers -------------------------------------------------------------------------------
+  __device__ static void consumer(const Smem& sm, const GemmOperands& ops, Epilogue& epi, uint32_t g,
+                                  const WaitContext& ctx) {
+    const uint32_t t = threadIdx.x % 128;
+    const uint32_t warp = t / 32;
+    const uint32_t lane = t % 32;
+    RoleState* st = sm.state();
+    uint32_t stage = st->consumer_stage, phase = st->consumer_phase;
+    uint32_t slot = st->consumer_slot, slot_phase = st->consumer_slot_phase;
+    uint32_t parity = st->epi_parity;
+    const uint32_t k_blocks = (ops.k + kBlockK - 1) / kBlockK;
+    const uint32_t m_blocks = (ops.m + BM - 1) / BM;
+    const uint32_t n_blocks = (ops.n + BN - 1) / BN;
+    if (t == 0 && g == 0) epi.prefetch();
+
+    float acc[kAcc];
+    bool pending = false;  // a signal owed for `pending_item` once its writes have landed
+    WorkItem pending_item{};
+    WorkItem exit{static_cast<uint32_t>(WorkKind::kFailed), 0, 0, 0};
+
+    for (;;) {
+      if (!sm90::mbarrier_wait(sm.tile_full(slot), slot_phase, ctx,
+                               sm90::barrier_what(sm90::BarrierWhat::kTileFull, slot))) {
+        break;
+      }
+      const volatile WorkItem* ring = sm.ring(slot);
+      const WorkItem item{ring->kind, ring->m_block, ring->n_block, ring->tile};
+      __syncwarp();
+      if (lane == 0) cuda::ptx::mbarrier_arrive(sm.tile_empty(slot));
+      if (++slot == kTileSlots) {
+        slot = 0;
+        slot_phase ^= 1;
+      }
+      if (item.kind != static_cast<uint32_t>(WorkKind::kTile)) {
+        exit = item;
+        break;
+      }
+
+      // Mainloop: D = sum over k-blocks of A[64 rows of g, 64] * B[64, BN].
+      bool ok = true;
+      uint32_t prev_stage = 0;
+      for (uint32_t kb = 0; kb < k_blocks; ++kb) {
+        if (!sm90::mbarrier_wait(sm.full(stage), phase, ctx,
+                                 sm90::barrier_what(sm90::BarrierWhat::kStageFull, stage))) {
+          ok = false;
+          break;
+        }
+        const uint64_t desc_a = sm90::make_smem_desc_sw128(sm90::smem_u32(sm.a(stage)) + g * 64 * 128, 16, 1024);
+        const uint64_t desc_b =
+            sm90::make_smem_desc_sw128(sm90::smem_u32(sm.b(stage)), kBNMajor ? 64 * kBlockK * 2 : 16, 1024);
+        sm90::fence_operands(acc);
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < kBlockK / 16; ++k) {
+          // K-major: the next 16 columns are 32 bytes further along each 128-byte row.
+          // N-major B: the next 16 K-rows are 16 * 128 bytes further.
+          const uint64_t a_k = desc_a + static_cast<uint64_t>((k * 32) >> 4);
+          const uint64_t b_k = desc_b + static_cast<uint64_t>(kBNMajor ? (k * 16 * 128) >> 4 : (k * 32) >> 4);
+          sm90::wgmma_m64k16<BN, kBF16, kBNMajor ? 1 : 0>(acc, a_k, b_k, (kb > 0 || k > 0) ? 1u : 0u);
+        }
+        sm90::wgmma_commit();
+        sm90::fence_operands(acc);
+        if (kb > 0) {
+          sm90::wgmma_wait<1>();  // the previous k-block's wgmma are done: its stage is free
+          sm90::fence_operands(acc);
+          if (lane == 0) cuda::ptx::mbarrier_arrive(sm.empty(prev_stage));
+        }
+        prev_stage = stage;
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+      sm90::wgmma_wait<0>();
+      sm90::fence_operands(acc);
+      if (!ok) break;
+      if (lane == 0) cuda::ptx::mbarrier_arrive(sm.empty(prev_stage));
+
+      if (pending) {
+        flush_signal(epi, pending_item, g, t, lane, m_blocks, n_blocks);
+        pending = false;
+      }
+      const uint32_t out = epi.out_dtype();
+      if (out == 2u) {
+        epilogue<float, 32>(sm, acc, item, epi, ops, g, warp, lane, parity);
+      } else if (out == 1u) {
+        epilogue<__half, 64>(sm, acc, item, epi, ops, g, warp, lane, parity);
+      } else {
+        epilogue<__nv_bfloat16, 64>(sm, acc, item, epi, ops, g, warp, lane, parity);
+      }
+      if (epi.signals()) {
+        pending = true;
+        pending_item = item;
+      }
+    }
+
+    // Leave: every staged box must be out of shared memory (and, for a signal, landed).
+    if (exit.kind != static_cast<uint32_t>(WorkKind::kFailed) && pending) {
+      flush_signal(epi, pending_item, g, t, lane, m_blocks, n_blocks);
+    } else if (lane == 0) {
+      cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
+    }
+    if (g == 0 && t == 0) {
+      st->consumer_stage = stage;
+      st->consumer_phase = phase;
+      st->consumer_slot = slot;
+      st->consumer_slot_phase = slot_phase;
+      st->epi_parity = parity;
+      st->exit = exit;
+    }
+  }
+
+  // Waits until this warp's bulk writes have completed, makes them visible to the generic proxy,
+  // meets the other consumer warps, and lets one thread signal the tile.
+  __device__ static void flush_signal(const Epilogue& epi, const WorkItem& item, uint32_t g, uint32_t t,
+                                      uint32_t lane, uint32_t m_blocks, uint32_t n_blocks) {
+    if (lane == 0) {
+      cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
+      cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
+    }
+    __syncwarp();
+    sm90::named_barrier_sync(kConsumersBarrierId, Cfg::kConsumerThreads);
+    if (g == 0 && t == 0) epi.signal(item, m_blocks, n_blocks);
+  }
+
+  template <class OutT>
+  __device__ static uint32_t pack2(float lo, float hi) {
+    if constexpr (sizeof(OutT) == 2 && __is_same(OutT, __half)) {
+      const __half2 v = __floats2half2_rn(lo, hi);
+      return *reinterpret_cast<const uint32_t*>(&v);
+    } else {
+      const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+      return *reinterpret_cast<const uint32_t*>(&v);
+    }
+  }
+
+  // Accumulator layout (m64nN, fp32): thread lane l of warp w holds, for each n8 block j,
+  // rows 16w + l/4 (acc[4j], acc[4j+1]) and 16w + 8 + l/4 (acc[4j+2], acc[4j+3]) at columns
+  // 8j + 2(l%4) + {0, 1}. A box is the warp's 16 rows x kCols columns (128 bytes per row); the
+  // 16-byte chunk q of row r is stored at chunk q ^ (r % 8) (TMA's 128B swizzle), which keeps
+  // the eight rows one store instruction touches in distinct banks.
+  template <class OutT, int kCols>
+  __device__ static void epilogue(const Smem& sm, float (&acc)[kAcc], const WorkItem& item, const Epilogue& epi,
+                                  const GemmOperands& ops, uint32_t g, uint32_t warp, uint32_t lane,
+                                  uint32_t& parity) {
+    static_assert(kCols * sizeof(OutT) == 128, "a staged row is 128 bytes");
+    const uint32_t row0 = item.m_block * BM + g * 64 + warp * 16;
+    const uint32_t col0 = item.n_block * BN;
+    if (row0 >= ops.m) return;  // all 16 rows of this warp lie past M
+    const uint32_t r = lane / 4;
+#pragma unroll
+    for (int c = 0; c < BN / kCols; ++c) {
+      if (col0 + c * kCols >= ops.n) break;  // past N (uniform across the warp)
+      uint8_t* box = sm.epi(g, warp, parity);
+      // The box written two chunks ago (same buffer) must have been read out by TMA.
+      if (lane == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<1>{});
+      __syncwarp();
+      const uint32_t box_addr = sm90::smem_u32(box);
+      if constexpr (sizeof(OutT) == 2) {
+#pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          const int j = c * 8 + q;
+          const uint32_t lo = pack2<OutT>(acc[4 * j], acc[4 * j + 1]);
+          const uint32_t hi = pack2<OutT>(acc[4 * j + 2], acc[4 * j + 3]);
+          const uint32_t off = ((static_cast<uint32_t>(q) ^ r) << 4) + (lane % 4) * 4;
+          asm volatile("st.shared.b32 [%0], %1;" ::"r"(box_addr + r * 128 + off), "r"(lo) : "memory");
+          asm volatile("st.shared.b32 [%0], %1;" ::"r"(box_addr + (r + 8) * 128 + off), "r"(hi) : "memory");
+        }
+      } else {
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+          const int j = c * 4 + jj;
+          const uint32_t q = 2 * jj + (lane % 4) / 2;
+          const uint32_t off = ((q ^ r) << 4) + (lane % 2) * 8;
+          asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(box_addr + r * 128 + off), "f"(acc[4 * j]),
+                       "f"(acc[4 * j + 1])
+                       : "memory");
+          asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(box_addr + (r + 8) * 128 + off),
+                       "f"(acc[4 * j + 2]), "f"(acc[4 * j + 3])
+                       : "memory");
+        }
+      }
+      // Generic-proxy stores must be visible to the async proxy (TMA) that reads the box.
+      cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+      __syncwarp();
+      if (lane == 0) {
+        epi.issue(box, row0, col0 + c * kCols);
+        cuda::ptx::cp_async_bulk_commit_group();
+      }
+      parity ^= 1;
+    }
+  }
+};
+
+}  // namespace loom::kernels::gemm

@@ -1,0 +1,99 @@
+// TileEpilogue: the GEMM engine's default epilogue (destination, store or reduce-add, signal),
+// configured at run time by EpilogueParams (kernels/gemm/params.h) and one tensor map per
+// destination. The compute role stages each consumer warp's accumulators as 16-row x 128-byte
+// boxes in shared memory (128B-swizzled, the tensor maps say SWIZZLE_128B) and asks the epilogue
+// to send each box; what leaves shared memory is TMA's, so M and N tails are clipped by the
+// tensor map bounds.
+//
+// Interface any replacement must offer (the compute role is a template over it):
+//   uint32_t out_dtype() const;                       // loom::DType of the staged boxes
+//   void prefetch() const;                            // optional tensor-map prefetch (one thread)
+//   void issue(const void* box, uint32_t row, uint32_t col) const;  // lane 0 of a consumer warp:
+//                                                     // send the box whose top-left element is (row, col)
+//   bool signals() const;                             // does signal() need calling?
+//   void signal(const WorkItem& tile, uint32_t m_blocks, uint32_t n_blocks) const;  // one thread,
+//                                                     // after every box of the tile has landed
+#pragma once
+
+#include <cuda/ptx>
+
+#include <cstdint>
+
+#include "kernels/comm/signals.cuh"
+#include "kernels/common/sm90.cuh"
+#include "kernels/gemm/params.h"
+
+namespace loom::kernels::gemm {
+
+template <int kBlockM>
+class TileEpilogue {
+ public:
+  __device__ TileEpilogue(const EpilogueParams& params, const sm90::TmaDescriptor* dst_maps)
+      : p_(params), maps_(dst_maps) {}
+
+  __device__ uint32_t out_dtype() const { return p_.out_dtype; }
+  __device__ bool signals() const { return p_.flags[0] != nullptr; }
+
+  __device__ void prefetch() const {
+    for (uint32_t d = 0; d < p_.num_dst; ++d) sm90::prefetch_tensormap(maps_ + d);
+  }
+
+  __device__ void issue(const void* box, uint32_t row, uint32_t col) const {
+    uint32_t d = 0;
+    int32_t local = static_cast<int32_t>(row);
+    if (p_.num_dst > 1) {
+      d = min(row / p_.rows_per_dst, p_.num_dst - 1);
+      local = static_cast<int32_t>(row - d * p_.rows_per_dst);
+    }
+    send(d, static_cast<int32_t>(col), local, box);
+    // A box that straddles two destinations also goes to the next one, at a negative row: TMA
+    // writes only the rows inside each destination's bounds.
+    if (p_.num_dst > 1 && d + 1 < p_.num_dst && local + kEpiRows > static_cast<int32_t>(p_.rows_per_dst)) {
+      send(d + 1, static_cast<int32_t>(col), local - static_cast<int32_t>(p_.rows_per_dst), box);
+    }
+  }
+
+  // Called by one thread once every box of `tile` is visible (bulk groups waited, fences done,
+  // consumer barrier passed).
+  __device__ void signal(const WorkItem& tile, uint32_t m_blocks, uint32_t n_blocks) const {
+    uint32_t d = 0;
+    uint32_t local_m = tile.m_block;
+    if (p_.num_dst > 1) {
+      const uint32_t m_blocks_per_dst = p_.rows_per_dst / kBlockM;  // launcher checks divisibility
+      d = min(tile.m_block / m_blocks_per_dst, p_.num_dst - 1);
+      local_m = tile.m_block - d * m_blocks_per_dst;
+    }
+    uint64_t* flags = p_.flags[d];
+    if (flags == nullptr) return;
+    __threadfence_system();
+    if (p_.chunk_m_blocks == 0) {
+      flag_store_release(flags + p_.flag_offset + local_m * n_blocks + tile.n_block, p_.epoch);
+      return;
+    }
+    const uint32_t chunk = tile.m_block / p_.chunk_m_blocks;
+    const uint32_t rows_in_chunk = min(m_blocks, (chunk + 1) * p_.chunk_m_blocks) - chunk * p_.chunk_m_blocks;
+    const uint64_t target = p_.epoch * static_cast<uint64_t>(rows_in_chunk * n_blocks);
+    const unsigned long long before =
+        atomicAdd(reinterpret_cast<unsigned long long*>(p_.chunk_counters + chunk), 1ull);
+    if (before + 1 == target) {
+      __threadfence_system();  // the other tiles' publishers fenced before their increments
+      flag_store_release(flags + p_.flag_offset + local_m / p_.chunk_m_blocks, p_.epoch);
+    }
+  }
+
+ private:
+  __device__ void send(uint32_t d, int32_t col, int32_t row, const void* box) const {
+    const int32_t coords[2] = {col, row};
+    if (p_.op == static_cast<uint32_t>(EpilogueOp::kReduceAdd)) {
+      cuda::ptx::cp_reduce_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, cuda::ptx::op_add,
+                                             maps_ + d, coords, box);
+    } else {
+      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, maps_ + d, coords, box);
+    }
+  }
+
+  const EpilogueParams& p_;
+  const sm90::TmaDescriptor* maps_;
+};
+
+}  // namespace loom::kernels::gemm

@@ -1,0 +1,40 @@
+// Host launcher of all_gather: validate -> plan -> launch (kernel: kernels/collectives/all_gather.cuh).
+#include "kernels/collectives/all_gather.cuh"
+#include "ops/collective_common.h"
+#include "runtime/cuda_check.h"
+
+namespace loom {
+
+Status all_gather(Communicator& comm, const void* send, void* recv, size_t count, DType dtype, cudaStream_t stream,
+                  const CollectiveOptions& options) {
+  Communicator::Impl& impl = comm.impl();
+  LOOM_TRY_CTX(ops::check_collective_common(impl, "all_gather", count, dtype), "all_gather");
+  if (count == 0) return {};
+  const uint64_t shard = static_cast<uint64_t>(count) * dtype_size(dtype);
+  const uint64_t world = static_cast<uint64_t>(impl.topology.local_world_size);
+  LOOM_ASSIGN_OR_RETURN(uint64_t recv_offset, impl.symmetric_offset(recv, shard * world, "all_gather: recv"));
+  LOOM_TRY_CTX(impl.check_local_device_buffer(send, shard, "send"), "all_gather");
+  const bool bulk_eligible = ops::is_aligned16(send) && recv_offset % 16 == 0 && shard % 16 == 0;
+  LOOM_ASSIGN_OR_RETURN(planner::CollectivePlan plan,
+                        ops::plan_for(impl, OpId::kAllGather, shard, options, bulk_eligible));
+
+  kernels::CollectiveArgs args{};
+  args.comm = impl.device_comm();
+  args.send = static_cast<const char*>(send);
+  args.recv = static_cast<char*>(recv);
+  args.recv_offset = recv_offset;
+  args.bytes = shard;
+  args.vectorizable = 1;  // vector_copy handles alignment itself
+  using Config = kernels::AllGatherConfig;
+  if (plan.engine == planner::CopyEngine::kBulk) {
+    auto kernel = kernels::all_gather_kernel<kernels::CopyEngine::kBulk>;
+    LOOM_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kBulkSmemBytes));
+    kernel<<<plan.num_ctas, Config::kThreads, Config::kBulkSmemBytes, stream>>>(args);
+  } else {
+    kernels::all_gather_kernel<kernels::CopyEngine::kVector><<<plan.num_ctas, Config::kThreads, 0, stream>>>(args);
+  }
+  LOOM_CUDA_TRY_LAUNCH();
+  return {};
+}
+
+}  // namespace loom

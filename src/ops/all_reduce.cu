@@ -1,0 +1,39 @@
+// Host launcher of all_reduce: validate -> plan -> launch (kernel: kernels/collectives/all_reduce.cuh).
+#include "kernels/collectives/all_reduce.cuh"
+#include "ops/collective_common.h"
+#include "runtime/cuda_check.h"
+
+namespace loom {
+
+Status all_reduce(Communicator& comm, const void* send, void* recv, size_t count, DType dtype, cudaStream_t stream,
+                  const CollectiveOptions& options) {
+  Communicator::Impl& impl = comm.impl();
+  LOOM_TRY_CTX(ops::check_collective_common(impl, "all_reduce", count, dtype), "all_reduce");
+  if (options.engine == CopyEngineChoice::kBulk) {
+    return Status::invalid_argument("all_reduce: the bulk copy engine applies to all_gather only");
+  }
+  if (count == 0) return {};
+  const uint64_t bytes = static_cast<uint64_t>(count) * dtype_size(dtype);
+  LOOM_ASSIGN_OR_RETURN(uint64_t send_offset, impl.symmetric_offset(send, bytes, "all_reduce: send"));
+  LOOM_ASSIGN_OR_RETURN(uint64_t recv_offset, impl.symmetric_offset(recv, bytes, "all_reduce: recv"));
+  const uint64_t per_rank = bytes / static_cast<uint64_t>(impl.topology.local_world_size);
+  LOOM_ASSIGN_OR_RETURN(planner::CollectivePlan plan, ops::plan_for(impl, OpId::kAllReduce, per_rank, options, false));
+
+  kernels::CollectiveArgs args{};
+  args.comm = impl.device_comm();
+  args.send = static_cast<const char*>(send);
+  args.recv = static_cast<char*>(recv);
+  args.send_offset = send_offset;
+  args.recv_offset = recv_offset;
+  args.bytes = bytes;
+  args.vectorizable = send_offset % 16 == 0 && recv_offset % 16 == 0;
+  const size_t smem = sizeof(uint64_t) * static_cast<size_t>(impl.topology.local_world_size);
+  return ops::dispatch_dtype(dtype, [&](auto element) -> Status {
+    using T = decltype(element);
+    kernels::all_reduce_kernel<T><<<plan.num_ctas, kernels::ReduceConfig::kThreads, smem, stream>>>(args);
+    LOOM_CUDA_TRY_LAUNCH();
+    return {};
+  });
+}
+
+}  // namespace loom

@@ -1,0 +1,58 @@
+// Host-side steps shared by the collective launchers: validate, plan, build kernel arguments.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/collectives/common.cuh"
+#include "loom/collectives.h"
+#include "planner/collective_plan.h"
+#include "runtime/communicator_impl.h"
+
+namespace loom::ops {
+
+// Checks that do not depend on the operator: usable communicator, single node, size limits.
+inline Status check_collective_common(Communicator::Impl& impl, const char* op, size_t count, DType dtype) {
+  LOOM_TRY(impl.check_usable());
+  if (impl.topology.num_nodes > 1) {
+    return Status::unsupported(std::string(op) + ": loom's collectives run within one NVLink domain; this job spans " +
+                               std::to_string(impl.topology.num_nodes) + " nodes");
+  }
+  const uint64_t bytes = static_cast<uint64_t>(count) * dtype_size(dtype);
+  if (count != 0 && bytes / dtype_size(dtype) != count) {
+    return Status::invalid_argument(std::string(op) + ": count overflows a 64-bit byte size");
+  }
+  return {};
+}
+
+inline bool is_aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+inline Result<planner::CollectivePlan> plan_for(const Communicator::Impl& impl, OpId op, uint64_t bytes,
+                                                const CollectiveOptions& options, bool bulk_eligible) {
+  planner::CollectiveRequest request;
+  request.op = op;
+  request.bytes = bytes;
+  request.local_world = impl.topology.local_world_size;
+  request.sm_count = impl.topology.min_sm_count > 0 ? impl.topology.min_sm_count : impl.sm_count;
+  request.max_chunks = impl.control.max_chunks;
+  request.override_ctas = options.num_ctas > 0 ? options.num_ctas : impl.settings.collective_ctas;
+  request.want_bulk = options.engine == CopyEngineChoice::kBulk;
+  request.bulk_eligible = bulk_eligible;
+  return planner::plan_collective(request);
+}
+
+// Runs `launch` with T = the CUDA element type of `dtype`.
+template <typename Fn>
+Status dispatch_dtype(DType dtype, Fn&& launch) {
+  switch (dtype) {
+    case DType::kBF16: return launch(__nv_bfloat16{});
+    case DType::kF16: return launch(__half{});
+    case DType::kF32: return launch(float{});
+  }
+  return Status::invalid_argument("unknown dtype");
+}
+
+}  // namespace loom::ops

@@ -1,0 +1,209 @@
+// loom::gemm and the GEMM engine's launcher: validate -> plan -> tensor maps -> launch.
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include "core/env.h"
+#include "kernels/gemm/sm90_gemm.cuh"
+#include "loom/gemm.h"
+#include "ops/gemm_dispatch.cuh"
+#include "ops/gemm_launch.h"
+#include "planner/gemm_heuristic.h"
+#include "runtime/cuda_check.h"
+
+namespace loom::ops {
+
+namespace kg = kernels::gemm;
+
+namespace {
+
+Result<planner::GemmDeviceLimits> device_limits() {
+  int device = 0;
+  LOOM_CUDA_TRY(cudaGetDevice(&device));
+  planner::GemmDeviceLimits limits;
+  int value = 0;
+  LOOM_CUDA_TRY(cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device));
+  limits.sm_count = value;
+  LOOM_CUDA_TRY(cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  limits.smem_per_block_optin = value;
+  int major = 0, minor = 0;
+  LOOM_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  LOOM_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  if (major != 9 || minor != 0) {
+    return Status::unsupported("gemm: the GEMM engine needs a Hopper GPU (sm_90); device " + std::to_string(device) +
+                               " is sm_" + std::to_string(major * 10 + minor));
+  }
+  return limits;
+}
+
+// The standalone GEMM has no communicator: its bounded waits report into a per-device record
+// (host-mapped) that the next gemm() call turns into a Status.
+struct StandaloneWait {
+  uint32_t* device_abort = nullptr;
+  ErrorRecord* error = nullptr;
+  uint64_t timeout_ns = 0;
+};
+
+Result<StandaloneWait*> standalone_wait() {
+  static std::mutex mu;
+  static std::array<StandaloneWait, 64> per_device{};
+  int device = 0;
+  LOOM_CUDA_TRY(cudaGetDevice(&device));
+  if (device < 0 || device >= 64) return Status::unsupported("gemm: device ordinal above 63");
+  std::lock_guard<std::mutex> lock(mu);
+  StandaloneWait& w = per_device[device];
+  if (w.device_abort == nullptr) {
+    LOOM_ASSIGN_OR_RETURN(int64_t timeout_ms, env::get_int("LOOM_TIMEOUT_MS", 30'000, 1, int64_t{1} << 40));
+    void* host = nullptr;
+    LOOM_CUDA_TRY(cudaHostAlloc(&host, sizeof(ErrorRecord), cudaHostAllocMapped));
+    std::memset(host, 0, sizeof(ErrorRecord));
+    void* dev = nullptr;
+    LOOM_CUDA_TRY(cudaMalloc(&dev, sizeof(uint32_t)));
+    LOOM_CUDA_TRY(cudaMemset(dev, 0, sizeof(uint32_t)));
+    w.error = static_cast<ErrorRecord*>(host);
+    w.device_abort = static_cast<uint32_t*>(dev);
+    w.timeout_ns = static_cast<uint64_t>(timeout_ms) * 1'000'000ull;
+  }
+  return &w;
+}
+
+// A device-side failure recorded by an earlier launch (a bug: the standalone GEMM waits on
+// nothing outside its own CTAs). Reported once, then cleared.
+Status take_standalone_error(StandaloneWait& w, cudaStream_t stream) {
+  volatile ErrorRecord* e = w.error;
+  if (e->code == 0) return Status{};
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "gemm: an earlier launch failed on the device (code %u, cta %d, flag_index 0x%x, waited %llu ns); "
+                "this is a loom bug",
+                e->code, e->cta, e->flag_index, static_cast<unsigned long long>(e->waited_ns));
+  std::memset(const_cast<ErrorRecord*>(w.error), 0, sizeof(ErrorRecord));
+  LOOM_CUDA_TRY(cudaMemsetAsync(w.device_abort, 0, sizeof(uint32_t), stream));
+  return Status::internal(buf);
+}
+
+Status check_launch_fields(const GemmLaunch& l, const planner::GemmPlan& plan) {
+  const GemmTileInfo info = gemm_tile_info(plan.tile);
+  const kg::EpilogueParams& e = l.epi;
+  const kg::SchedulerParams& s = l.sched;
+  if (e.num_dst < 1 || e.num_dst > static_cast<uint32_t>(kg::kMaxDst)) {
+    return Status::invalid_argument("gemm launch: epi.num_dst must be 1..8");
+  }
+  if (e.op > static_cast<uint32_t>(kg::EpilogueOp::kReduceAdd)) return Status::invalid_argument("gemm launch: bad epi.op");
+  if (e.num_dst > 1) {
+    if (e.rows_per_dst == 0) return Status::invalid_argument("gemm launch: rows_per_dst must be > 0 with num_dst > 1");
+    if (static_cast<int64_t>(e.rows_per_dst) * (e.num_dst - 1) >= l.args.m) {
+      return Status::invalid_argument("gemm launch: every destination must receive rows (rows_per_dst * (num_dst - 1) < M)");
+    }
+    for (uint32_t d = 0; d < e.num_dst; ++d) {
+      if (l.dst[d] == nullptr && !(d == 0 && l.args.d != nullptr)) {
+        return Status::invalid_argument("gemm launch: dst[" + std::to_string(d) + "] is null");
+      }
+      if (reinterpret_cast<uintptr_t>(l.dst[d]) % 16 != 0) {
+        return Status::invalid_argument("gemm launch: dst[" + std::to_string(d) + "] is not 16-byte aligned");
+      }
+    }
+  }
+  const bool signals = e.flags[0] != nullptr;
+  if (signals) {
+    for (uint32_t d = 0; d < e.num_dst; ++d) {
+      if (e.flags[d] == nullptr) return Status::invalid_argument("gemm launch: signalling needs flags for every destination");
+    }
+    if (e.chunk_m_blocks > 0 && e.chunk_counters == nullptr) {
+      return Status::invalid_argument("gemm launch: per-chunk signals need chunk_counters");
+    }
+    if (e.num_dst > 1) {
+      const uint64_t unit = static_cast<uint64_t>(info.block_m) * (e.chunk_m_blocks > 0 ? e.chunk_m_blocks : 1);
+      if (e.rows_per_dst % unit != 0) {
+        return Status::invalid_argument("gemm launch: with signals, rows_per_dst must be a multiple of BLOCK_M" +
+                                        std::string(e.chunk_m_blocks > 0 ? " * chunk_m_blocks" : "") + " (" +
+                                        std::to_string(unit) + ")");
+      }
+    }
+  }
+  if (s.row_flags != nullptr && s.rows_per_flag == 0) {
+    return Status::invalid_argument("gemm launch: row_flags need rows_per_flag > 0");
+  }
+  if (s.m_block_start >= static_cast<uint64_t>(std::max<int64_t>(plan.m_blocks, 1))) {
+    return Status::invalid_argument("gemm launch: m_block_start must be < m_blocks");
+  }
+  if (l.wait.device_abort == nullptr) return Status::invalid_argument("gemm launch: wait.device_abort is null");
+  return Status{};
+}
+
+}  // namespace
+
+Result<GemmLaunchPlan> plan_gemm_launch(const GemmArgs& args, const GemmOptions& options) {
+  LOOM_TRY(validate_gemm(args, options));
+  LOOM_ASSIGN_OR_RETURN(planner::GemmDeviceLimits limits, device_limits());
+  LOOM_ASSIGN_OR_RETURN(planner::GemmPlan plan, planner::plan_gemm(args, options, limits));
+  return GemmLaunchPlan{plan.tile, plan.num_ctas, plan.group_m, plan.m_blocks, plan.n_blocks};
+}
+
+Status launch_gemm(const GemmLaunch& l, cudaStream_t stream) {
+  LOOM_TRY(validate_gemm(l.args, l.options));
+  if (l.args.m == 0) return Status{};
+  LOOM_ASSIGN_OR_RETURN(planner::GemmDeviceLimits limits, device_limits());
+  LOOM_ASSIGN_OR_RETURN(planner::GemmPlan plan, planner::plan_gemm(l.args, l.options, limits));
+  LOOM_TRY(check_launch_fields(l, plan));
+
+  kg::GemmKernelParams p{};
+  LOOM_TRY(encode_gemm_operand_maps(l.args, plan.tile, &p.a, &p.b));
+  const planner::GemmLeadingDims ld = planner::resolve_leading_dims(l.args);
+  const uint32_t num_dst = l.epi.num_dst;
+  for (uint32_t d = 0; d < num_dst; ++d) {
+    void* ptr = l.dst[d] != nullptr ? l.dst[d] : l.args.d;
+    int64_t rows = l.args.m;
+    if (num_dst > 1) {
+      rows = d + 1 < num_dst ? static_cast<int64_t>(l.epi.rows_per_dst)
+                             : l.args.m - static_cast<int64_t>(l.epi.rows_per_dst) * (num_dst - 1);
+    }
+    LOOM_TRY(encode_gemm_output_map(ptr, rows, l.args.n, ld.ldd, l.args.out_dtype, &p.dst[d]));
+  }
+  p.m = static_cast<uint32_t>(l.args.m);
+  p.n = static_cast<uint32_t>(l.args.n);
+  p.k = static_cast<uint32_t>(l.args.k);
+  p.sched = l.sched;
+  p.sched.m_rows = p.m;
+  p.sched.m_blocks = static_cast<uint32_t>(plan.m_blocks);
+  p.sched.n_blocks = static_cast<uint32_t>(plan.n_blocks);
+  p.sched.group_m = static_cast<uint32_t>(plan.group_m);
+  p.epi = l.epi;
+  p.epi.out_dtype = static_cast<uint32_t>(l.args.out_dtype);
+  p.wait = l.wait;
+
+  const bool bf16 = l.args.in_dtype == DType::kBF16;
+  const bool n_major = l.args.b_layout == BLayout::kKN;
+  switch (plan.tile) {
+    case GemmTile::k128x256: return detail::launch_sm90_gemm_128x256(p, bf16, n_major, plan.num_ctas, stream);
+    case GemmTile::k128x128: return detail::launch_sm90_gemm_128x128(p, bf16, n_major, plan.num_ctas, stream);
+    case GemmTile::k128x64: return detail::launch_sm90_gemm_128x64(p, bf16, n_major, plan.num_ctas, stream);
+    case GemmTile::k64x128: return detail::launch_sm90_gemm_64x128(p, bf16, n_major, plan.num_ctas, stream);
+    case GemmTile::kAuto: break;
+  }
+  return Status::internal("gemm: planner returned no tile");
+}
+
+}  // namespace loom::ops
+
+namespace loom {
+
+Status gemm(const GemmArgs& args, cudaStream_t stream, const GemmOptions& options) {
+  LOOM_TRY(validate_gemm(args, options));
+  if (args.m == 0) return Status{};
+  LOOM_ASSIGN_OR_RETURN(ops::StandaloneWait * w, ops::standalone_wait());
+  LOOM_TRY(ops::take_standalone_error(*w, stream));
+  ops::GemmLaunch l;
+  l.args = args;
+  l.options = options;
+  l.wait.timeout_ns = w->timeout_ns;
+  l.wait.host_abort = nullptr;
+  l.wait.device_abort = w->device_abort;
+  l.wait.error = w->error;
+  return ops::launch_gemm(l, stream);
+}
+
+}  // namespace loom

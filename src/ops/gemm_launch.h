@@ -1,0 +1,60 @@
+// The GEMM engine's internal launch interface (host side), used by loom::gemm, the GPU tests,
+// loom-bench and the fused operators. loom::gemm is one GemmLaunch with the default scheduler
+// (static raster) and epilogue (store to D); the tests and fused operators set the scheduler's
+// gating/queue fields and the epilogue's destinations, op and signals.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/gemm/params.h"
+#include "loom/gemm.h"
+#include "loom/status.h"
+#include "runtime/device_abi.h"
+
+namespace loom::kernels::sm90 {
+struct TmaDescriptor;
+}
+
+namespace loom::ops {
+
+struct GemmLaunch {
+  GemmArgs args;                         // A, B, shape, dtypes; D is destination 0 by default
+  GemmOptions options;                   // tile / num_ctas / group_m (0 = planner)
+  kernels::gemm::SchedulerParams sched;  // queue, compute_limit, gate, trace, order start;
+                                         // m_rows, m_blocks, n_blocks and group_m are filled in
+  kernels::gemm::EpilogueParams epi;     // op, num_dst, rows_per_dst, signal fields; out_dtype filled in
+  void* dst[kernels::gemm::kMaxDst] = {};  // epi.num_dst destinations (null dst[0]: args.d), each
+                                           // [rows, N] with leading dimension ldd (args.ldd or N)
+  WaitParams wait{};                     // bounded waits: error record, abort words, timeout
+};
+
+// Validates, plans, encodes the tensor maps and launches. Rules beyond validate_gemm():
+// num_dst in 1..8 with rows_per_dst > 0 when num_dst > 1 (a multiple of BLOCK_M, times
+// chunk_m_blocks if set, when signalling); rows_per_flag > 0 with row_flags; chunk_counters with
+// chunk_m_blocks; wait.device_abort non-null.
+Status launch_gemm(const GemmLaunch& launch, cudaStream_t stream);
+
+// The plan launch_gemm would use (tile, grid, raster), for tests and the bench.
+struct GemmLaunchPlan {
+  GemmTile tile;
+  int num_ctas;
+  int group_m;
+  int64_t m_blocks, n_blocks;
+};
+Result<GemmLaunchPlan> plan_gemm_launch(const GemmArgs& args, const GemmOptions& options);
+
+// Tensor maps for building fused kernels' parameters: A and B for `tile`, and an epilogue
+// destination ([rows, n] row-major with leading dimension ld elements of `dtype`).
+Status encode_gemm_operand_maps(const GemmArgs& args, GemmTile tile, kernels::sm90::TmaDescriptor* a,
+                                kernels::sm90::TmaDescriptor* b);
+Status encode_gemm_output_map(void* ptr, int64_t rows, int64_t n, int64_t ld, DType dtype,
+                              kernels::sm90::TmaDescriptor* out);
+
+// Per-launcher dispatch into the instantiation files (gemm_sm90_<tile>.cu).
+namespace detail {
+struct GemmKernelLaunch;
+}
+
+}  // namespace loom::ops

@@ -1,0 +1,11 @@
+// Instantiations of the standalone GEMM kernel for the 64x128 tile (bf16/fp16 x B [K,N]/[N,K]).
+#include "ops/gemm_dispatch.cuh"
+
+namespace loom::ops::detail {
+
+Status launch_sm90_gemm_64x128(const kernels::gemm::GemmKernelParams& params, bool bf16, bool b_n_major, int grid,
+                            cudaStream_t stream) {
+  return launch_config<kernels::gemm::Tile64x128>(params, bf16, b_n_major, grid, stream);
+}
+
+}  // namespace loom::ops::detail

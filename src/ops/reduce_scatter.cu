@@ -1,0 +1,39 @@
+// Host launcher of reduce_scatter: validate -> plan -> launch (kernel: kernels/collectives/reduce_scatter.cuh).
+#include "kernels/collectives/reduce_scatter.cuh"
+#include "ops/collective_common.h"
+#include "runtime/cuda_check.h"
+
+namespace loom {
+
+Status reduce_scatter(Communicator& comm, const void* send, void* recv, size_t recv_count, DType dtype,
+                      cudaStream_t stream, const CollectiveOptions& options) {
+  Communicator::Impl& impl = comm.impl();
+  LOOM_TRY_CTX(ops::check_collective_common(impl, "reduce_scatter", recv_count, dtype), "reduce_scatter");
+  if (options.engine == CopyEngineChoice::kBulk) {
+    return Status::invalid_argument("reduce_scatter: the bulk copy engine applies to all_gather only");
+  }
+  if (recv_count == 0) return {};
+  const uint64_t chunk = static_cast<uint64_t>(recv_count) * dtype_size(dtype);
+  const uint64_t world = static_cast<uint64_t>(impl.topology.local_world_size);
+  LOOM_ASSIGN_OR_RETURN(uint64_t send_offset, impl.symmetric_offset(send, chunk * world, "reduce_scatter: send"));
+  LOOM_TRY_CTX(impl.check_local_device_buffer(recv, chunk, "recv"), "reduce_scatter");
+  LOOM_ASSIGN_OR_RETURN(planner::CollectivePlan plan, ops::plan_for(impl, OpId::kReduceScatter, chunk, options, false));
+
+  kernels::CollectiveArgs args{};
+  args.comm = impl.device_comm();
+  args.send = static_cast<const char*>(send);
+  args.recv = static_cast<char*>(recv);
+  args.send_offset = send_offset;
+  args.bytes = chunk;
+  // Vectors need every rank's chunk start (send_offset + r * chunk) and recv 16-byte aligned.
+  args.vectorizable = send_offset % 16 == 0 && chunk % 16 == 0 && ops::is_aligned16(recv);
+  const size_t smem = sizeof(uint64_t) * world;
+  return ops::dispatch_dtype(dtype, [&](auto element) -> Status {
+    using T = decltype(element);
+    kernels::reduce_scatter_kernel<T><<<plan.num_ctas, kernels::ReduceConfig::kThreads, smem, stream>>>(args);
+    LOOM_CUDA_TRY_LAUNCH();
+    return {};
+  });
+}
+
+}  // namespace loom

@@ -1,0 +1,455 @@
+#include "loom/communicator.h"
+
+#include <cuda_runtime_api.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/env.h"
+#include "core/log.h"
+#include "runtime/communicator_impl.h"
+#include "runtime/cuda_check.h"
+
+namespace loom {
+namespace {
+
+// Capacity of per-source chunk flags in the control region: an upper bound on the CTAs (or
+// tiles, row blocks) one operator can publish per source rank in one launch.
+constexpr uint32_t kMaxChunksPerSource = 4096;
+
+std::string host_identity() {
+  char host[64] = {};
+  gethostname(host, sizeof(host) - 1);
+  // Two containers can share a hostname; the boot id separates machines that do.
+  std::string boot;
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::getline(f, boot);
+  std::string id = std::string(host) + "/" + boot.substr(0, 8);
+  return id;
+}
+
+Result<int> pick_device(const CommOptions& options, int rank) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver || count == 0) {
+    cudaGetLastError();
+    return Status::unsupported("no CUDA GPU is visible to this process (cudaGetDeviceCount: " +
+                               std::string(cudaGetErrorString(err)) + ")");
+  }
+  LOOM_CUDA_TRY(err);
+  int device = options.device;
+  if (device < 0) {
+    if (std::optional<std::string> local = env::get_raw("LOCAL_RANK")) {
+      LOOM_ASSIGN_OR_RETURN(int64_t lr, env::parse_int("LOCAL_RANK", *local, 0, 1 << 20));
+      device = static_cast<int>(lr);
+    } else {
+      device = rank % count;
+    }
+  }
+  if (device >= count) {
+    return Status::invalid_argument("device " + std::to_string(device) + " requested but only " +
+                                    std::to_string(count) + " CUDA devices are visible");
+  }
+  return device;
+}
+
+Result<runtime::RankDescriptor> describe_self(int device, int sm_count) {
+  runtime::RankDescriptor d{};
+  std::snprintf(d.host_id, sizeof(d.host_id), "%s", host_identity().c_str());
+  LOOM_CUDA_TRY(cudaDeviceGetPCIBusId(d.pci_bus_id, sizeof(d.pci_bus_id), device));
+  d.device = device;
+  d.local_rank_hint = -1;
+  if (std::optional<std::string> local = env::get_raw("LOCAL_RANK")) {
+    LOOM_ASSIGN_OR_RETURN(int64_t lr, env::parse_int("LOCAL_RANK", *local, 0, 1 << 20));
+    d.local_rank_hint = static_cast<int32_t>(lr);
+  }
+  d.sm_count = sm_count;
+  d.pid = static_cast<int32_t>(getpid());
+  return d;
+}
+
+// Runs `step`; on failure tells the peers (so they fail now, not at their deadline).
+Status collective_step(runtime::Bootstrap& bootstrap, Status status, const char* what) {
+  if (!status.ok()) {
+    status.with_context(what);
+    bootstrap.report_failure(status.to_string());
+  }
+  return status;
+}
+
+Result<std::unique_ptr<Communicator::Impl>> build(const CommOptions& options,
+                                                  const std::function<Result<std::unique_ptr<runtime::Bootstrap>>(
+                                                      std::chrono::milliseconds)>& connect,
+                                                  int rank_for_device) {
+  auto impl = std::make_unique<Communicator::Impl>();
+  LOOM_ASSIGN_OR_RETURN(impl->settings, env::Settings::from_env());
+  set_log_level(impl->settings.log_level);
+  if (std::string unknown = env::unknown_loom_variables(); !unknown.empty()) {
+    LOOM_WARN("unknown LOOM_* variables (typos?): %s", unknown.c_str());
+  }
+  if (options.heap_bytes != 0) impl->settings.heap_bytes = options.heap_bytes;
+  if (options.op_timeout.count() > 0) impl->settings.op_timeout = options.op_timeout;
+  if (options.bootstrap_timeout.count() > 0) impl->settings.bootstrap_timeout = options.bootstrap_timeout;
+
+  LOOM_ASSIGN_OR_RETURN(impl->device, pick_device(options, rank_for_device));
+  LOOM_CUDA_TRY(cudaSetDevice(impl->device));
+  cudaDeviceProp prop{};
+  LOOM_CUDA_TRY(cudaGetDeviceProperties(&prop, impl->device));
+  if (prop.major != 9) {
+    return Status::unsupported("loom's kernels are built for Hopper (sm_90a); device " + std::to_string(impl->device) +
+                               " (" + prop.name + ") is sm_" + std::to_string(prop.major) +
+                               std::to_string(prop.minor));
+  }
+  impl->sm_count = prop.multiProcessorCount;
+
+  LOOM_ASSIGN_OR_RETURN(impl->bootstrap, connect(impl->settings.bootstrap_timeout));
+  runtime::Bootstrap& boot = *impl->bootstrap;
+  set_log_rank(boot.rank());
+
+  // Topology from every rank's self-description.
+  Result<runtime::RankDescriptor> self = describe_self(impl->device, impl->sm_count);
+  LOOM_TRY(collective_step(boot, self.status(), "describing this rank"));
+  std::vector<runtime::RankDescriptor> all(boot.world_size());
+  LOOM_TRY_CTX(boot.all_gather(&self.value(), all.data(), sizeof(runtime::RankDescriptor)), "exchanging rank descriptors");
+  Result<runtime::Topology> topology = runtime::build_topology(all, boot.rank(), /*emulate_nodes=*/1);
+  LOOM_TRY(collective_step(boot, topology.status(), "building the topology"));
+  impl->topology = std::move(topology).value();
+  if (std::optional<std::string> lws = env::get_raw("LOCAL_WORLD_SIZE")) {
+    Result<int64_t> n = env::parse_int("LOCAL_WORLD_SIZE", *lws, 1, 1 << 20);
+    Status s = n.status();
+    if (s.ok() && *n != impl->topology.local_world_size) {
+      s = Status::invalid_argument("LOCAL_WORLD_SIZE=" + *lws + " but " +
+                                   std::to_string(impl->topology.local_world_size) + " ranks share this node");
+    }
+    LOOM_TRY(collective_step(boot, s, "checking LOCAL_WORLD_SIZE"));
+  }
+
+  // Symmetric heap: control region first, then user allocations.
+  impl->control = make_control_layout(static_cast<uint32_t>(impl->topology.local_world_size), kMaxChunksPerSource);
+  runtime::HeapOptions heap_options;
+  heap_options.bytes = impl->settings.heap_bytes;
+  heap_options.backend = impl->settings.heap_backend;
+  heap_options.device = impl->device;
+  heap_options.reserved_prefix_bytes = impl->control.bytes;
+  heap_options.self_test_offset = impl->control.self_test_offset;
+  heap_options.timeout = impl->settings.bootstrap_timeout;
+  LOOM_ASSIGN_OR_RETURN(impl->heap, runtime::SymmetricHeap::create(boot, impl->topology, heap_options));
+
+  // Device state.
+  Status state = [&]() -> Status {
+    LOOM_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&impl->epoch_state), sizeof(EpochState)));
+    LOOM_CUDA_TRY(cudaMemset(impl->epoch_state, 0, sizeof(EpochState)));
+    LOOM_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&impl->device_abort), sizeof(uint32_t)));
+    LOOM_CUDA_TRY(cudaMemset(impl->device_abort, 0, sizeof(uint32_t)));
+    LOOM_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&impl->error_host), sizeof(ErrorRecord), cudaHostAllocMapped));
+    std::memset(impl->error_host, 0, sizeof(ErrorRecord));
+    LOOM_CUDA_TRY(cudaHostGetDevicePointer(reinterpret_cast<void**>(&impl->error_device), impl->error_host, 0));
+    LOOM_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&impl->host_abort_host), sizeof(uint32_t), cudaHostAllocMapped));
+    *impl->host_abort_host = 0;
+    LOOM_CUDA_TRY(cudaHostGetDevicePointer(reinterpret_cast<void**>(&impl->host_abort_device), impl->host_abort_host, 0));
+    LOOM_CUDA_TRY(cudaEventCreateWithFlags(&impl->sync_event, cudaEventDisableTiming));
+    LOOM_CUDA_TRY(cudaDeviceSynchronize());
+    return {};
+  }();
+  LOOM_TRY(collective_step(boot, state, "allocating device state"));
+  LOOM_TRY_CTX(boot.barrier(), "final init barrier");
+  LOOM_INFO("communicator ready: rank %d/%d, node %d/%d, local rank %d/%d, device %d, heap %llu MiB (%s)",
+            boot.rank(), boot.world_size(), impl->topology.node, impl->topology.num_nodes, impl->topology.local_rank,
+            impl->topology.local_world_size, impl->device,
+            static_cast<unsigned long long>(impl->settings.heap_bytes >> 20), impl->heap->backend_name());
+  return impl;
+}
+
+}  // namespace
+
+const char* op_name(OpId op) {
+  switch (op) {
+    case OpId::kNone: return "none";
+    case OpId::kSelfTest: return "self_test";
+    case OpId::kAllGather: return "all_gather";
+    case OpId::kReduceScatter: return "reduce_scatter";
+    case OpId::kAllReduce: return "all_reduce";
+    case OpId::kGemm: return "gemm";
+    case OpId::kAgGemm: return "ag_gemm";
+    case OpId::kGemmRs: return "gemm_rs";
+    case OpId::kGemmAr: return "gemm_ar";
+  }
+  return "unknown";
+}
+
+const char* flag_kind_name(FlagKind kind) {
+  switch (kind) {
+    case FlagKind::kNone: return "none";
+    case FlagKind::kEntered: return "entered";
+    case FlagKind::kChunk: return "chunk";
+    case FlagKind::kDone: return "done";
+    case FlagKind::kTile: return "tile";
+  }
+  return "unknown";
+}
+
+Communicator::Impl::~Impl() {
+  if (sync_event != nullptr) cudaEventDestroy(sync_event);
+  if (epoch_state != nullptr) cudaFree(epoch_state);
+  if (device_abort != nullptr) cudaFree(device_abort);
+  if (error_host != nullptr) cudaFreeHost(error_host);
+  if (host_abort_host != nullptr) cudaFreeHost(host_abort_host);
+}
+
+DeviceComm Communicator::Impl::device_comm() const {
+  DeviceComm c{};
+  c.local_rank = topology.local_rank;
+  c.local_world = topology.local_world_size;
+  c.peer_heap_bases = heap->device_peer_bases();
+  c.local_heap_base = reinterpret_cast<uint64_t>(heap->local_base());
+  c.control = control;
+  c.epoch_state = epoch_state;
+  c.wait.timeout_ns = static_cast<uint64_t>(settings.op_timeout.count()) * 1'000'000ull;
+  c.wait.host_abort = host_abort_device;
+  c.wait.device_abort = device_abort;
+  c.wait.error = error_device;
+  return c;
+}
+
+Status Communicator::Impl::check_usable() const {
+  std::lock_guard<std::mutex> lock(failure_mutex);
+  if (failure.ok()) return {};
+  return Status::aborted("communicator failed earlier: " + failure.to_string());
+}
+
+void Communicator::Impl::set_failure(const Status& status) {
+  std::lock_guard<std::mutex> lock(failure_mutex);
+  if (failure.ok()) failure = status;
+}
+
+Status Communicator::Impl::consume_error_record() {
+  volatile ErrorRecord* e = error_host;
+  const uint32_t code = e->code;
+  if (code == static_cast<uint32_t>(DeviceError::kNone)) return {};
+  const auto op = static_cast<OpId>(e->op);
+  const int waited_local = e->waited_on;
+  const int waited_global =
+      waited_local >= 0 && waited_local < static_cast<int>(topology.local_peers.size()) ? topology.local_peers[waited_local] : -1;
+  char text[512];
+  if (code == static_cast<uint32_t>(DeviceError::kTimeout)) {
+    std::snprintf(text, sizeof(text),
+                  "%s (epoch %llu): timed out after %llu ms waiting for rank %d's '%s' flag %u (CTA %d, flag at epoch %llu)",
+                  op_name(op), static_cast<unsigned long long>(e->epoch),
+                  static_cast<unsigned long long>(e->waited_ns / 1'000'000ull), waited_global,
+                  flag_kind_name(static_cast<FlagKind>(e->flag_kind)), e->flag_index, e->cta,
+                  static_cast<unsigned long long>(e->observed));
+  } else {
+    std::snprintf(text, sizeof(text), "%s (epoch %llu): aborted while waiting (CTA %d)", op_name(op),
+                  static_cast<unsigned long long>(e->epoch), e->cta);
+  }
+  std::memset(const_cast<ErrorRecord*>(e), 0, sizeof(ErrorRecord));
+  Status s = code == static_cast<uint32_t>(DeviceError::kTimeout) ? Status::timeout(text) : Status::aborted(text);
+  // Clear the device abort word so the context is clean; the communicator stays failed.
+  cudaMemset(device_abort, 0, sizeof(uint32_t));
+  return s;
+}
+
+Result<uint64_t> Communicator::Impl::symmetric_offset(const void* ptr, size_t bytes, const char* what) const {
+  if (ptr == nullptr) return Status::invalid_argument(std::string(what) + " is null");
+  if (!heap->contains(ptr, bytes)) {
+    return Status::invalid_argument(std::string(what) + " (" + std::to_string(bytes) +
+                                    " bytes) is not inside the symmetric heap; allocate it with Communicator::alloc");
+  }
+  return heap->offset_of(ptr);
+}
+
+Status Communicator::Impl::check_local_device_buffer(const void* ptr, size_t bytes, const char* what) const {
+  if (ptr == nullptr) return Status::invalid_argument(std::string(what) + " is null");
+  if (heap->contains(ptr, bytes)) return {};
+  cudaPointerAttributes attr{};
+  const cudaError_t err = cudaPointerGetAttributes(&attr, ptr);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return Status::invalid_argument(std::string(what) + " is not a CUDA pointer");
+  }
+  if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) {
+    return Status::invalid_argument(std::string(what) + " is host memory; loom needs device memory");
+  }
+  if (attr.device != device) {
+    return Status::invalid_argument(std::string(what) + " lives on device " + std::to_string(attr.device) +
+                                    " but this rank uses device " + std::to_string(device));
+  }
+  return {};
+}
+
+Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Communicator::~Communicator() {
+  if (!impl_) return;
+  // Peers may still read or write our heap in kernels they have queued; wait for the device,
+  // then (bounded) for every rank to arrive before any mapping goes away.
+  cudaSetDevice(impl_->device);
+  cudaDeviceSynchronize();
+  // Our mappings of peers' heaps go first; with legacy IPC a peer must not free its heap
+  // while we still have it open, hence the barrier before anyone frees its own.
+  if (impl_->heap) {
+    Status s = impl_->heap->release_peer_mappings();
+    if (!s.ok()) LOOM_WARN("unmapping peer heaps: %s", s.to_string().c_str());
+  }
+  if (impl_->check_usable().ok() && impl_->bootstrap) {
+    Status s = impl_->bootstrap->barrier();
+    if (!s.ok()) LOOM_WARN("communicator teardown barrier failed: %s", s.to_string().c_str());
+  }
+  if (impl_->heap) {
+    Status s = impl_->heap->close();
+    if (!s.ok()) LOOM_WARN("closing the symmetric heap: %s", s.to_string().c_str());
+  }
+}
+
+Result<std::unique_ptr<Communicator>> Communicator::from_env(const CommOptions& options) {
+  LOOM_ASSIGN_OR_RETURN(runtime::BootstrapConfig config, runtime::bootstrap_config_from_env());
+  const int rank = config.rank;
+  auto connect = [&](std::chrono::milliseconds timeout) {
+    config.timeout = timeout;
+    return runtime::Bootstrap::connect(config);
+  };
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl, build(options, connect, rank));
+  return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
+}
+
+Result<std::unique_ptr<Communicator>> Communicator::from_unique_id(const UniqueId& id, int rank, int world_size,
+                                                                   const CommOptions& options) {
+  runtime::UniqueId rid;
+  static_assert(sizeof(rid.bytes) == sizeof(id.bytes), "public and runtime unique ids must have the same size");
+  std::memcpy(rid.bytes.data(), id.bytes.data(), id.bytes.size());
+  auto connect = [&](std::chrono::milliseconds timeout) {
+    return runtime::Bootstrap::from_unique_id(rid, rank, world_size, timeout);
+  };
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl, build(options, connect, rank));
+  return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
+}
+
+Result<UniqueId> make_unique_id(std::string_view bind_addr) {
+  LOOM_ASSIGN_OR_RETURN(runtime::UniqueId rid, runtime::Bootstrap::create_unique_id(bind_addr));
+  UniqueId id;
+  std::memcpy(id.bytes.data(), rid.bytes.data(), id.bytes.size());
+  return id;
+}
+
+int Communicator::rank() const { return impl_->topology.rank; }
+int Communicator::world_size() const { return impl_->topology.world_size; }
+int Communicator::local_rank() const { return impl_->topology.local_rank; }
+int Communicator::local_world_size() const { return impl_->topology.local_world_size; }
+int Communicator::node() const { return impl_->topology.node; }
+int Communicator::num_nodes() const { return impl_->topology.num_nodes; }
+int Communicator::device() const { return impl_->device; }
+int Communicator::sm_count() const { return impl_->sm_count; }
+
+Result<void*> Communicator::alloc(size_t bytes) {
+  LOOM_TRY(impl_->check_usable());
+  if (bytes == 0) return Status::invalid_argument("alloc: zero bytes");
+  Result<void*> ptr = impl_->heap->allocate(bytes);
+  // Every rank must have made the same allocation at the same offset; check, so a divergent
+  // call sequence fails here and not as silent corruption in a kernel.
+  struct Record {
+    uint64_t offset;
+    uint64_t bytes;
+    int32_t ok;
+    int32_t pad;
+  } mine{ptr.ok() ? impl_->heap->offset_of(*ptr) : 0, bytes, ptr.ok() ? 1 : 0, 0};
+  std::vector<Record> all(world_size());
+  LOOM_TRY_CTX(impl_->bootstrap->all_gather(&mine, all.data(), sizeof(Record)), "alloc");
+  for (int r = 0; r < world_size(); ++r) {
+    if (impl_->topology.node_of_rank[r] != node()) continue;
+    if (all[r].ok == 0 || all[r].offset != mine.offset || all[r].bytes != mine.bytes) {
+      if (ptr.ok()) (void)impl_->heap->release(*ptr);
+      if (!ptr.ok()) return ptr.status();
+      return Status::invalid_argument("alloc: rank " + std::to_string(r) + (all[r].ok ? " allocated " + std::to_string(all[r].bytes) +
+                                      " bytes at offset " + std::to_string(all[r].offset) : std::string(" failed to allocate")) +
+                                      " but this rank asked for " + std::to_string(bytes) + " bytes at offset " +
+                                      std::to_string(mine.offset) + "; every rank must allocate the same sizes in the same order");
+    }
+  }
+  return ptr;
+}
+
+Status Communicator::free(void* ptr) { return impl_->heap->release(ptr); }
+
+bool Communicator::is_symmetric(const void* ptr, size_t bytes) const { return impl_->heap->contains(ptr, bytes); }
+
+Result<void*> Communicator::peer_pointer(const void* local_ptr, int local_rank) const {
+  if (local_rank < 0 || local_rank >= local_world_size()) {
+    return Status::invalid_argument("peer_pointer: local rank " + std::to_string(local_rank) + " outside [0, " +
+                                    std::to_string(local_world_size()) + ")");
+  }
+  LOOM_ASSIGN_OR_RETURN(uint64_t offset, impl_->symmetric_offset(local_ptr, 1, "peer_pointer argument"));
+  return static_cast<void*>(static_cast<char*>(impl_->heap->peer_base(local_rank)) + offset);
+}
+
+Status Communicator::synchronize(cudaStream_t stream) {
+  LOOM_CUDA_TRY(cudaSetDevice(impl_->device));
+  LOOM_CUDA_TRY(cudaEventRecord(impl_->sync_event, stream));
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  // Device waits give up after op_timeout; one extra second covers their polling interval.
+  const auto soft_deadline = start + impl_->settings.op_timeout + std::chrono::seconds(1);
+  const auto hard_deadline = soft_deadline + std::chrono::seconds(1);
+  bool aborted_by_host = false;
+  auto sleep_for = std::chrono::microseconds(2);
+  for (;;) {
+    const cudaError_t q = cudaEventQuery(impl_->sync_event);
+    if (q == cudaSuccess) break;
+    if (q != cudaErrorNotReady) {
+      Status s = cuda_status(q, "cudaEventQuery(stream work)", __FILE__, __LINE__);
+      impl_->set_failure(s);
+      return s;
+    }
+    const auto now = clock::now();
+    if (!aborted_by_host && now > soft_deadline) {
+      // Something other than a loom wait is stuck (or a kernel is much longer than the
+      // timeout): raise the host abort so loom kernels return.
+      *reinterpret_cast<volatile uint32_t*>(impl_->host_abort_host) = 1;
+      aborted_by_host = true;
+    }
+    if (now > hard_deadline) {
+      Status s = Status::timeout("synchronize: stream work did not finish within " +
+                                 std::to_string(impl_->settings.op_timeout.count()) +
+                                 " ms + 2 s, even after the abort word was raised");
+      impl_->set_failure(s);
+      return s;
+    }
+    std::this_thread::sleep_for(sleep_for);
+    if (sleep_for < std::chrono::microseconds(500)) sleep_for *= 2;
+  }
+  Status device_error = impl_->consume_error_record();
+  if (aborted_by_host) {
+    *reinterpret_cast<volatile uint32_t*>(impl_->host_abort_host) = 0;
+    if (device_error.ok()) {
+      device_error = Status::timeout("synchronize: stream work exceeded " +
+                                     std::to_string(impl_->settings.op_timeout.count()) + " ms; aborted by the host");
+    }
+  }
+  if (!device_error.ok()) {
+    impl_->set_failure(device_error);
+    return device_error;
+  }
+  return impl_->check_usable();
+}
+
+Status Communicator::barrier() {
+  LOOM_TRY(impl_->check_usable());
+  return impl_->bootstrap->barrier();
+}
+
+void Communicator::abort(std::string_view reason) {
+  *reinterpret_cast<volatile uint32_t*>(impl_->host_abort_host) = 1;
+  impl_->set_failure(Status::aborted("aborted by the application: " + std::string(reason)));
+  if (impl_->bootstrap) impl_->bootstrap->report_failure("aborted: " + std::string(reason));
+}
+
+Status Communicator::health() const { return impl_->check_usable(); }
+
+}  // namespace loom

@@ -1,0 +1,56 @@
+// Communicator::Impl: the runtime state behind a loom::Communicator, shared by the operators.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "core/env.h"
+#include "loom/communicator.h"
+#include "runtime/bootstrap.h"
+#include "runtime/device_abi.h"
+#include "runtime/symmetric_heap.h"
+#include "runtime/topology.h"
+
+namespace loom {
+
+struct Communicator::Impl {
+  env::Settings settings;
+  std::unique_ptr<runtime::Bootstrap> bootstrap;
+  runtime::Topology topology;
+  int device = -1;
+  int sm_count = 0;
+  std::unique_ptr<runtime::SymmetricHeap> heap;
+  ControlLayout control{};
+
+  // Device-side state (see device_abi.h for the meaning of each word).
+  EpochState* epoch_state = nullptr;  // device memory
+  uint32_t* device_abort = nullptr;   // device memory
+  ErrorRecord* error_host = nullptr;  // host-mapped pinned memory ...
+  ErrorRecord* error_device = nullptr;  // ... and its device alias
+  uint32_t* host_abort_host = nullptr;  // host-mapped pinned memory ...
+  uint32_t* host_abort_device = nullptr;  // ... and its device alias
+  cudaEvent_t sync_event = nullptr;
+
+  mutable std::mutex failure_mutex;
+  Status failure;  // sticky: the first failure that ended the communicator
+
+  ~Impl();
+
+  // The communicator as kernels see it.
+  DeviceComm device_comm() const;
+  // ok, or `aborted` carrying the failure that ended the communicator.
+  Status check_usable() const;
+  void set_failure(const Status& status);
+  // Turns a filled error record into a Status (naming global ranks) and clears it.
+  Status consume_error_record();
+  // Heap offset of a symmetric pointer range, or invalid_argument naming `what`.
+  Result<uint64_t> symmetric_offset(const void* ptr, size_t bytes, const char* what) const;
+  // ok when [ptr, ptr+bytes) is device memory of this rank's GPU.
+  Status check_local_device_buffer(const void* ptr, size_t bytes, const char* what) const;
+};
+
+}  // namespace loom

@@ -1,0 +1,792 @@
+// GEMM engine on one GPU (every rank runs these on its own GPU): correctness against an fp32
+// reference, every tile configuration, and each scheduler and epilogue variant (gated tiles,
+// timeouts and aborts, the work queue with role changes, peer / partitioned / reduce-add
+// destinations, tile and chunk signals). On failure each check prints the shape, configuration,
+// relative error, the first mismatches and a map of the wrong tiles.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/comm/signals.cuh"
+#include "kernels/gemm/reference.cuh"
+#include "kernels/gemm/sm90_gemm.cuh"
+#include "loom/gemm.h"
+#include "ops/gemm_launch.h"
+#include "planner/gemm_heuristic.h"
+
+namespace loom {
+namespace {
+
+namespace kg = kernels::gemm;
+namespace ref = kernels::gemm::reference;
+
+#define GT_CUDA(expr)                                                                               \
+  do {                                                                                              \
+    cudaError_t e_ = (expr);                                                                        \
+    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_);                          \
+  } while (0)
+#define GT_OK(expr)                                                                                 \
+  do {                                                                                              \
+    ::loom::Status s_ = (expr);                                                                     \
+    ASSERT_TRUE(s_.ok()) << s_.to_string();                                                         \
+  } while (0)
+
+bool is_hopper() {
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  return major == 9 && minor == 0;
+}
+#define REQUIRE_HOPPER() \
+  if (!is_hopper()) GTEST_SKIP() << "the GEMM engine needs an sm_90 GPU"
+
+int sm_count() {
+  int dev = 0, n = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+  return n;
+}
+
+struct DevBuf {
+  void* p = nullptr;
+  size_t bytes = 0;
+  DevBuf() = default;
+  explicit DevBuf(size_t n) : bytes(n) {
+    if (cudaMalloc(&p, n) != cudaSuccess) p = nullptr;
+  }
+  ~DevBuf() {
+    if (p) cudaFree(p);
+  }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+};
+
+struct HostMapped {
+  void* p = nullptr;
+  explicit HostMapped(size_t n) {
+    if (cudaHostAlloc(&p, n, cudaHostAllocMapped) == cudaSuccess) std::memset(p, 0, n);
+  }
+  ~HostMapped() {
+    if (p) cudaFreeHost(p);
+  }
+};
+
+// Wait words for launches that can fail: error record and host abort in host-mapped memory.
+struct WaitSetup {
+  HostMapped error{sizeof(ErrorRecord)};
+  HostMapped host_abort{sizeof(uint32_t)};
+  DevBuf device_abort{sizeof(uint32_t)};
+  WaitParams params(uint64_t timeout_ns) {
+    cudaMemset(device_abort.p, 0, sizeof(uint32_t));
+    std::memset(error.p, 0, sizeof(ErrorRecord));
+    *static_cast<volatile uint32_t*>(host_abort.p) = 0;
+    return WaitParams{timeout_ns, static_cast<const volatile uint32_t*>(host_abort.p), device_abort.as<uint32_t>(),
+                      static_cast<ErrorRecord*>(error.p)};
+  }
+  const ErrorRecord& record() const { return *static_cast<const ErrorRecord*>(error.p); }
+};
+
+float bf16_to_float(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+float f16_to_float(uint16_t h) {
+  __half_raw r;
+  r.x = h;
+  return __half2float(__half(r));
+}
+
+std::vector<float> to_host_f32(const void* dev, DType t, int64_t rows, int64_t cols, int64_t ld) {
+  const size_t es = dtype_size(t);
+  std::vector<uint8_t> raw(static_cast<size_t>(rows) * ld * es);
+  cudaMemcpy(raw.data(), dev, raw.size(), cudaMemcpyDeviceToHost);
+  std::vector<float> out(static_cast<size_t>(rows) * cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const size_t i = static_cast<size_t>(r * ld + c);
+      float v;
+      if (t == DType::kF32) std::memcpy(&v, raw.data() + 4 * i, 4);
+      else {
+        uint16_t h;
+        std::memcpy(&h, raw.data() + 2 * i, 2);
+        v = t == DType::kBF16 ? bf16_to_float(h) : f16_to_float(h);
+      }
+      out[static_cast<size_t>(r * cols + c)] = v;
+    }
+  }
+  return out;
+}
+
+void fill(void* p, DType t, int64_t rows, int64_t cols, int64_t ld, uint64_t seed, float scale = 1.0f) {
+  ref::fill_uniform<<<256, 256>>>(p, static_cast<int>(t), rows, cols, ld, seed, scale);
+}
+
+// fp32 reference of the whole [M, N] product.
+std::vector<float> reference(const GemmArgs& a) {
+  const planner::GemmLeadingDims ld = planner::resolve_leading_dims(a);
+  DevBuf c(static_cast<size_t>(a.m) * a.n * 4);
+  dim3 grid(static_cast<unsigned>((a.n + 31) / 32), static_cast<unsigned>((a.m + 31) / 32));
+  const bool kn = a.b_layout == BLayout::kKN;
+  if (a.in_dtype == DType::kBF16) {
+    ref::gemm_fp32<__nv_bfloat16><<<grid, 256>>>(static_cast<const __nv_bfloat16*>(a.a),
+                                                  static_cast<const __nv_bfloat16*>(a.b), c.as<float>(), nullptr,
+                                                  static_cast<int>(a.m), static_cast<int>(a.n), static_cast<int>(a.k),
+                                                  ld.lda, ld.ldb, kn);
+  } else {
+    ref::gemm_fp32<__half><<<grid, 256>>>(static_cast<const __half*>(a.a), static_cast<const __half*>(a.b), c.as<float>(),
+                                          nullptr, static_cast<int>(a.m), static_cast<int>(a.n), static_cast<int>(a.k),
+                                          ld.lda, ld.ldb, kn);
+  }
+  std::vector<float> out(static_cast<size_t>(a.m) * a.n);
+  cudaMemcpy(out.data(), c.p, out.size() * 4, cudaMemcpyDeviceToHost);
+  return out;
+}
+
+// Documented tolerances: ||out - ref|| / ||ref|| below rel_tol, and no element further than
+// elem_tol * (|ref| + rms(ref)) from the reference. Inputs are exact in both computations, so
+// the differences are the output rounding (bf16: 2^-9 relative, fp16: 2^-11) and fp32
+// summation order.
+struct Tolerance {
+  double rel_tol;
+  double elem_tol;
+};
+Tolerance tolerance_for(DType out) {
+  switch (out) {
+    case DType::kBF16: return {8e-3, 1.0 / 64};
+    case DType::kF16: return {2e-3, 1.0 / 256};
+    case DType::kF32: return {1e-4, 2e-4};
+  }
+  return {0, 0};
+}
+
+// Compares got [rows, cols] with want; on failure the returned string holds the diagnostics.
+struct Comparison {
+  bool ok = true;
+  double rel_err = 0;
+  int64_t nan = 0, bad = 0;
+  std::string report;
+};
+
+Comparison compare(const std::vector<float>& got, const std::vector<float>& want, int64_t rows, int64_t cols,
+                   DType out, int tile_m, int tile_n, const std::string& what) {
+  Comparison c;
+  const Tolerance tol = tolerance_for(out);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) den += static_cast<double>(want[i]) * want[i];
+  const double rms = std::sqrt(den / std::max<size_t>(want.size(), 1));
+  const int64_t tr = (rows + tile_m - 1) / tile_m, tc = (cols + tile_n - 1) / tile_n;
+  std::vector<char> map(static_cast<size_t>(tr * tc), '.');
+  std::string first;
+  int shown = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t col = 0; col < cols; ++col) {
+      const size_t i = static_cast<size_t>(r * cols + col);
+      const double g = got[i], w = want[i];
+      const size_t t = static_cast<size_t>((r / tile_m) * tc + col / tile_n);
+      if (std::isnan(g)) {
+        ++c.nan;
+        map[t] = 'N';
+      } else {
+        num += (g - w) * (g - w);
+        if (std::fabs(g - w) > tol.elem_tol * (std::fabs(w) + rms)) {
+          ++c.bad;
+          if (map[t] == '.') map[t] = 'X';
+        } else {
+          continue;
+        }
+      }
+      if (shown < 8) {
+        char buf[160];
+        std::snprintf(buf, sizeof buf, "    (row %lld, col %lld): got %.6g want %.6g\n", static_cast<long long>(r),
+                      static_cast<long long>(col), g, w);
+        first += buf;
+        ++shown;
+      }
+    }
+  }
+  c.rel_err = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  c.ok = c.nan == 0 && c.bad == 0 && c.rel_err <= tol.rel_tol && den > 0;
+  if (!c.ok) {
+    char buf[512];
+    std::snprintf(buf, sizeof buf,
+                  "%s: rel_err %.3g (tolerance %.1g), %lld NaN, %lld elements off, ||ref|| %.3g; first mismatches:\n",
+                  what.c_str(), c.rel_err, tol.rel_tol, static_cast<long long>(c.nan), static_cast<long long>(c.bad),
+                  std::sqrt(den));
+    c.report = buf + first;
+    c.report += "  tile map (" + std::to_string(tile_m) + "x" + std::to_string(tile_n) +
+                " tiles; . ok, X wrong, N unwritten/NaN):\n";
+    for (int64_t i = 0; i < std::min<int64_t>(tr, 64); ++i) {
+      c.report += "    ";
+      for (int64_t j = 0; j < std::min<int64_t>(tc, 100); ++j) c.report += map[static_cast<size_t>(i * tc + j)];
+      c.report += "\n";
+    }
+  }
+  return c;
+}
+
+std::string describe(const GemmArgs& a, GemmTile tile, const char* extra = "") {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "M=%lld N=%lld K=%lld in=%s out=%s B=%s tile=%s%s", static_cast<long long>(a.m),
+                static_cast<long long>(a.n), static_cast<long long>(a.k), std::string(dtype_name(a.in_dtype)).c_str(),
+                std::string(dtype_name(a.out_dtype)).c_str(), std::string(b_layout_name(a.b_layout)).c_str(),
+                std::string(gemm_tile_name(tile)).c_str(), extra);
+  return buf;
+}
+
+// Owns A, B (random, never zero) and D (NaN) for one problem.
+struct Problem {
+  GemmArgs args;
+  DevBuf a, b, d;
+  Problem(int64_t m, int64_t n, int64_t k, DType in, DType out, BLayout layout, uint64_t seed)
+      : a(static_cast<size_t>(std::max<int64_t>(m, 1)) * k * 2),
+        b(static_cast<size_t>(n) * k * 2),
+        d(static_cast<size_t>(std::max<int64_t>(m, 1)) * n * dtype_size(out)) {
+    args.a = a.p;
+    args.b = b.p;
+    args.d = d.p;
+    args.m = m;
+    args.n = n;
+    args.k = k;
+    args.in_dtype = in;
+    args.out_dtype = out;
+    args.b_layout = layout;
+    fill(a.p, in, m, k, k, seed * 2 + 1);
+    if (layout == BLayout::kKN) fill(b.p, in, k, n, n, seed * 2 + 2);
+    else fill(b.p, in, n, k, k, seed * 2 + 2);
+    cudaMemset(d.p, 0xFF, d.bytes);  // NaN in every output type
+  }
+};
+
+// Runs loom::gemm on a fresh problem and checks it against the reference.
+void run_and_check(int64_t m, int64_t n, int64_t k, DType in, DType out, BLayout layout, GemmOptions options,
+                   uint64_t seed) {
+  Problem p(m, n, k, in, out, layout, seed);
+  ASSERT_TRUE(p.a.p && p.b.p && p.d.p) << "allocation failed";
+  auto plan = ops::plan_gemm_launch(p.args, options);
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  GT_OK(gemm(p.args, nullptr, options));
+  GT_CUDA(cudaDeviceSynchronize());
+  const std::vector<float> want = reference(p.args);
+  const std::vector<float> got = to_host_f32(p.d.p, out, m, n, n);
+  const GemmTileInfo info = gemm_tile_info(plan->tile);
+  const std::string what = describe(p.args, plan->tile, (" ctas=" + std::to_string(plan->num_ctas)).c_str());
+  const Comparison c = compare(got, want, m, n, out, info.block_m, info.block_n, what);
+  EXPECT_TRUE(c.ok) << c.report;
+}
+
+// ---- loom::gemm: shapes x layouts x dtypes ---------------------------------------------------
+
+class GemmShapes : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(GemmShapes, AllLayoutsAndDtypesMatchReference) {
+  REQUIRE_HOPPER();
+  const int64_t m = GetParam();
+  uint64_t seed = 100 + static_cast<uint64_t>(m);
+  for (BLayout layout : {BLayout::kKN, BLayout::kNK}) {
+    for (DType in : {DType::kBF16, DType::kF16}) {
+      for (DType out : {DType::kBF16, DType::kF16, DType::kF32}) {
+        // N and K are not multiples of any tile: the tails go through TMA bounds.
+        run_and_check(m, 264, 200, in, out, layout, {}, ++seed);
+      }
+    }
+  }
+}
+INSTANTIATE_TEST_SUITE_P(Sm90Gemm, GemmShapes, ::testing::Values(1, 127, 128, 129, 1000, 4160, 16384),
+                         [](const ::testing::TestParamInfo<int64_t>& i) { return "M" + std::to_string(i.param); });
+
+// Every configuration, forced, on a shape with many k-blocks (the stage ring wraps several times)
+// and tails in every dimension; once with the planner's grid and once with 3 CTAs (each CTA
+// walks many tiles, the tile ring wraps).
+TEST(Sm90Gemm, EveryTileConfiguration) {
+  REQUIRE_HOPPER();
+  uint64_t seed = 7000;
+  for (GemmTile tile : {GemmTile::k128x256, GemmTile::k128x128, GemmTile::k128x64, GemmTile::k64x128}) {
+    int variant = 0;
+    for (BLayout layout : {BLayout::kKN, BLayout::kNK}) {
+      for (DType in : {DType::kBF16, DType::kF16}) {
+        const DType out = variant % 3 == 0 ? DType::kBF16 : (variant % 3 == 1 ? DType::kF32 : DType::kF16);
+        ++variant;
+        GemmOptions o;
+        o.tile = tile;
+        run_and_check(1000, 1032, 1096, in, out, layout, o, ++seed);
+        o.num_ctas = 3;
+        o.group_m = 2;
+        run_and_check(520, 776, 264, in, out, layout, o, ++seed);
+      }
+    }
+  }
+}
+
+TEST(Sm90Gemm, LeadingDimensionsLargerThanRows) {
+  REQUIRE_HOPPER();
+  const int64_t m = 300, n = 392, k = 456, lda = 520, ldb = 464, ldd = 400;
+  DevBuf a(m * lda * 2), b(n * ldb * 2), d(m * ldd * 4);
+  fill(a.p, DType::kBF16, m, k, lda, 11);
+  fill(b.p, DType::kBF16, n, k, ldb, 12);
+  cudaMemset(d.p, 0xFF, d.bytes);
+  GemmArgs args;
+  args.a = a.p;
+  args.b = b.p;
+  args.d = d.p;
+  args.m = m;
+  args.n = n;
+  args.k = k;
+  args.lda = lda;
+  args.ldb = ldb;
+  args.ldd = ldd;
+  args.out_dtype = DType::kF32;
+  args.b_layout = BLayout::kNK;
+  GT_OK(gemm(args, nullptr));
+  GT_CUDA(cudaDeviceSynchronize());
+  const std::vector<float> want = reference(args);
+  const std::vector<float> got = to_host_f32(d.p, DType::kF32, m, n, ldd);
+  const Comparison c = compare(got, want, m, n, DType::kF32, 128, 128, describe(args, GemmTile::kAuto, " padded"));
+  EXPECT_TRUE(c.ok) << c.report;
+  // The padding columns of D stay untouched (NaN).
+  std::vector<float> raw(static_cast<size_t>(m * ldd));
+  cudaMemcpy(raw.data(), d.p, raw.size() * 4, cudaMemcpyDeviceToHost);
+  int64_t touched = 0;
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t col = n; col < ldd; ++col) touched += !std::isnan(raw[static_cast<size_t>(r * ldd + col)]);
+  EXPECT_EQ(touched, 0) << "the epilogue wrote past N";
+}
+
+TEST(Sm90Gemm, InvalidArgumentsLaunchNothing) {
+  REQUIRE_HOPPER();
+  Problem p(64, 64, 64, DType::kBF16, DType::kBF16, BLayout::kKN, 3);
+  GemmArgs a = p.args;
+  a.n = 60;
+  EXPECT_EQ(gemm(a, nullptr).code(), StatusCode::kUnsupported);
+  a = p.args;
+  a.d = static_cast<char*>(p.d.p) + 2;
+  EXPECT_EQ(gemm(a, nullptr).code(), StatusCode::kInvalidArgument);
+  GT_CUDA(cudaDeviceSynchronize());
+  const std::vector<float> got = to_host_f32(p.d.p, DType::kBF16, 64, 64, 64);
+  for (float v : got) ASSERT_TRUE(std::isnan(v)) << "a rejected call wrote output";
+}
+
+// ---- launch_gemm helpers -----------------------------------------------------------------------
+
+struct LaunchCase {
+  Problem p;
+  ops::GemmLaunch l;
+  WaitSetup wait;
+  LaunchCase(int64_t m, int64_t n, int64_t k, DType out, GemmTile tile, uint64_t seed, uint64_t timeout_ns = 10'000'000'000ull)
+      : p(m, n, k, DType::kBF16, out, BLayout::kNK, seed) {
+    l.args = p.args;
+    l.options.tile = tile;
+    l.wait = wait.params(timeout_ns);
+  }
+  void check_output(const void* d, const std::vector<float>& want, const char* what) const {
+    const std::vector<float> got = to_host_f32(d, p.args.out_dtype, p.args.m, p.args.n, p.args.n);
+    const GemmTileInfo info = gemm_tile_info(l.options.tile);
+    const Comparison c = compare(got, want, p.args.m, p.args.n, p.args.out_dtype, info.block_m, info.block_n,
+                                 describe(p.args, l.options.tile, what));
+    EXPECT_TRUE(c.ok) << c.report;
+  }
+  void expect_no_device_error() const {
+    const ErrorRecord& e = wait.record();
+    EXPECT_EQ(e.code, 0u) << "device error: code " << e.code << " flag_kind " << e.flag_kind << " index 0x" << std::hex
+                          << e.flag_index << std::dec << " cta " << e.cta << " waited_ns " << e.waited_ns;
+  }
+};
+
+// ---- epilogues ---------------------------------------------------------------------------------
+
+TEST(Sm90GemmEpilogue, StoreToAnotherBuffer) {
+  REQUIRE_HOPPER();
+  LaunchCase c(777, 392, 328, DType::kBF16, GemmTile::k128x128, 21);
+  DevBuf peer(c.p.d.bytes);
+  cudaMemset(peer.p, 0xFF, peer.bytes);
+  c.l.dst[0] = peer.p;  // "peer": any global address the GPU can write (another GPU's, over NVLink)
+  GT_OK(ops::launch_gemm(c.l, nullptr));
+  GT_CUDA(cudaDeviceSynchronize());
+  c.expect_no_device_error();
+  c.check_output(peer.p, reference(c.p.args), " dst=peer");
+  const std::vector<float> local = to_host_f32(c.p.d.p, DType::kBF16, 777, 392, 392);
+  EXPECT_TRUE(std::all_of(local.begin(), local.end(), [](float v) { return std::isnan(v); }))
+      << "D was written although the destination was elsewhere";
+}
+
+// Rows split over three destinations at a row count that is not a multiple of the 16-row
+// staging box: boxes that straddle two destinations go to both.
+TEST(Sm90GemmEpilogue, RowPartitionedDestinations) {
+  REQUIRE_HOPPER();
+  const int64_t m = 1000, n = 264, rows_per = 392;
+  LaunchCase c(m, n, 200, DType::kF16, GemmTile::k128x128, 22);
+  DevBuf parts[3] = {DevBuf(rows_per * n * 2), DevBuf(rows_per * n * 2), DevBuf((m - 2 * rows_per) * n * 2)};
+  for (int i = 0; i < 3; ++i) {
+    cudaMemset(parts[i].p, 0xFF, parts[i].bytes);
+    c.l.dst[i] = parts[i].p;
+  }
+  c.l.epi.num_dst = 3;
+  c.l.epi.rows_per_dst = rows_per;
+  GT_OK(ops::launch_gemm(c.l, nullptr));
+  GT_CUDA(cudaDeviceSynchronize());
+  c.expect_no_device_error();
+  const std::vector<float> want = reference(c.p.args);
+  std::vector<float> got;
+  for (int i = 0; i < 3; ++i) {
+    const int64_t rows = i < 2 ? rows_per : m - 2 * rows_per;
+    const std::vector<float> part = to_host_f32(parts[i].p, DType::kF16, rows, n, n);
+    got.insert(got.end(), part.begin(), part.end());
+  }
+  const Comparison cmp = compare(got, want, m, n, DType::kF16, 128, 128, describe(c.p.args, GemmTile::k128x128, " 3 dsts"));
+  EXPECT_TRUE(cmp.ok) << cmp.report;
+}
+
+TEST(Sm90GemmEpilogue, ReduceAddEveryOutputType) {
+  REQUIRE_HOPPER();
+  uint64_t seed = 40;
+  for (DType out : {DType::kBF16, DType::kF16, DType::kF32}) {
+    LaunchCase c(513, 520, 264, out, GemmTile::k128x256, ++seed);
+    fill(c.p.d.p, out, 513, 520, 520, 999, 4.0f);  // what the peer already holds
+    const std::vector<float> before = to_host_f32(c.p.d.p, out, 513, 520, 520);
+    c.l.epi.op = static_cast<uint32_t>(kg::EpilogueOp::kReduceAdd);
+    GT_OK(ops::launch_gemm(c.l, nullptr));
+    GT_CUDA(cudaDeviceSynchronize());
+    c.expect_no_device_error();
+    std::vector<float> want = reference(c.p.args);
+    for (size_t i = 0; i < want.size(); ++i) want[i] += before[i];
+    c.check_output(c.p.d.p, want, " reduce-add");
+  }
+}
+
+// Observer for signals: waits (bounded) for each flag in turn and counts NaN in the region the
+// flag covers; a flag seen before its data is visible shows up as NaN.
+__global__ void observe_flags(const uint64_t* flags, int count, uint64_t epoch, const __nv_bfloat16* d, int n,
+                              int rows_per_flag, int cols_per_flag, int flags_per_row, int m, uint64_t timeout_ns,
+                              int* nan_seen, int* missed) {
+  __shared__ int go;
+  const uint64_t deadline = kernels::global_timer_ns() + timeout_ns;
+  for (int f = 0; f < count; ++f) {
+    if (threadIdx.x == 0) {
+      go = 1;
+      while (static_cast<int64_t>(kernels::flag_load_acquire(flags + f) - epoch) < 0) {
+        if (kernels::global_timer_ns() > deadline) {
+          go = 0;
+          atomicAdd(missed, 1);
+          break;
+        }
+      }
+    }
+    __syncthreads();
+    if (go) {
+      const int r0 = (f / flags_per_row) * rows_per_flag, c0 = (f % flags_per_row) * cols_per_flag;
+      int local = 0;
+      for (int i = threadIdx.x; i < rows_per_flag * cols_per_flag; i += blockDim.x) {
+        const int r = r0 + i / cols_per_flag, col = c0 + i % cols_per_flag;
+        if (r < m && col < n) {
+          const unsigned short bits =
+              *reinterpret_cast<const volatile unsigned short*>(reinterpret_cast<const unsigned short*>(d) +
+                                                                static_cast<int64_t>(r) * n + col);
+          local += (bits & 0x7F80) == 0x7F80 && (bits & 0x7F) != 0;
+        }
+      }
+      if (local) atomicAdd(nan_seen, local);
+    }
+    __syncthreads();
+  }
+}
+
+void run_signal_case(uint32_t chunk_m_blocks) {
+  const int64_t m = 1536, n = 1024, k = 1024;
+  LaunchCase c(m, n, k, DType::kBF16, GemmTile::k128x128, 50 + chunk_m_blocks);
+  const int64_t m_blocks = m / 128, n_blocks = n / 128;
+  const int64_t count = chunk_m_blocks == 0 ? m_blocks * n_blocks : (m_blocks + chunk_m_blocks - 1) / chunk_m_blocks;
+  DevBuf flags(count * 8), counters(count * 8), nan_seen(8);
+  cudaMemset(flags.p, 0, flags.bytes);
+  cudaMemset(counters.p, 0, counters.bytes);
+  c.l.options.num_ctas = std::max(1, std::min(sm_count() - 4, 16));  // leave SMs for the observer
+  c.l.epi.flags[0] = flags.as<uint64_t>();
+  c.l.epi.chunk_m_blocks = chunk_m_blocks;
+  c.l.epi.chunk_counters = counters.as<uint64_t>();
+  cudaStream_t s1, s2;
+  GT_CUDA(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  GT_CUDA(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  for (uint64_t epoch = 1; epoch <= 2; ++epoch) {  // the second launch checks epoch counting
+    cudaMemset(c.p.d.p, 0xFF, c.p.d.bytes);
+    cudaMemset(nan_seen.p, 0, 8);
+    GT_CUDA(cudaDeviceSynchronize());
+    c.l.epi.epoch = epoch;
+    GT_OK(ops::launch_gemm(c.l, s1));
+    const int rows_per_flag = chunk_m_blocks == 0 ? 128 : 128 * static_cast<int>(chunk_m_blocks);
+    const int cols_per_flag = chunk_m_blocks == 0 ? 128 : static_cast<int>(n);
+    const int flags_per_row = chunk_m_blocks == 0 ? static_cast<int>(n_blocks) : 1;
+    observe_flags<<<1, 256, 0, s2>>>(flags.as<uint64_t>(), static_cast<int>(count), epoch,
+                                     static_cast<const __nv_bfloat16*>(c.p.d.p), static_cast<int>(n), rows_per_flag,
+                                     cols_per_flag, flags_per_row, static_cast<int>(m), 10'000'000'000ull,
+                                     nan_seen.as<int>(), nan_seen.as<int>() + 1);
+    GT_CUDA(cudaStreamSynchronize(s1));
+    GT_CUDA(cudaStreamSynchronize(s2));
+    c.expect_no_device_error();
+    int seen[2];
+    cudaMemcpy(seen, nan_seen.p, 8, cudaMemcpyDeviceToHost);
+    EXPECT_EQ(seen[1], 0) << "observer timed out waiting for " << seen[1] << " flags (epoch " << epoch << ")";
+    EXPECT_EQ(seen[0], 0) << seen[0] << " NaN read after their flag was set: the signal came before the data";
+    std::vector<uint64_t> f(static_cast<size_t>(count)), cnt(static_cast<size_t>(count));
+    cudaMemcpy(f.data(), flags.p, flags.bytes, cudaMemcpyDeviceToHost);
+    cudaMemcpy(cnt.data(), counters.p, counters.bytes, cudaMemcpyDeviceToHost);
+    for (int64_t i = 0; i < count; ++i) {
+      EXPECT_EQ(f[static_cast<size_t>(i)], epoch) << "flag " << i;
+      if (chunk_m_blocks) {
+        const int64_t rows = std::min<int64_t>(m_blocks, (i + 1) * chunk_m_blocks) - i * chunk_m_blocks;
+        EXPECT_EQ(cnt[static_cast<size_t>(i)], epoch * rows * n_blocks) << "chunk counter " << i;
+      }
+    }
+    c.check_output(c.p.d.p, reference(c.p.args), chunk_m_blocks ? " chunk signals" : " tile signals");
+  }
+  cudaStreamDestroy(s1);
+  cudaStreamDestroy(s2);
+}
+
+TEST(Sm90GemmEpilogue, SignalEachTileAfterItsData) {
+  REQUIRE_HOPPER();
+  run_signal_case(0);
+}
+TEST(Sm90GemmEpilogue, SignalEachChunkAfterAllItsTiles) {
+  REQUIRE_HOPPER();
+  run_signal_case(5);  // 12 tile rows: chunks of 5, 5 and 2 tile rows
+}
+
+// ---- schedulers --------------------------------------------------------------------------------
+
+// Sets flags late, in a chosen order, one every `delay_ns`, writing the time just before each store.
+__global__ void set_flags_late(uint64_t* flags, const int* order, int count, uint64_t epoch, uint64_t delay_ns,
+                               uint64_t* set_time) {
+  uint64_t t = kernels::global_timer_ns();
+  for (int i = 0; i < count; ++i) {
+    const uint64_t until = t + delay_ns;
+    while (kernels::global_timer_ns() < until) {
+    }
+    t = kernels::global_timer_ns();
+    set_time[order[i]] = t;
+    kernels::flag_store_release(flags + order[i], epoch);
+  }
+}
+
+// Gated order: local rows first, every other tile only after its flag. Tiles record when their
+// loads were released (trace); the setter records when each flag was set.
+TEST(Sm90GemmScheduler, GatedTilesNeverStartBeforeTheirFlag) {
+  REQUIRE_HOPPER();
+  const int64_t m = 1024, n = 512, k = 256;
+  const uint64_t epoch = 5;
+  LaunchCase c(m, n, k, DType::kBF16, GemmTile::k128x128, 61);
+  const int flags_count = 16;  // 64 rows per flag: two flags per tile row
+  DevBuf flags(flags_count * 8), set_time(flags_count * 8), trace(64 * 8), order(16 * 4);
+  std::vector<uint64_t> stale(flags_count, epoch - 1);  // a stale epoch must not pass
+  cudaMemcpy(flags.p, stale.data(), flags.bytes, cudaMemcpyHostToDevice);
+  cudaMemset(set_time.p, 0, set_time.bytes);
+  cudaMemset(trace.p, 0, trace.bytes);
+  // Sources: 4 ranks of 256 rows; we are rank 1 (rows 256..511 = flags 4..7, no wait).
+  const std::vector<int> late = {15, 14, 13, 12, 0, 1, 2, 3, 11, 10, 9, 8};
+  cudaMemcpy(order.p, late.data(), late.size() * 4, cudaMemcpyHostToDevice);
+  c.l.options.num_ctas = 6;
+  c.l.sched.row_flags = flags.as<uint64_t>();
+  c.l.sched.rows_per_flag = 64;
+  c.l.sched.rows_per_source = 256;
+  c.l.sched.ungated_begin = 256;
+  c.l.sched.ungated_end = 512;
+  c.l.sched.m_block_start = 2;
+  c.l.sched.epoch = epoch;
+  c.l.sched.trace = trace.as<uint64_t>();
+  cudaStream_t s1, s2;
+  GT_CUDA(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  GT_CUDA(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  GT_CUDA(cudaDeviceSynchronize());
+  GT_OK(ops::launch_gemm(c.l, s1));
+  set_flags_late<<<1, 1, 0, s2>>>(flags.as<uint64_t>(), order.as<int>(), static_cast<int>(late.size()), epoch,
+                                  2'000'000ull, set_time.as<uint64_t>());
+  GT_CUDA(cudaStreamSynchronize(s1));
+  GT_CUDA(cudaStreamSynchronize(s2));
+  cudaStreamDestroy(s1);
+  cudaStreamDestroy(s2);
+  c.expect_no_device_error();
+  std::vector<uint64_t> st(flags_count), tr(64);
+  cudaMemcpy(st.data(), set_time.p, st.size() * 8, cudaMemcpyDeviceToHost);
+  cudaMemcpy(tr.data(), trace.p, tr.size() * 8, cudaMemcpyDeviceToHost);
+  const uint64_t first_set = *std::min_element(st.begin(), st.begin() + 4);  // flags 0..3 set
+  std::string timeline;
+  int early = 0;
+  for (int mb = 0; mb < 8; ++mb) {
+    for (int nb = 0; nb < 4; ++nb) {
+      const uint64_t t = tr[static_cast<size_t>(mb * 4 + nb)];
+      EXPECT_NE(t, 0u) << "tile (" << mb << ", " << nb << ") never started";
+      if (mb == 2 || mb == 3) {
+        // Local rows: ready at once, long before the first remote flag.
+        if (t >= first_set) ++early;  // not early: counted as a failure below
+        continue;
+      }
+      const uint64_t need = std::max(st[static_cast<size_t>(2 * mb)], st[static_cast<size_t>(2 * mb + 1)]);
+      if (t < need) {
+        ++early;
+        timeline += "  tile (" + std::to_string(mb) + "," + std::to_string(nb) + ") started " +
+                    std::to_string(static_cast<int64_t>(need - t)) + " ns before its flag\n";
+      }
+    }
+  }
+  EXPECT_EQ(early, 0) << "gating violated (or local tiles waited):\n" << timeline;
+  c.check_output(c.p.d.p, reference(c.p.args), " gated");
+}
+
+// A flag that never comes: the launch ends by itself (no hang, no trap) with a timeout record
+// naming the flag and the source rank, and the GPU keeps working.
+TEST(Sm90GemmScheduler, MissingFlagTimesOutCleanly) {
+  REQUIRE_HOPPER();
+  const uint64_t epoch = 9;
+  LaunchCase c(512, 256, 128, DType::kBF16, GemmTile::k128x128, 71, /*timeout_ns=*/300'000'000ull);
+  DevBuf flags(4 * 8);
+  std::vector<uint64_t> f = {epoch, epoch, epoch - 1, epoch};  // flag 2 (rows 256..383) never set
+  cudaMemcpy(flags.p, f.data(), 32, cudaMemcpyHostToDevice);
+  c.l.sched.row_flags = flags.as<uint64_t>();
+  c.l.sched.rows_per_flag = 128;
+  c.l.sched.rows_per_source = 256;
+  c.l.sched.epoch = epoch;
+  c.l.options.num_ctas = 4;
+  const auto t0 = std::chrono::steady_clock::now();
+  GT_OK(ops::launch_gemm(c.l, nullptr));
+  GT_CUDA(cudaDeviceSynchronize());
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 5.0) << "the launch took too long to give up";
+  const ErrorRecord& e = c.wait.record();
+  EXPECT_EQ(e.code, static_cast<uint32_t>(DeviceError::kTimeout));
+  EXPECT_EQ(e.op, static_cast<uint32_t>(OpId::kGemm));
+  EXPECT_EQ(e.flag_kind, static_cast<uint32_t>(FlagKind::kTile));
+  EXPECT_EQ(e.flag_index, 2u);
+  EXPECT_EQ(e.waited_on, 1);
+  EXPECT_EQ(e.epoch, epoch);
+  EXPECT_EQ(e.observed, epoch - 1);
+  // The context is fine: an ordinary GEMM still works.
+  run_and_check(300, 256, 128, DType::kBF16, DType::kBF16, BLayout::kKN, {}, 72);
+}
+
+TEST(Sm90GemmScheduler, HostAbortEndsAGatedLaunch) {
+  REQUIRE_HOPPER();
+  LaunchCase c(512, 256, 128, DType::kBF16, GemmTile::k128x128, 73, /*timeout_ns=*/20'000'000'000ull);
+  DevBuf flags(4 * 8);
+  cudaMemset(flags.p, 0, flags.bytes);
+  c.l.sched.row_flags = flags.as<uint64_t>();
+  c.l.sched.rows_per_flag = 128;
+  c.l.sched.epoch = 1;
+  c.l.options.num_ctas = 4;
+  const auto t0 = std::chrono::steady_clock::now();
+  GT_OK(ops::launch_gemm(c.l, nullptr));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  *static_cast<volatile uint32_t*>(c.wait.host_abort.p) = 1;
+  GT_CUDA(cudaDeviceSynchronize());
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 5.0);
+  EXPECT_EQ(c.wait.record().code, static_cast<uint32_t>(DeviceError::kAborted));
+}
+
+// Work queue: tiles claimed from a global counter; reduce-add into zeros, so a tile computed
+// twice (or never) shows up in the result.
+TEST(Sm90GemmScheduler, WorkQueueCoversEveryTileOnce) {
+  REQUIRE_HOPPER();
+  LaunchCase c(1100, 1000, 264, DType::kF32, GemmTile::k128x128, 81);
+  DevBuf queue(4), trace(9 * 8 * 8);
+  cudaMemset(queue.p, 0, 4);
+  cudaMemset(trace.p, 0, trace.bytes);
+  cudaMemset(c.p.d.p, 0, c.p.d.bytes);
+  c.l.sched.queue = queue.as<uint32_t>();
+  c.l.sched.trace = trace.as<uint64_t>();
+  c.l.options.num_ctas = 7;
+  c.l.epi.op = static_cast<uint32_t>(kg::EpilogueOp::kReduceAdd);
+  GT_OK(ops::launch_gemm(c.l, nullptr));
+  GT_CUDA(cudaDeviceSynchronize());
+  c.expect_no_device_error();
+  uint32_t claimed = 0;
+  cudaMemcpy(&claimed, queue.p, 4, cudaMemcpyDeviceToHost);
+  EXPECT_EQ(claimed, 9u * 8u + 7u) << "every CTA claims once past the end";
+  std::vector<uint64_t> tr(72);
+  cudaMemcpy(tr.data(), trace.p, tr.size() * 8, cudaMemcpyDeviceToHost);
+  for (size_t i = 0; i < tr.size(); ++i) EXPECT_NE(tr[i], 0u) << "tile " << i << " never claimed";
+  c.check_output(c.p.d.p, reference(c.p.args), " queue");
+}
+
+// A fused-style kernel: the compute role runs until the scheduler yields (this CTA's index is at
+// or above the compute limit), the CTA does "other work" (raises the limit, counts), then
+// re-enters the compute role, whose pipeline state persisted in shared memory.
+using QueueCfg = kg::Tile128x128;
+using QueueRole = kg::StandaloneRole<QueueCfg, true, false>;
+
+__global__ void __launch_bounds__(QueueCfg::kThreads, 1)
+    role_change_kernel(const __grid_constant__ kg::GemmKernelParams p, uint32_t* limit, uint32_t* yields) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  const kernels::WaitContext ctx = kernels::WaitContext::start(p.wait, OpId::kGemm, 0);
+  QueueRole::init(smem);
+  kg::TileScheduler<QueueCfg::kBlockM> sched(p.sched);
+  kg::TileEpilogue<QueueCfg::kBlockM> epi(p.epi, p.dst);
+  const kg::GemmOperands ops{&p.a, &p.b, p.m, p.n, p.k};
+  for (int rounds = 0; rounds < 64; ++rounds) {
+    const kg::WorkItem exit = QueueRole::run(smem, ops, sched, epi, blockIdx.x, gridDim.x, ctx);
+    if (exit.kind != static_cast<uint32_t>(kg::WorkKind::kYield)) break;
+    if (threadIdx.x == 0) {
+      atomicAdd(yields + blockIdx.x, 1u);
+      atomicMax(limit, blockIdx.x + 1);  // "the controller moves me back to compute"
+      __threadfence();
+    }
+    __syncthreads();
+  }
+}
+
+TEST(Sm90GemmScheduler, WorkQueueWithRoleChanges) {
+  REQUIRE_HOPPER();
+  LaunchCase c(1280, 1024, 520, DType::kF32, GemmTile::k128x128, 91);
+  const int grid = 8;
+  DevBuf queue(4), limit(4), yields(grid * 4);
+  cudaMemset(queue.p, 0, 4);
+  cudaMemset(yields.p, 0, yields.bytes);
+  const uint32_t initial_limit = 3;
+  cudaMemcpy(limit.p, &initial_limit, 4, cudaMemcpyHostToDevice);
+  cudaMemset(c.p.d.p, 0, c.p.d.bytes);
+
+  kg::GemmKernelParams p{};
+  GT_OK(ops::encode_gemm_operand_maps(c.p.args, GemmTile::k128x128, &p.a, &p.b));
+  GT_OK(ops::encode_gemm_output_map(c.p.d.p, 1280, 1024, 1024, DType::kF32, &p.dst[0]));
+  p.m = 1280;
+  p.n = 1024;
+  p.k = 520;
+  p.sched.m_rows = 1280;
+  p.sched.m_blocks = 10;
+  p.sched.n_blocks = 8;
+  p.sched.group_m = 4;
+  p.sched.queue = queue.as<uint32_t>();
+  p.sched.compute_limit = limit.as<uint32_t>();
+  p.epi.op = static_cast<uint32_t>(kg::EpilogueOp::kReduceAdd);
+  p.epi.out_dtype = static_cast<uint32_t>(DType::kF32);
+  p.epi.num_dst = 1;
+  p.wait = c.wait.params(10'000'000'000ull);
+  GT_CUDA(cudaFuncSetAttribute(role_change_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(QueueCfg::kSmemBytes)));
+  role_change_kernel<<<grid, QueueCfg::kThreads, QueueCfg::kSmemBytes>>>(p, limit.as<uint32_t>(),
+                                                                         yields.as<uint32_t>());
+  GT_CUDA(cudaGetLastError());
+  GT_CUDA(cudaDeviceSynchronize());
+  c.expect_no_device_error();
+  std::vector<uint32_t> y(grid);
+  cudaMemcpy(y.data(), yields.p, y.size() * 4, cudaMemcpyDeviceToHost);
+  EXPECT_GE(y[grid - 1], 1u) << "the highest CTA must have yielded (nobody else admits it)";
+  for (int b = 0; b < static_cast<int>(initial_limit); ++b) EXPECT_EQ(y[static_cast<size_t>(b)], 0u) << "CTA " << b;
+  c.check_output(c.p.d.p, reference(c.p.args), " queue+role change");
+}
+
+}  // namespace
+}  // namespace loom

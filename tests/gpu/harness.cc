@@ -1,0 +1,57 @@
+#include "tests/gpu/harness.h"
+
+#include <cstdlib>
+#include <vector>
+
+#include "runtime/communicator_impl.h"
+
+namespace loom::test {
+namespace {
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : fallback;
+}
+
+}  // namespace
+
+const Process& process() {
+  static const Process p{env_int("RANK", 0), env_int("WORLD_SIZE", 1), env_int("LOCAL_RANK", 0)};
+  return p;
+}
+
+std::unique_ptr<Communicator> make_comm(const CommOptions& options) {
+  Result<std::unique_ptr<Communicator>> comm = Communicator::from_env(options);
+  if (!comm.ok()) {
+    ADD_FAILURE() << "rank " << process().rank << ": creating a communicator: " << comm.status().to_string();
+    return nullptr;
+  }
+  return std::move(comm).value();
+}
+
+Communicator& shared_comm() {
+  static std::unique_ptr<Communicator> comm = [] {
+    CommOptions options;
+    uint64_t gib = uint64_t{1} << 30;
+    options.heap_bytes = 4 * gib + static_cast<uint64_t>(process().world_size) * gib;
+    if (const char* v = std::getenv("LOOM_TEST_HEAP_BYTES")) options.heap_bytes = std::strtoull(v, nullptr, 10);
+    std::unique_ptr<Communicator> c = make_comm(options);
+    if (!c) {
+      std::fprintf(stderr, "rank %d: cannot create the shared test communicator; stopping\n", process().rank);
+      std::_Exit(2);  // a test binary, not the library: no rank can go on without it
+    }
+    return c;
+  }();
+  return *comm;
+}
+
+bool all_ranks_agree(Communicator& comm, bool ok) {
+  const int32_t mine = ok ? 1 : 0;
+  std::vector<int32_t> all(comm.world_size());
+  Status s = comm.impl().bootstrap->all_gather(&mine, all.data(), sizeof(mine));
+  if (!s.ok()) return false;
+  for (int32_t v : all) ok = ok && v == 1;
+  return ok;
+}
+
+}  // namespace loom::test

@@ -1,0 +1,9 @@
+// loom-bench --spawn N: re-runs this command as N local ranks under the launcher.
+#pragma once
+
+namespace loom::bench {
+
+// Starts N copies of argv (with --spawn removed) as ranks 0..N-1 and returns the exit code.
+int spawn_self(int argc, char** argv, int ranks);
+
+}  // namespace loom::bench
