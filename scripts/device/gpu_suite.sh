@@ -38,14 +38,14 @@ for step in "${steps[@]}"; do
   start=$(date +%s)
   case $step in
     tests)
-      timeout 600 $BIN/loom-run -n "$ngpu" --timeout 580 -- $BIN/loom_gpu_tests --gtest_brief=1 > "$OUT/gpu_tests.log" 2>&1
+      timeout 300 $BIN/loom-run -n "$ngpu" --timeout 280 -- $BIN/loom_gpu_tests --gtest_brief=1 > "$OUT/gpu_tests.log" 2>&1
       r=$?; grep -E "PASSED|FAILED|Failure|error" "$OUT/gpu_tests.log" | head -40 | tee -a "$summary" ;;
     coll)
-      timeout 300 $BIN/loom-bench collectives --spawn "$ngpu" --sizes 1M,64M,512M --iters 30 \
+      timeout 150 $BIN/loom-bench collectives --spawn "$ngpu" --sizes 1M,64M,512M --iters 30 \
         --json "$OUT/bench_collectives.json" > "$OUT/bench.log" 2>&1
       r=$?; tail -15 "$OUT/bench.log" | tee -a "$summary" ;;
     coll-tune)
-      timeout 300 $BIN/loom-bench collectives --spawn "$ngpu" --sizes 64M,512M --ctas 8,16,24,32,48,66 --iters 20 \
+      timeout 200 $BIN/loom-bench collectives --spawn "$ngpu" --sizes 64M,512M --ctas 8,16,24,32,48,66 --iters 20 \
         --json "$OUT/bench_collectives_tune.json" >> "$OUT/bench.log" 2>&1
       r=$?; tail -40 "$OUT/bench.log" | tee -a "$summary" ;;
     gemm)

@@ -15,6 +15,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "runtime/launcher.h"
@@ -181,7 +182,6 @@ TEST(Launcher, OutputLinesArePrefixed) {
   Result<LaunchReport> report = launch_local_ranks(options);
   ASSERT_TRUE(report.ok()) << report.status().to_string();
   ASSERT_TRUE(report->all_succeeded()) << report->summary();
-  std::multiset<std::string> stdout_lines(out.lines().begin(), out.lines().end());
   std::vector<std::string> lines = out.lines();
   std::multiset<std::string> expected;
   for (int r = 0; r < 2; ++r) {
@@ -210,12 +210,17 @@ TEST(Launcher, LeavesNoProcessBehind) {
   TempDir dir;
   ASSERT_FALSE(dir.path().empty());
   CapturedOutput out, err;
-  // Every rank starts a background sleep (a grandchild of the launcher); rank 1 then fails.
+  // Every rank starts a background sleep (a grandchild of the launcher) and publishes its pid;
+  // once all three are published, rank 1 fails.
   LaunchOptions options = sh_ranks(3, R"(
-    sleep 60 & echo $! > "$SCRATCH/background-$RANK"
-    if [ "$RANK" = 1 ]; then exit 1; fi
+    sleep 60 & echo $! > "$SCRATCH/tmp-$RANK" && mv "$SCRATCH/tmp-$RANK" "$SCRATCH/background-$RANK"
+    if [ "$RANK" = 1 ]; then
+      for r in 0 2; do while [ ! -e "$SCRATCH/background-$r" ]; do sleep 0.02; done; done
+      exit 1
+    fi
     sleep 60)",
                                    out, err);
+  options.timeout = 20s;
   options.extra_env = {{"SCRATCH", dir.path()}};
   Result<LaunchReport> report = launch_local_ranks(options);
   ASSERT_TRUE(report.ok()) << report.status().to_string();
@@ -289,6 +294,21 @@ std::optional<int> wait_bounded(pid_t pid, std::chrono::milliseconds limit) {
   return std::nullopt;
 }
 
+// Kills and reaps a child when a failed assertion leaves the test early.
+class ReapGuard {
+ public:
+  explicit ReapGuard(pid_t pid) : pid_(pid) {}
+  ~ReapGuard() {
+    if (pid_ > 0) wait_bounded(pid_, 0ms);
+  }
+  ReapGuard(const ReapGuard&) = delete;
+  ReapGuard& operator=(const ReapGuard&) = delete;
+  pid_t release() { return std::exchange(pid_, -1); }
+
+ private:
+  pid_t pid_;
+};
+
 std::optional<int> run_loom_run(const std::vector<std::string>& args, const CapturedOutput& output) {
   pid_t pid = start_loom_run(args, output);
   if (pid < 0) return std::nullopt;
@@ -331,10 +351,14 @@ TEST(LauncherLoomRun, PassesSignalsOnToTheRanks) {
   TempDir dir;
   ASSERT_FALSE(dir.path().empty());
   CapturedOutput output;
-  std::string script = "echo $$ > '" + dir.path() + "/rank-$RANK.tmp' && mv '" + dir.path() + "/rank-$RANK.tmp' '" +
-                       dir.path() + "/rank-$RANK' && exec sleep 60";
+  // Each rank publishes its pid atomically (write, then rename), then becomes `sleep`.
+  std::string script = R"(echo $$ > "$SCRATCH/rank-$RANK.tmp" && mv "$SCRATCH/rank-$RANK.tmp" "$SCRATCH/rank-$RANK" &&
+                          exec sleep 60)";
+  ::setenv("SCRATCH", dir.path().c_str(), 1);
   pid_t loom_run = start_loom_run({"-n", "2", "--", "/bin/sh", "-c", script}, output);
+  ::unsetenv("SCRATCH");
   ASSERT_GT(loom_run, 0);
+  ReapGuard guard(loom_run);
   std::vector<pid_t> ranks;
   for (auto deadline = Clock::now() + 10s; ranks.size() < 2 && Clock::now() < deadline;) {
     ranks.clear();
@@ -345,7 +369,7 @@ TEST(LauncherLoomRun, PassesSignalsOnToTheRanks) {
   }
   ASSERT_EQ(ranks.size(), 2u) << output.text();
   ::kill(loom_run, SIGTERM);
-  std::optional<int> status = wait_bounded(loom_run, 8s);
+  std::optional<int> status = wait_bounded(guard.release(), 8s);
   ASSERT_TRUE(status.has_value()) << "loom-run did not stop";
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 128 + SIGTERM) << output.text();
   EXPECT_NE(output.text().find("interrupted by SIGTERM"), std::string::npos) << output.text();

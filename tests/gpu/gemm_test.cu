@@ -725,7 +725,8 @@ TEST(Sm90GemmScheduler, WorkQueueCoversEveryTileOnce) {
 // or above the compute limit), the CTA does "other work" (raises the limit, counts), then
 // re-enters the compute role, whose pipeline state persisted in shared memory.
 using QueueCfg = kg::Tile128x128;
-using QueueRole = kg::StandaloneRole<QueueCfg, true, false>;
+// run() is called in a loop here, so the role keeps the entry register budget (see ComputeRole).
+using QueueRole = kg::StandaloneRole<QueueCfg, true, false, /*kManageRegisters=*/false>;
 
 __global__ void __launch_bounds__(QueueCfg::kThreads, 1)
     role_change_kernel(const __grid_constant__ kg::GemmKernelParams p, uint32_t* limit, uint32_t* yields) {

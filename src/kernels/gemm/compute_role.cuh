@@ -59,7 +59,13 @@ struct RoleState {
 };
 static_assert(sizeof(RoleState) == 64, "RoleState must fit its 64-byte slot");
 
-template <class Cfg, bool kBF16, bool kBNMajor, class Scheduler, class Epilogue>
+// kManageRegisters: run() moves registers from the producer to the consumers (setmaxnreg) on
+// entry and back on exit. ptxas (CUDA 13.0) handles that when run() is called once per launch;
+// when a kernel calls run() in a loop (role changes) it falls back to spilling the accumulators,
+// so such kernels pass false (and use a configuration whose consumers fit the entry budget,
+// e.g. 128x128: 121 registers; 128x256 needs the reallocation).
+template <class Cfg, bool kBF16, bool kBNMajor, class Scheduler, class Epilogue,
+          bool kManageRegisters = Cfg::kSetMaxNReg>
 class ComputeRole {
  public:
   static constexpr int kThreads = Cfg::kThreads;
@@ -94,13 +100,13 @@ class ComputeRole {
     const Smem sm(smem_raw);
     const uint32_t warpgroup = threadIdx.x / 128;
     if (warpgroup == 0) {
-      if constexpr (Cfg::kSetMaxNReg) sm90::setmaxnreg_dec<Cfg::kProducerRegs>();
+      if constexpr (kManageRegisters) sm90::setmaxnreg_dec<Cfg::kProducerRegs>();
       if (threadIdx.x == 0) producer(sm, ops, sched, compute_index, num_compute, ctx);
-      if constexpr (Cfg::kSetMaxNReg) sm90::setmaxnreg_inc<Cfg::kEntryRegs>();
+      if constexpr (kManageRegisters) sm90::setmaxnreg_inc<Cfg::kEntryRegs>();
     } else {
-      if constexpr (Cfg::kSetMaxNReg) sm90::setmaxnreg_inc<Cfg::kConsumerRegs>();
+      if constexpr (kManageRegisters) sm90::setmaxnreg_inc<Cfg::kConsumerRegs>();
       consumer(sm, ops, epi, warpgroup - 1, ctx);
-      if constexpr (Cfg::kSetMaxNReg) sm90::setmaxnreg_dec<Cfg::kEntryRegs>();
+      if constexpr (kManageRegisters) sm90::setmaxnreg_dec<Cfg::kEntryRegs>();
     }
     __syncthreads();
     const WorkItem exit = sm.state()->exit;

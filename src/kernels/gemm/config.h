@@ -43,7 +43,7 @@ struct TileConfig {
 
   // Register budgets: with two consumer warpgroups the producer gives registers to the consumers
   // (128*40 + 256*232 = 64512 <= 65536). With one, every thread already gets 255 (256 threads).
-  static constexpr bool kSetMaxNReg = false;
+  static constexpr bool kSetMaxNReg = kConsumers > 1;
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
   // Registers per thread at kernel entry under __launch_bounds__(kThreads, 1) (multiple of 8).

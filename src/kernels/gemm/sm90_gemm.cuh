@@ -28,8 +28,9 @@ struct GemmKernelParams {
   WaitParams wait;
 };
 
-template <class Cfg, bool kBF16, bool kBNMajor>
-using StandaloneRole = ComputeRole<Cfg, kBF16, kBNMajor, TileScheduler<Cfg::kBlockM>, TileEpilogue<Cfg::kBlockM>>;
+template <class Cfg, bool kBF16, bool kBNMajor, bool kManageRegisters = Cfg::kSetMaxNReg>
+using StandaloneRole =
+    ComputeRole<Cfg, kBF16, kBNMajor, TileScheduler<Cfg::kBlockM>, TileEpilogue<Cfg::kBlockM>, kManageRegisters>;
 
 template <class Cfg, bool kBF16, bool kBNMajor>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) sm90_gemm_kernel(const __grid_constant__ GemmKernelParams p) {
