@@ -14,3 +14,5 @@ list(APPEND LOOM_CPU_TEST_SOURCES
   tests/cpu/gemm_validation_test.cc)
 list(APPEND LOOM_GPU_TEST_SOURCES
   tests/gpu/gemm_test.cu)
+list(APPEND LOOM_BENCH_SOURCES
+  tools/loom-bench/gemm_bench.cu)

@@ -19,6 +19,7 @@ for dir in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
            $(python3 -c 'import nvidia, os; p = os.path.dirname(nvidia.__path__[0]); print(" ".join(os.path.join(p, "nvidia", d, "lib") for d in ("cublas", "nccl", "cu13", "cuda_runtime")))' 2>/dev/null); do
   [[ -d $dir ]] && LD_LIBRARY_PATH="$dir:${LD_LIBRARY_PATH:-}"
 done
+LD_LIBRARY_PATH="$PWD/.device-carry/bin:$PWD/build:${LD_LIBRARY_PATH:-}"
 export LD_LIBRARY_PATH
 
 BIN=.device-carry/bin

@@ -81,7 +81,7 @@ constexpr milliseconds kNoticeTimeout{1'000};
 constexpr size_t kTextBytes = 256;
 constexpr size_t kMissingBodyBytes = kTextBytes;       // the missing ranks, as text
 constexpr size_t kStepBodyBytes = 24;                  // sequence u64, kind u32, root i32, bytes u64
-constexpr size_t kResultBodyBytes = 24;                // sequence u64, kind u32, root i32, bytes u64
+constexpr size_t kResultBodyBytes = kStepBodyBytes;    // the step it answers, encoded the same way
 constexpr size_t kFailureBodyBytes = 8 + kTextBytes;  // code u32, origin rank i32, text
 constexpr size_t kNonceBytes = bootstrap_wire::kChallengeBodyBytes;
 
@@ -170,6 +170,9 @@ std::string load_text(const uint8_t* at) {
 // Distinct domains for the two directions, so a proof can never be reflected back as the other.
 constexpr std::string_view kClientProofDomain = "loom bootstrap v1: client proof";
 constexpr std::string_view kRootProofDomain = "loom bootstrap v1: rank 0 proof";
+constexpr size_t kMaxDomainBytes = 64;
+static_assert(kClientProofDomain.size() <= kMaxDomainBytes && kRootProofDomain.size() <= kMaxDomainBytes,
+              "a proof domain must fit the HMAC input buffer");
 
 Status fill_random(std::span<uint8_t> out) {
   if (RAND_bytes(out.data(), static_cast<int>(out.size())) != 1) {
@@ -178,10 +181,10 @@ Status fill_random(std::span<uint8_t> out) {
   return {};
 }
 
-// HMAC-SHA256(secret, domain || nonce || rank || world_size).
+// HMAC-SHA256(secret, domain || nonce || rank || world_size); domain is one of the two above.
 Result<Proof> make_proof(const Secret& secret, std::string_view domain, const Nonce& nonce, uint32_t rank,
                          uint32_t world_size) {
-  std::array<uint8_t, 64 + kNonceBytes + 8> message{};
+  std::array<uint8_t, kMaxDomainBytes + kNonceBytes + 8> message{};
   std::memcpy(message.data(), domain.data(), domain.size());
   size_t length = domain.size();
   std::memcpy(message.data() + length, nonce.data(), nonce.size());
@@ -198,18 +201,6 @@ Result<Proof> make_proof(const Secret& secret, std::string_view domain, const No
   }
   return proof;
 }
-
-}  // namespace
-
-Result<std::array<uint8_t, 32>> bootstrap_wire::client_proof(const Secret& secret,
-                                                            std::span<const uint8_t, kChallengeBodyBytes> challenge,
-                                                            uint32_t rank, uint32_t world_size) {
-  Nonce nonce{};
-  std::memcpy(nonce.data(), challenge.data(), nonce.size());
-  return make_proof(secret, kClientProofDomain, nonce, rank, world_size);
-}
-
-namespace {
 
 bool same_proof(const Proof& a, const Proof& b) { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
 
@@ -1200,6 +1191,14 @@ Result<BootstrapConfig> bootstrap_config_from_env() {
     }
   }
   return config;
+}
+
+Result<std::array<uint8_t, 32>> bootstrap_wire::client_proof(const Secret& secret,
+                                                            std::span<const uint8_t, kChallengeBodyBytes> challenge,
+                                                            uint32_t rank, uint32_t world_size) {
+  Nonce nonce{};
+  std::memcpy(nonce.data(), challenge.data(), nonce.size());
+  return make_proof(secret, kClientProofDomain, nonce, rank, world_size);
 }
 
 Result<UniqueId> Bootstrap::create_unique_id(std::string_view bind_addr) {

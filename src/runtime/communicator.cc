@@ -259,16 +259,17 @@ Status Communicator::Impl::consume_error_record() {
 
 Result<uint64_t> Communicator::Impl::symmetric_offset(const void* ptr, size_t bytes, const char* what) const {
   if (ptr == nullptr) return Status::invalid_argument(std::string(what) + " is null");
-  if (!heap->contains(ptr, bytes)) {
+  if (!heap->allocated(ptr, bytes)) {
     return Status::invalid_argument(std::string(what) + " (" + std::to_string(bytes) +
-                                    " bytes) is not inside the symmetric heap; allocate it with Communicator::alloc");
+                                    " bytes) is not inside one symmetric allocation; allocate it with "
+                                    "Communicator::alloc (large enough for the operation)");
   }
   return heap->offset_of(ptr);
 }
 
 Status Communicator::Impl::check_local_device_buffer(const void* ptr, size_t bytes, const char* what) const {
   if (ptr == nullptr) return Status::invalid_argument(std::string(what) + " is null");
-  if (heap->contains(ptr, bytes)) return {};
+  if (heap->allocated(ptr, bytes)) return {};
   cudaPointerAttributes attr{};
   const cudaError_t err = cudaPointerGetAttributes(&attr, ptr);
   if (err != cudaSuccess) {
@@ -378,7 +379,7 @@ Result<void*> Communicator::alloc(size_t bytes) {
 
 Status Communicator::free(void* ptr) { return impl_->heap->release(ptr); }
 
-bool Communicator::is_symmetric(const void* ptr, size_t bytes) const { return impl_->heap->contains(ptr, bytes); }
+bool Communicator::is_symmetric(const void* ptr, size_t bytes) const { return impl_->heap->allocated(ptr, bytes); }
 
 Result<void*> Communicator::peer_pointer(const void* local_ptr, int local_rank) const {
   if (local_rank < 0 || local_rank >= local_world_size()) {

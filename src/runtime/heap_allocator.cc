@@ -115,6 +115,14 @@ uint64_t HeapAllocator::largest_free_block() const {
   return largest;
 }
 
+bool HeapAllocator::range_allocated(uint64_t offset, uint64_t bytes) const {
+  auto it = allocated_.upper_bound(offset);
+  if (it == allocated_.begin()) return false;
+  --it;  // the allocation starting at or before offset
+  const uint64_t end = it->first + it->second;
+  return offset < end && bytes <= end - offset;
+}
+
 uint64_t HeapAllocator::allocation_size(uint64_t offset) const {
   auto allocation = allocated_.find(offset);
   return allocation == allocated_.end() ? 0 : allocation->second;

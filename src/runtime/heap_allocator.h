@@ -39,6 +39,8 @@ class HeapAllocator {
   uint64_t largest_free_block() const;
   // The block size (rounded) behind an allocated offset, or 0 when `offset` is not allocated.
   uint64_t allocation_size(uint64_t offset) const;
+  // Whether [offset, offset + bytes) lies inside one live allocation (an interior range counts).
+  bool range_allocated(uint64_t offset, uint64_t bytes) const;
 
  private:
   HeapAllocator(uint64_t begin, uint64_t size);

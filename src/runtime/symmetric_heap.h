@@ -100,6 +100,10 @@ class SymmetricHeap {
 
   // Whether [ptr, ptr + bytes) lies inside the local heap.
   bool contains(const void* ptr, uint64_t bytes) const;
+  // Whether [ptr, ptr + bytes) lies inside one live allocation of the local heap.
+  bool allocated(const void* ptr, uint64_t bytes) const {
+    return contains(ptr, bytes) && allocator_->range_allocated(offset_of(ptr), bytes);
+  }
   // ptr - local_base(); only meaningful when contains(ptr, 1).
   uint64_t offset_of(const void* ptr) const {
     return static_cast<uint64_t>(static_cast<const char*>(ptr) - static_cast<const char*>(local_base_));

@@ -10,16 +10,20 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cctype>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <optional>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "core/log.h"
 #include "loom/status.h"
 #include "runtime/bootstrap.h"
 #include "runtime/socket.h"
@@ -159,11 +163,12 @@ std::vector<RankOutcome> run_ranks(int count, const std::function<Status(int)>& 
 
 // A unique id for a job whose ranks are forked: rank 0's child inherits the prepared listener,
 // the test process drops its own copy after forking.
-UniqueId make_id() {
-  Result<UniqueId> id = Bootstrap::create_unique_id("127.0.0.1");
+UniqueId make_id_on(const char* host) {
+  Result<UniqueId> id = Bootstrap::create_unique_id(host);
   EXPECT_TRUE(id.ok()) << id.status().to_string();
   return id.ok() ? *id : UniqueId{};
 }
+UniqueId make_id() { return make_id_on("127.0.0.1"); }
 
 // Deterministic bytes for rank r, round k.
 uint8_t pattern(int rank, size_t index, int round) {
@@ -794,6 +799,85 @@ TEST(Bootstrap, LosingRankZeroFailsTheOthers) {
     EXPECT_EQ(outcomes[r].code, StatusCode::kPeerFailure) << "rank " << r << ": " << outcomes[r].message;
     EXPECT_NE(outcomes[r].message.find("lost connection to rank 0"), std::string::npos) << outcomes[r].message;
   }
+}
+
+TEST(Bootstrap, MissingRankZeroTimesOutNamingIt) {
+  constexpr auto kTimeout = 1500ms;
+  uint16_t port = free_port();
+  Secret secret{};
+  auto outcomes = run_ranks(2, [&](int index) {
+    return Bootstrap::connect(loopback_config(index + 1, 3, port, secret, kTimeout)).status();
+  });
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(outcomes[i].code, StatusCode::kTimeout) << outcomes[i].message;
+    EXPECT_NE(outcomes[i].message.find("rank 0 did not accept rank " + std::to_string(i + 1)), std::string::npos)
+        << outcomes[i].message;
+    EXPECT_LE(outcomes[i].elapsed_ms, (kTimeout + 1s).count());
+  }
+}
+
+TEST(Bootstrap, WorksOverIpv6AndHostNames) {
+  for (const char* host : {"::1", "localhost"}) {
+    if (!Listener::listen(host, 0).ok()) {
+      std::cout << "skipping " << host << ": cannot listen there on this machine\n";
+      continue;
+    }
+    UniqueId id = make_id_on(host);
+    auto outcomes = run_ranks(
+        3,
+        [&](int rank) -> Status {
+          LOOM_ASSIGN_OR_RETURN(auto boot, Bootstrap::from_unique_id(id, rank, 3, 20s));
+          return exchange_and_check(*boot, 0);
+        },
+        [&] { Bootstrap::discard_unique_id(id); });
+    for (int r = 0; r < 3; ++r) EXPECT_RANK_OK(outcomes, r) << " on " << host;
+  }
+}
+
+TEST(Bootstrap, SecretNeverReachesTheLog) {
+  constexpr const char* kSecretHex = "5ec2e75ec2e75ec2e75ec2e75ec2e7a1";
+  uint16_t port = free_port();
+  std::string port_text = std::to_string(port);
+  FILE* log = std::tmpfile();
+  ASSERT_NE(log, nullptr);
+  auto outcomes = run_ranks(3, [&](int rank) -> Status {
+    ::dup2(fileno(log), STDERR_FILENO);
+    set_log_level(LogLevel::kTrace);
+    ::setenv("RANK", std::to_string(rank).c_str(), 1);
+    ::setenv("WORLD_SIZE", "3", 1);
+    ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+    ::setenv("MASTER_PORT", port_text.c_str(), 1);
+    ::setenv("LOOM_SECRET", kSecretHex, 1);
+    LOOM_ASSIGN_OR_RETURN(BootstrapConfig config, bootstrap_config_from_env());
+    if (rank == 2) {
+      // A rejection and a failure report make rank 0 log as much as it ever does.
+      Secret wrong = config.secret;
+      wrong[0] ^= 1;
+      BootstrapConfig impostor = config;
+      impostor.secret = wrong;
+      (void)Bootstrap::connect(impostor);
+    }
+    LOOM_ASSIGN_OR_RETURN(auto boot, Bootstrap::connect(config));
+    LOOM_TRY(exchange_and_check(*boot, 1));
+    if (rank == 1) boot->report_failure("giving up");
+    return {};
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_RANK_OK(outcomes, r);
+  std::string text;
+  char buffer[4096];
+  for (off_t offset = 0;;) {
+    ssize_t n = ::pread(fileno(log), buffer, sizeof(buffer), offset);
+    if (n <= 0) break;
+    text.append(buffer, static_cast<size_t>(n));
+    offset += n;
+  }
+  std::fclose(log);
+  EXPECT_NE(text.find("authentication failed"), std::string::npos) << "the log was not captured:\n" << text;
+  std::string upper = kSecretHex;
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  EXPECT_EQ(text.find(kSecretHex), std::string::npos);
+  EXPECT_EQ(text.find(upper), std::string::npos);
+  EXPECT_EQ(text.find("5ec2e7"), std::string::npos);
 }
 
 TEST(Bootstrap, RankZeroListensOnlyOnTheConfiguredAddress) {

@@ -195,3 +195,26 @@ TEST(HeapAllocator, SameScriptGivesSameOffsets) {
 
 }  // namespace
 }  // namespace loom::runtime
+
+namespace loom::runtime {
+namespace {
+
+TEST(HeapAllocatorRanges, InteriorRangesOfLiveAllocationsOnly) {
+  Result<HeapAllocator> created = HeapAllocator::create(4096, 1 << 20);
+  ASSERT_TRUE(created.ok());
+  HeapAllocator& heap = *created;
+  Result<uint64_t> a = heap.allocate(1000);
+  Result<uint64_t> b = heap.allocate(5000);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(heap.range_allocated(*a, 1000));
+  EXPECT_TRUE(heap.range_allocated(*a + 10, 500));
+  EXPECT_TRUE(heap.range_allocated(*b, heap.allocation_size(*b)));
+  EXPECT_FALSE(heap.range_allocated(*b, heap.allocation_size(*b) + 1));  // runs past the block
+  EXPECT_FALSE(heap.range_allocated(*a + 900, heap.allocation_size(*a)));  // straddles two blocks
+  EXPECT_FALSE(heap.range_allocated(0, 16));                              // reserved prefix
+  ASSERT_TRUE(heap.release(*a).ok());
+  EXPECT_FALSE(heap.range_allocated(*a, 16));  // freed
+}
+
+}  // namespace
+}  // namespace loom::runtime

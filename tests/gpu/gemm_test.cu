@@ -309,7 +309,11 @@ TEST_P(GemmShapes, AllLayoutsAndDtypesMatchReference) {
   }
 }
 INSTANTIATE_TEST_SUITE_P(Sm90Gemm, GemmShapes, ::testing::Values(1, 127, 128, 129, 1000, 4160, 16384),
-                         [](const ::testing::TestParamInfo<int64_t>& i) { return "M" + std::to_string(i.param); });
+                         [](const ::testing::TestParamInfo<int64_t>& i) {
+                           std::string name = "M";
+                           name += std::to_string(i.param);
+                           return name;
+                         });
 
 // Every configuration, forced, on a shape with many k-blocks (the stage ring wraps several times)
 // and tails in every dimension; once with the planner's grid and once with 3 CTAs (each CTA

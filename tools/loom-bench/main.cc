@@ -80,6 +80,7 @@ int main(int argc, char** argv) {
 
   CLI::App app{"loom-bench: loom's fused multi-GPU operators beside NCCL and cuBLAS"};
   app.require_subcommand(1);
+  app.fallthrough();  // global options may follow the subcommand
   GlobalOptions g;
   app.add_option("--spawn", g.spawn, "start N local ranks (0: one per visible GPU); default: ranks from RANK/WORLD_SIZE");
   app.add_option("--json", g.json_path, "write the results to this JSON file (rank 0)");
