@@ -14,11 +14,15 @@ namespace loom::planner {
 
 enum class CopyEngine : uint8_t { kVector, kBulk };
 
+// Tuned on 2 x H200 (bench/results, Nov 2026): at 64 MiB per rank all three collectives keep
+// gaining up to ~half the SMs (all_gather 175 -> 280 GB/s busbw from 8 to 48 CTAs); one CTA
+// pass moves 512 threads x 4 x 16 B = 32 KiB, so small payloads spread over more CTAs to cut
+// the number of dependent NVLink round trips per CTA.
 struct CollectiveConfig {
-  uint64_t bytes_per_cta = 512 * 1024;  // aim for at least this much per CTA slice
-  int max_ctas_fraction_num = 1;        // at most sm_count * num / den CTAs
-  int max_ctas_fraction_den = 4;
-  int min_max_ctas = 8;                 // ... but never cap below this
+  uint64_t bytes_per_cta = 32 * 1024;  // aim for at least this much per CTA slice
+  int max_ctas_fraction_num = 1;       // at most sm_count * num / den CTAs
+  int max_ctas_fraction_den = 2;
+  int min_max_ctas = 8;                // ... but never cap below this
 };
 
 struct CollectivePlan {

@@ -5,6 +5,8 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 #include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -134,9 +136,9 @@ Result<Header> decode_header(const uint8_t* bytes) {
   return Header{type, payload};
 }
 
-Result<Header> recv_header(Socket& socket, Deadline deadline) {
+Result<Header> recv_header(Socket& socket, Deadline deadline, int cancel_fd = -1) {
   std::array<uint8_t, kHeaderBytes> bytes{};
-  LOOM_TRY(socket.recv_all(bytes.data(), bytes.size(), deadline));
+  LOOM_TRY(socket.recv_all(bytes.data(), bytes.size(), deadline, cancel_fd));
   return decode_header(bytes.data());
 }
 
@@ -347,11 +349,20 @@ Result<Step> decode_step(const uint8_t* body) {
   return step;
 }
 
-// Shared by every Bootstrap: argument checks, step numbering and the sticky failure.
+// Signalled by report_failure() to end the waits of a step running on another thread
+// (Communicator::abort may report while a barrier is in progress).
+Result<UniqueFd> make_cancel_event() {
+  UniqueFd event(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!event.valid()) return Status::errno_error("bootstrap: eventfd", errno);
+  return event;
+}
+
+// Shared by every Bootstrap: argument checks, step numbering, the sticky failure, and what lets
+// report_failure() run on another thread while a step is in progress.
 class StepBootstrap : public Bootstrap {
  public:
-  StepBootstrap(int rank, int world_size, milliseconds timeout)
-      : rank_(rank), world_size_(world_size), timeout_(timeout) {}
+  StepBootstrap(int rank, int world_size, milliseconds timeout, UniqueFd cancel_event)
+      : rank_(rank), world_size_(world_size), timeout_(timeout), cancel_event_(std::move(cancel_event)) {}
 
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
@@ -388,36 +399,56 @@ class StepBootstrap : public Bootstrap {
   // receives result_bytes(world) bytes (for broadcast they are the same buffer).
   virtual Status run_step(const Step& step, const void* contribution, void* result) = 0;
 
-  // Keeps the first failure (later steps report it) and returns `failure`.
+  // Keeps the first failure (later steps report it) and returns `failure`. Any thread.
   Status record(Status failure) {
+    std::lock_guard<std::mutex> lock(failure_mutex_);
     if (failure_.ok()) failure_ = failure;
     return failure;
+  }
+
+  // For report_failure(): records this rank's failure and ends the waits of a running step.
+  void fail_locally(std::string_view message) {
+    (void)record(Status::aborted("rank " + std::to_string(rank_) + " reported a failure: " + std::string(message)));
+    uint64_t one = 1;
+    if (cancel_event_.valid()) (void)!::write(cancel_event_.get(), &one, sizeof(one));
+  }
+  int cancel_fd() const { return cancel_event_.get(); }
+  // What a step whose wait was cancelled returns: the failure this rank reported.
+  Status cancelled(const std::string& context) {
+    std::lock_guard<std::mutex> lock(failure_mutex_);
+    return Status(failure_).with_context(context);
   }
 
   const int rank_;
   const int world_size_;
   const milliseconds timeout_;
+  // Held while one message is written, so a report from another thread never lands inside a
+  // step's message. A report waits for it at most kNoticeTimeout.
+  std::timed_mutex send_mutex_;
 
  private:
   Status step(Step step, const void* contribution, void* result) {
     step.sequence = ++sequence_;
-    if (!failure_.ok()) {
-      return Status::aborted("bootstrap " + step.describe() + ": an earlier bootstrap step failed (" +
-                             failure_.to_string() + ")");
+    {
+      std::lock_guard<std::mutex> lock(failure_mutex_);
+      if (!failure_.ok()) {
+        return Status::aborted("bootstrap " + step.describe() + ": an earlier bootstrap step failed (" +
+                               failure_.to_string() + ")");
+      }
     }
     return run_step(step, contribution, result);
   }
 
   uint64_t sequence_ = 0;
+  std::mutex failure_mutex_;
   Status failure_;
+  UniqueFd cancel_event_;
 };
 
 class SingleRankBootstrap final : public StepBootstrap {
  public:
-  explicit SingleRankBootstrap(milliseconds timeout) : StepBootstrap(0, 1, timeout) {}
-  void report_failure(std::string_view message) override {
-    (void)record(Status::aborted("rank 0 reported a failure: " + std::string(message)));
-  }
+  explicit SingleRankBootstrap(milliseconds timeout) : StepBootstrap(0, 1, timeout, UniqueFd()) {}
+  void report_failure(std::string_view message) override { fail_locally(message); }
 
  protected:
   Status run_step(const Step& step, const void* contribution, void* result) override {
@@ -630,8 +661,8 @@ void RootAdmission::serve_joined(int rank) {
 
 class RootBootstrap final : public StepBootstrap {
  public:
-  RootBootstrap(const BootstrapConfig& config, std::vector<std::optional<Socket>> peers)
-      : StepBootstrap(0, config.world_size, config.timeout), peers_(std::move(peers)) {}
+  RootBootstrap(const BootstrapConfig& config, std::vector<std::optional<Socket>> peers, UniqueFd cancel_event)
+      : StepBootstrap(0, config.world_size, config.timeout, std::move(cancel_event)), peers_(std::move(peers)) {}
 
   // Tells every rank that all have joined; a rank lost right now fails the job for everyone.
   Status announce_ready() {
@@ -644,6 +675,7 @@ class RootBootstrap final : public StepBootstrap {
   }
 
   void report_failure(std::string_view message) override {
+    fail_locally(message);
     Deadline deadline = Clock::now() + std::min(timeout_, kNoticeTimeout);
     (void)fail_everyone(Notice{StatusCode::kPeerFailure, 0, std::string(message)}, "bootstrap", deadline);
   }
@@ -655,20 +687,31 @@ class RootBootstrap final : public StepBootstrap {
   static Notice lost_peer(int rank) {
     return Notice{StatusCode::kPeerFailure, rank, "disconnected (process exited or crashed?)"};
   }
-  Status receive_contribution(int rank, const Step& step, uint8_t* result, Deadline deadline,
-                              const std::string& context);
+  // Reads one message from `rank` during a step: its contribution (returns true), a stale
+  // query (false), or a failure, which ends the step for everyone.
+  Result<bool> receive_from(int rank, bool arrived, const Step& step, uint8_t* result, Deadline deadline,
+                            const std::string& context);
   // What rank 0 makes of a failed receive from `rank`.
   Notice receive_failure(int rank, const Status& status) const;
   // Sends the notice to every rank but its origin, and fails this rank with it.
   Status fail_everyone(const Notice& notice, const std::string& context, Deadline deadline);
+  // A receive in a step failed: a cancelled wait ends the step quietly (the report that
+  // cancelled it has told everyone); anything else fails the job for everyone.
+  Status receive_failed(int rank, const Status& status, const std::string& context, Deadline deadline) {
+    if (status.code() == StatusCode::kAborted) return cancelled(context);
+    return fail_everyone(receive_failure(rank, status), context, deadline);
+  }
 
   std::vector<std::optional<Socket>> peers_;  // by rank; [0] is empty
 };
 
 Status RootBootstrap::fail_everyone(const Notice& notice, const std::string& context, Deadline deadline) {
   auto body = encode_notice(notice);
-  for (int r = 1; r < world_size_; ++r) {
-    if (r != notice.origin) (void)send_message(*peers_[r], MessageType::kFailure, body, deadline);
+  std::unique_lock<std::timed_mutex> lock(send_mutex_, std::defer_lock);
+  if (lock.try_lock_for(kNoticeTimeout)) {
+    for (int r = 1; r < world_size_; ++r) {
+      if (r != notice.origin) (void)send_message(*peers_[r], MessageType::kFailure, body, deadline);
+    }
   }
   return record(notice.to_status().with_context(context));
 }
@@ -691,13 +734,17 @@ Status RootBootstrap::run_step(const Step& step, const void* contribution, void*
   auto* out = static_cast<uint8_t*>(result);
   if (step.kind == StepKind::kAllGather && step.bytes > 0) std::memmove(out, contribution, step.bytes);
 
-  std::vector<int> waiting;
-  for (int r = 1; r < world_size_; ++r) waiting.push_back(r);
+  // Every peer is watched, not only those still due: one that already contributed may report a
+  // failure or die while the others are awaited.
+  std::vector<bool> arrived(world_size_, false);
+  int missing = world_size_ - 1;
   std::vector<pollfd> fds;
-  while (!waiting.empty()) {
+  while (missing > 0) {
     fds.clear();
-    for (int r : waiting) fds.push_back({peers_[r]->fd(), POLLIN, 0});
+    for (int r = 1; r < world_size_; ++r) fds.push_back({peers_[r]->fd(), POLLIN, 0});
+    fds.push_back({cancel_fd(), POLLIN, 0});
     int ready = ::poll(fds.data(), fds.size(), poll_timeout_ms(deadline));
+    if (ready > 0 && fds.back().revents != 0) return cancelled(context);
     if (ready < 0 && errno != EINTR) {
       int err = errno;
       return fail_everyone(Notice{StatusCode::kSystemError, -1, std::string("rank 0: poll: ") + std::strerror(err)},
@@ -705,75 +752,80 @@ Status RootBootstrap::run_step(const Step& step, const void* contribution, void*
     }
     if (ready <= 0) {
       if (Clock::now() < deadline) continue;
+      std::vector<int> absent;
+      for (int r = 1; r < world_size_; ++r) {
+        if (!arrived[r]) absent.push_back(r);
+      }
       return fail_everyone(Notice{StatusCode::kTimeout, -1,
-                                  "rank(s) " + format_ranks(waiting) + " did not arrive within " + ms_text(timeout_)},
+                                  "rank(s) " + format_ranks(absent) + " did not arrive within " + ms_text(timeout_)},
                            context, deadline);
     }
-    std::vector<int> still_waiting;
-    for (size_t i = 0; i < waiting.size(); ++i) {
-      if (fds[i].revents == 0) {
-        still_waiting.push_back(waiting[i]);
-        continue;
+    for (int r = 1; r < world_size_; ++r) {
+      if (fds[r - 1].revents == 0) continue;
+      LOOM_ASSIGN_OR_RETURN(bool contributed, receive_from(r, arrived[r], step, out, deadline, context));
+      if (contributed) {
+        arrived[r] = true;
+        --missing;
       }
-      LOOM_TRY(receive_contribution(waiting[i], step, out, deadline, context));
     }
-    waiting = std::move(still_waiting);
   }
 
   auto body = encode_step(step);
   std::span<const uint8_t> bulk(out, step.result_bytes(world_size_));
   for (int r = 1; r < world_size_; ++r) {
-    Status sent = send_message(*peers_[r], MessageType::kResult, body, deadline, bulk);
+    Status sent;
+    {
+      std::lock_guard<std::timed_mutex> lock(send_mutex_);
+      sent = send_message(*peers_[r], MessageType::kResult, body, deadline, bulk);
+    }
     if (!sent.ok()) return fail_everyone(receive_failure(r, sent), context, deadline);
   }
   return {};
 }
 
-Status RootBootstrap::receive_contribution(int rank, const Step& step, uint8_t* result, Deadline deadline,
-                                           const std::string& context) {
+Result<bool> RootBootstrap::receive_from(int rank, bool arrived, const Step& step, uint8_t* result,
+                                         Deadline deadline, const std::string& context) {
   Socket& peer = *peers_[rank];
-  while (true) {
-    Result<Header> header = recv_header(peer, deadline);
-    if (!header.ok()) return fail_everyone(receive_failure(rank, header.status()), context, deadline);
-    std::array<uint8_t, kFailureBodyBytes> body{};
-    size_t body_size = *body_bytes(header->type);
-    if (body_size > 0) {
-      Status received = peer.recv_all(body.data(), body_size, deadline);
-      if (!received.ok()) return fail_everyone(receive_failure(rank, received), context, deadline);
+  Result<Header> header = recv_header(peer, deadline, cancel_fd());
+  if (!header.ok()) return receive_failed(rank, header.status(), context, deadline);
+  std::array<uint8_t, kFailureBodyBytes> body{};
+  Status received = peer.recv_all(body.data(), *body_bytes(header->type), deadline, cancel_fd());
+  if (!received.ok()) return receive_failed(rank, received, context, deadline);
+  switch (header->type) {
+    case MessageType::kQuery:
+      // From a rank whose init deadline passed just as the ready message came; the answer is moot.
+      return false;
+    case MessageType::kFailure: {
+      Notice reported = decode_notice(body.data(), world_size_);
+      return fail_everyone(Notice{StatusCode::kPeerFailure, rank, reported.text}, context, deadline);
     }
-    switch (header->type) {
-      case MessageType::kQuery:
-        // A rank whose init deadline passed as the ready message left; the answer is moot.
-        continue;
-      case MessageType::kFailure: {
-        Notice reported = decode_notice(body.data(), world_size_);
-        return fail_everyone(Notice{StatusCode::kPeerFailure, rank, reported.text}, context, deadline);
+    case MessageType::kStep: {
+      Result<Step> theirs = decode_step(body.data());
+      if (!theirs.ok() || arrived) {
+        Status bad = theirs.ok() ? Status::invalid_argument("a second message for one step") : theirs.status();
+        return fail_everyone(receive_failure(rank, bad), context, deadline);
       }
-      case MessageType::kStep: {
-        Result<Step> theirs = decode_step(body.data());
-        if (!theirs.ok()) return fail_everyone(receive_failure(rank, theirs.status()), context, deadline);
-        if (!(*theirs == step)) {
-          return fail_everyone(Notice{StatusCode::kInvalidArgument, -1,
-                                      "rank " + std::to_string(rank) + " called " + theirs->describe() +
-                                          " while rank 0 called " + step.describe()},
-                               context, deadline);
-        }
-        uint64_t bytes = step.contribution_bytes(rank);
-        if (header->payload_bytes != kStepBodyBytes + bytes) {
-          return fail_everyone(receive_failure(rank, Status::invalid_argument("step with a wrong payload length")),
-                               context, deadline);
-        }
-        uint8_t* destination = step.kind == StepKind::kAllGather ? result + rank * step.bytes : result;
-        Status received = peer.recv_all(destination, bytes, deadline);
-        if (!received.ok()) return fail_everyone(receive_failure(rank, received), context, deadline);
-        return {};
-      }
-      default:
-        return fail_everyone(receive_failure(rank, Status::invalid_argument(
-                                                       "unexpected message type " +
-                                                       std::to_string(static_cast<unsigned>(header->type)))),
+      if (!(*theirs == step)) {
+        return fail_everyone(Notice{StatusCode::kInvalidArgument, -1,
+                                    "rank " + std::to_string(rank) + " called " + theirs->describe() +
+                                        " while rank 0 called " + step.describe()},
                              context, deadline);
+      }
+      uint64_t bytes = step.contribution_bytes(rank);
+      if (header->payload_bytes != kStepBodyBytes + bytes) {
+        return fail_everyone(receive_failure(rank, Status::invalid_argument("step with a wrong payload length")),
+                             context, deadline);
+      }
+      uint8_t* destination = step.kind == StepKind::kAllGather ? result + rank * step.bytes : result;
+      received = peer.recv_all(destination, bytes, deadline, cancel_fd());
+      if (!received.ok()) return receive_failed(rank, received, context, deadline);
+      return true;
     }
+    default:
+      return fail_everyone(receive_failure(rank, Status::invalid_argument(
+                                                     "unexpected message type " +
+                                                     std::to_string(static_cast<unsigned>(header->type)))),
+                           context, deadline);
   }
 }
 
@@ -781,23 +833,28 @@ Status RootBootstrap::receive_contribution(int rank, const Step& step, uint8_t* 
 
 class ClientBootstrap final : public StepBootstrap {
  public:
-  ClientBootstrap(const BootstrapConfig& config, std::string root_address, Socket root)
-      : StepBootstrap(config.rank, config.world_size, config.timeout),
+  ClientBootstrap(const BootstrapConfig& config, std::string root_address, Socket root, UniqueFd cancel_event)
+      : StepBootstrap(config.rank, config.world_size, config.timeout, std::move(cancel_event)),
         root_address_(std::move(root_address)),
         root_(std::move(root)) {}
 
   void report_failure(std::string_view message) override {
+    fail_locally(message);
     auto body = encode_notice(Notice{StatusCode::kPeerFailure, rank_, std::string(message)});
-    (void)send_message(root_, MessageType::kFailure, body, Clock::now() + std::min(timeout_, kNoticeTimeout));
-    (void)record(Status::aborted("rank " + std::to_string(rank_) + " reported a failure: " + std::string(message)));
+    // A step's message still being written (rank 0 not reading) keeps the stream; the report is
+    // then dropped and the peers fail at their deadline instead.
+    std::unique_lock<std::timed_mutex> lock(send_mutex_, std::defer_lock);
+    if (lock.try_lock_for(kNoticeTimeout)) {
+      (void)send_message(root_, MessageType::kFailure, body, Clock::now() + std::min(timeout_, kNoticeTimeout));
+    }
   }
 
  protected:
   Status run_step(const Step& step, const void* contribution, void* result) override;
 
  private:
-  // What a failed exchange with rank 0 means for this rank.
-  Status root_failure(const Status& status) const;
+  // What a failed exchange with rank 0 means for this rank, in a step described by `context`.
+  Status root_failure(const Status& status, const std::string& context);
   // The failure notice rank 0 sent before the connection broke, if it is already here: rank 0
   // may forward a failure and exit before this rank's step reaches it.
   std::optional<Status> buffered_notice();
@@ -806,14 +863,18 @@ class ClientBootstrap final : public StepBootstrap {
   Socket root_;
 };
 
-Status ClientBootstrap::root_failure(const Status& status) const {
+Status ClientBootstrap::root_failure(const Status& status, const std::string& context) {
   switch (status.code()) {
     case StatusCode::kTimeout:
-      return Status::timeout("no answer from rank 0 at " + root_address_ + " within " + ms_text(timeout_));
-    case StatusCode::kPeerFailure: return Status::peer_failure("lost connection to rank 0 at " + root_address_);
+      return Status::timeout("no answer from rank 0 at " + root_address_ + " within " + ms_text(timeout_))
+          .with_context(context);
+    case StatusCode::kPeerFailure:
+      return Status::peer_failure("lost connection to rank 0 at " + root_address_).with_context(context);
     case StatusCode::kInvalidArgument:
-      return Status::peer_failure("rank 0 at " + root_address_ + " sent a malformed message: " + status.message());
-    default: return status;
+      return Status::peer_failure("rank 0 at " + root_address_ + " sent a malformed message: " + status.message())
+          .with_context(context);
+    case StatusCode::kAborted: return cancelled(context);  // report_failure() ended the wait
+    default: return Status(status).with_context(context);
   }
 }
 
@@ -830,17 +891,21 @@ Status ClientBootstrap::run_step(const Step& step, const void* contribution, voi
   std::string context = "bootstrap " + step.describe();
   Deadline deadline = Clock::now() + timeout_;
   std::span<const uint8_t> mine(static_cast<const uint8_t*>(contribution), step.contribution_bytes(rank_));
-  Status sent = send_message(root_, MessageType::kStep, encode_step(step), deadline, mine);
+  Status sent;
+  {
+    std::lock_guard<std::timed_mutex> lock(send_mutex_);
+    sent = send_message(root_, MessageType::kStep, encode_step(step), deadline, mine);
+  }
   if (!sent.ok()) {
     std::optional<Status> notice = buffered_notice();
-    return record((notice ? *notice : root_failure(sent)).with_context(context));
+    return record(notice ? std::move(*notice).with_context(context) : root_failure(sent, context));
   }
 
-  Result<Header> header = recv_header(root_, deadline);
-  if (!header.ok()) return record(root_failure(header.status()).with_context(context));
+  Result<Header> header = recv_header(root_, deadline, cancel_fd());
+  if (!header.ok()) return record(root_failure(header.status(), context));
   std::array<uint8_t, kFailureBodyBytes> body{};
-  Status received = root_.recv_all(body.data(), *body_bytes(header->type), deadline);
-  if (!received.ok()) return record(root_failure(received).with_context(context));
+  Status received = root_.recv_all(body.data(), *body_bytes(header->type), deadline, cancel_fd());
+  if (!received.ok()) return record(root_failure(received, context));
   if (header->type == MessageType::kFailure) {
     return record(decode_notice(body.data(), world_size_).to_status().with_context(context));
   }
@@ -849,10 +914,10 @@ Status ClientBootstrap::run_step(const Step& step, const void* contribution, voi
                               ? decode_step(body.data())
                               : Result<Step>(Status::invalid_argument("unexpected message type"));
   if (!answered.ok() || !(*answered == step) || header->payload_bytes != kResultBodyBytes + result_bytes) {
-    return record(root_failure(Status::invalid_argument("not the result of this step")).with_context(context));
+    return record(root_failure(Status::invalid_argument("not the result of this step"), context));
   }
-  received = root_.recv_all(result, result_bytes, deadline);
-  if (!received.ok()) return record(root_failure(received).with_context(context));
+  received = root_.recv_all(result, result_bytes, deadline, cancel_fd());
+  if (!received.ok()) return record(root_failure(received, context));
   return {};
 }
 
@@ -953,8 +1018,9 @@ Result<std::unique_ptr<Bootstrap>> connect_client(const BootstrapConfig& config,
     Result<Socket> authenticated = authenticate(std::move(*socket), config, deadline, root_address);
     if (authenticated.ok()) {
       LOOM_TRY(wait_until_ready(*authenticated, config, deadline, root_address));
-      return std::unique_ptr<Bootstrap>(
-          std::make_unique<ClientBootstrap>(config, root_address, std::move(*authenticated)));
+      LOOM_ASSIGN_OR_RETURN(UniqueFd cancel_event, make_cancel_event());
+      return std::unique_ptr<Bootstrap>(std::make_unique<ClientBootstrap>(
+          config, root_address, std::move(*authenticated), std::move(cancel_event)));
     }
     if (authenticated.status().code() == StatusCode::kTimeout) {
       return Status::timeout("bootstrap: no handshake with rank 0 at " + root_address + " within " +
@@ -974,9 +1040,10 @@ Result<std::unique_ptr<Bootstrap>> connect_client(const BootstrapConfig& config,
 }
 
 Result<std::unique_ptr<Bootstrap>> run_root(Listener listener, const BootstrapConfig& config, Deadline deadline) {
+  LOOM_ASSIGN_OR_RETURN(UniqueFd cancel_event, make_cancel_event());
   RootAdmission admission(listener, config, deadline);
   LOOM_ASSIGN_OR_RETURN(std::vector<std::optional<Socket>> peers, admission.run());
-  auto root = std::make_unique<RootBootstrap>(config, std::move(peers));
+  auto root = std::make_unique<RootBootstrap>(config, std::move(peers), std::move(cancel_event));
   LOOM_TRY(root->announce_ready());
   return std::unique_ptr<Bootstrap>(std::move(root));
 }

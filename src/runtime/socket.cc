@@ -71,11 +71,12 @@ std::string numeric_host(const sockaddr* address) {
 }
 
 // Waits until `fd` is ready for `events` (or has an error or hang-up, which the following call
-// reports). Returns timeout once the deadline passes.
-Status wait_ready(int fd, short events, Deadline deadline, const std::string& what) {
+// reports). Returns timeout once the deadline passes, aborted once `cancel_fd` is readable.
+Status wait_ready(int fd, short events, Deadline deadline, const std::string& what, int cancel_fd = -1) {
   while (true) {
-    pollfd entry{fd, events, 0};
-    int rc = ::poll(&entry, 1, poll_timeout_ms(deadline));
+    pollfd entries[2] = {{fd, events, 0}, {cancel_fd, POLLIN, 0}};
+    int rc = ::poll(entries, cancel_fd >= 0 ? 2 : 1, poll_timeout_ms(deadline));
+    if (rc > 0 && entries[1].revents != 0) return Status::aborted(what + ": cancelled");
     if (rc > 0) return {};
     if (rc == 0) {
       if (Clock::now() >= deadline) return Status::timeout(what + ": deadline passed");
@@ -209,12 +210,12 @@ Status Socket::send_all(const void* data, size_t bytes, Deadline deadline) {
   return {};
 }
 
-Status Socket::recv_all(void* data, size_t bytes, Deadline deadline) {
+Status Socket::recv_all(void* data, size_t bytes, Deadline deadline, int cancel_fd) {
   auto* cursor = static_cast<uint8_t*>(data);
   while (bytes > 0) {
     LOOM_ASSIGN_OR_RETURN(size_t received, recv_some(cursor, bytes));
     if (received == 0) {
-      LOOM_TRY(wait_ready(fd(), POLLIN, deadline, "receiving from " + peer_));
+      LOOM_TRY(wait_ready(fd(), POLLIN, deadline, "receiving from " + peer_, cancel_fd));
       continue;
     }
     cursor += received;

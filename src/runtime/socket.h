@@ -62,9 +62,10 @@ class Socket {
 
   // Sends / receives exactly `bytes`. A deadline in the past still allows whatever completes
   // without waiting. Failures: timeout (deadline passed), peer_failure (the peer closed or reset
-  // the connection), system_error (anything else).
+  // the connection), system_error (anything else). A receive also ends, with aborted, once
+  // `cancel_fd` (an eventfd another thread may signal; -1: none) becomes readable.
   Status send_all(const void* data, size_t bytes, Deadline deadline);
-  Status recv_all(void* data, size_t bytes, Deadline deadline);
+  Status recv_all(void* data, size_t bytes, Deadline deadline, int cancel_fd = -1);
   // Receives what is available now, up to `capacity` bytes; 0 when nothing is.
   Result<size_t> recv_some(void* data, size_t capacity);
 

@@ -782,6 +782,45 @@ TEST(Bootstrap, ReportedFailureReachesEveryRank) {
   EXPECT_EQ(outcomes[1].message, "reported");
 }
 
+// Communicator::abort() reports from another thread while a step may be blocked: the reporter's
+// own step ends at once, and the others fail promptly, including a rank that arrives later.
+TEST(Bootstrap, ReportFromAnotherThreadEndsTheRunningStep) {
+  for (int reporter : {1, 0}) {
+    UniqueId id = make_id();
+    auto outcomes = run_ranks(
+        3,
+        [&](int rank) -> Status {
+          LOOM_ASSIGN_OR_RETURN(auto boot, Bootstrap::from_unique_id(id, rank, 3, 20s));
+          if (rank == 2) std::this_thread::sleep_for(2s);  // keeps the barrier open meanwhile
+          std::thread watchdog;
+          if (rank == reporter) {
+            watchdog = std::thread([&] {
+              std::this_thread::sleep_for(300ms);
+              boot->report_failure("watchdog gave up");
+            });
+          }
+          auto begin = Clock::now();
+          Status status = boot->barrier();
+          auto took = Clock::now() - begin;
+          if (watchdog.joinable()) watchdog.join();
+          if (rank != 2 && took > 1500ms) return Status::internal("not prompt: " + status.to_string());
+          return status;
+        },
+        [&] { Bootstrap::discard_unique_id(id); });
+    std::string reported = "rank " + std::to_string(reporter) + ": watchdog gave up";
+    EXPECT_EQ(outcomes[reporter].code, StatusCode::kAborted) << outcomes[reporter].message;
+    EXPECT_NE(outcomes[reporter].message.find("rank " + std::to_string(reporter) +
+                                              " reported a failure: watchdog gave up"),
+              std::string::npos)
+        << outcomes[reporter].message;
+    for (int r = 0; r < 3; ++r) {
+      if (r == reporter) continue;
+      EXPECT_EQ(outcomes[r].code, StatusCode::kPeerFailure) << "rank " << r << ": " << outcomes[r].message;
+      EXPECT_NE(outcomes[r].message.find(reported), std::string::npos) << "rank " << r << ": " << outcomes[r].message;
+    }
+  }
+}
+
 TEST(Bootstrap, LosingRankZeroFailsTheOthers) {
   UniqueId id = make_id();
   auto outcomes = run_ranks(

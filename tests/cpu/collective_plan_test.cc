@@ -15,17 +15,22 @@ CollectiveRequest request(uint64_t bytes) {
   return r;
 }
 
-TEST(CollectivePlan, SmallMessagesUseOneCta) {
+TEST(CollectivePlan, TinyMessagesUseOneCta) {
   Result<CollectivePlan> p = plan_collective(request(2));
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(p->num_ctas, 1);
   EXPECT_EQ(p->engine, CopyEngine::kVector);
 }
 
+TEST(CollectivePlan, MidSizeMessagesSpreadOverOneCtaPassEach) {
+  EXPECT_EQ(plan_collective(request(256 * 1024))->num_ctas, 8);
+  EXPECT_EQ(plan_collective(request(1 << 20))->num_ctas, 32);
+}
+
 TEST(CollectivePlan, LargeMessagesAreCappedBySmFraction) {
   Result<CollectivePlan> p = plan_collective(request(uint64_t{1} << 30));
   ASSERT_TRUE(p.ok());
-  EXPECT_EQ(p->num_ctas, 132 / 4);
+  EXPECT_EQ(p->num_ctas, 132 / 2);
 }
 
 TEST(CollectivePlan, CapNeverBelowMinimumOnSmallGpus) {

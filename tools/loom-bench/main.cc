@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -116,7 +117,20 @@ int main(int argc, char** argv) {
     return loom::bench::spawn_self(argc, argv, g.spawn == 0 ? gpus : g.spawn);
   }
 
-  loom::Result<std::unique_ptr<loom::Communicator>> comm_or = loom::Communicator::from_env();
+  // The symmetric heap must hold the largest case: world x payload (all_gather recv,
+  // reduce_scatter send) or 2 x payload (all_reduce send + recv).
+  std::vector<uint64_t> sizes;
+  if (Status s = parse_sizes(coll.sizes, sizes); !s.ok()) {
+    std::fprintf(stderr, "loom-bench: %s\n", s.to_string().c_str());
+    return 1;
+  }
+  uint64_t largest = 0;
+  for (uint64_t b : sizes) largest = std::max(largest, b);
+  const char* world_env = std::getenv("WORLD_SIZE");
+  const uint64_t world = std::max<uint64_t>(2, world_env ? std::strtoull(world_env, nullptr, 10) : 1);
+  loom::CommOptions comm_options;
+  comm_options.heap_bytes = std::max<uint64_t>(uint64_t{1} << 30, world * largest + (uint64_t{256} << 20));
+  loom::Result<std::unique_ptr<loom::Communicator>> comm_or = loom::Communicator::from_env(comm_options);
   if (!comm_or.ok()) {
     std::fprintf(stderr, "loom-bench: %s\n", comm_or.status().to_string().c_str());
     return 1;
