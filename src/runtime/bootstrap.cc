@@ -689,8 +689,15 @@ class RootBootstrap final : public StepBootstrap {
   }
   // Reads one message from `rank` during a step: its contribution (returns true), a stale
   // query (false), or a failure, which ends the step for everyone.
-  Result<bool> receive_from(int rank, bool arrived, const Step& step, uint8_t* result, Deadline deadline,
-                            const std::string& context);
+  Result<bool> receive_from(int rank, const std::vector<bool>& arrived, const Step& step, uint8_t* result,
+                            Deadline deadline, const std::string& context);
+  std::string absent_ranks(const std::vector<bool>& arrived) const {
+    std::vector<int> absent;
+    for (int r = 1; r < world_size_; ++r) {
+      if (!arrived[r]) absent.push_back(r);
+    }
+    return format_ranks(absent);
+  }
   // What rank 0 makes of a failed receive from `rank`.
   Notice receive_failure(int rank, const Status& status) const;
   // Sends the notice to every rank but its origin, and fails this rank with it.
@@ -752,17 +759,13 @@ Status RootBootstrap::run_step(const Step& step, const void* contribution, void*
     }
     if (ready <= 0) {
       if (Clock::now() < deadline) continue;
-      std::vector<int> absent;
-      for (int r = 1; r < world_size_; ++r) {
-        if (!arrived[r]) absent.push_back(r);
-      }
       return fail_everyone(Notice{StatusCode::kTimeout, -1,
-                                  "rank(s) " + format_ranks(absent) + " did not arrive within " + ms_text(timeout_)},
+                                  "rank(s) " + absent_ranks(arrived) + " did not arrive within " + ms_text(timeout_)},
                            context, deadline);
     }
     for (int r = 1; r < world_size_; ++r) {
       if (fds[r - 1].revents == 0) continue;
-      LOOM_ASSIGN_OR_RETURN(bool contributed, receive_from(r, arrived[r], step, out, deadline, context));
+      LOOM_ASSIGN_OR_RETURN(bool contributed, receive_from(r, arrived, step, out, deadline, context));
       if (contributed) {
         arrived[r] = true;
         --missing;
@@ -783,8 +786,8 @@ Status RootBootstrap::run_step(const Step& step, const void* contribution, void*
   return {};
 }
 
-Result<bool> RootBootstrap::receive_from(int rank, bool arrived, const Step& step, uint8_t* result,
-                                         Deadline deadline, const std::string& context) {
+Result<bool> RootBootstrap::receive_from(int rank, const std::vector<bool>& arrived, const Step& step,
+                                         uint8_t* result, Deadline deadline, const std::string& context) {
   Socket& peer = *peers_[rank];
   Result<Header> header = recv_header(peer, deadline, cancel_fd());
   if (!header.ok()) return receive_failed(rank, header.status(), context, deadline);
@@ -797,11 +800,19 @@ Result<bool> RootBootstrap::receive_from(int rank, bool arrived, const Step& ste
       return false;
     case MessageType::kFailure: {
       Notice reported = decode_notice(body.data(), world_size_);
+      if (reported.code == StatusCode::kTimeout) {
+        // Its deadline passed before rank 0's (it entered the step earlier): the news for
+        // everyone is who had not arrived.
+        std::string absent = absent_ranks(arrived);
+        std::string text = "rank " + std::to_string(rank) + " stopped waiting after " + ms_text(timeout_);
+        if (!absent.empty()) text += "; rank(s) " + absent + " had not arrived";
+        return fail_everyone(Notice{StatusCode::kTimeout, -1, text}, context, deadline);
+      }
       return fail_everyone(Notice{StatusCode::kPeerFailure, rank, reported.text}, context, deadline);
     }
     case MessageType::kStep: {
       Result<Step> theirs = decode_step(body.data());
-      if (!theirs.ok() || arrived) {
+      if (!theirs.ok() || arrived[rank]) {
         Status bad = theirs.ok() ? Status::invalid_argument("a second message for one step") : theirs.status();
         return fail_everyone(receive_failure(rank, bad), context, deadline);
       }
@@ -902,6 +913,15 @@ Status ClientBootstrap::run_step(const Step& step, const void* contribution, voi
   }
 
   Result<Header> header = recv_header(root_, deadline, cancel_fd());
+  if (!header.ok() && header.status().code() == StatusCode::kTimeout) {
+    // Tell rank 0 this rank stopped waiting, so it names the ranks that never arrived to all
+    // instead of seeing this one vanish. Without waiting: the deadline has passed.
+    std::unique_lock<std::timed_mutex> lock(send_mutex_, std::try_to_lock);
+    if (lock.owns_lock()) {
+      auto notice = encode_notice(Notice{StatusCode::kTimeout, rank_, "stopped waiting"});
+      (void)send_message(root_, MessageType::kFailure, notice, Clock::now());
+    }
+  }
   if (!header.ok()) return record(root_failure(header.status(), context));
   std::array<uint8_t, kFailureBodyBytes> body{};
   Status received = root_.recv_all(body.data(), *body_bytes(header->type), deadline, cancel_fd());

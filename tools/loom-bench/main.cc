@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "collectives_bench.h"
+#include "gemm_bench.h"
 #include "core/env.h"
 #include "launch.h"
 #include "loom/loom.h"
@@ -30,6 +31,16 @@ struct GlobalOptions {
   int warmup = 5;
   int iters = 30;
   std::string dtype = "bf16";
+};
+
+struct GemmCli {
+  // Issue 3's shapes: the large M sweep and the small-M sweep over four (N, K) pairs.
+  std::vector<int64_t> m = {128, 512, 1024, 4096, 8192, 16384};
+  std::vector<std::string> nk = {"14336x8192", "8192x7168", "8192x8192", "28672x8192"};
+  std::string layout = "nk";
+  std::string out_dtype = "bf16";
+  std::string tile = "auto";
+  int ctas = 0;
 };
 
 struct CollectiveCli {
@@ -73,6 +84,49 @@ Status run_collectives(loom::Communicator& comm, const std::vector<std::string>&
   return s;
 }
 
+Status run_gemm(loom::Communicator* comm, const GlobalOptions& g, const GemmCli& c, loom::bench::Report& report) {
+  loom::bench::GemmBenchOptions o;
+  for (const std::string& pair : c.nk) {
+    const size_t x = pair.find('x');
+    if (x == std::string::npos) return Status::invalid_argument("--nk expects NxK pairs, got '" + pair + "'");
+    LOOM_ASSIGN_OR_RETURN(int64_t n, loom::env::parse_int("--nk", pair.substr(0, x), 1, int64_t{1} << 31));
+    LOOM_ASSIGN_OR_RETURN(int64_t k, loom::env::parse_int("--nk", pair.substr(x + 1), 1, int64_t{1} << 31));
+    for (int64_t m : c.m) o.shapes.push_back({m, n, k});
+  }
+  LOOM_ASSIGN_OR_RETURN(o.in_dtype, loom::parse_dtype(g.dtype));
+  LOOM_ASSIGN_OR_RETURN(o.out_dtype, loom::parse_dtype(c.out_dtype));
+  LOOM_ASSIGN_OR_RETURN(o.b_layout, loom::parse_b_layout(c.layout));
+  LOOM_ASSIGN_OR_RETURN(o.tile, loom::parse_gemm_tile(c.tile));
+  o.num_ctas = c.ctas;
+  o.warmup = g.warmup;
+  o.iters = g.iters;
+  LOOM_ASSIGN_OR_RETURN(std::vector<loom::bench::GemmBenchRow> rows, loom::bench::run_gemm_bench(o));
+  for (const loom::bench::GemmBenchRow& r : rows) {
+    loom::bench::Row row;
+    row.op = "gemm";
+    row.dtype = std::string(loom::dtype_name(r.in_dtype));
+    row.m = r.m;
+    row.n = r.n;
+    row.k = r.k;
+    row.rel_err = r.rel_err;
+    double loom_ms = r.ms_loom, cublas_ms = r.ms_cublas;
+    if (comm != nullptr) {  // every rank ran the same shapes on its own GPU: report the slowest
+      LOOM_ASSIGN_OR_RETURN(loom_ms, loom::bench::max_over_ranks(*comm, loom_ms));
+      LOOM_ASSIGN_OR_RETURN(cublas_ms, loom::bench::max_over_ranks(*comm, cublas_ms));
+    }
+    row.ms["loom"] = loom_ms;
+    row.ms["cublas"] = cublas_ms;
+    row.extra["config"] = r.config;
+    row.extra["b_layout"] = std::string(loom::b_layout_name(r.b_layout));
+    row.extra["out_dtype"] = std::string(loom::dtype_name(r.out_dtype));
+    row.extra["tflops"] = {{"loom", r.tflops_loom}, {"cublas", r.tflops_cublas}};
+    row.extra["rel_err_cublas"] = r.rel_err_cublas;
+    row.extra["input_sets"] = r.input_sets;
+    report.add(std::move(row));
+  }
+  return {};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -103,6 +157,14 @@ int main(int argc, char** argv) {
                                        : std::vector<std::string>{name};
     collective_commands.emplace_back(sub, ops);
   }
+  GemmCli gemm_cli;
+  CLI::App* gemm = app.add_subcommand("gemm", "loom::gemm vs cuBLAS on one GPU per rank (same inputs)");
+  gemm->add_option("--m", gemm_cli.m, "M values")->delimiter(',');
+  gemm->add_option("--nk", gemm_cli.nk, "NxK pairs, e.g. 14336x8192,8192x7168")->delimiter(',');
+  gemm->add_option("--layout", gemm_cli.layout, "B layout: nk (nn.Linear weight) or kn")->check(CLI::IsMember({"nk", "kn"}));
+  gemm->add_option("--out-dtype", gemm_cli.out_dtype, "output type")->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
+  gemm->add_option("--tile", gemm_cli.tile, "force a tile: 128x256, 128x128, 128x64, 64x128");
+  gemm->add_option("--ctas", gemm_cli.ctas, "persistent CTAs (0: planner)");
   CLI::App* all = app.add_subcommand("all", "the main job: every implemented operator at its headline sizes");
   CLI11_PARSE(app, argc, argv);
 
@@ -141,8 +203,11 @@ int main(int argc, char** argv) {
   for (auto& [sub, ops] : collective_commands) {
     if (sub->parsed()) status = run_collectives(comm, ops, g, coll, report);
   }
+  if (gemm->parsed()) status = run_gemm(&comm, g, gemm_cli, report);
   if (all->parsed()) {
     status = run_collectives(comm, {"all_gather", "reduce_scatter", "all_reduce"}, g, coll, report);
+    Status s = run_gemm(&comm, g, gemm_cli, report);
+    if (status.ok()) status = s;
   }
 
   if (comm.rank() == 0) {
