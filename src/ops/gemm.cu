@@ -94,7 +94,10 @@ Status check_launch_fields(const GemmLaunch& l, const planner::GemmPlan& plan) {
   }
   if (e.op > static_cast<uint32_t>(kg::EpilogueOp::kReduceAdd)) return Status::invalid_argument("gemm launch: bad epi.op");
   if (e.num_dst > 1) {
-    if (e.rows_per_dst == 0) return Status::invalid_argument("gemm launch: rows_per_dst must be > 0 with num_dst > 1");
+    if (e.rows_per_dst == 0 || e.rows_per_dst % kg::kEpiRows != 0) {
+      return Status::invalid_argument("gemm launch: with num_dst > 1, rows_per_dst must be a positive multiple of " +
+                                      std::to_string(kg::kEpiRows) + " (the epilogue's box height)");
+    }
     if (static_cast<int64_t>(e.rows_per_dst) * (e.num_dst - 1) >= l.args.m) {
       return Status::invalid_argument("gemm launch: every destination must receive rows (rows_per_dst * (num_dst - 1) < M)");
     }

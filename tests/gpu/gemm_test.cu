@@ -429,11 +429,11 @@ TEST(Sm90GemmEpilogue, StoreToAnotherBuffer) {
       << "D was written although the destination was elsewhere";
 }
 
-// Rows split over three destinations at a row count that is not a multiple of the 16-row
-// staging box: boxes that straddle two destinations go to both.
+// Rows split over three destinations (rows_per_dst a multiple of the 16-row staging box but not
+// of BLOCK_M, and a short last part); a split that would cut a box in two is refused.
 TEST(Sm90GemmEpilogue, RowPartitionedDestinations) {
   REQUIRE_HOPPER();
-  const int64_t m = 1000, n = 264, rows_per = 392;
+  const int64_t m = 1000, n = 264, rows_per = 400;
   LaunchCase c(m, n, 200, DType::kF16, GemmTile::k128x128, 22);
   DevBuf parts[3] = {DevBuf(rows_per * n * 2), DevBuf(rows_per * n * 2), DevBuf((m - 2 * rows_per) * n * 2)};
   for (int i = 0; i < 3; ++i) {
@@ -454,6 +454,8 @@ TEST(Sm90GemmEpilogue, RowPartitionedDestinations) {
   }
   const Comparison cmp = compare(got, want, m, n, DType::kF16, 128, 128, describe(c.p.args, GemmTile::k128x128, " 3 dsts"));
   EXPECT_TRUE(cmp.ok) << cmp.report;
+  c.l.epi.rows_per_dst = 392;
+  EXPECT_EQ(ops::launch_gemm(c.l, nullptr).code(), StatusCode::kInvalidArgument);
 }
 
 TEST(Sm90GemmEpilogue, ReduceAddEveryOutputType) {

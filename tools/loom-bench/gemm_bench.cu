@@ -180,6 +180,8 @@ Result<std::vector<GemmBenchRow>> run_gemm_bench(const GemmBenchOptions& o) {
     }
     const size_t d_bytes = static_cast<size_t>(row.m) * row.n * dtype_size(o.out_dtype);
     LOOM_CUDA_TRY(cudaMalloc(&d.p, d_bytes));
+    args.a = a[0].p;
+    args.b = b[0].p;
     args.d = d.p;
     LOOM_ASSIGN_OR_RETURN(ops::GemmLaunchPlan plan, ops::plan_gemm_launch(args, gopt));
     row.config = std::string(gemm_tile_name(plan.tile)) + "/" + std::to_string(plan.num_ctas);

@@ -45,12 +45,9 @@ class TileEpilogue {
       d = min(row / p_.rows_per_dst, p_.num_dst - 1);
       local = static_cast<int32_t>(row - d * p_.rows_per_dst);
     }
+    // rows_per_dst is a multiple of kEpiRows (the launcher checks), so a box never straddles
+    // two destinations.
     send(d, static_cast<int32_t>(col), local, box);
-    // A box that straddles two destinations also goes to the next one, at a negative row: TMA
-    // writes only the rows inside each destination's bounds.
-    if (p_.num_dst > 1 && d + 1 < p_.num_dst && local + kEpiRows > static_cast<int32_t>(p_.rows_per_dst)) {
-      send(d + 1, static_cast<int32_t>(col), local - static_cast<int32_t>(p_.rows_per_dst), box);
-    }
   }
 
   // Called by one thread once every box of `tile` is visible (bulk groups waited, fences done,
