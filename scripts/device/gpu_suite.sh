@@ -60,6 +60,13 @@ for step in "${steps[@]}"; do
     gemm)
       timeout 400 $BIN/loom-bench gemm --spawn 1 --json "$OUT/bench_gemm.json" >> "$OUT/bench.log" 2>&1
       r=$?; tail -30 "$OUT/bench.log" | tee -a "$summary" ;;
+    gemm-tune)
+      # Small-M shapes with every tile forced, to check the heuristic's choice.
+      for tile in 128x256 128x128 128x64 64x128; do
+        timeout 100 $BIN/loom-bench gemm --spawn 1 --m 128,512,1024 --tile $tile --iters 20 \
+          --json "$OUT/bench_gemm_tune_$tile.json" >> "$OUT/bench_tune.log" 2>&1
+      done
+      r=$?; grep -E "^gemm" "$OUT/bench_tune.log" | tee -a "$summary" ;;
     *) log "unknown step $step"; r=2 ;;
   esac
   log "step $step: exit $r in $(( $(date +%s) - start )) s"

@@ -649,7 +649,7 @@ void RootAdmission::serve_joined(int rank) {
     rank_gave_up_ = true;  // run() answers it, and everyone else, with the missing ranks
     return;
   }
-  // A rank that gave up (or crashed) frees its slot: a restarted process may take it again.
+  // A rank that crashed frees its slot: a restarted process may take it again.
   if (!header.ok() && header.status().code() == StatusCode::kPeerFailure) {
     LOOM_INFO("bootstrap: rank %d (%s) left before every rank joined", rank, peer.peer().c_str());
   } else {

@@ -74,11 +74,13 @@ class Bootstrap {
   virtual Status broadcast(void* data, size_t bytes, int root) = 0;
   virtual Status barrier() = 0;
   // Best effort: tells every peer that this rank failed, so their current or next step returns
-  // peer_failure("rank R: <message>") instead of waiting for the deadline.
+  // peer_failure("rank R: <message>") instead of waiting for the deadline. Any thread may call
+  // it, also while a step runs on another (an abort): that step then returns at once.
   virtual void report_failure(std::string_view message) = 0;
 };
-// A Bootstrap is used by one thread at a time. After a step fails, every later step returns
-// aborted (the first failure is in its message).
+// Steps (all_gather, broadcast, barrier) are called by one thread at a time. After a step fails,
+// or after report_failure(), every later step returns aborted with the first failure in its
+// message.
 
 // The wire format, exposed so tests can play a hostile client or a fake rank 0; only
 // bootstrap.cc builds real messages. Each message is a 16-byte header (magic, version, type,

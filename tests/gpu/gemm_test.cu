@@ -616,6 +616,9 @@ TEST(Sm90GemmScheduler, GatedTilesNeverStartBeforeTheirFlag) {
   cudaStream_t s1, s2;
   GT_CUDA(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
   GT_CUDA(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  // Load the setter's module now: with lazy loading (the CUDA default) its first launch would
+  // wait for the running GEMM, which waits for the setter.
+  set_flags_late<<<1, 1, 0, s2>>>(flags.as<uint64_t>(), order.as<int>(), 0, epoch, 0, set_time.as<uint64_t>());
   GT_CUDA(cudaDeviceSynchronize());
   GT_OK(ops::launch_gemm(c.l, s1));
   set_flags_late<<<1, 1, 0, s2>>>(flags.as<uint64_t>(), order.as<int>(), static_cast<int>(late.size()), epoch,
