@@ -149,7 +149,8 @@ Status validate_gemm(const GemmArgs& args, const GemmOptions& options) {
 }
 
 GemmTile choose_gemm_tile(int64_t m, int64_t n, int64_t k, int sm_count) {
-  static constexpr GemmTile kOrder[] = {GemmTile::k128x256, GemmTile::k128x128, GemmTile::k128x64, GemmTile::k64x128};
+  // Ties (within 0.1%) go to the earlier entry.
+  static constexpr GemmTile kOrder[] = {GemmTile::k128x256, GemmTile::k128x128, GemmTile::k64x128, GemmTile::k128x64};
   GemmTile best = GemmTile::k128x256;
   double best_s = 0;
   for (GemmTile t : kOrder) {
@@ -185,7 +186,10 @@ double gemm_model_seconds(GemmTile tile, int64_t m, int64_t n, int64_t k, int sm
   const double k_pad = static_cast<double>((k + 63) / 64 * 64);
   const double compute = waves * 2.0 * bm * bn * k_pad / (model.sm_peak_flops * eff);
   const double stream = waves * (bm + bn) * k_pad * 2.0 / model.sm_stream_bytes_per_s;
-  const double dram = (static_cast<double>(m) * k + static_cast<double>(n) * k) * 2.0 / model.dram_bytes_per_s;
+  const double busy_sms = static_cast<double>(std::min<int64_t>(tiles, sm_count));
+  const double dram_share = std::min(1.0, busy_sms / (model.dram_saturating_sm_fraction * sm_count));
+  const double dram =
+      (static_cast<double>(m) * k + static_cast<double>(n) * k) * 2.0 / (model.dram_bytes_per_s * dram_share);
   // The small compute term breaks ties between memory-bound candidates towards less padding.
   return std::max({compute, stream, dram}) + 0.02 * compute + waves * model.tile_overhead_s;
 }
