@@ -154,13 +154,7 @@ Result<Settings> Settings::from_env() {
   s.heap_backend = backend == "vmm" ? HeapBackend::kVmm : backend == "ipc" ? HeapBackend::kIpc : HeapBackend::kAuto;
   LOOM_ASSIGN_OR_RETURN(int64_t ctas, get_int("LOOM_COLL_CTAS", 0, 0, 4096));
   s.collective_ctas = static_cast<int>(ctas);
-  if (std::optional<std::string> raw = get_raw("LOOM_SECRET")) {
-    std::string_view t = trim(*raw);
-    bool hex = t.size() == 32;
-    for (char c : t) hex = hex && std::isxdigit(static_cast<unsigned char>(c));
-    if (!hex) return Status::invalid_argument("LOOM_SECRET: expected 32 hexadecimal digits");
-    s.secret_hex = std::string(t);
-  }
+  // LOOM_SECRET is parsed (and validated) by the bootstrap, which needs its bytes.
   return s;
 }
 

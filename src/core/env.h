@@ -52,7 +52,6 @@ struct Settings {
   uint64_t heap_bytes = uint64_t{1} << 30;               // LOOM_HEAP_BYTES
   HeapBackend heap_backend = HeapBackend::kAuto;         // LOOM_HEAP_BACKEND
   int collective_ctas = 0;                               // LOOM_COLL_CTAS (0: planner decides)
-  std::string secret_hex;                                // LOOM_SECRET (32 hex digits) or empty
 
   static Result<Settings> from_env();
 };
