@@ -1,0 +1,59 @@
+// Fused tensor-parallel operators within one NVLink domain: each is ONE persistent kernel whose
+// CTAs take roles (compute on the GEMM engine, NVLink communication), overlapping the traffic
+// with tensor-core work at tile granularity.
+//
+// Per rank r of W local ranks (W = comm.local_world_size()):
+//   ag_gemm  out[M, N]     = AllGather_rows(a_r[M/W, K]) @ b_r     (b_r: [K, N] or [N, K])
+//   gemm_rs  out[M/W, N]   = ReduceScatter_rows(a_r[M, K] @ b_r)   (K is this rank's K_r)
+//   gemm_ar  out[M, N]     = AllReduce(a_r[M, K] @ b_r)
+// Sums over ranks are deterministic: fp32, rank order 0..W-1, one rounding (repeated launches
+// give bit-identical results). Shapes that do not divide by W (or by what the kernels need) are
+// refused with a Status that says why; nothing is launched then.
+//
+// Buffers: a, b and out are device memory of this rank's GPU. gemm_ar's out must be symmetric
+// (Communicator::alloc): peers write their reduced rows into it. ag_gemm can also return the
+// gathered A in a symmetric [M, K] buffer (gathered_a); otherwise loom gathers into its own
+// workspace in the symmetric heap. Calls are collective and asynchronous on `stream`; device-side
+// failures (a peer that never arrives) surface through Communicator::synchronize().
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "loom/communicator.h"
+#include "loom/gemm.h"
+#include "loom/status.h"
+#include "loom/types.h"
+
+namespace loom {
+
+struct TpGemmArgs {
+  const void* a = nullptr;  // ag_gemm: this rank's shard [M/W, K]; gemm_rs, gemm_ar: [M, K]
+  const void* b = nullptr;  // [K, N] (BLayout::kKN) or an nn.Linear weight [N, K] (kNK)
+  void* out = nullptr;      // ag_gemm [M, N]; gemm_rs [M/W, N]; gemm_ar [M, N] (symmetric)
+  int64_t m = 0;            // global M (all ranks' rows)
+  int64_t n = 0;            // N of this rank's b
+  int64_t k = 0;            // K of this rank's a and b
+  DType dtype = DType::kBF16;  // a, b and out (bf16 or fp16)
+  BLayout b_layout = BLayout::kKN;
+  void* gathered_a = nullptr;  // ag_gemm only: optional symmetric [M, K] that receives AllGather(a)
+};
+
+enum class TpAlgorithm : uint8_t {
+  kAuto,        // planner (tuning cache, then cost model)
+  kFused,       // one persistent kernel
+  kDecomposed,  // loom collective, then loom GEMM (for shapes too small for overlap to pay)
+};
+
+struct TpGemmOptions {
+  TpAlgorithm algorithm = TpAlgorithm::kAuto;
+  int comm_ctas = -1;               // CTAs that start in the communication role; -1: planner
+  GemmTile tile = GemmTile::kAuto;  // the compute role's tile; kAuto: planner
+};
+
+Status ag_gemm(Communicator& comm, const TpGemmArgs& args, cudaStream_t stream, const TpGemmOptions& options = {});
+Status gemm_rs(Communicator& comm, const TpGemmArgs& args, cudaStream_t stream, const TpGemmOptions& options = {});
+Status gemm_ar(Communicator& comm, const TpGemmArgs& args, cudaStream_t stream, const TpGemmOptions& options = {});
+
+}  // namespace loom
