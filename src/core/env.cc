@@ -18,6 +18,7 @@ constexpr VariableDoc kVariables[] = {
     {"LOOM_HEAP_BACKEND", "symmetric heap backend: auto (default), vmm (cuMem + POSIX fd), ipc (legacy CUDA IPC)"},
     {"LOOM_COLL_CTAS", "CTAs used by loom's NVLink collectives; 0 (default) lets the planner decide"},
     {"LOOM_SECRET", "per-job bootstrap secret, 32 hex digits; loom-run and unique ids generate one"},
+    {"LOOM_TUNING_CACHE", "JSON tuning cache of the fused operators' role split (written by loom-bench tune)"},
 };
 
 Status bad(std::string_view name, std::string_view text, std::string_view why) {
