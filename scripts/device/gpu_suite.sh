@@ -1,18 +1,38 @@
 #!/usr/bin/env bash
 # On the GPU machine, in one call: the GPU test suite and the benchmarks, with logs and JSON
 # under $OUT (at most 8 files come back, so logs are combined).
-#   scripts/device/gpu_suite.sh [tests] [coll] [coll-tune] [gemm]     (default: tests coll gemm)
+#   scripts/device/gpu_suite.sh [tests] [tp-tests] [coll] [coll-tune] [gemm] [gemm-tune]
+#                               [tp] [torch] [tp-tune] [merge]        (default: tests coll gemm)
+#   tp        loom-bench tp (ag_gemm, gemm_rs, gemm_ar at issue 4's shapes) vs cuBLAS, NCCL + cuBLAS
+#   torch     bench/torch_fused.py under torchrun (PyTorch's fused ag_gemm / gemm_rs)
+#   merge     joins both into $OUT/bench_tp_merged.json and prints the table; it also runs by itself,
+#             last, whenever tp or torch ran
+#   tp-tune   loom-bench tune, writes $OUT/tuning_cache.json (use it with LOOM_TUNING_CACHE)
+# The whole call stays within SUITE_BUDGET_S (default 570 s, under the 10-minute call limit): each
+# step's timeout is cut to the time left, and a step that cannot get its minimum is skipped.
 # Uses the binaries staged in .device-carry/bin (scripts/device/stage.sh), else builds here.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export LOOM_BOOTSTRAP_TIMEOUT_MS=${LOOM_BOOTSTRAP_TIMEOUT_MS:-60000}
+export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/loom-out}
-mkdir -p "$OUT"
+WORK=${WORK:-/tmp/loom-work}  # intermediate files that need not come back
+mkdir -p "$OUT" "$WORK"
+suite_start=$(date +%s)
+SUITE_BUDGET_S=${SUITE_BUDGET_S:-570}
 steps=("$@")
 ((${#steps[@]})) || steps=(tests coll gemm)
 summary="$OUT/summary.txt"
 log() { echo "$*" | tee -a "$summary"; }
+# budget MAX MIN: prints the seconds a step may run (at most MAX, leaving 10 s for the merge and
+# the summary), or nothing when fewer than MIN are left.
+budget() {
+  local left=$(( SUITE_BUDGET_S - ($(date +%s) - suite_start) - 10 ))
+  (( left < $2 )) && return 1
+  echo $(( left < $1 ? left : $1 ))
+}
+ORIG_LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}  # PyTorch gets its own libraries, not the ones below
 
 # Runtime libraries the staged binaries need (cuBLAS, NCCL) wherever this image keeps them.
 for dir in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
@@ -34,42 +54,105 @@ nvidia-smi topo -m >> "$summary" 2>&1
 ngpu=$(nvidia-smi -L | wc -l)
 ldd $BIN/loom-bench | grep -E "not found|cublas|nccl|crypto" >> "$summary"
 
+# The final table: loom-bench's tensor-parallel rows with PyTorch's fused times joined in.
+merge_tp() {
+  [[ -f $WORK/bench_tp.json ]] || { log "merge: no loom-bench tp results (run the tp step)"; return 1; }
+  if python3 bench/merge_results.py --loom "$WORK/bench_tp.json" --torch "$WORK/torch_fused.json" --allow-missing-torch \
+       --out "$OUT/bench_tp_merged.json" > "$WORK/tp_table.txt" 2>> "$OUT/bench.log"; then
+    return 0
+  fi
+  # The raw files come back instead, so nothing measured is lost.
+  cp "$WORK/bench_tp.json" "$OUT/" 2>/dev/null
+  cp "$WORK/torch_fused.json" "$OUT/" 2>/dev/null
+  log "merge: bench/merge_results.py failed (see bench.log); raw JSON copied to \$OUT"
+  return 1
+}
+
 rc=0
+merge_wanted=0
 for step in "${steps[@]}"; do
   start=$(date +%s)
+  r=0
   case $step in
     tests)
       # Multi-rank suites on every GPU, then the single-GPU GEMM suite on one rank (a GEMM bug
       # that poisons the context must not hide the other results).
-      timeout 300 $BIN/loom-run -n "$ngpu" --timeout 280 -- $BIN/loom_gpu_tests --gtest_filter='-*Gemm*' \
-        > "$OUT/gpu_tests.log" 2>&1
-      r1=$?
-      timeout 300 $BIN/loom-run -n 1 --timeout 280 -- $BIN/loom_gpu_tests --gtest_filter='*Gemm*' \
-        >> "$OUT/gpu_tests.log" 2>&1
-      r2=$?
+      if t=$(budget 300 60); then
+        timeout $t $BIN/loom-run -n "$ngpu" --timeout $((t - 20)) -- $BIN/loom_gpu_tests --gtest_filter='-*Gemm*' \
+          > "$OUT/gpu_tests.log" 2>&1
+        r1=$?
+      else r1=124; log "tests: skipped, not enough time left"; fi
+      if t=$(budget 300 60); then
+        timeout $t $BIN/loom-run -n 1 --timeout $((t - 20)) -- $BIN/loom_gpu_tests --gtest_filter='*Gemm*' \
+          >> "$OUT/gpu_tests.log" 2>&1
+        r2=$?
+      else r2=124; log "tests (GEMM, one rank): skipped, not enough time left"; fi
       r=$(( r1 != 0 || r2 != 0 ))
       grep -E "PASSED|FAILED|Failure|error:|loom-run" "$OUT/gpu_tests.log" | head -60 | tee -a "$summary" ;;
+    tp-tests)
+      # Only the fused tensor-parallel operators' tests (also part of `tests`).
+      if t=$(budget 300 60); then
+        timeout $t $BIN/loom-run -n "$ngpu" --timeout $((t - 20)) -- $BIN/loom_gpu_tests --gtest_filter='TpOps*' \
+          >> "$OUT/gpu_tests.log" 2>&1
+        r=$?
+        grep -E "PASSED|FAILED|Failure|refused|error:|loom-run" "$OUT/gpu_tests.log" | tail -60 | tee -a "$summary"
+      else r=124; log "tp-tests: skipped, not enough time left"; fi ;;
     coll)
-      timeout 150 $BIN/loom-bench collectives --spawn "$ngpu" --sizes 1M,64M,512M --iters 30 \
-        --json "$OUT/bench_collectives.json" > "$OUT/bench.log" 2>&1
-      r=$?; tail -15 "$OUT/bench.log" | tee -a "$summary" ;;
+      if t=$(budget 150 60); then
+        timeout $t $BIN/loom-bench collectives --spawn "$ngpu" --sizes 1M,64M,512M --iters 30 \
+          --json "$OUT/bench_collectives.json" >> "$OUT/bench.log" 2>&1
+        r=$?; tail -15 "$OUT/bench.log" | tee -a "$summary"
+      else r=124; log "coll: skipped, not enough time left"; fi ;;
     coll-tune)
-      timeout 200 $BIN/loom-bench collectives --spawn "$ngpu" --sizes 64M,512M --ctas 8,16,24,32,48,66 --iters 20 \
-        --json "$OUT/bench_collectives_tune.json" >> "$OUT/bench.log" 2>&1
-      r=$?; tail -40 "$OUT/bench.log" | tee -a "$summary" ;;
+      if t=$(budget 200 60); then
+        timeout $t $BIN/loom-bench collectives --spawn "$ngpu" --sizes 64M,512M --ctas 8,16,24,32,48,66 --iters 20 \
+          --json "$OUT/bench_collectives_tune.json" >> "$OUT/bench.log" 2>&1
+        r=$?; tail -40 "$OUT/bench.log" | tee -a "$summary"
+      else r=124; log "coll-tune: skipped, not enough time left"; fi ;;
     gemm)
-      timeout 400 $BIN/loom-bench gemm --spawn 1 --json "$OUT/bench_gemm.json" >> "$OUT/bench.log" 2>&1
-      r=$?; tail -30 "$OUT/bench.log" | tee -a "$summary" ;;
+      if t=$(budget 400 60); then
+        timeout $t $BIN/loom-bench gemm --spawn 1 --json "$OUT/bench_gemm.json" >> "$OUT/bench.log" 2>&1
+        r=$?; tail -30 "$OUT/bench.log" | tee -a "$summary"
+      else r=124; log "gemm: skipped, not enough time left"; fi ;;
     gemm-tune)
       # Small-M shapes with every tile forced, to check the heuristic's choice.
       for tile in 128x256 128x128 128x64 64x128; do
-        timeout 100 $BIN/loom-bench gemm --spawn 1 --m 128,512,1024 --tile $tile --iters 20 \
-          --json "$OUT/bench_gemm_tune_$tile.json" >> "$OUT/bench_tune.log" 2>&1
+        if t=$(budget 100 30); then
+          timeout $t $BIN/loom-bench gemm --spawn 1 --m 128,512,1024 --tile $tile --iters 20 \
+            --json "$OUT/bench_gemm_tune_$tile.json" >> "$OUT/bench_tune.log" 2>&1 || r=$?
+        else r=124; log "gemm-tune $tile: skipped, not enough time left"; fi
       done
-      r=$?; grep -E "^gemm" "$OUT/bench_tune.log" | tee -a "$summary" ;;
+      grep -E "^gemm" "$OUT/bench_tune.log" | tee -a "$summary" ;;
+    tp)
+      # ag_gemm, gemm_rs, gemm_ar at issue 4's shapes (M 1024..32768) beside cuBLAS and NCCL + cuBLAS.
+      merge_wanted=1
+      if t=$(budget 300 90); then
+        timeout $t $BIN/loom-bench tp --spawn "$ngpu" --iters 30 --json "$WORK/bench_tp.json" >> "$OUT/bench.log" 2>&1
+        r=$?; grep -E "^(ag_gemm|gemm_rs|gemm_ar) " "$OUT/bench.log" | tail -20 | tee -a "$summary"
+      else r=124; log "tp: skipped, not enough time left"; fi ;;
+    torch)
+      # PyTorch's fused ag_gemm / gemm_rs at the same shapes, with PyTorch's own libraries.
+      merge_wanted=1
+      if t=$(budget 240 90); then
+        LD_LIBRARY_PATH="$ORIG_LD_LIBRARY_PATH" timeout $t python3 -m torch.distributed.run --standalone \
+          --nproc-per-node "$ngpu" bench/torch_fused.py --json "$WORK/torch_fused.json" --iters 30 \
+          --deadline-s $((t - 15)) --timeout-s 120 >> "$OUT/bench.log" 2>&1
+        r=$?; grep -E "^torch_fused|torch_fused.py:" "$OUT/bench.log" | tail -14 | tee -a "$summary"
+      else r=124; log "torch: skipped, not enough time left"; fi ;;
+    tp-tune)
+      if t=$(budget 400 120); then
+        timeout $t $BIN/loom-bench tune --spawn "$ngpu" --iters 20 --cache "$OUT/tuning_cache.json" \
+          >> "$OUT/bench.log" 2>&1
+        r=$?; grep -E "^tune .* -> |^tune: " "$OUT/bench.log" | tail -20 | tee -a "$summary"
+      else r=124; log "tp-tune: skipped, not enough time left"; fi ;;
+    merge) merge_wanted=1 ;;
     *) log "unknown step $step"; r=2 ;;
   esac
   log "step $step: exit $r in $(( $(date +%s) - start )) s"
   ((r != 0)) && rc=1
 done
+if ((merge_wanted)); then
+  merge_tp || rc=1
+  [[ -f $WORK/tp_table.txt ]] && tee -a "$summary" < "$WORK/tp_table.txt"  # printed last
+fi
 exit $rc

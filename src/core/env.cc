@@ -19,6 +19,14 @@ constexpr VariableDoc kVariables[] = {
     {"LOOM_COLL_CTAS", "CTAs used by loom's NVLink collectives; 0 (default) lets the planner decide"},
     {"LOOM_SECRET", "per-job bootstrap secret, 32 hex digits; loom-run and unique ids generate one"},
     {"LOOM_TUNING_CACHE", "JSON tuning cache of the fused operators' role split (written by loom-bench tune)"},
+    {"LOOM_TRANSPORT", "transport to peers on other (real or emulated) nodes: auto (default), copy_engine, fabric, verbs"},
+    {"LOOM_EMULATE_NODES", "split each host's ranks into n virtual nodes joined by the proxy and a transport (default 1)"},
+    {"LOOM_EMULATE_NET_GBPS", "copy_engine NIC emulation: link rate in GB/s, decimal (default 0: unlimited)"},
+    {"LOOM_EMULATE_NET_LAT_US", "copy_engine NIC emulation: one-way latency in microseconds, decimal (default 0)"},
+    {"LOOM_PROXY_THREADS", "proxy threads (one command ring each) per GPU (default 1)"},
+    {"LOOM_NET_DEVICE", "verbs device (e.g. mlx5_0) or libfabric domain; unset: the first usable"},
+    {"LOOM_FABRIC_PROVIDER", "libfabric provider; unset: the first of efa, verbs, tcp that offers RMA"},
+    {"LOOM_IB_GID_INDEX", "GID table index for RoCE and EFA addresses (default 0)"},
 };
 
 Status bad(std::string_view name, std::string_view text, std::string_view why) {

@@ -51,6 +51,11 @@ Status encode_gemm_operand_maps(const GemmArgs& args, GemmTile tile, kernels::sm
                                 kernels::sm90::TmaDescriptor* b);
 Status encode_gemm_output_map(void* ptr, int64_t rows, int64_t n, int64_t ld, DType dtype,
                               kernels::sm90::TmaDescriptor* out);
+// A [rows, cols] row-major 16-bit matrix read in boxes of 64 columns x box_rows rows (128B
+// swizzle), the geometry of the A operand: a fused kernel's second A source, or staged partial
+// tiles that the compute role folds in (ComputeRole's Fold policy).
+Status encode_gemm_rows_map(const void* ptr, int64_t rows, int64_t cols, int64_t ld, DType dtype, int box_rows,
+                            kernels::sm90::TmaDescriptor* out);
 
 // Per-launcher dispatch into the instantiation files (gemm_sm90_<tile>.cu).
 namespace detail {

@@ -89,6 +89,14 @@ Status encode_gemm_operand_maps(const GemmArgs& args, GemmTile tile, kernels::sm
   return Status{};
 }
 
+Status encode_gemm_rows_map(const void* ptr, int64_t rows, int64_t cols, int64_t ld, DType dtype, int box_rows,
+                            kernels::sm90::TmaDescriptor* out) {
+  if (dtype == DType::kF32) return Status::invalid_argument("encode_gemm_rows_map: 16-bit elements only (64 per 128-byte row)");
+  if (box_rows <= 0 || box_rows > 256) return Status::invalid_argument("encode_gemm_rows_map: box rows must be in 1..256");
+  return encode_2d(ptr, dtype, static_cast<uint64_t>(cols), static_cast<uint64_t>(rows), static_cast<uint64_t>(ld), 64,
+                   static_cast<uint32_t>(box_rows), out, "rows");
+}
+
 Status encode_gemm_output_map(void* ptr, int64_t rows, int64_t n, int64_t ld, DType dtype,
                               kernels::sm90::TmaDescriptor* out) {
   const uint32_t box_inner = dtype == DType::kF32 ? 32 : 64;  // 128 bytes per staged row

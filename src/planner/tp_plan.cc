@@ -1,70 +1,342 @@
 #include "planner/tp_plan.h"
 
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
 #include <string>
+
+#include "core/env.h"
+#include "core/log.h"
+#include "planner/gemm_heuristic.h"
 
 namespace loom::planner {
 namespace {
+
+using nlohmann::json;
+
+constexpr int64_t kMaxDim = (int64_t{1} << 31) - 1;
 
 std::string shape_text(const TpRequest& r) {
   return "M=" + std::to_string(r.m) + " N=" + std::to_string(r.n) + " K=" + std::to_string(r.k) + " W=" +
          std::to_string(r.local_world);
 }
 
+bool is_tp_op(OpId op) { return op == OpId::kAgGemm || op == OpId::kGemmRs || op == OpId::kGemmAr; }
+
 Status check_shape(const TpRequest& r) {
-  const char* op = op_name(r.op);
-  if (r.op != OpId::kAgGemm && r.op != OpId::kGemmRs && r.op != OpId::kGemmAr) {
-    return Status::internal("plan_tp: not a tensor-parallel operator");
-  }
+  if (!is_tp_op(r.op)) return Status::internal("plan_tp: not a tensor-parallel operator");
+  const std::string op(tp_op_name(r.op));
   if (r.local_world < 1) return Status::internal("plan_tp: local world below 1");
-  if (r.dtype == DType::kF32) return Status::unsupported(std::string(op) + ": fp32 inputs are not supported (bf16 or fp16)");
+  if (r.dtype != DType::kBF16 && r.dtype != DType::kF16) {
+    return Status::unsupported(op + ": " + std::string(dtype_name(r.dtype)) +
+                               " inputs are not supported (bf16 or fp16)");
+  }
+  if (r.b_layout != BLayout::kKN && r.b_layout != BLayout::kNK) return Status::invalid_argument(op + ": unknown B layout");
   if (r.m <= 0 || r.n <= 0 || r.k <= 0) {
-    return Status::invalid_argument(std::string(op) + ": " + shape_text(r) + ": M, N and K must be positive");
+    return Status::invalid_argument(op + ": " + shape_text(r) + ": M, N and K must be positive");
   }
   if (r.m % r.local_world != 0) {
-    return Status::invalid_argument(std::string(op) + ": " + shape_text(r) + ": M must be a multiple of the " +
+    return Status::invalid_argument(op + ": " + shape_text(r) + ": M must be a multiple of the " +
                                     std::to_string(r.local_world) + " local ranks (each owns M/W rows)");
   }
   if (r.n % 8 != 0 || r.k % 8 != 0) {
-    return Status::unsupported(std::string(op) + ": " + shape_text(r) + ": N and K must be multiples of 8");
+    return Status::unsupported(op + ": " + shape_text(r) + ": N and K must be multiples of 8 (16-byte rows for TMA)");
+  }
+  if (r.m > kMaxDim || r.n > kMaxDim || r.k > kMaxDim) {
+    return Status::unsupported(op + ": " + shape_text(r) + ": M, N and K must each be below 2^31");
   }
   return {};
 }
 
-}  // namespace
-
-const TpPlan* TuningCache::find(const TpKey& key) const {
-  auto it = entries_.find(key);
-  return it == entries_.end() ? nullptr : &it->second;
+Status check_options(const TpRequest& r, const TpGemmOptions& options) {
+  const std::string op(tp_op_name(r.op));
+  if (options.algorithm != TpAlgorithm::kAuto && options.algorithm != TpAlgorithm::kFused &&
+      options.algorithm != TpAlgorithm::kDecomposed) {
+    return Status::invalid_argument(op + ": unknown TpAlgorithm value " + std::to_string(static_cast<int>(options.algorithm)));
+  }
+  if (options.comm_ctas < -1) {
+    return Status::invalid_argument(op + ": comm_ctas " + std::to_string(options.comm_ctas) +
+                                    " is negative (-1 lets the planner decide)");
+  }
+  if (options.comm_ctas >= r.sm_count) {
+    return Status::invalid_argument(op + ": comm_ctas " + std::to_string(options.comm_ctas) +
+                                    " leaves no compute CTA on " + std::to_string(r.sm_count) + " SMs");
+  }
+  if (static_cast<int>(options.tile) > static_cast<int>(GemmTile::k64x128)) {
+    return Status::invalid_argument(op + ": unknown GemmTile value " + std::to_string(static_cast<int>(options.tile)));
+  }
+  return {};
 }
 
-void TuningCache::put(const TpKey& key, const TpPlan& plan) { entries_[key] = plan; }
+double comm_bytes_of(const TpRequest& r) {
+  const double w = r.local_world;
+  const double share = (w - 1) / w;  // of the rows that live on (or belong to) other ranks
+  const double e = static_cast<double>(dtype_size(r.dtype));
+  const double m = static_cast<double>(r.m), n = static_cast<double>(r.n), k = static_cast<double>(r.k);
+  switch (r.op) {
+    case OpId::kAgGemm: return share * m * k * e;       // every peer's A shard comes in
+    case OpId::kGemmRs: return share * m * n * e;       // partial rows of every peer go out
+    case OpId::kGemmAr: return 2 * share * m * n * e;   // reduce-scatter, then all-gather of the sums
+    default: return 0;
+  }
+}
 
-Result<TpPlan> plan_tp(const TpRequest& r, const TpGemmOptions& options, const TuningCache* cache) {
+// The fused tile with the smaller modelled GEMM time (ties to 128x256).
+GemmTile fused_tile_for(const TpRequest& r) {
+  const double wide = gemm_model_seconds(GemmTile::k128x256, r.m, r.n, r.k, r.sm_count);
+  const double narrow = gemm_model_seconds(GemmTile::k128x128, r.m, r.n, r.k, r.sm_count);
+  return narrow < wide * 0.999 ? GemmTile::k128x128 : GemmTile::k128x256;
+}
+
+// ag_gemm: the fewest comm CTAs whose transfer ends early enough in the window it hides behind;
+// if none can, enough to saturate NVLink (more only take SMs from the compute).
+int ag_comm_ctas(const TpRequest& r, GemmTile tile, const TpCostModel& model) {
+  const int min_c = std::clamp(model.min_comm_ctas, 1, std::max(1, r.sm_count - 1));
+  const int max_c = std::clamp(r.sm_count / std::max(1, model.max_comm_ctas_sm_divisor), min_c, std::max(min_c, r.sm_count - 1));
+  for (int c = min_c; c <= max_c; ++c) {
+    const TpEstimate e = estimate_tp(r, c, tile, model);
+    const double window = e.gemm_s / model.fused_compute_efficiency * (r.local_world - 1) / r.local_world;
+    if (e.comm_s <= model.comm_finish_fraction * window) return c;
+  }
+  const int saturating = static_cast<int>(std::ceil(model.nvlink_bytes_per_s / model.comm_cta_bytes_per_s));
+  return std::clamp(saturating, min_c, max_c);
+}
+
+// The model's plan for each algorithm; `choose` picks between them.
+struct ModelPlans {
+  TpPlan fused, decomposed;
+  TpPlan choose(const TpRequest& r, const TpCostModel& model) const {
+    if (r.local_world == 1 || !fused_can_run(r, model)) return decomposed;  // one rank: a plain GEMM
+    const double fused_s = estimate_tp(r, fused.comm_ctas, fused.tile, model).fused_s;
+    const double decomposed_s = estimate_tp(r, fused.comm_ctas, decomposed.tile, model).decomposed_s;
+    return fused_s <= decomposed_s * (1 - model.fused_min_gain) ? fused : decomposed;
+  }
+};
+
+ModelPlans model_plans(const TpRequest& r, const TpCostModel& model) {
+  ModelPlans p;
+  p.decomposed.algorithm = TpAlgorithm::kDecomposed;
+  p.decomposed.tile = choose_gemm_tile(r.m, r.n, r.k, r.sm_count);  // the plain GEMM's own choice
+  p.decomposed.comm_ctas = 0;
+  p.decomposed.source = "model";
+  p.fused.algorithm = TpAlgorithm::kFused;
+  p.fused.tile = fused_tile_for(r);
+  p.fused.comm_ctas = r.op == OpId::kAgGemm ? ag_comm_ctas(r, p.fused.tile, model) : 0;
+  p.fused.source = "model";
+  return p;
+}
+
+// ---- tuning-cache file ---------------------------------------------------------------------
+
+Status bad_file(const std::string& origin, const std::string& why) {
+  return Status::invalid_argument("tuning cache " + origin + ": " + why);
+}
+
+std::string entry_label(size_t index) { return "entry " + std::to_string(index); }
+
+Result<int64_t> get_int_field(const json& e, const char* name, int64_t min, int64_t max, const std::string& where) {
+  auto it = e.find(name);
+  if (it == e.end()) return Status::invalid_argument(where + ": '" + name + "' is missing");
+  if (!it->is_number_integer()) {
+    return Status::invalid_argument(where + ": '" + name + "' must be an integer, not " + it->dump());
+  }
+  const int64_t v = it->get<int64_t>();
+  if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(max)) {
+    return Status::invalid_argument(where + ": '" + name + "' = " + it->dump() + " is above " + std::to_string(max));
+  }
+  if (v < min || v > max) {
+    return Status::invalid_argument(where + ": '" + name + "' = " + std::to_string(v) + " is outside [" +
+                                    std::to_string(min) + ", " + std::to_string(max) + "]");
+  }
+  return v;
+}
+
+Result<std::string> get_string_field(const json& e, const char* name, const std::string& where) {
+  auto it = e.find(name);
+  if (it == e.end()) return Status::invalid_argument(where + ": '" + name + "' is missing");
+  if (!it->is_string()) return Status::invalid_argument(where + ": '" + name + "' must be a string, not " + it->dump());
+  return it->get<std::string>();
+}
+
+// Parsers of the enum names give their own message; prefix where the value came from.
+template <typename T>
+Result<T> with_where(Result<T> r, const std::string& where) {
+  if (r.ok()) return r;
+  return std::move(r).take_status().with_context(where);
+}
+
+struct ParsedEntry {
+  TpKey key;
+  TpPlan plan;
+  double ms = 0;
+};
+
+Result<ParsedEntry> parse_entry(const json& e, const std::string& where) {
+  if (!e.is_object()) return Status::invalid_argument(where + ": must be an object, not " + e.dump());
+  static constexpr std::string_view kKnown[] = {"op",        "m",         "n",    "k",  "world", "dtype", "b_layout",
+                                                "algorithm", "comm_ctas", "tile", "ms", "gpu",   "note"};
+  for (auto it = e.begin(); it != e.end(); ++it) {
+    if (std::find(std::begin(kKnown), std::end(kKnown), it.key()) == std::end(kKnown)) {
+      return Status::invalid_argument(where + ": unknown field '" + it.key() +
+                                      "' (known: op, m, n, k, world, dtype, b_layout, algorithm, comm_ctas, tile, ms, gpu, note)");
+    }
+  }
+  ParsedEntry p{};
+  LOOM_ASSIGN_OR_RETURN(std::string op, get_string_field(e, "op", where));
+  LOOM_ASSIGN_OR_RETURN(p.key.op, with_where(parse_tp_op(op), where));
+  LOOM_ASSIGN_OR_RETURN(p.key.m, get_int_field(e, "m", 1, kMaxDim, where));
+  LOOM_ASSIGN_OR_RETURN(p.key.n, get_int_field(e, "n", 1, kMaxDim, where));
+  LOOM_ASSIGN_OR_RETURN(p.key.k, get_int_field(e, "k", 1, kMaxDim, where));
+  LOOM_ASSIGN_OR_RETURN(int64_t world, get_int_field(e, "world", 1, 1 << 16, where));
+  p.key.local_world = static_cast<int>(world);
+  LOOM_ASSIGN_OR_RETURN(std::string dtype, get_string_field(e, "dtype", where));
+  LOOM_ASSIGN_OR_RETURN(p.key.dtype, with_where(parse_dtype(dtype), where));
+  if (p.key.dtype == DType::kF32) return Status::invalid_argument(where + ": dtype fp32 is not supported by these operators");
+  LOOM_ASSIGN_OR_RETURN(std::string layout, get_string_field(e, "b_layout", where));
+  LOOM_ASSIGN_OR_RETURN(p.key.b_layout, with_where(parse_b_layout(layout), where));
+  LOOM_ASSIGN_OR_RETURN(std::string algorithm, get_string_field(e, "algorithm", where));
+  LOOM_ASSIGN_OR_RETURN(p.plan.algorithm, with_where(parse_tp_algorithm(algorithm), where));
+  if (p.plan.algorithm == TpAlgorithm::kAuto) {
+    return Status::invalid_argument(where + ": 'algorithm' must be fused or decomposed (a cache records a decision)");
+  }
+  LOOM_ASSIGN_OR_RETURN(int64_t ctas, get_int_field(e, "comm_ctas", 0, 1 << 16, where));
+  p.plan.comm_ctas = static_cast<int>(ctas);
+  LOOM_ASSIGN_OR_RETURN(std::string tile, get_string_field(e, "tile", where));
+  LOOM_ASSIGN_OR_RETURN(p.plan.tile, with_where(parse_gemm_tile(tile), where));
+  if (p.plan.tile == GemmTile::kAuto) {
+    return Status::invalid_argument(where + ": 'tile' must name a configuration (128x256, 128x128, 128x64, 64x128), not auto");
+  }
+  if (auto it = e.find("ms"); it != e.end()) {
+    if (!it->is_number() || it->get<double>() < 0) {
+      return Status::invalid_argument(where + ": 'ms' must be a non-negative number, not " + it->dump());
+    }
+    p.ms = it->get<double>();
+  }
+  return p;
+}
+
+std::string key_text(const TpKey& k) {
+  return std::string(tp_op_name(k.op)) + " m=" + std::to_string(k.m) + " n=" + std::to_string(k.n) + " k=" +
+         std::to_string(k.k) + " world=" + std::to_string(k.local_world) + " " + std::string(dtype_name(k.dtype)) + " " +
+         std::string(b_layout_name(k.b_layout));
+}
+
+}  // namespace
+
+// ---- names -----------------------------------------------------------------------------------
+
+std::string_view tp_op_name(OpId op) {
+  switch (op) {
+    case OpId::kAgGemm: return "ag_gemm";
+    case OpId::kGemmRs: return "gemm_rs";
+    case OpId::kGemmAr: return "gemm_ar";
+    default: return "not_a_tp_op";
+  }
+}
+
+Result<OpId> parse_tp_op(std::string_view name) {
+  if (name == "ag_gemm") return OpId::kAgGemm;
+  if (name == "gemm_rs") return OpId::kGemmRs;
+  if (name == "gemm_ar") return OpId::kGemmAr;
+  return Status::invalid_argument("unknown operator '" + std::string(name) + "' (expected ag_gemm, gemm_rs or gemm_ar)");
+}
+
+std::string_view tp_algorithm_name(TpAlgorithm algorithm) {
+  switch (algorithm) {
+    case TpAlgorithm::kAuto: return "auto";
+    case TpAlgorithm::kFused: return "fused";
+    case TpAlgorithm::kDecomposed: return "decomposed";
+  }
+  return "?";
+}
+
+Result<TpAlgorithm> parse_tp_algorithm(std::string_view name) {
+  for (TpAlgorithm a : {TpAlgorithm::kAuto, TpAlgorithm::kFused, TpAlgorithm::kDecomposed}) {
+    if (name == tp_algorithm_name(a)) return a;
+  }
+  return Status::invalid_argument("unknown algorithm '" + std::string(name) + "' (expected auto, fused or decomposed)");
+}
+
+TpKey key_of(const TpRequest& r) { return TpKey{r.op, r.m, r.n, r.k, r.local_world, r.dtype, r.b_layout}; }
+
+// ---- cost model ------------------------------------------------------------------------------
+
+bool is_fused_tile(GemmTile tile) { return tile == GemmTile::k128x256 || tile == GemmTile::k128x128; }
+
+bool fused_can_run(const TpRequest& r, const TpCostModel& model) {
+  return r.local_world >= 2 && r.local_world <= model.fused_max_local_world && model.fused_block_m > 0 &&
+         (r.m / r.local_world) % model.fused_block_m == 0;
+}
+
+TpEstimate estimate_tp(const TpRequest& r, int comm_ctas, GemmTile tile, const TpCostModel& model) {
+  TpEstimate e;
+  const int sm = std::max(1, r.sm_count);
+  e.gemm_s = gemm_model_seconds(tile, std::max<int64_t>(r.m, 1), std::max<int64_t>(r.n, 1), std::max<int64_t>(r.k, 1), sm);
+  const double fused_gemm_s = e.gemm_s / model.fused_compute_efficiency;
+  e.comm_bytes = r.local_world > 1 ? comm_bytes_of(r) : 0;
+  // ag_gemm's comm CTAs push the shard; gemm_rs / gemm_ar push from the compute CTAs' epilogues.
+  const bool comm_ctas_move_data = r.op == OpId::kAgGemm;
+  const int c = comm_ctas_move_data ? std::max(1, comm_ctas) : 0;
+  const double bandwidth =
+      comm_ctas_move_data ? std::min(model.nvlink_bytes_per_s, c * model.comm_cta_bytes_per_s) : model.nvlink_bytes_per_s;
+  e.comm_s = e.comm_bytes / bandwidth;
+  const GemmTileInfo info = gemm_tile_info(tile);
+  double waves = 1;
+  if (info.block_m > 0) {
+    const int64_t tiles = ((r.m + info.block_m - 1) / info.block_m) * ((r.n + info.block_n - 1) / info.block_n);
+    waves = static_cast<double>(std::max<int64_t>(1, (tiles + sm - 1) / sm));
+  }
+  if (r.local_world == 1) {
+    e.fused_s = fused_gemm_s + model.fused_overhead_s;
+    e.decomposed_s = e.gemm_s;
+    return e;
+  }
+  const double sm_bound = fused_gemm_s + e.comm_s * c / sm;     // comm CTAs do not compute meanwhile
+  const double transfer_bound = e.comm_s + fused_gemm_s / waves;  // one wave cannot overlap the transfer
+  e.fused_s = std::max(sm_bound, transfer_bound) + model.fused_overhead_s;
+  e.decomposed_s = e.comm_bytes / model.nvlink_bytes_per_s + e.gemm_s + model.decomposed_overhead_s;
+  return e;
+}
+
+// ---- planner ---------------------------------------------------------------------------------
+
+Result<TpPlan> plan_tp(const TpRequest& r, const TpGemmOptions& options, const TuningCache* cache,
+                       const TpCostModel& model) {
   LOOM_TRY(check_shape(r));
   if (r.sm_count <= 0) return Status::internal("plan_tp: unknown SM count");
+  LOOM_TRY(check_options(r, options));
+  const ModelPlans models = model_plans(r, model);
   TpPlan plan;
-  plan.source = "model";
-  const TpKey key{r.op, r.m, r.n, r.k, r.local_world, r.dtype, r.b_layout};
-  if (const TpPlan* hit = cache != nullptr ? cache->find(key) : nullptr) {
+  const TpPlan* hit = cache != nullptr ? cache->find(key_of(r)) : nullptr;
+  if (hit != nullptr && hit->comm_ctas >= r.sm_count) {
+    // Tuned on a larger device: the model is a better guess than a clamped entry.
+    LOOM_WARN("tuning cache entry for %s has comm_ctas %d, not below this device's %d SMs; using the cost model",
+              key_text(key_of(r)).c_str(), hit->comm_ctas, r.sm_count);
+    hit = nullptr;
+  }
+  if (hit != nullptr) {
     plan = *hit;
     plan.source = "cache";
   } else {
-    // The GEMM each rank runs: ag_gemm multiplies all M rows; gemm_rs and gemm_ar too.
-    plan.tile = choose_gemm_tile(r.m, r.n, r.k, r.sm_count);
-    // A few CTAs move data while the rest compute; they join the compute role when done.
-    plan.comm_ctas = std::clamp(r.sm_count / 16, 2, 16);
-    plan.algorithm = r.local_world == 1 ? TpAlgorithm::kDecomposed : TpAlgorithm::kFused;
+    plan = models.choose(r, model);
   }
   if (options.algorithm != TpAlgorithm::kAuto) {
-    plan.algorithm = options.algorithm;
+    // A forced algorithm gets the model's split for it (not the other algorithm's tile and CTAs).
+    if (plan.algorithm != options.algorithm) plan = options.algorithm == TpAlgorithm::kFused ? models.fused : models.decomposed;
     plan.source = "options";
   }
   if (options.comm_ctas >= 0) {
-    if (options.comm_ctas >= r.sm_count) {
-      return Status::invalid_argument(std::string(op_name(r.op)) + ": comm_ctas " + std::to_string(options.comm_ctas) +
-                                      " leaves no compute CTA on " + std::to_string(r.sm_count) + " SMs");
-    }
     plan.comm_ctas = options.comm_ctas;
     plan.source = "options";
   }
@@ -73,6 +345,148 @@ Result<TpPlan> plan_tp(const TpRequest& r, const TpGemmOptions& options, const T
     plan.source = "options";
   }
   return plan;
+}
+
+// ---- tuning cache ----------------------------------------------------------------------------
+
+const TpPlan* TuningCache::find(const TpKey& key) const {
+  auto it = entries_.find(key);
+  return it == entries_.end() ? nullptr : &it->second.plan;
+}
+
+void TuningCache::put(const TpKey& key, const TpPlan& plan, double measured_ms) {
+  Entry entry{plan, measured_ms};
+  entry.plan.source = "cache";
+  entries_[key] = std::move(entry);
+}
+
+Result<TuningCache> TuningCache::parse(std::string_view text, const std::string& origin) {
+  json doc;
+  try {
+    doc = json::parse(text.begin(), text.end());
+  } catch (const json::exception& e) {
+    return bad_file(origin, std::string("not valid JSON: ") + e.what());
+  }
+  if (!doc.is_object()) return bad_file(origin, "the top level must be an object with \"format\", \"version\" and \"entries\"");
+  auto format = doc.find("format");
+  if (format == doc.end() || !format->is_string() || format->get<std::string>() != kFormat) {
+    return bad_file(origin, "\"format\" must be \"" + std::string(kFormat) + "\" (is this a loom tuning cache?)");
+  }
+  auto version = doc.find("version");
+  if (version == doc.end() || !version->is_number_integer()) return bad_file(origin, "\"version\" is missing or not an integer");
+  if (version->get<int64_t>() != kVersion) {
+    return bad_file(origin, "version " + version->dump() + " is not supported (this build reads version " +
+                                std::to_string(kVersion) + "; re-run loom-bench tune)");
+  }
+  TuningCache cache;
+  if (auto gpu = doc.find("gpu"); gpu != doc.end()) {
+    if (!gpu->is_string()) return bad_file(origin, "\"gpu\" must be a string");
+    cache.gpu_ = gpu->get<std::string>();
+  }
+  auto entries = doc.find("entries");
+  if (entries == doc.end() || !entries->is_array()) return bad_file(origin, "\"entries\" is missing or not an array");
+  std::map<TpKey, size_t> first_index;
+  for (size_t i = 0; i < entries->size(); ++i) {
+    Result<ParsedEntry> p = parse_entry((*entries)[i], entry_label(i));
+    if (!p.ok()) return bad_file(origin, p.status().message());
+    auto [it, inserted] = first_index.emplace(p->key, i);
+    if (!inserted) {
+      return bad_file(origin, entry_label(i) + " repeats the key of entry " + std::to_string(it->second) + " (" +
+                                  key_text(p->key) + ")");
+    }
+    cache.put(p->key, p->plan, p->ms);
+  }
+  return cache;
+}
+
+Result<TuningCache> TuningCache::load(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    const int err = errno;
+    if (err == ENOENT) return TuningCache{};
+    return Status::errno_error("tuning cache " + path + ": cannot open", err);
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return Status::system_error("tuning cache " + path + ": read failed");
+  return parse(text.str(), path);
+}
+
+std::string TuningCache::to_json_text() const {
+  json doc;
+  doc["format"] = std::string(kFormat);
+  doc["version"] = kVersion;
+  if (!gpu_.empty()) doc["gpu"] = gpu_;
+  json entries = json::array();
+  for (const auto& [key, entry] : entries_) {
+    json e;
+    e["op"] = std::string(tp_op_name(key.op));
+    e["m"] = key.m;
+    e["n"] = key.n;
+    e["k"] = key.k;
+    e["world"] = key.local_world;
+    e["dtype"] = std::string(dtype_name(key.dtype));
+    e["b_layout"] = std::string(b_layout_name(key.b_layout));
+    e["algorithm"] = std::string(tp_algorithm_name(entry.plan.algorithm));
+    e["comm_ctas"] = entry.plan.comm_ctas;
+    e["tile"] = std::string(gemm_tile_name(entry.plan.tile));
+    if (entry.measured_ms > 0) e["ms"] = entry.measured_ms;
+    entries.push_back(std::move(e));
+  }
+  doc["entries"] = std::move(entries);
+  return doc.dump(2) + "\n";
+}
+
+Status TuningCache::save(const std::string& path) const {
+  // Readers (other ranks, other jobs) must never see half a file: write beside it, then rename.
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) return Status::errno_error("tuning cache " + path + ": cannot create " + tmp, errno);
+    out << to_json_text();
+    out.flush();
+    if (!out) {
+      std::remove(tmp.c_str());
+      return Status::system_error("tuning cache " + path + ": writing " + tmp + " failed");
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    return Status::errno_error("tuning cache " + path + ": rename from " + tmp, err);
+  }
+  return {};
+}
+
+Result<const TuningCache*> tuning_cache_from_env() {
+  std::optional<std::string> path = env::get_raw("LOOM_TUNING_CACHE");
+  if (!path) return static_cast<const TuningCache*>(nullptr);
+  if (path->empty()) {
+    return Status::invalid_argument("LOOM_TUNING_CACHE is set but empty; unset it or name a file written by loom-bench tune");
+  }
+  // Read once per path and process (ops call this on every launch); failures are remembered too,
+  // so every call reports the same error instead of re-reading a broken file.
+  struct Loaded {
+    Status status;
+    std::unique_ptr<TuningCache> cache;
+  };
+  static std::mutex mutex;
+  static std::map<std::string, Loaded> loaded;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = loaded.find(*path);
+  if (it == loaded.end()) {
+    Loaded entry;
+    Result<TuningCache> cache = TuningCache::load(*path);
+    if (cache.ok()) {
+      entry.cache = std::make_unique<TuningCache>(std::move(cache).value());
+      if (entry.cache->size() == 0) LOOM_WARN("LOOM_TUNING_CACHE=%s: no entries (or no such file); the cost model decides", path->c_str());
+    } else {
+      entry.status = std::move(cache).take_status().with_context("LOOM_TUNING_CACHE");
+    }
+    it = loaded.emplace(*path, std::move(entry)).first;
+  }
+  if (!it->second.status.ok()) return it->second.status;
+  return static_cast<const TuningCache*>(it->second.cache.get());
 }
 
 }  // namespace loom::planner

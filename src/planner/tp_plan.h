@@ -2,11 +2,41 @@
 //
 // Order of authority: explicit TpGemmOptions, then the tuning cache (JSON written by
 // `loom-bench tune`, read from LOOM_TUNING_CACHE), then the cost model below.
+//
+// Cost model (per rank; all constants in TpCostModel, calibrated against `loom-bench ag_gemm |
+// gemm_rs | gemm_ar`, which prints the model beside the measurement):
+//   G        local GEMM time on all SMs (planner::gemm_model_seconds): ag_gemm multiplies all M
+//            gathered rows, gemm_rs and gemm_ar their [M, K_r] slice; / fused_compute_efficiency
+//            inside the fused kernel
+//   bytes    what each rank sends (= receives) over NVLink: ag (W-1)/W*M*K, rs (W-1)/W*M*N,
+//            ar 2(W-1)/W*M*N elements
+//   C        the transfer: ag_gemm's comm CTAs push the shard, C(c) = bytes / min(nvlink, c * per
+//            CTA rate); gemm_rs / gemm_ar push partial tiles from the compute CTAs' epilogues
+//            (TMA stores), C = bytes / nvlink, and use no comm CTAs
+//   fused    max(G + C*c/SMs, C + G/waves) + fused_overhead_s: comm CTAs are lost to the compute
+//            while they move data (c = 0 for rs / ar); and when the transfer is the longer part, one
+//            wave of tiles still runs after the last byte (ag) or before the first (rs, ar)
+//   decomposed  bytes / nvlink + G + decomposed_overhead_s
+// ag_gemm's comm CTAs: the fewest (>= min_comm_ctas) whose transfer ends within
+// comm_finish_fraction of the window it hides behind (the (W-1)/W of the compute that does not
+// depend on it); if none can, enough to saturate NVLink. Fused is chosen when the fused kernels
+// can run the shape (W <= fused_max_local_world, M/W a multiple of fused_block_m, a 128x256 or
+// 128x128 tile) and it is modelled at least fused_min_gain faster than decomposed; one rank alone
+// is always decomposed (a plain GEMM).
+//
+// Tuning cache file (versioned JSON; malformed files are an invalid_argument naming the file,
+// the entry and the reason):
+//   {"format": "loom-tuning-cache", "version": 1, "gpu": "NVIDIA H200",
+//    "entries": [{"op": "ag_gemm", "m": 16384, "n": 14336, "k": 8192, "world": 2,
+//                 "dtype": "bf16", "b_layout": "nk",
+//                 "algorithm": "fused", "comm_ctas": 8, "tile": "128x256", "ms": 4.71}]}
+// m, n, k are TpGemmArgs' fields (k is this rank's K); "ms", "gpu", "note" are informational.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <tuple>
 
 #include "loom/gemm.h"
@@ -28,10 +58,57 @@ struct TpRequest {
 
 struct TpPlan {
   TpAlgorithm algorithm = TpAlgorithm::kFused;  // never kAuto
-  int comm_ctas = 0;                            // CTAs starting in the communication role
+  int comm_ctas = 0;                            // CTAs starting in the communication role (ag_gemm;
+                                                // gemm_rs / gemm_ar push from their epilogues: 0)
   GemmTile tile = GemmTile::kAuto;              // never kAuto
   std::string source;                           // "options", "cache" or "model": for logs and benches
 };
+
+// Every constant of the cost model (see the top of this file). Defaults: 2 x H200, Nov 2026.
+struct TpCostModel {
+  // NVLink per GPU and direction as copy kernels reach it: NCCL all_reduce 512 MiB busbw 305 GB/s,
+  // loom all_gather 280 GB/s at 48 CTAs (bench/results, Nov 2026).
+  double nvlink_bytes_per_s = 300e9;
+  // What one communication CTA moves: loom all_gather reached 175 GB/s busbw with 8 CTAs.
+  double comm_cta_bytes_per_s = 22e9;
+  // The compute role's speed relative to the standalone GEMM engine (tile-arrival checks, tile
+  // order constrained by data arrival). An estimate until the fused kernels are measured.
+  double fused_compute_efficiency = 0.98;
+  // Fixed costs per call: the fused kernel's entry handshake and the latency of its first
+  // dependent chunk; the decomposed path's second launch and collective handshake.
+  double fused_overhead_s = 10e-6;
+  double decomposed_overhead_s = 6e-6;
+  // The transfer should end within this fraction of the compute it hides behind, leaving slack
+  // for arrival jitter and for the comm CTAs to join the compute early.
+  double comm_finish_fraction = 0.5;
+  // Fused must be modelled at least this much faster than decomposed (the model is rough, and
+  // the fused op must never lose to collective + GEMM).
+  double fused_min_gain = 0.02;
+  int min_comm_ctas = 2;
+  int max_comm_ctas_sm_divisor = 4;  // at most sm_count / 4 comm CTAs
+  // What the fused kernels run (ops/tp_common.h re-checks and falls back to decomposed): at most
+  // this many local ranks, each owning whole BLOCK_M tile rows, with a 128x256 or 128x128 tile.
+  int fused_max_local_world = 8;
+  int64_t fused_block_m = 128;
+};
+
+// True for the tiles the fused kernels are built for (128x256, 128x128).
+bool is_fused_tile(GemmTile tile);
+// True when the fused kernels can run the request's shape (see TpCostModel).
+bool fused_can_run(const TpRequest& request, const TpCostModel& model = {});
+
+// The model's view of one configuration (seconds unless named otherwise).
+struct TpEstimate {
+  double gemm_s = 0;        // standalone local GEMM on all SMs
+  double comm_bytes = 0;    // sent (= received) per rank over NVLink
+  double comm_s = 0;        // the fused transfer with the given comm CTAs
+  double fused_s = 0;
+  double decomposed_s = 0;
+};
+
+// Estimates one configuration; for ag_gemm `comm_ctas` below 1 is modelled as 1 (gemm_rs and
+// gemm_ar ignore it).
+TpEstimate estimate_tp(const TpRequest& request, int comm_ctas, GemmTile tile, const TpCostModel& model = {});
 
 // The key a tuning-cache entry is stored under: op, M, N, K, W, dtype, layout.
 struct TpKey {
@@ -44,21 +121,53 @@ struct TpKey {
     return std::tie(op, m, n, k, local_world, dtype, b_layout) < std::tie(o.op, o.m, o.n, o.k, o.local_world, o.dtype, o.b_layout);
   }
 };
+TpKey key_of(const TpRequest& request);
 
 class TuningCache {
  public:
-  // Reads a cache file; a missing file is an empty cache, a malformed one an invalid_argument.
+  static constexpr int kVersion = 1;
+  static constexpr std::string_view kFormat = "loom-tuning-cache";
+
+  // Reads a cache file; a missing file is an empty cache, a malformed one an invalid_argument
+  // naming the file, the entry and what is wrong.
   static Result<TuningCache> load(const std::string& path);
+  // Parses the text of a cache file; `origin` names it in messages.
+  static Result<TuningCache> parse(std::string_view text, const std::string& origin);
+  // Writes the file atomically (a temporary file renamed over it), entries in key order.
   Status save(const std::string& path) const;
+  std::string to_json_text() const;
   const TpPlan* find(const TpKey& key) const;
-  void put(const TpKey& key, const TpPlan& plan);
+  void put(const TpKey& key, const TpPlan& plan, double measured_ms = 0);
   size_t size() const { return entries_.size(); }
+  // Recorded in the file ("gpu"); informational.
+  void set_gpu(std::string gpu) { gpu_ = std::move(gpu); }
+  const std::string& gpu() const { return gpu_; }
 
  private:
-  std::map<TpKey, TpPlan> entries_;
+  struct Entry {
+    TpPlan plan;
+    double measured_ms = 0;  // 0: not recorded
+  };
+  std::map<TpKey, Entry> entries_;
+  std::string gpu_;
 };
 
+// The cache named by LOOM_TUNING_CACHE, read once per process and path (later edits of the file
+// are not seen): nullptr when the variable is unset, an empty cache when the file does not exist
+// yet, invalid_argument when it is set but empty or the file is malformed (the same error on
+// every call). Operators pass the result to plan_tp.
+Result<const TuningCache*> tuning_cache_from_env();
+
 // Validates the request's shape rules (divisibility by W, GEMM constraints) and picks a plan.
-Result<TpPlan> plan_tp(const TpRequest& request, const TpGemmOptions& options, const TuningCache* cache);
+// Cache entries whose comm_ctas do not fit this device are ignored.
+Result<TpPlan> plan_tp(const TpRequest& request, const TpGemmOptions& options, const TuningCache* cache,
+                       const TpCostModel& model = {});
+
+// "ag_gemm", "gemm_rs", "gemm_ar" and back (the names in cache files, benches and messages).
+std::string_view tp_op_name(OpId op);
+Result<OpId> parse_tp_op(std::string_view name);
+// "auto", "fused", "decomposed" and back.
+std::string_view tp_algorithm_name(TpAlgorithm algorithm);
+Result<TpAlgorithm> parse_tp_algorithm(std::string_view name);
 
 }  // namespace loom::planner

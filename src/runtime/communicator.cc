@@ -25,6 +25,12 @@ namespace {
 // tiles, row blocks) one operator can publish per source rank in one launch.
 constexpr uint32_t kMaxChunksPerSource = 4096;
 
+// Capacity of the fused operators' flags in the control region (1 MiB): entry words plus one
+// flag per row chunk (ag_gemm) or per output tile (gemm_rs: M/BM * N/BN; gemm_ar: twice that),
+// e.g. gemm_ar M = N = 16384 with 128 x 128 tiles needs 32768 + a few. Operators whose shape needs
+// more are refused with a message naming the need (src/ops/tp_common.h).
+constexpr uint32_t kMaxOpFlags = 1u << 17;
+
 std::string host_identity() {
   char host[64] = {};
   gethostname(host, sizeof(host) - 1);
@@ -133,7 +139,8 @@ Result<std::unique_ptr<Communicator::Impl>> build(const CommOptions& options,
   }
 
   // Symmetric heap: control region first, then user allocations.
-  impl->control = make_control_layout(static_cast<uint32_t>(impl->topology.local_world_size), kMaxChunksPerSource);
+  impl->control =
+      make_control_layout(static_cast<uint32_t>(impl->topology.local_world_size), kMaxChunksPerSource, kMaxOpFlags);
   runtime::HeapOptions heap_options;
   heap_options.bytes = impl->settings.heap_bytes;
   heap_options.backend = impl->settings.heap_backend;
@@ -149,6 +156,8 @@ Result<std::unique_ptr<Communicator::Impl>> build(const CommOptions& options,
     LOOM_CUDA_TRY(cudaMemset(impl->epoch_state, 0, sizeof(EpochState)));
     LOOM_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&impl->device_abort), sizeof(uint32_t)));
     LOOM_CUDA_TRY(cudaMemset(impl->device_abort, 0, sizeof(uint32_t)));
+    LOOM_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&impl->tp_state), sizeof(TpDeviceState)));
+    LOOM_CUDA_TRY(cudaMemset(impl->tp_state, 0, sizeof(TpDeviceState)));
     LOOM_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&impl->error_host), sizeof(ErrorRecord), cudaHostAllocMapped));
     std::memset(impl->error_host, 0, sizeof(ErrorRecord));
     LOOM_CUDA_TRY(cudaHostGetDevicePointer(reinterpret_cast<void**>(&impl->error_device), impl->error_host, 0));
@@ -192,6 +201,8 @@ const char* flag_kind_name(FlagKind kind) {
     case FlagKind::kChunk: return "chunk";
     case FlagKind::kDone: return "done";
     case FlagKind::kTile: return "tile";
+    case FlagKind::kPartial: return "partial tile";
+    case FlagKind::kFinal: return "final tile";
   }
   return "unknown";
 }
@@ -200,6 +211,7 @@ Communicator::Impl::~Impl() {
   if (sync_event != nullptr) cudaEventDestroy(sync_event);
   if (epoch_state != nullptr) cudaFree(epoch_state);
   if (device_abort != nullptr) cudaFree(device_abort);
+  if (tp_state != nullptr) cudaFree(tp_state);
   if (error_host != nullptr) cudaFreeHost(error_host);
   if (host_abort_host != nullptr) cudaFreeHost(host_abort_host);
 }
@@ -246,6 +258,15 @@ Status Communicator::Impl::consume_error_record() {
                   static_cast<unsigned long long>(e->waited_ns / 1'000'000ull), waited_global,
                   flag_kind_name(static_cast<FlagKind>(e->flag_kind)), e->flag_index, e->cta,
                   static_cast<unsigned long long>(e->observed));
+  } else if (code == static_cast<uint32_t>(DeviceError::kMismatch)) {
+    // flag_index = (peer's launch signature << 16) | ours (fused operators, kernels/tp/fused_frame.cuh).
+    std::snprintf(text, sizeof(text),
+                  "%s (epoch %llu): rank %d entered this launch with a different operation or plan (signature "
+                  "0x%04x, ours 0x%04x): every rank must call the same loom operations in the same order with the "
+                  "same M (and K for ag_gemm, N for gemm_rs/gemm_ar), and the planner must pick the same tile "
+                  "everywhere (same LOOM_TUNING_CACHE, same options)",
+                  op_name(op), static_cast<unsigned long long>(e->epoch), waited_global, e->flag_index >> 16,
+                  e->flag_index & 0xFFFFu);
   } else {
     std::snprintf(text, sizeof(text), "%s (epoch %llu): aborted while waiting (CTA %d)", op_name(op),
                   static_cast<unsigned long long>(e->epoch), e->cta);

@@ -35,6 +35,13 @@ struct Communicator::Impl {
   uint32_t* host_abort_device = nullptr;  // ... and its device alias
   cudaEvent_t sync_event = nullptr;
 
+  // Fused tensor-parallel operators (src/ops/tp_common.h): the device counters of their launches,
+  // and one symmetric workspace (gathered A, staged partial tiles, decomposed GEMM output) that
+  // the operators grow when a larger shape comes (every rank at the same call: same offsets).
+  TpDeviceState* tp_state = nullptr;  // device memory
+  void* tp_workspace = nullptr;       // symmetric heap
+  size_t tp_workspace_bytes = 0;
+
   mutable std::mutex failure_mutex;
   Status failure;  // sticky: the first failure that ended the communicator
 

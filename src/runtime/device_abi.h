@@ -36,10 +36,14 @@ enum class FlagKind : uint32_t {
   kChunk,    // "rank s has written chunk c of epoch e into my buffer"
   kDone,     // "rank s has finished reading my buffers in epoch e"
   kTile,     // a GEMM tile's input rows have arrived
+  kPartial,  // "rank s has staged its partial of my tile" (fused gemm_rs / gemm_ar)
+  kFinal,    // "rank s has stored its reduced tile into my output" (fused gemm_ar)
 };
 const char* flag_kind_name(FlagKind kind);
 
-enum class DeviceError : uint32_t { kNone = 0, kTimeout = 1, kAborted = 2 };
+// kMismatch: a peer entered the same launch epoch with a different operation or plan (shapes,
+// tile): every rank must issue the same loom calls in the same order.
+enum class DeviceError : uint32_t { kNone = 0, kTimeout = 1, kAborted = 2, kMismatch = 3 };
 
 // Written once, by the first CTA that fails, into host-mapped memory; the host turns it into a
 // Status after the stream's work completes (or after the host deadline).
@@ -83,29 +87,51 @@ LOOM_HOST_DEVICE bool epoch_reached(uint64_t flag, uint64_t target) {
 //   done[src]               local_world              * 8 B
 //   chunk[src][chunk]       local_world * max_chunks * 8 B
 //   self_test[src][word]    local_world * kSelfTestWords * 8 B
+//   op_flags[i]             max_op_flags             * 8 B   (64-byte aligned)
+// op_flags belong to the fused tensor-parallel operators: entry words, then per-launch row-chunk
+// or tile flags whose layout each operator derives from its shape (docs/TP_OPS.md). They are
+// epoch-tagged like every flag, so operators of different shapes share the region safely.
 struct ControlLayout {
   static constexpr uint32_t kSelfTestWords = 8;
   uint64_t entered_offset;
   uint64_t done_offset;
   uint64_t chunk_offset;
   uint64_t self_test_offset;
+  uint64_t op_flag_offset;
   uint64_t bytes;        // total, rounded up to 4 KiB
   uint32_t local_world;
   uint32_t max_chunks;   // per source rank
+  uint32_t max_op_flags;
+  uint32_t pad;
 };
 
-LOOM_HOST_DEVICE ControlLayout make_control_layout(uint32_t local_world, uint32_t max_chunks) {
+LOOM_HOST_DEVICE ControlLayout make_control_layout(uint32_t local_world, uint32_t max_chunks,
+                                                   uint32_t max_op_flags = 0) {
   ControlLayout c{};
   c.local_world = local_world;
   c.max_chunks = max_chunks;
+  c.max_op_flags = max_op_flags;
   c.entered_offset = 0;
   c.done_offset = c.entered_offset + 8ull * local_world;
   c.chunk_offset = c.done_offset + 8ull * local_world;
   c.self_test_offset = c.chunk_offset + 8ull * local_world * max_chunks;
-  const uint64_t end = c.self_test_offset + 8ull * local_world * ControlLayout::kSelfTestWords;
+  const uint64_t self_test_end = c.self_test_offset + 8ull * local_world * ControlLayout::kSelfTestWords;
+  c.op_flag_offset = (self_test_end + 63) & ~uint64_t{63};
+  const uint64_t end = c.op_flag_offset + 8ull * max_op_flags;
   c.bytes = (end + 4095) & ~uint64_t{4095};
   return c;
 }
+
+// Per-communicator device state of the fused tensor-parallel operators (device memory, zero at
+// creation). The tile queue is claimed with atomicAdd by the compute CTAs of one launch; the last
+// CTA to leave a launch zeroes both words, so every launch (also inside a CUDA graph) starts at 0
+// without a memset. Its own 64-byte line keeps it away from other hot words.
+struct TpDeviceState {
+  uint32_t tile_queue;  // next position in the launch's tile order
+  uint32_t ctas_done;   // CTAs of the running launch that no longer touch tile_queue
+  uint32_t pad[14];
+};
+static_assert(sizeof(TpDeviceState) == 64, "TpDeviceState fills one 64-byte line");
 
 // The local node as a kernel sees it: this rank's index, the peers' heap bases (device array of
 // local_world pointers, entry local_rank is our own heap) and the control region's layout.

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/comm/signals.cuh"
@@ -801,6 +802,217 @@ TEST(Sm90GemmScheduler, WorkQueueWithRoleChanges) {
   EXPECT_GE(y[grid - 1], 1u) << "the highest CTA must have yielded (nobody else admits it)";
   for (int b = 0; b < static_cast<int>(initial_limit); ++b) EXPECT_EQ(y[static_cast<size_t>(b)], 0u) << "CTA " << b;
   c.check_output(c.p.d.p, reference(c.p.args), " queue+role change");
+}
+
+// ---- fused-kernel extensions: fold, second A source, rank-banded order ---------------------------
+
+// A Fold policy for one GPU: `world` ranks, this one `self`; the other ranks' partials of every
+// tile sit in `staged` ([(world-1) * M, N] bf16, slot s < self at s, s > self at s - 1), their
+// flags in flags[slot * tiles + tile].
+struct FoldTestParams {
+  kernels::sm90::TmaDescriptor staged;  // box {64, BLOCK_M}
+  kernels::sm90::TmaDescriptor a_local;  // rows [local_begin, local_end) of A, box {64, BLOCK_M}
+  const uint64_t* flags;
+  uint32_t world, self, m_rows, tiles, local_begin, local_end;
+  uint64_t epoch;
+};
+
+template <int kBlockM>
+struct TestFold {
+  static constexpr bool kEnabled = true;
+  const FoldTestParams& f;
+  __device__ uint32_t world() const { return f.world; }
+  __device__ uint32_t self() const { return f.self; }
+  __device__ const kernels::sm90::TmaDescriptor* map() const { return &f.staged; }
+  __device__ uint32_t slot(uint32_t s) const { return s < f.self ? s : s - 1; }
+  __device__ int32_t source_row(const kg::WorkItem& t, uint32_t s) const {
+    return static_cast<int32_t>(slot(s) * f.m_rows + t.m_block * kBlockM);
+  }
+  __device__ bool wait_sources(const kg::WorkItem& t, const kernels::WaitContext& ctx) const {
+    for (uint32_t s = 0; s < f.world; ++s) {
+      if (s == f.self) continue;
+      if (!kernels::wait_flag(f.flags + slot(s) * f.tiles + t.tile, f.epoch, ctx, static_cast<int>(s), FlagKind::kPartial,
+                              t.tile)) {
+        return false;
+      }
+    }
+    cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
+    return true;
+  }
+};
+
+// kFold: the role folds the staged partials (A from one map); otherwise it folds nothing and
+// reads tile rows [local_begin, local_end) from a_local (the two extensions are never combined
+// in loom's kernels, and together they crowd the producer's 40 registers).
+template <class Cfg, bool kFold>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    fold_test_kernel(const __grid_constant__ kg::GemmKernelParams p, const __grid_constant__ FoldTestParams f) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  using Fold = std::conditional_t<kFold, TestFold<Cfg::kBlockM>, kg::NoFold>;
+  using Role = kg::ComputeRole<Cfg, true, false, kg::TileScheduler<Cfg::kBlockM>, kg::TileEpilogue<Cfg::kBlockM>,
+                               Cfg::kSetMaxNReg, Fold>;
+  const kernels::WaitContext ctx = kernels::WaitContext::start(p.wait, OpId::kGemm, f.epoch);
+  Role::init(smem);
+  kg::TileScheduler<Cfg::kBlockM> sched(p.sched, f.epoch);
+  kg::TileEpilogue<Cfg::kBlockM> epi(p.epi, p.dst);
+  if constexpr (kFold) {
+    const kg::GemmOperands ops{&p.a, &p.b, p.m, p.n, p.k};
+    (void)Role::run(smem, ops, sched, epi, blockIdx.x, gridDim.x, ctx, Fold{f});
+  } else {
+    const kg::GemmOperands ops{&p.a, &p.b, p.m, p.n, p.k, &f.a_local, f.local_begin, f.local_end};
+    (void)Role::run(smem, ops, sched, epi, blockIdx.x, gridDim.x, ctx);
+  }
+}
+
+// kFold: out = A * B + the other ranks' staged partials (`missing` leaves one flag unset: the
+// launch must time out on it, kPartial naming the source, and leave the GPU usable).
+// !kFold: out = A_eff * B where A_eff takes tile row 1 from a second buffer while A holds NaN there.
+template <class Cfg, bool kFold>
+void run_fold_case(GemmTile tile, uint32_t world, uint32_t self, bool missing, uint64_t seed) {
+  const int64_t m = 256, n = 264, k = 200;  // two tile rows; N and K tails
+  const uint64_t epoch = 7;
+  LaunchCase c(m, n, k, DType::kBF16, tile, seed, missing ? 300'000'000ull : 10'000'000'000ull);
+  const GemmTileInfo info = gemm_tile_info(tile);
+  const int64_t m_blocks = m / info.block_m, n_blocks = (n + info.block_n - 1) / info.block_n;
+  const uint32_t tiles = static_cast<uint32_t>(m_blocks * n_blocks);
+  DevBuf a_local(static_cast<size_t>(info.block_m * k) * 2), staged(static_cast<size_t>((world - 1) * m * n) * 2),
+      flags((world - 1) * tiles * 8), a_eff(static_cast<size_t>(m * k) * 2);
+  fill(a_local.p, DType::kBF16, info.block_m, k, k, seed + 100);
+  fill(staged.p, DType::kBF16, (world - 1) * m, n, n, seed + 200, 2.0f);
+  GT_CUDA(cudaMemcpy(a_eff.p, c.p.a.p, a_eff.bytes, cudaMemcpyDeviceToDevice));
+  if (!kFold) {
+    GT_CUDA(cudaMemcpy(static_cast<char*>(a_eff.p) + info.block_m * k * 2, a_local.p, a_local.bytes,
+                       cudaMemcpyDeviceToDevice));
+    GT_CUDA(cudaMemset(static_cast<char*>(c.p.a.p) + info.block_m * k * 2, 0xFF, a_local.bytes));
+  }
+  std::vector<uint64_t> f((world - 1) * tiles, epoch);
+  if (missing) f[f.size() - 1] = epoch - 1;  // the last source's last tile never arrives
+  GT_CUDA(cudaMemcpy(flags.p, f.data(), flags.bytes, cudaMemcpyHostToDevice));
+
+  kg::GemmKernelParams p{};
+  GT_OK(ops::encode_gemm_operand_maps(c.p.args, tile, &p.a, &p.b));
+  GT_OK(ops::encode_gemm_output_map(c.p.d.p, m, n, n, DType::kBF16, &p.dst[0]));
+  p.m = static_cast<uint32_t>(m);
+  p.n = static_cast<uint32_t>(n);
+  p.k = static_cast<uint32_t>(k);
+  p.sched.m_rows = p.m;
+  p.sched.m_blocks = static_cast<uint32_t>(m_blocks);
+  p.sched.n_blocks = static_cast<uint32_t>(n_blocks);
+  p.sched.group_m = 1;
+  p.sched.fold_m_begin = 0;
+  p.sched.fold_m_end = kFold ? static_cast<uint32_t>(m_blocks) : 0;
+  p.epi.op = static_cast<uint32_t>(kg::EpilogueOp::kStore);
+  p.epi.out_dtype = static_cast<uint32_t>(DType::kBF16);
+  p.epi.num_dst = 1;
+  p.wait = c.wait.params(missing ? 300'000'000ull : 10'000'000'000ull);
+  FoldTestParams fp{};
+  GT_OK(ops::encode_gemm_rows_map(staged.p, (world - 1) * m, n, n, DType::kBF16, info.block_m, &fp.staged));
+  GT_OK(ops::encode_gemm_rows_map(a_local.p, info.block_m, k, k, DType::kBF16, info.block_m, &fp.a_local));
+  fp.flags = flags.as<uint64_t>();
+  fp.world = world;
+  fp.self = self;
+  fp.m_rows = static_cast<uint32_t>(m);
+  fp.tiles = tiles;
+  fp.local_begin = static_cast<uint32_t>(info.block_m);
+  fp.local_end = static_cast<uint32_t>(2 * info.block_m);
+  fp.epoch = epoch;
+  auto* kernel = &fold_test_kernel<Cfg, kFold>;
+  GT_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSmemBytes)));
+  const auto t0 = std::chrono::steady_clock::now();
+  kernel<<<3, Cfg::kThreads, Cfg::kSmemBytes>>>(p, fp);  // 3 CTAs: each walks tiles, the stage ring wraps in folds
+  GT_CUDA(cudaGetLastError());
+  GT_CUDA(cudaDeviceSynchronize());
+  const std::string label = kFold ? " fold world=" + std::to_string(world) + " self=" + std::to_string(self) +
+                                        (missing ? " missing flag" : "")
+                                  : std::string(" second A source for tile row 1");
+  const std::string what = describe(c.p.args, tile, label.c_str());
+  if (missing) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(s, 5.0) << what << ": the launch took too long to give up";
+    const ErrorRecord& e = c.wait.record();
+    EXPECT_EQ(e.code, static_cast<uint32_t>(DeviceError::kTimeout)) << what;
+    EXPECT_EQ(e.flag_kind, static_cast<uint32_t>(FlagKind::kPartial)) << what;
+    EXPECT_EQ(e.flag_index, tiles - 1) << what;
+    EXPECT_EQ(e.waited_on, static_cast<int>(self == world - 1 ? world - 2 : world - 1)) << what;
+    run_and_check(300, 256, 128, DType::kBF16, DType::kBF16, BLayout::kKN, {}, seed + 300);  // GPU still usable
+    return;
+  }
+  c.expect_no_device_error();
+  GemmArgs eff = c.p.args;
+  eff.a = a_eff.p;
+  std::vector<float> want = reference(eff);
+  if (kFold) {
+    const std::vector<float> parts = to_host_f32(staged.p, DType::kBF16, (world - 1) * m, n, n);
+    for (uint32_t slot = 0; slot + 1 < world; ++slot) {
+      for (size_t i = 0; i < want.size(); ++i) want[i] += parts[slot * want.size() + i];
+    }
+  }
+  c.check_output(c.p.d.p, want, label.c_str());
+}
+
+// Every rank position (below-sum first, own accumulator first, last), both wide configurations.
+TEST(Sm90GemmFused, FoldAddsStagedPartialsInRankOrder) {
+  REQUIRE_HOPPER();
+  uint64_t seed = 8000;
+  for (uint32_t self = 0; self < 3; ++self) {
+    run_fold_case<kg::Tile128x256, true>(GemmTile::k128x256, 3, self, false, ++seed);
+    run_fold_case<kg::Tile128x128, true>(GemmTile::k128x128, 3, self, false, ++seed);
+  }
+  run_fold_case<kg::Tile128x128, true>(GemmTile::k128x128, 2, 1, false, ++seed);
+}
+
+TEST(Sm90GemmFused, SecondASourceForOwnRows) {
+  REQUIRE_HOPPER();
+  run_fold_case<kg::Tile128x256, false>(GemmTile::k128x256, 2, 0, false, 8050);
+  run_fold_case<kg::Tile128x128, false>(GemmTile::k128x128, 2, 0, false, 8051);
+}
+
+TEST(Sm90GemmFused, MissingPartialTimesOutCleanly) {
+  REQUIRE_HOPPER();
+  run_fold_case<kg::Tile128x256, true>(GemmTile::k128x256, 3, 1, true, 8100);
+}
+
+// Host model of the rank-banded order (SchedulerParams) with group_m = 1: logical row i.
+int64_t banded_row(int64_t i, int64_t world, int64_t self, int64_t offset, int64_t per_rank, int64_t band) {
+  const int64_t round = i / (band * world), in_round = i % (band * world), slot = in_round / band;
+  return ((self + offset + slot) % world) * per_rank + round * band + in_round % band;
+}
+
+// One CTA walks the whole order (tiles slow enough for distinct timestamps): the tile rows come
+// in the banded order, every tile once, and the product is right.
+TEST(Sm90GemmScheduler, RankBandedOrder) {
+  REQUIRE_HOPPER();
+  const int64_t world = 3, self = 1, per_rank = 4, band = 2, m = world * per_rank * 128, n = 256, k = 4096;
+  LaunchCase c(m, n, k, DType::kBF16, GemmTile::k128x128, 8200);
+  const int64_t m_blocks = m / 128, n_blocks = n / 128;
+  DevBuf trace(static_cast<size_t>(m_blocks * n_blocks) * 8);
+  cudaMemset(trace.p, 0, trace.bytes);
+  c.l.options.num_ctas = 1;
+  c.l.options.group_m = 1;
+  c.l.sched.trace = trace.as<uint64_t>();
+  c.l.sched.order_world = static_cast<uint32_t>(world);
+  c.l.sched.order_self = static_cast<uint32_t>(self);
+  c.l.sched.order_owner_offset = 1;
+  c.l.sched.order_m_blocks_per_rank = static_cast<uint32_t>(per_rank);
+  c.l.sched.order_band_m_blocks = static_cast<uint32_t>(band);
+  GT_OK(ops::launch_gemm(c.l, nullptr));
+  GT_CUDA(cudaDeviceSynchronize());
+  c.expect_no_device_error();
+  std::vector<uint64_t> tr(static_cast<size_t>(m_blocks * n_blocks));
+  cudaMemcpy(tr.data(), trace.p, tr.size() * 8, cudaMemcpyDeviceToHost);
+  std::vector<std::pair<uint64_t, int64_t>> by_time;
+  for (int64_t t = 0; t < static_cast<int64_t>(tr.size()); ++t) {
+    EXPECT_NE(tr[static_cast<size_t>(t)], 0u) << "tile " << t << " never started";
+    by_time.push_back({tr[static_cast<size_t>(t)], t});
+  }
+  std::sort(by_time.begin(), by_time.end());
+  std::string got, want;
+  for (int64_t i = 0; i < m_blocks * n_blocks; ++i) {
+    got += std::to_string(by_time[static_cast<size_t>(i)].second / n_blocks) + " ";
+    want += std::to_string(banded_row(i / n_blocks, world, self, 1, per_rank, band)) + " ";
+  }
+  EXPECT_EQ(got, want) << "tile rows in start order (world 3, self 1, bands of 2 tile rows)";
+  c.check_output(c.p.d.p, reference(c.p.args), " banded order");
 }
 
 }  // namespace

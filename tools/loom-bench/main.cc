@@ -3,6 +3,9 @@
 //
 //   loom-bench all --spawn 2 --json bench/results/run.json     the main job
 //   loom-bench all_reduce --sizes 64M,512M --spawn 2
+//   loom-bench tp --spawn 2 --json tp.json                     ag_gemm, gemm_rs, gemm_ar vs NCCL + cuBLAS
+//   loom-bench gemm_rs --m 4096 --comm-ctas 8 --spawn 2
+//   loom-bench tune --cache tuning.json --spawn 2               writes the tuning cache (LOOM_TUNING_CACHE)
 //   torchrun --nproc-per-node 8 loom-bench collectives          (ranks from the environment)
 #include <CLI/CLI.hpp>
 #include <cuda_runtime_api.h>
@@ -19,7 +22,9 @@
 #include "core/env.h"
 #include "launch.h"
 #include "loom/loom.h"
+#include "planner/tp_plan.h"
 #include "report.h"
+#include "tp_bench.h"
 
 namespace {
 
@@ -47,6 +52,23 @@ struct CollectiveCli {
   std::vector<std::string> sizes = {"64M", "512M"};
   std::vector<int> ctas = {0};
   std::string engine = "auto";
+};
+
+struct TpCli {
+  // Issue 4's shapes: ag_gemm (M, 14336, 8192); gemm_rs / gemm_ar (M, 8192, 14336), K split over ranks.
+  std::vector<int64_t> m = {1024, 2048, 4096, 8192, 16384, 32768};
+  int64_t n = 0;  // 0: the issue's N for the op
+  int64_t k = 0;  // 0: the issue's K (global K for gemm_rs / gemm_ar)
+  std::string layout = "nk";
+  std::string algorithm = "auto";
+  std::string tile = "auto";
+  int comm_ctas = -1;
+  bool no_baselines = false;
+  // tune
+  std::vector<std::string> ops = {"ag_gemm", "gemm_rs", "gemm_ar"};
+  std::vector<int> sweep_ctas = {2, 4, 6, 8, 10, 12, 16, 20, 24, 32};
+  bool no_decomposed = false;
+  std::string cache;
 };
 
 int visible_gpus() {
@@ -127,6 +149,44 @@ Status run_gemm(loom::Communicator* comm, const GlobalOptions& g, const GemmCli&
   return {};
 }
 
+loom::Result<loom::bench::TpBenchOptions> tp_options(const std::vector<std::string>& ops, const GlobalOptions& g, const TpCli& c) {
+  loom::bench::TpBenchOptions o;
+  for (const std::string& op : ops) {
+    LOOM_ASSIGN_OR_RETURN(loom::OpId id, loom::planner::parse_tp_op(op));
+    o.ops.push_back(id);
+  }
+  o.m = c.m;
+  o.n = c.n;
+  o.k = c.k;
+  LOOM_ASSIGN_OR_RETURN(o.dtype, loom::parse_dtype(g.dtype));
+  LOOM_ASSIGN_OR_RETURN(o.b_layout, loom::parse_b_layout(c.layout));
+  LOOM_ASSIGN_OR_RETURN(o.loom.algorithm, loom::planner::parse_tp_algorithm(c.algorithm));
+  LOOM_ASSIGN_OR_RETURN(o.loom.tile, loom::parse_gemm_tile(c.tile));
+  o.loom.comm_ctas = c.comm_ctas;
+  o.baselines = !c.no_baselines;
+  o.warmup = g.warmup;
+  o.iters = g.iters;
+  return o;
+}
+
+Status run_tp(loom::Communicator& comm, const std::vector<std::string>& ops, const GlobalOptions& g, const TpCli& c,
+              loom::bench::Report& report) {
+  LOOM_ASSIGN_OR_RETURN(loom::bench::TpBenchOptions o, tp_options(ops, g, c));
+  LOOM_ASSIGN_OR_RETURN(ncclComm_t nccl, loom::bench::make_nccl_comm(comm));
+  Status s = loom::bench::run_tp_bench(comm, nccl, o, report);
+  ncclCommDestroy(nccl);
+  return s;
+}
+
+Status run_tune(loom::Communicator& comm, const GlobalOptions& g, const TpCli& c, loom::bench::Report& report) {
+  loom::bench::TpTuneOptions t;
+  LOOM_ASSIGN_OR_RETURN(t.bench, tp_options(c.ops, g, c));
+  t.comm_ctas = c.sweep_ctas;
+  t.try_decomposed = !c.no_decomposed;
+  t.cache_path = c.cache;
+  return loom::bench::run_tp_tune(comm, t, report);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -165,6 +225,36 @@ int main(int argc, char** argv) {
   gemm->add_option("--out-dtype", gemm_cli.out_dtype, "output type")->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
   gemm->add_option("--tile", gemm_cli.tile, "force a tile: 128x256, 128x128, 128x64, 64x128");
   gemm->add_option("--ctas", gemm_cli.ctas, "persistent CTAs (0: planner)");
+  TpCli tp_cli;
+  std::vector<std::pair<CLI::App*, std::vector<std::string>>> tp_commands;
+  for (const char* name : {"ag_gemm", "gemm_rs", "gemm_ar", "tp"}) {
+    const bool all_three = std::string(name) == "tp";
+    CLI::App* sub = app.add_subcommand(
+        name, all_three ? "ag_gemm, gemm_rs and gemm_ar vs cuBLAS alone and NCCL + cuBLAS"
+                        : std::string("loom ") + name + " vs cuBLAS alone, NCCL alone and NCCL + cuBLAS in sequence");
+    sub->add_option("--m", tp_cli.m, "M values (global rows)")->delimiter(',');
+    sub->add_option("--n", tp_cli.n, "N of each rank's B (default: the issue's, 14336 for ag_gemm, 8192 otherwise)");
+    sub->add_option("--k", tp_cli.k, "K (gemm_rs / gemm_ar: the global K, split over the ranks; default 8192 / 14336)");
+    sub->add_option("--layout", tp_cli.layout, "B layout: nk (nn.Linear weight) or kn")->check(CLI::IsMember({"nk", "kn"}));
+    sub->add_option("--algorithm", tp_cli.algorithm, "force auto, fused or decomposed")
+        ->check(CLI::IsMember({"auto", "fused", "decomposed"}));
+    sub->add_option("--comm-ctas", tp_cli.comm_ctas, "force the communication CTAs (-1: planner)");
+    sub->add_option("--tile", tp_cli.tile, "force the compute tile: 128x256, 128x128, 128x64, 64x128");
+    sub->add_flag("--no-baselines", tp_cli.no_baselines, "time loom only");
+    tp_commands.emplace_back(sub, all_three ? std::vector<std::string>{"ag_gemm", "gemm_rs", "gemm_ar"}
+                                            : std::vector<std::string>{name});
+  }
+  CLI::App* tune = app.add_subcommand("tune", "sweep comm CTAs and the algorithm per shape; write the tuning cache");
+  tune->add_option("--cache", tp_cli.cache, "tuning cache to write (merged if it exists); use it with LOOM_TUNING_CACHE")
+      ->required();
+  tune->add_option("--ops", tp_cli.ops, "operators, e.g. ag_gemm,gemm_rs,gemm_ar")->delimiter(',');
+  tune->add_option("--m", tp_cli.m, "M values (global rows)")->delimiter(',');
+  tune->add_option("--n", tp_cli.n, "N of each rank's B (default: the issue's)");
+  tune->add_option("--k", tp_cli.k, "K (gemm_rs / gemm_ar: the global K)");
+  tune->add_option("--layout", tp_cli.layout, "B layout: nk or kn")->check(CLI::IsMember({"nk", "kn"}));
+  tune->add_option("--tile", tp_cli.tile, "force the compute tile for every candidate");
+  tune->add_option("--comm-ctas", tp_cli.sweep_ctas, "comm CTA counts to try (fused)")->delimiter(',');
+  tune->add_flag("--no-decomposed", tp_cli.no_decomposed, "do not try the decomposed algorithm");
   CLI::App* all = app.add_subcommand("all", "the main job: every implemented operator at its headline sizes");
   CLI11_PARSE(app, argc, argv);
 
@@ -192,6 +282,13 @@ int main(int argc, char** argv) {
   const uint64_t world = std::max<uint64_t>(2, world_env ? std::strtoull(world_env, nullptr, 10) : 1);
   loom::CommOptions comm_options;
   comm_options.heap_bytes = std::max<uint64_t>(uint64_t{1} << 30, world * largest + (uint64_t{256} << 20));
+  bool tp_parsed = all->parsed() || tune->parsed();
+  for (auto& [sub, ops] : tp_commands) tp_parsed = tp_parsed || sub->parsed();
+  if (tp_parsed) {
+    // gemm_ar's symmetric output and the fused operators' workspaces for the largest shape.
+    loom::Result<loom::bench::TpBenchOptions> tp = tp_options({"ag_gemm", "gemm_rs", "gemm_ar"}, g, tp_cli);
+    if (tp.ok()) comm_options.heap_bytes = std::max(comm_options.heap_bytes, loom::bench::tp_heap_bytes(*tp, static_cast<int>(world)));
+  }
   loom::Result<std::unique_ptr<loom::Communicator>> comm_or = loom::Communicator::from_env(comm_options);
   if (!comm_or.ok()) {
     std::fprintf(stderr, "loom-bench: %s\n", comm_or.status().to_string().c_str());
@@ -204,10 +301,18 @@ int main(int argc, char** argv) {
     if (sub->parsed()) status = run_collectives(comm, ops, g, coll, report);
   }
   if (gemm->parsed()) status = run_gemm(&comm, g, gemm_cli, report);
+  for (auto& [sub, ops] : tp_commands) {
+    if (sub->parsed()) status = run_tp(comm, ops, g, tp_cli, report);
+  }
+  if (tune->parsed()) status = run_tune(comm, g, tp_cli, report);
   if (all->parsed()) {
     status = run_collectives(comm, {"all_gather", "reduce_scatter", "all_reduce"}, g, coll, report);
     Status s = run_gemm(&comm, g, gemm_cli, report);
     if (status.ok()) status = s;
+    if (comm.health().ok()) {
+      s = run_tp(comm, {"ag_gemm", "gemm_rs", "gemm_ar"}, g, tp_cli, report);
+      if (status.ok()) status = s;
+    }
   }
 
   if (comm.rank() == 0) {
@@ -222,6 +327,7 @@ int main(int argc, char** argv) {
       if (!w.ok()) std::fprintf(stderr, "loom-bench: %s\n", w.to_string().c_str());
     }
     report.print_table(stdout);
+    loom::bench::print_tp_table(report, stdout);  // the fused operators' times, h and plans: last
   }
   if (!status.ok()) {
     std::fprintf(stderr, "loom-bench: rank %d: %s\n", comm.rank(), status.to_string().c_str());

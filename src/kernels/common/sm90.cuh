@@ -94,6 +94,14 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[kN / 2], uint64_t desc_a
   }
 }
 
+// ---- mbarrier lifetime ------------------------------------------------------------------------
+
+// Ends an mbarrier's life so its shared memory may be reused for other data (PTX requires it
+// before repurposing the location; cuda::ptx does not wrap it). No phase may be pending.
+__device__ __forceinline__ void mbarrier_inval(uint64_t* bar) {
+  asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+
 // ---- bounded mbarrier waits ------------------------------------------------------------------
 
 // What an intra-CTA wait was for, recorded in ErrorRecord::flag_index (flag_kind = kNone,

@@ -26,6 +26,18 @@
 // run() returns (to every thread, after a CTA barrier) the item that ended it: kDone, kFailed,
 // or kYield, after which the caller may run another role and call run() again (the pipeline
 // state persists in shared memory; the scheduler object must be the same).
+//
+// Fold (fused reduce-scatter): a kTileFold item also adds partial tiles that other ranks staged
+// for this tile, in rank order, into the fp32 accumulators before the epilogue rounds them once.
+// After the tile's k-blocks the producer waits for the partials (Fold::wait_sources) and loads
+// them through the same stage ring (one 64-column x BLOCK_M box per stage, into the A buffer,
+// 128B-swizzled like the epilogue's boxes); each consumer thread reads exactly the elements its
+// accumulators hold (conflict-free, the epilogue's addressing) and adds them. A Fold policy:
+//   static constexpr bool kEnabled;                                  // false: NoFold
+//   uint32_t world() const; uint32_t self() const;                   // ranks, this rank
+//   const sm90::TmaDescriptor* map() const;   // staged partials: input element type, box {64, BLOCK_M}
+//   int32_t source_row(const WorkItem& tile, uint32_t source) const; // map row of the tile's row 0
+//   bool wait_sources(const WorkItem& tile, const WaitContext&) const;  // producer thread, bounded
 #pragma once
 
 #include <cuda/ptx>
@@ -33,6 +45,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/comm/wait.cuh"
 #include "kernels/common/sm90.cuh"
@@ -47,6 +60,18 @@ struct GemmOperands {
   const sm90::TmaDescriptor* a;  // [M, K] row-major, box {64, BLOCK_M}, 128B swizzle
   const sm90::TmaDescriptor* b;  // N-major: [K, N], box {64, 64}; K-major: [N, K], box {64, BLOCK_N}
   uint32_t m, n, k;
+  // Optional second source of A (a fused AllGather+GEMM reads this rank's own rows where they
+  // already are, not from the gathered copy): tiles whose first row r lies in
+  // [local_row_begin, local_row_end) load row r - local_row_begin of a_local (same box). The
+  // range must be a multiple of BLOCK_M rows so no tile straddles it.
+  const sm90::TmaDescriptor* a_local = nullptr;
+  uint32_t local_row_begin = 0;
+  uint32_t local_row_end = 0;
+};
+
+// The Fold policy of roles that fold nothing (every standalone GEMM).
+struct NoFold {
+  static constexpr bool kEnabled = false;
 };
 
 // Per-call pipeline state kept in shared memory between run() calls (64 bytes).
@@ -65,7 +90,7 @@ static_assert(sizeof(RoleState) == 64, "RoleState must fit its 64-byte slot");
 // so such kernels pass false (and use a configuration whose consumers fit the entry budget,
 // e.g. 128x128: 121 registers; 128x256 needs the reallocation).
 template <class Cfg, bool kBF16, bool kBNMajor, class Scheduler, class Epilogue,
-          bool kManageRegisters = Cfg::kSetMaxNReg>
+          bool kManageRegisters = Cfg::kSetMaxNReg, class Fold = NoFold>
 class ComputeRole {
  public:
   static constexpr int kThreads = Cfg::kThreads;
@@ -97,15 +122,22 @@ class ComputeRole {
 
   __device__ static WorkItem run(uint8_t* smem_raw, const GemmOperands& ops, Scheduler& sched, Epilogue& epi,
                                  uint32_t compute_index, uint32_t num_compute, const WaitContext& ctx) {
+    static_assert(!Fold::kEnabled, "a role that folds partial tiles must be given its Fold policy");
+    return run(smem_raw, ops, sched, epi, compute_index, num_compute, ctx, Fold{});
+  }
+
+  __device__ static WorkItem run(uint8_t* smem_raw, const GemmOperands& ops, Scheduler& sched, Epilogue& epi,
+                                 uint32_t compute_index, uint32_t num_compute, const WaitContext& ctx,
+                                 const Fold& fold) {
     const Smem sm(smem_raw);
     const uint32_t warpgroup = threadIdx.x / 128;
     if (warpgroup == 0) {
       if constexpr (kManageRegisters) sm90::setmaxnreg_dec<Cfg::kProducerRegs>();
-      if (threadIdx.x == 0) producer(sm, ops, sched, compute_index, num_compute, ctx);
+      if (threadIdx.x == 0) producer(sm, ops, sched, fold, compute_index, num_compute, ctx);
       if constexpr (kManageRegisters) sm90::setmaxnreg_inc<Cfg::kEntryRegs>();
     } else {
       if constexpr (kManageRegisters) sm90::setmaxnreg_inc<Cfg::kConsumerRegs>();
-      consumer(sm, ops, epi, warpgroup - 1, ctx);
+      consumer(sm, ops, epi, fold, warpgroup - 1, ctx);
       if constexpr (kManageRegisters) sm90::setmaxnreg_dec<Cfg::kEntryRegs>();
     }
     __syncthreads();
@@ -137,13 +169,15 @@ class ComputeRole {
   };
 
   // ---- producer (one thread) -----------------------------------------------------------------
-  __device__ static void producer(const Smem& sm, const GemmOperands& ops, Scheduler& sched, uint32_t compute_index,
-                                  uint32_t num_compute, const WaitContext& ctx) {
+  __device__ static void producer(const Smem& sm, const GemmOperands& ops, Scheduler& sched, const Fold& fold,
+                                  uint32_t compute_index, uint32_t num_compute, const WaitContext& ctx) {
     RoleState* st = sm.state();
     uint32_t stage = st->producer_stage, phase = st->producer_phase;
     uint32_t slot = st->producer_slot, slot_phase = st->producer_slot_phase;
     sm90::prefetch_tensormap(ops.a);
     sm90::prefetch_tensormap(ops.b);
+    if (ops.a_local != nullptr) sm90::prefetch_tensormap(ops.a_local);
+    if constexpr (Fold::kEnabled) sm90::prefetch_tensormap(fold.map());
     const uint32_t k_blocks = (ops.k + kBlockK - 1) / kBlockK;
 
     for (;;) {
@@ -159,10 +193,17 @@ class ComputeRole {
         slot = 0;
         slot_phase ^= 1;
       }
-      if (item.kind != static_cast<uint32_t>(WorkKind::kTile)) break;
+      if (!is_tile_kind(item.kind)) break;
 
       const int32_t m0 = static_cast<int32_t>(item.m_block * BM);
       const int32_t n0 = static_cast<int32_t>(item.n_block * BN);
+      const sm90::TmaDescriptor* a_map = ops.a;
+      int32_t a_row = m0;
+      if (ops.a_local != nullptr && static_cast<uint32_t>(m0) >= ops.local_row_begin &&
+          static_cast<uint32_t>(m0) < ops.local_row_end) {
+        a_map = ops.a_local;
+        a_row = m0 - static_cast<int32_t>(ops.local_row_begin);
+      }
       for (uint32_t kb = 0; kb < k_blocks; ++kb) {
         if (!sm90::mbarrier_wait(sm.empty(stage), phase ^ 1, ctx,
                                  sm90::barrier_what(sm90::BarrierWhat::kStageEmpty, stage))) {
@@ -173,8 +214,8 @@ class ComputeRole {
         cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
                                              full, kStageTxBytes);
         const int32_t k0 = static_cast<int32_t>(kb * kBlockK);
-        const int32_t a_coords[2] = {k0, m0};
-        cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, sm.a(stage), ops.a,
+        const int32_t a_coords[2] = {k0, a_row};
+        cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, sm.a(stage), a_map,
                                         a_coords, full);
         if constexpr (kBNMajor) {
           // [K, N] row-major: BN/64 boxes of 64 N-columns x 64 K-rows, 8 KiB apart.
@@ -194,6 +235,12 @@ class ComputeRole {
           phase ^= 1;
         }
       }
+      if constexpr (Fold::kEnabled) {
+        if (item.kind == static_cast<uint32_t>(WorkKind::kTileFold) &&
+            !load_partials(sm, ops, fold, item, n0, stage, phase, ctx)) {
+          return;  // the failed wait raised the abort; the consumers leave on it
+        }
+      }
     }
     st->producer_stage = stage;
     st->producer_phase = phase;
@@ -201,8 +248,44 @@ class ComputeRole {
     st->producer_slot_phase = slot_phase;
   }
 
+  // After a fold tile's k-blocks: waits until every other rank has staged its partial of the tile,
+  // then loads them through the stage ring in the order the consumers add them: 64-column chunk
+  // by chunk, sources in rank order within a chunk (this rank's own accumulators are not loaded).
+  __device__ static bool load_partials(const Smem& sm, const GemmOperands& ops, const Fold& fold, const WorkItem& item,
+                                       int32_t n0, uint32_t& stage, uint32_t& phase, const WaitContext& ctx) {
+    static_assert(Cfg::kABytes == BM * 64 * 2, "a staged 64-column x BLOCK_M box of 16-bit elements fills an A buffer");
+    if (!fold.wait_sources(item, ctx)) return false;
+    const uint32_t world = fold.world();
+    const uint32_t self = fold.self();
+#pragma unroll 1
+    for (int c = 0; c < BN / 64; ++c) {
+      const int32_t col = n0 + 64 * c;
+      if (static_cast<uint32_t>(col) >= ops.n) break;  // the consumers skip these chunks too
+#pragma unroll 1
+      for (uint32_t s = 0; s < world; ++s) {
+        if (s == self) continue;
+        if (!sm90::mbarrier_wait(sm.empty(stage), phase ^ 1, ctx,
+                                 sm90::barrier_what(sm90::BarrierWhat::kStageEmpty, stage))) {
+          return false;
+        }
+        uint64_t* full = sm.full(stage);
+        constexpr uint32_t kBoxBytes = Cfg::kABytes;  // a local copy: the PTX wrapper takes a reference
+        cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                             full, kBoxBytes);
+        const int32_t coords[2] = {col, fold.source_row(item, s)};
+        cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, sm.a(stage), fold.map(),
+                                        coords, full);
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+    }
+    return true;
+  }
+
   // ---- consumers -------------------------------------------------------------------------------
-  __device__ static void consumer(const Smem& sm, const GemmOperands& ops, Epilogue& epi, uint32_t g,
+  __device__ static void consumer(const Smem& sm, const GemmOperands& ops, Epilogue& epi, const Fold& fold, uint32_t g,
                                   const WaitContext& ctx) {
     const uint32_t t = threadIdx.x % 128;
     const uint32_t warp = t / 32;
@@ -234,7 +317,7 @@ class ComputeRole {
         slot = 0;
         slot_phase ^= 1;
       }
-      if (item.kind != static_cast<uint32_t>(WorkKind::kTile)) {
+      if (!is_tile_kind(item.kind)) {
         exit = item;
         break;
       }
@@ -279,9 +362,17 @@ class ComputeRole {
       if (!ok) break;
       if (lane == 0) cuda::ptx::mbarrier_arrive(sm.empty(prev_stage));
 
+      // The previous tile's signal goes out before this tile may block in a fold: a fold waits
+      // for other ranks' partials, and theirs may wait for this signal (deadlock otherwise).
       if (pending) {
         flush_signal(epi, pending_item, g, t, lane, m_blocks, n_blocks);
         pending = false;
+      }
+      if constexpr (Fold::kEnabled) {
+        if (item.kind == static_cast<uint32_t>(WorkKind::kTileFold)) {
+          using Pair = typename std::conditional<kBF16, __nv_bfloat162, __half2>::type;
+          if (!fold_partials<Pair>(sm, acc, item, ops, fold, g, warp, lane, stage, phase, ctx)) break;
+        }
       }
       const uint32_t out = epi.out_dtype();
       if (out == 2u) {
@@ -310,6 +401,92 @@ class ComputeRole {
       st->consumer_slot_phase = slot_phase;
       st->epi_parity = parity;
       st->exit = exit;
+    }
+  }
+
+  // Adds the staged partials of a fold tile into the accumulators, one 64-column chunk at a time,
+  // in rank order: acc = ((p_0 + p_1) + ...) + p_{W-1} where p_self is this rank's fp32
+  // accumulator and the others are the staged (16-bit) partials; the epilogue then rounds once.
+  // Sources below `self` are summed in `below` first, so the order holds for every self. Chunk c
+  // of source s sits in stage order exactly as load_partials issued it. Thread addressing is the
+  // epilogue's: rows r and r + 8 of this warp's 16, the 16-byte chunk q of a 128-byte row stored
+  // at q ^ (row % 8) (TMA's 128B swizzle), so one load instruction touches 32 distinct banks.
+  template <class Pair>
+  __device__ static bool fold_partials(const Smem& sm, float (&acc)[kAcc], const WorkItem& item,
+                                       const GemmOperands& ops, const Fold& fold, uint32_t g, uint32_t warp,
+                                       uint32_t lane, uint32_t& stage, uint32_t& phase, const WaitContext& ctx) {
+    const uint32_t world = fold.world();
+    const uint32_t self = fold.self();
+    const uint32_t r = lane / 4;
+    const uint32_t row = g * 64 + warp * 16 + r;  // this thread's first row in the BLOCK_M-row box
+    const uint32_t col_bytes = (lane % 4) * 4;
+    const uint32_t n0 = item.n_block * BN;
+#pragma unroll
+    for (int c = 0; c < BN / 64; ++c) {
+      if (n0 + c * 64 >= ops.n) break;  // nothing was loaded past N (uniform over the CTA)
+      float below[32];
+      bool have_below = false;
+#pragma unroll 1
+      for (uint32_t s = 0; s < world; ++s) {
+        if (s == self) {
+          if (have_below) {
+#pragma unroll
+            for (int i = 0; i < 32; ++i) acc[32 * c + i] = below[i] + acc[32 * c + i];
+          }
+          continue;
+        }
+        if (!sm90::mbarrier_wait(sm.full(stage), phase, ctx, sm90::barrier_what(sm90::BarrierWhat::kStageFull, stage))) {
+          return false;
+        }
+        const uint32_t box = sm90::smem_u32(sm.a(stage));
+#pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          const uint32_t off = ((static_cast<uint32_t>(q) ^ r) << 4) + col_bytes;
+          uint32_t lo, hi;
+          asm volatile("ld.shared.b32 %0, [%1];" : "=r"(lo) : "r"(box + row * 128 + off) : "memory");
+          asm volatile("ld.shared.b32 %0, [%1];" : "=r"(hi) : "r"(box + (row + 8) * 128 + off) : "memory");
+          const float2 f_lo = unpack2<Pair>(lo);
+          const float2 f_hi = unpack2<Pair>(hi);
+          // acc[4j .. 4j+3] with j = 8c + q: (row, cols 2(l%4) + {0,1}), then (row + 8, same cols).
+          float* a4 = acc + 32 * c + 4 * q;
+          float* b4 = below + 4 * q;
+          if (s > self) {
+            a4[0] += f_lo.x;
+            a4[1] += f_lo.y;
+            a4[2] += f_hi.x;
+            a4[3] += f_hi.y;
+          } else if (have_below) {
+            b4[0] += f_lo.x;
+            b4[1] += f_lo.y;
+            b4[2] += f_hi.x;
+            b4[3] += f_hi.y;
+          } else {
+            b4[0] = f_lo.x;
+            b4[1] = f_lo.y;
+            b4[2] = f_hi.x;
+            b4[3] = f_hi.y;
+          }
+        }
+        __syncwarp();
+        if (lane == 0) cuda::ptx::mbarrier_arrive(sm.empty(stage));
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+        if (s < self) have_below = true;
+      }
+    }
+    return true;
+  }
+
+  template <class Pair>
+  __device__ static float2 unpack2(uint32_t bits) {
+    static_assert(sizeof(Pair) == sizeof(bits), "a pair of 16-bit elements is 4 bytes");
+    const Pair v = *reinterpret_cast<const Pair*>(&bits);
+    if constexpr (__is_same(Pair, __half2)) {
+      return __half22float2(v);
+    } else {
+      return __bfloat1622float2(v);
     }
   }
 

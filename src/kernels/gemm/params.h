@@ -10,11 +10,18 @@ namespace loom::kernels::gemm {
 
 // What the producer hands the consumers through the tile ring.
 enum class WorkKind : uint32_t {
-  kTile = 0,    // compute tile (m_block, n_block)
-  kDone = 1,    // no more tiles: leave
-  kYield = 2,   // leave the compute role for now (role change); the caller may call run() again
-  kFailed = 3,  // a bounded wait failed (already recorded): leave
+  kTile = 0,      // compute tile (m_block, n_block)
+  kDone = 1,      // no more tiles: leave
+  kYield = 2,     // leave the compute role for now (role change); the caller may call run() again
+  kFailed = 3,    // a bounded wait failed (already recorded): leave
+  kTileFold = 4,  // compute tile whose accumulators also receive partial tiles staged by other
+                  // ranks (the role's Fold policy) before the epilogue: fused reduce-scatter
 };
+
+// Both tile kinds run the mainloop and the epilogue; the others end run().
+constexpr bool is_tile_kind(uint32_t kind) {
+  return kind == static_cast<uint32_t>(WorkKind::kTile) || kind == static_cast<uint32_t>(WorkKind::kTileFold);
+}
 
 struct WorkItem {
   uint32_t kind;     // WorkKind
@@ -34,6 +41,14 @@ struct WorkItem {
 // Gate: with row_flags set, a tile waits (bounded) until every flag covering its A rows has
 // reached `epoch`; flag f covers A rows [f * rows_per_flag, (f + 1) * rows_per_flag). Rows in
 // [ungated_begin, ungated_end) need no wait (this rank's own rows).
+// Rank-banded order (fused reduce operators, order_world > 1, replaces the rotation): the tile
+// rows are owned by order_world ranks, order_m_blocks_per_rank each, cut into bands of
+// order_band_m_blocks. The order visits band 0 of owners self+offset, self+offset+1, ...
+// (mod world, `order_world` owners), then band 1 of each, and so on: with offset 1 every rank
+// computes the other ranks' rows of a band before its own, so the partial tiles it owes them
+// leave early and the ones it is owed have arrived when its own rows come. Requires
+// m_blocks == order_world * order_m_blocks_per_rank, divisible into bands (the launcher checks).
+// Fold: tiles in tile rows [fold_m_begin, fold_m_end) are handed out as WorkKind::kTileFold.
 struct SchedulerParams {
   uint32_t m_rows = 0;             // M (filled by the launcher)
   uint32_t m_blocks = 0;           // ceil(M / BLOCK_M) (filled by the launcher)
@@ -50,6 +65,13 @@ struct SchedulerParams {
   uint64_t epoch = 0;
   uint64_t* trace = nullptr;       // optional [m_blocks * n_blocks]: %globaltimer when the tile's
                                    // loads were released (after its gate), for tests and diagnostics
+  uint32_t order_world = 0;        // > 1: rank-banded order (see above); 0 or 1: rotation
+  uint32_t order_self = 0;
+  uint32_t order_owner_offset = 0;
+  uint32_t order_m_blocks_per_rank = 0;
+  uint32_t order_band_m_blocks = 0;
+  uint32_t fold_m_begin = 0;       // tile rows handed out as kTileFold: [fold_m_begin, fold_m_end)
+  uint32_t fold_m_end = 0;
 };
 
 enum class EpilogueOp : uint32_t {

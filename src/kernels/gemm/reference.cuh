@@ -18,6 +18,11 @@ __device__ __forceinline__ float uniform_pm1(uint64_t seed, uint64_t i) {
 }
 
 // dtype: 0 bf16, 1 fp16, 2 fp32 (loom::DType values). Fills rows x cols with leading dimension ld.
+// Element (r, c) is uniform_pm1(seed, r * cols + c) * scale, so a block of rows filled on its own
+// equals the same rows of a larger matrix filled from the same seed at offset r0 * cols.
+// A template (of nothing) so that several translation units of one program can include this
+// header: each instantiation is an inline, mergeable definition.
+template <int kUnused = 0>
 __global__ void fill_uniform(void* out, int dtype, int64_t rows, int64_t cols, int64_t ld, uint64_t seed, float scale) {
   const int64_t total = rows * cols;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;

@@ -4,7 +4,8 @@
 // A scheduler is called by exactly one thread per compute CTA: the producer's elected thread.
 // Interface any replacement must offer (the compute role is a template over it):
 //   WorkItem next(uint32_t compute_index, uint32_t num_compute, const WaitContext& ctx);
-// returning kTile only once the tile's inputs may be loaded (any gate passed), kDone when no
+// returning kTile (kTileFold in the fold range) only once the tile's inputs may be loaded (any
+// gate passed; a fold tile's staged partials are waited for by the role's Fold policy), kDone when no
 // work is left, kYield to hand the CTA back to its caller between tiles, kFailed after a bounded
 // wait failed (the failure already recorded by the wait).
 #pragma once
@@ -22,7 +23,10 @@ namespace loom::kernels::gemm {
 template <int kBlockM>
 class TileScheduler {
  public:
-  __device__ explicit TileScheduler(const SchedulerParams& params) : p_(params) {}
+  __device__ explicit TileScheduler(const SchedulerParams& params) : p_(params), epoch_(params.epoch) {}
+  // Fused kernels read their launch epoch on the device (CUDA-graph safe) and gate on it
+  // instead of params.epoch.
+  __device__ TileScheduler(const SchedulerParams& params, uint64_t epoch) : p_(params), epoch_(epoch) {}
 
   __device__ WorkItem next(uint32_t compute_index, uint32_t num_compute, const WaitContext& ctx) {
     if (p_.compute_limit != nullptr) {
@@ -46,7 +50,8 @@ class TileScheduler {
     }
     const uint32_t tile = m_block * p_.n_blocks + n_block;
     if (p_.trace != nullptr) p_.trace[tile] = global_timer_ns();
-    return WorkItem{static_cast<uint32_t>(WorkKind::kTile), m_block, n_block, tile};
+    const bool fold = m_block >= p_.fold_m_begin && m_block < p_.fold_m_end;
+    return WorkItem{static_cast<uint32_t>(fold ? WorkKind::kTileFold : WorkKind::kTile), m_block, n_block, tile};
   }
 
   // Position t of the order -> (m_block, n_block): grouped raster, rotated by m_block_start.
@@ -59,8 +64,23 @@ class TileScheduler {
     const uint32_t local = t - group * per_group;
     const uint32_t m_rot = first_m + local % rows;
     n_block = local / rows;
+    if (p_.order_world > 1) {
+      m_block = banded_m_block(m_rot);
+      return;
+    }
     m_block = m_rot + p_.m_block_start;
     if (m_block >= p_.m_blocks) m_block -= p_.m_blocks;
+  }
+
+  // Position i of the rank-banded row order -> tile row (SchedulerParams explains the order).
+  __device__ uint32_t banded_m_block(uint32_t i) const {
+    const uint32_t band = p_.order_band_m_blocks;
+    const uint32_t round_rows = band * p_.order_world;
+    const uint32_t round = i / round_rows;
+    const uint32_t in_round = i - round * round_rows;
+    const uint32_t slot = in_round / band;
+    const uint32_t owner = (p_.order_self + p_.order_owner_offset + slot) % p_.order_world;
+    return owner * p_.order_m_blocks_per_rank + round * band + (in_round - slot * band);
   }
 
  private:
@@ -77,7 +97,7 @@ class TileScheduler {
       const uint32_t flag_hi = min(flag_lo + p_.rows_per_flag, p_.m_rows);
       if (flag_lo >= p_.ungated_begin && flag_hi <= p_.ungated_end) continue;  // our own rows
       const int source = p_.rows_per_source != 0 ? static_cast<int>(flag_lo / p_.rows_per_source) : -1;
-      if (!wait_flag(p_.row_flags + f, p_.epoch, ctx, source, FlagKind::kTile, f)) return false;
+      if (!wait_flag(p_.row_flags + f, epoch_, ctx, source, FlagKind::kTile, f)) return false;
     }
     passed_lo_ = f_lo;
     passed_hi_ = f_hi;
@@ -88,6 +108,7 @@ class TileScheduler {
   }
 
   const SchedulerParams& p_;
+  uint64_t epoch_;              // what the gate's flags must reach
   uint32_t claimed_ = 0;        // static claim: tiles taken so far (persists across run() calls)
   uint32_t passed_lo_ = 1;      // flags [passed_lo_, passed_hi_] have reached the epoch
   uint32_t passed_hi_ = 0;

@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""PyTorch's fused tensor-parallel ops, timed on the shapes loom-bench uses (the `torch_fused` baseline).
+
+    torchrun --nproc-per-node 2 bench/torch_fused.py --json torch_fused.json
+    python3 -m torch.distributed.run --nproc-per-node 2 bench/torch_fused.py --m 4096,16384 --ops ag_gemm
+
+  ag_gemm  torch.ops.symm_mem.fused_all_gather_matmul(A_shard [M/W, K], [B [K, N]], 0, group, return_A=False)
+  gemm_rs  torch.ops.symm_mem.fused_matmul_reduce_scatter(A [M, K/W], B [K/W, N], "sum", 0, group)
+(PyTorch has no fused matmul + all-reduce; gemm_ar rows have no torch_fused time.)
+
+Each shape: one call checked against all_gather + matmul / matmul + reduce_scatter in fp32 (rel_err in the
+row), then CUDA-event timing of every call after warm-up; the median per rank, the maximum over ranks
+(all_reduce MAX). Rank 0 writes {"rows": [{"op", "M", "N", "K", "ms", ...}]} where K is the global K
+(gemm_rs: each rank holds K/W), matching loom-bench's rows; bench/merge_results.py joins them.
+
+Never hangs silently: collectives get --timeout-s, and a watchdog ends the process (with every thread's
+stack) after --deadline-s. NVLink multicast stays off (DESIGN.md).
+"""
+
+import os
+
+# Before torch.distributed is imported: no NVLink multicast anywhere (it can take shared GPUs out of
+# service), whatever the caller's environment says.
+os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
+os.environ["NCCL_NVLS_ENABLE"] = "0"
+os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
+
+import argparse
+import datetime
+import faulthandler
+import json
+import math
+import socket
+import sys
+import warnings
+
+ISSUE_SHAPES = {  # op -> (N, global K): issue 4
+    "ag_gemm": (14336, 8192),
+    "gemm_rs": (8192, 14336),
+}
+DEFAULT_M = [1024, 2048, 4096, 8192, 16384, 32768]
+
+
+def fail(message, code=2):
+    print(f"torch_fused.py: {message}", file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ops", default="ag_gemm,gemm_rs", help="comma-separated: ag_gemm, gemm_rs")
+    p.add_argument("--m", default=",".join(map(str, DEFAULT_M)), help="comma-separated global M values")
+    p.add_argument("--n", type=int, default=0, help="N (default: the issue's per op)")
+    p.add_argument("--k", type=int, default=0, help="global K (gemm_rs: split over the ranks; default: the issue's)")
+    p.add_argument("--layout", choices=["nk", "kn"], default="nk",
+                   help="B as an nn.Linear weight [N, K] (passed transposed) or a [K, N] matrix")
+    p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--iters", type=int, default=30, help="timed calls per shape (median reported; at least 20)")
+    p.add_argument("--json", default="", help="write the rows here (rank 0)")
+    p.add_argument("--timeout-s", type=float, default=120, help="timeout of every torch.distributed collective")
+    p.add_argument("--deadline-s", type=float, default=540, help="watchdog: end the process after this long")
+    p.add_argument("--max-rel-err", type=float, default=2e-2, help="fail when a result is further off than this")
+    args = p.parse_args()
+    args.ops = [o for o in args.ops.split(",") if o]
+    for op in args.ops:
+        if op not in ISSUE_SHAPES:
+            fail(f"unknown op '{op}' (torch has fused ag_gemm and gemm_rs only)")
+    try:
+        args.m = [int(x) for x in args.m.split(",") if x]
+    except ValueError:
+        fail(f"--m expects integers, got '{args.m}'")
+    if args.iters < 1 or args.warmup < 0:
+        fail("--iters must be >= 1 and --warmup >= 0")
+    return args
+
+
+def main():
+    args = parse_args()
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        if var not in os.environ:
+            fail(f"{var} is not set: start this under torchrun, e.g. "
+                 "`torchrun --nproc-per-node 2 bench/torch_fused.py` (or python3 -m torch.distributed.run)")
+    # A hang anywhere (a peer that died inside a collective, a stuck kernel) ends the process with
+    # every thread's stack instead of blocking the caller's time budget.
+    faulthandler.dump_traceback_later(args.deadline_s, exit=True)
+
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError as e:
+        fail(f"cannot import torch ({e}); this baseline needs PyTorch with CUDA")
+    if not torch.cuda.is_available():
+        fail("torch sees no CUDA device")
+    try:
+        import torch.distributed._symmetric_memory as symm_mem  # registers torch.ops.symm_mem.*
+    except ImportError as e:
+        fail(f"torch {torch.__version__} has no symmetric memory module ({e})")
+    for name in ("fused_all_gather_matmul", "fused_matmul_reduce_scatter"):
+        if not hasattr(torch.ops.symm_mem, name):
+            fail(f"torch {torch.__version__} lacks torch.ops.symm_mem.{name}")
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if world < 2:
+        fail("needs at least two ranks (--nproc-per-node 2)")
+    if torch.cuda.device_count() <= local_rank:
+        fail(f"rank {rank}: LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} CUDA devices are visible")
+    device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=args.timeout_s), device_id=device)
+    group = dist.group.WORLD
+    group_name = group.group_name
+    # Older releases need the group registered for symmetric memory; newer ones deprecate the call.
+    if hasattr(symm_mem, "enable_symm_mem_for_group"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            symm_mem.enable_symm_mem_for_group(group_name)
+
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+    rows = []
+    failures = []
+    for op in args.ops:
+        n = args.n or ISSUE_SHAPES[op][0]
+        k = args.k or ISSUE_SHAPES[op][1]
+        for m in args.m:
+            row, error = run_shape(torch, dist, group, group_name, op, m, n, k, world, rank, device, dtype, args)
+            rows.append(row)
+            if error:
+                failures.append(error)
+            if rank == 0:
+                print(f"torch_fused {op:8s} {m}x{n}x{k} {args.layout}: {row['ms']:.4f} ms  rel_err {row['rel_err']:.2e}"
+                      + (f"  ERROR {error}" if error else ""), flush=True)
+
+    if rank == 0:
+        doc = {
+            "what": "torch_fused",
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "host": socket.gethostname(),
+            "gpu": torch.cuda.get_device_name(device),
+            "torch": torch.__version__,
+            "world": world,
+            "rows": rows,
+        }
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(doc, f, indent=2)
+                f.write("\n")
+        print_table(rows)
+    dist.barrier()
+    dist.destroy_process_group()
+    faulthandler.cancel_dump_traceback_later()
+    if failures:
+        fail("; ".join(failures), code=1)
+
+
+def run_shape(torch, dist, group, group_name, op, m, n, k, world, rank, device, dtype, args):
+    if m % world:
+        fail(f"{op}: M = {m} is not a multiple of the {world} ranks")
+    if op == "gemm_rs" and k % world:
+        fail(f"gemm_rs: the global K = {k} does not split over {world} ranks")
+    gen = torch.Generator(device=device)
+    gen.manual_seed(1000 * (1 + rank) + m)
+
+    def uniform(*shape):  # random in [-1, 1), never zeros
+        return (torch.rand(*shape, generator=gen, device=device, dtype=torch.float32) * 2 - 1).to(dtype)
+
+    k_rank = k if op == "ag_gemm" else k // world
+    a = uniform(m // world, k) if op == "ag_gemm" else uniform(m, k_rank)
+    # nn.Linear weights are [N, K]; torch's ops take B as [K, N] and accept the transposed view.
+    b = uniform(n, k_rank).t() if args.layout == "nk" else uniform(k_rank, n)
+
+    if op == "ag_gemm":
+        # Like loom's default, the gathered A is not returned (releases before return_A always return it).
+        ag_matmul = torch.ops.symm_mem.fused_all_gather_matmul
+        kwargs = {"return_A": False} if "return_A" in str(ag_matmul.default._schema) else {}
+
+        def call():
+            return ag_matmul(a, [b], 0, group_name, **kwargs)[1][0]
+
+        gathered = torch.empty(m, k, device=device, dtype=dtype)
+        dist.all_gather_into_tensor(gathered, a, group=group)
+        reference = gathered.float() @ b.float()
+    else:
+        def call():
+            return torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", 0, group_name)
+
+        partial = a.float() @ b.float()
+        reference = torch.empty(m // world, n, device=device, dtype=torch.float32)
+        dist.reduce_scatter_tensor(reference, partial, group=group)
+        del partial
+
+    out = call()
+    torch.cuda.synchronize()
+    if tuple(out.shape) != tuple(reference.shape):
+        fail(f"{op} {m}x{n}x{k}: torch returned shape {tuple(out.shape)}, expected {tuple(reference.shape)}", code=1)
+    diff = (out.float() - reference).norm().item()
+    rel_err = diff / max(reference.norm().item(), 1e-30)
+    del out, reference
+    # One verdict for all ranks, so no rank stops while the others wait in a collective.
+    err_t = torch.tensor([rel_err if math.isfinite(rel_err) else 1e30], device=device)
+    dist.all_reduce(err_t, op=dist.ReduceOp.MAX, group=group)
+    rel_err = err_t.item()
+
+    for _ in range(args.warmup):
+        call()
+    torch.cuda.synchronize()
+    dist.barrier(group=group)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(args.iters)]
+    for start, end in events:
+        start.record()
+        call()
+        end.record()
+    torch.cuda.synchronize()
+    times = sorted(s.elapsed_time(e) for s, e in events)
+    median = times[len(times) // 2] if len(times) % 2 else 0.5 * (times[len(times) // 2 - 1] + times[len(times) // 2])
+    t = torch.tensor([median], device=device, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+
+    row = {
+        "op": op, "dtype": args.dtype, "M": m, "N": n, "K": k, "k_per_rank": k_rank, "b_layout": args.layout,
+        "ms": t.item(), "rel_err": rel_err, "iters": args.iters, "warmup": args.warmup,
+        "impl": "torch.ops.symm_mem." + ("fused_all_gather_matmul(return_A=False)" if op == "ag_gemm"
+                                         else "fused_matmul_reduce_scatter"),
+    }
+    error = None
+    if not rel_err <= args.max_rel_err:
+        error = f"{op} {m}x{n}x{k}: torch's result is off by rel_err {rel_err:.3g} (limit {args.max_rel_err})"
+    return row, error
+
+
+def print_table(rows):
+    print(f"\n{'op':8s} {'M x N x K':22s} {'B':3s} {'torch fused ms':>14s} {'rel_err':>9s}")
+    for r in rows:
+        shape = f"{r['M']}x{r['N']}x{r['K']}"
+        print(f"{r['op']:8s} {shape:22s} {r['b_layout']:3s} {r['ms']:14.4f} {r['rel_err']:9.1e}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

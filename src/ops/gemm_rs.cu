@@ -1,0 +1,80 @@
+// Host launcher of gemm_rs: validate -> plan -> workspace -> launch (kernel: kernels/tp/gemm_rs.cuh).
+//
+// Rules beyond tp_common.h: a is this GPU's device memory [M, K] (K = this rank's K_r); b [K, N]
+// or [N, K]; out [M/W, N] on this GPU, not overlapping a or b.
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "kernels/tp/gemm_rs.cuh"
+#include "loom/collectives.h"
+#include "loom/gemm.h"
+#include "ops/tp_common.h"
+
+namespace loom {
+namespace {
+
+namespace kt = kernels::tp;
+using ops::tp::TpDecision;
+using ops::tp::TpPath;
+
+Status check_buffers(Communicator::Impl& impl, const TpGemmArgs& a) {
+  const int world = impl.topology.local_world_size;
+  const size_t e = dtype_size(a.dtype);
+  const int64_t rows = a.m / world;
+  LOOM_TRY_CTX(impl.check_local_device_buffer(a.a, static_cast<size_t>(a.m * a.k) * e, "a ([M, K])"), "gemm_rs");
+  LOOM_TRY_CTX(impl.check_local_device_buffer(a.b, static_cast<size_t>(a.k * a.n) * e, "b"), "gemm_rs");
+  LOOM_TRY_CTX(impl.check_local_device_buffer(a.out, static_cast<size_t>(rows * a.n) * e, "out ([M/W, N])"), "gemm_rs");
+  const ops::tp::ByteRange out = ops::tp::bytes_of(a.out, rows, a.n, e);
+  if (out.overlaps(ops::tp::bytes_of(a.a, a.m, a.k, e))) return Status::invalid_argument("gemm_rs: out overlaps a");
+  if (out.overlaps(ops::tp::bytes_of(a.b, a.k, a.n, e))) return Status::invalid_argument("gemm_rs: out overlaps b");
+  return {};
+}
+
+Status run_decomposed(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, cudaStream_t stream) {
+  const int world = comm.local_world_size();
+  const size_t e = dtype_size(a.dtype);
+  LOOM_ASSIGN_OR_RETURN(void* partial, ops::tp::ensure_workspace(comm, static_cast<size_t>(a.m * a.n) * e, stream, "gemm_rs"));
+  LOOM_TRY(gemm(ops::tp::local_gemm(a.a, a.b, partial, a.m, a), stream, ops::tp::gemm_options_for(d)));
+  const size_t rows = static_cast<size_t>(a.m / world);
+  return reduce_scatter(comm, partial, a.out, rows * static_cast<size_t>(a.n), a.dtype, stream)
+      .with_context("gemm_rs (decomposed)");
+}
+
+Status run_fused(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, cudaStream_t stream) {
+  Communicator::Impl& impl = comm.impl();
+  const int world = impl.topology.local_world_size;
+  LOOM_ASSIGN_OR_RETURN(void* staging,
+                        ops::tp::ensure_workspace(comm, ops::tp::reduce_staging_bytes(a, world), stream, "gemm_rs"));
+  kt::ReduceGemmParams p{};
+  LOOM_TRY(ops::tp::build_reduce_params(impl, a, d, staging, /*broadcast=*/false, &p));
+  return ops::tp::dispatch_fused(d.tile, a.dtype, a.b_layout, [&]<class Cfg, bool kBF16, bool kBNMajor>() -> Status {
+    auto* kernel = &kt::gemm_rs_kernel<Cfg, kBF16, kBNMajor>;
+    LOOM_TRY(ops::tp::prepare_kernel(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes));
+    kernel<<<d.grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+    LOOM_CUDA_TRY_LAUNCH();
+    return Status{};
+  });
+}
+
+}  // namespace
+
+Status gemm_rs(Communicator& comm, const TpGemmArgs& args, cudaStream_t stream, const TpGemmOptions& options) {
+  Communicator::Impl& impl = comm.impl();
+  LOOM_TRY(ops::tp::check_common(impl, OpId::kGemmRs, args));
+  const int world = impl.topology.local_world_size;
+  auto fused_check = [&](GemmTile tile, int /*grid*/) -> std::string {
+    return ops::tp::check_flag_capacity(impl, ops::tp::reduce_flags_for(args.m, args.n, world, tile, false));
+  };
+  LOOM_ASSIGN_OR_RETURN(TpDecision d, ops::tp::decide(impl, OpId::kGemmRs, args, options, fused_check));
+  LOOM_TRY(check_buffers(impl, args));
+  switch (d.path) {
+    case TpPath::kPlainGemm: return gemm(ops::tp::local_gemm(args.a, args.b, args.out, args.m, args), stream,
+                                         ops::tp::gemm_options_for(d));
+    case TpPath::kDecomposed: return run_decomposed(comm, args, d, stream);
+    case TpPath::kFused: return run_fused(comm, args, d, stream);
+  }
+  return Status::internal("gemm_rs: no path");
+}
+
+}  // namespace loom

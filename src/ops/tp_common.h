@@ -1,0 +1,392 @@
+// Host side shared by the fused tensor-parallel operators (ag_gemm.cu, gemm_rs.cu, gemm_ar.cu):
+// argument checks, the decision (plain GEMM, fused kernel or decomposed collective + GEMM), the
+// TP workspace in the symmetric heap, plan signatures and kernel-launch plumbing.
+//
+// Rules every operator checks before anything is launched (the op adds its own):
+//   unsupported       communicator spanning several nodes; fp32; a forced fused kernel whose
+//                     shape or tile it cannot run (the message names the rule)
+//   invalid_argument  null or not 16-byte aligned a / b / out (/ gathered_a); M not a multiple
+//                     of W; N or K not a multiple of 8 (plan_tp); overlapping buffers
+// Fused kernels additionally need (otherwise TpAlgorithm::kAuto runs decomposed and an explicit
+// kFused is refused): W <= 8, a 128x256 or 128x128 tile, M/W a multiple of 128 (BLOCK_M), and
+// their flags within the control region's capacity.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <mutex>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "core/log.h"
+#include "kernels/gemm/config.h"
+#include "kernels/tp/fused_frame.cuh"
+#include "kernels/tp/staged_reduce.cuh"
+#include "loom/tensor_parallel.h"
+#include "ops/gemm_launch.h"
+#include "planner/tp_plan.h"
+#include "runtime/communicator_impl.h"
+#include "runtime/cuda_check.h"
+
+namespace loom::ops::tp {
+
+using kernels::tp::TpTunables;
+
+// BLOCK_M of every fused configuration: the rows each rank owns must be whole tile rows.
+constexpr int64_t kFusedBlockM = 128;
+
+inline bool fused_tile(GemmTile tile) { return tile == GemmTile::k128x256 || tile == GemmTile::k128x128; }
+
+inline std::string shape_text(const TpGemmArgs& a, int world) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "M=%lld N=%lld K=%lld W=%d %s", static_cast<long long>(a.m),
+                static_cast<long long>(a.n), static_cast<long long>(a.k), world, std::string(dtype_name(a.dtype)).c_str());
+  return buf;
+}
+
+// Byte range [lo, hi) of a packed row-major matrix.
+struct ByteRange {
+  uintptr_t lo = 0, hi = 0;
+  bool overlaps(const ByteRange& o) const { return lo < o.hi && o.lo < hi; }
+};
+inline ByteRange bytes_of(const void* p, int64_t rows, int64_t cols, size_t elem) {
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(p);
+  return {lo, lo + static_cast<uintptr_t>(rows) * static_cast<uintptr_t>(cols) * elem};
+}
+
+// Checks shared by the three operators (before the planner, which checks the shape rules).
+inline Status check_common(Communicator::Impl& impl, OpId op, const TpGemmArgs& a) {
+  const std::string name(planner::tp_op_name(op));
+  LOOM_TRY(impl.check_usable());
+  if (impl.topology.num_nodes > 1) {
+    return Status::unsupported(name + ": the fused tensor-parallel operators run within one NVLink domain; this job spans " +
+                               std::to_string(impl.topology.num_nodes) + " nodes");
+  }
+  if (a.dtype != DType::kBF16 && a.dtype != DType::kF16) {
+    return Status::unsupported(name + ": " + std::string(dtype_name(a.dtype)) + " is not supported (bf16 or fp16)");
+  }
+  const std::pair<const void*, const char*> pointers[] = {{a.a, "a"}, {a.b, "b"}, {a.out, "out"}};
+  for (const auto& [ptr, what] : pointers) {
+    if (ptr == nullptr) return Status::invalid_argument(name + ": " + what + " is null");
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) {
+      return Status::invalid_argument(name + ": " + what + " is not 16-byte aligned (TMA needs 16-byte aligned rows)");
+    }
+  }
+  if (a.gathered_a != nullptr && op != OpId::kAgGemm) {
+    return Status::invalid_argument(name + ": gathered_a belongs to ag_gemm; leave it null");
+  }
+  return {};
+}
+
+// What an operator call runs.
+enum class TpPath : uint8_t {
+  kPlainGemm,   // one local rank: the plain GEMM (nothing to move)
+  kFused,       // the fused persistent kernel
+  kDecomposed,  // loom collective + loom GEMM on the same stream
+};
+
+struct TpDecision {
+  TpPath path = TpPath::kDecomposed;
+  GemmTile tile = GemmTile::k128x128;
+  int comm_ctas = 0;  // ag_gemm fused: CTAs that start in the communication role
+  int grid = 0;       // fused: persistent CTAs (the SM count of this GPU)
+  planner::TpPlan plan;
+};
+
+// The fused kernel's own rules for this call, beyond the common ones: "" when it can run, else
+// the reason (shown when fused was forced, logged when the planner's choice falls back).
+using FusedCheck = std::function<std::string(GemmTile tile, int grid)>;
+
+// Plans the call (options, tuning cache, cost model: planner/tp_plan.h), then applies what the
+// fused kernels can run. Every rank reaches the same decision from the same arguments.
+inline Result<TpDecision> decide(Communicator::Impl& impl, OpId op, const TpGemmArgs& a, const TpGemmOptions& options,
+                                 const FusedCheck& fused_check) {
+  const std::string name(planner::tp_op_name(op));
+  const int world = impl.topology.local_world_size;
+  planner::TpRequest request;
+  request.op = op;
+  request.m = a.m;
+  request.n = a.n;
+  request.k = a.k;
+  request.local_world = world;
+  request.dtype = a.dtype;
+  request.b_layout = a.b_layout;
+  // The node's smallest SM count, so that every rank plans alike.
+  request.sm_count = impl.topology.min_sm_count > 0 ? impl.topology.min_sm_count : impl.sm_count;
+  LOOM_ASSIGN_OR_RETURN(const planner::TuningCache* cache, planner::tuning_cache_from_env());
+  LOOM_ASSIGN_OR_RETURN(planner::TpPlan plan, planner::plan_tp(request, options, cache));
+
+  TpDecision d;
+  d.plan = plan;
+  d.tile = plan.tile;
+  d.grid = impl.sm_count;
+  if (world == 1) {
+    d.path = TpPath::kPlainGemm;
+    return d;
+  }
+  if (plan.algorithm != TpAlgorithm::kFused) {
+    d.path = TpPath::kDecomposed;
+    return d;
+  }
+  const bool forced = options.algorithm == TpAlgorithm::kFused;
+  std::string why;
+  if (world > TpTunables::kMaxLocalWorld) {
+    why = "the fused kernels address at most " + std::to_string(TpTunables::kMaxLocalWorld) + " local ranks";
+  } else if (!fused_tile(d.tile)) {
+    if (options.tile != GemmTile::kAuto) {
+      why = "the fused kernels are built for the 128x256 and 128x128 tiles, not " + std::string(gemm_tile_name(d.tile));
+    } else if (forced) {
+      d.tile = GemmTile::k128x128;  // fused was asked for; the tile was only the planner's
+    } else {
+      why = "the planner's tile " + std::string(gemm_tile_name(d.tile)) + " has no fused kernel";
+    }
+  }
+  if (why.empty() && (a.m / world) % kFusedBlockM != 0) {
+    why = "each rank's M/W = " + std::to_string(a.m / world) + " rows must be a multiple of " +
+          std::to_string(kFusedBlockM) + " (BLOCK_M: a tile row never spans two ranks)";
+  }
+  if (why.empty()) why = fused_check(d.tile, d.grid);
+  if (why.empty()) {
+    d.path = TpPath::kFused;
+    return d;
+  }
+  if (forced) return Status::unsupported(name + ": " + shape_text(a, world) + ": the fused kernel cannot run: " + why);
+  LOOM_DEBUG("%s %s: planned fused, running decomposed: %s", name.c_str(), shape_text(a, world).c_str(), why.c_str());
+  d.path = TpPath::kDecomposed;
+  return d;
+}
+
+// A 16-bit signature of what a fused launch does, compared between ranks at entry (a mismatch
+// fails the launch with a message instead of corrupting memory): FNV-1a over the values that
+// must agree, folded to 16 bits. `values` are the op's shape fields that must be equal on every rank.
+inline uint32_t plan_signature(OpId op, GemmTile tile, int world, std::initializer_list<int64_t> values) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  auto mix = [&](uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xFF;
+      h *= 0x100000001b3ull;
+    }
+  };
+  mix(static_cast<uint64_t>(op));
+  mix(static_cast<uint64_t>(tile));
+  mix(static_cast<uint64_t>(world));
+  for (int64_t v : values) mix(static_cast<uint64_t>(v));
+  return static_cast<uint32_t>((h ^ (h >> 16) ^ (h >> 32) ^ (h >> 48)) & 0xFFFF);
+}
+
+// Flags a fused launch needs beyond the W entry words must fit the control region.
+inline std::string check_flag_capacity(const Communicator::Impl& impl, uint64_t launch_flags) {
+  const uint64_t need = static_cast<uint64_t>(impl.topology.local_world_size) + launch_flags;
+  if (need <= impl.control.max_op_flags) return {};
+  return "it needs " + std::to_string(need) + " flags and the control region holds " +
+         std::to_string(impl.control.max_op_flags) + " (fewer, larger tiles or a smaller call would fit)";
+}
+
+// The TP workspace (symmetric): grown when a call needs more than it has, without any host
+// round trip (an operator call never waits for the other ranks on the host, so a rank that never
+// arrives shows up as a device-side timeout naming it). Every rank computes the same size from
+// the same shape at the same call, and the heap allocator hands out equal offsets to equal
+// sequences of calls, so the new workspace lands at the same offset everywhere; the fused
+// kernels put that offset in their entry signature, so a rank whose heap diverged fails the
+// launch with a mismatch instead of writing into the wrong place. Only this GPU's queued work can
+// still use the old workspace (peers write into it only inside launches this GPU also runs, and
+// each of those waits for all of their writes before it ends), hence the device synchronize.
+// Growing cannot happen during CUDA graph capture: run the largest shape once before capturing.
+inline Result<void*> ensure_workspace(Communicator& comm, size_t bytes, cudaStream_t stream, const char* op) {
+  Communicator::Impl& impl = comm.impl();
+  if (bytes <= impl.tp_workspace_bytes) return impl.tp_workspace;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  LOOM_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) {
+    return Status::unsupported(std::string(op) + ": the tensor-parallel workspace must grow to " + std::to_string(bytes) +
+                               " bytes, which cannot happen during CUDA graph capture; run the operation once with "
+                               "its largest shape before capturing");
+  }
+  constexpr size_t kGranule = size_t{2} << 20;
+  const size_t rounded = (bytes + kGranule - 1) / kGranule * kGranule;
+  LOOM_CUDA_TRY(cudaSetDevice(impl.device));
+  LOOM_CUDA_TRY(cudaDeviceSynchronize());
+  if (impl.tp_workspace != nullptr) {
+    LOOM_TRY_CTX(impl.heap->release(impl.tp_workspace), std::string(op) + ": releasing the old workspace");
+    impl.tp_workspace = nullptr;
+    impl.tp_workspace_bytes = 0;
+  }
+  Result<void*> ws = impl.heap->allocate(rounded);
+  if (!ws.ok()) {
+    return std::move(ws).take_status().with_context(std::string(op) + ": allocating a " + std::to_string(rounded) +
+                                                     "-byte tensor-parallel workspace in the symmetric heap (raise "
+                                                     "LOOM_HEAP_BYTES)");
+  }
+  impl.tp_workspace = *ws;
+  impl.tp_workspace_bytes = rounded;
+  LOOM_DEBUG("%s: tensor-parallel workspace grown to %zu bytes at heap offset %llu", op, rounded,
+             static_cast<unsigned long long>(impl.heap->offset_of(*ws)));
+  return impl.tp_workspace;
+}
+
+// Sets a fused kernel's dynamic shared-memory limit once per device.
+inline Status prepare_kernel(const void* kernel, size_t smem_bytes) {
+  static std::mutex mu;
+  static std::set<std::pair<const void*, int>> done;
+  int device = 0;
+  LOOM_CUDA_TRY(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mu);
+  if (done.count({kernel, device}) != 0) return {};
+  LOOM_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)));
+  done.insert({kernel, device});
+  return {};
+}
+
+// Raster group height (tile rows) for `grid` CTAs, as the GEMM planner picks it, limited to a
+// divisor of `unit` tile rows (a band or a rank's rows) so that no group straddles two.
+inline uint32_t group_m_for(int grid, GemmTile tile, int64_t unit) {
+  const GemmTileInfo info = gemm_tile_info(tile);
+  const double g = std::sqrt(static_cast<double>(grid) * info.block_n / info.block_m);
+  int64_t best = 1;
+  for (int64_t d = 1; d <= unit && d <= 64; ++d) {
+    if (unit % d == 0 && d <= std::max<int64_t>(1, std::llround(g))) best = d;
+  }
+  return static_cast<uint32_t>(best);
+}
+
+// Calls fn.template operator()<Cfg, kBF16, kBNMajor>() for the fused configuration of the call.
+template <class Fn>
+Status dispatch_fused(GemmTile tile, DType dtype, BLayout layout, Fn&& fn) {
+  namespace kg = kernels::gemm;
+  const bool bf16 = dtype == DType::kBF16;
+  const bool n_major = layout == BLayout::kKN;
+  auto by_layout = [&]<class Cfg, bool kBF16>() -> Status {
+    return n_major ? fn.template operator()<Cfg, kBF16, true>() : fn.template operator()<Cfg, kBF16, false>();
+  };
+  auto by_dtype = [&]<class Cfg>() -> Status {
+    return bf16 ? by_layout.template operator()<Cfg, true>() : by_layout.template operator()<Cfg, false>();
+  };
+  switch (tile) {
+    case GemmTile::k128x256: return by_dtype.template operator()<kg::Tile128x256>();
+    case GemmTile::k128x128: return by_dtype.template operator()<kg::Tile128x128>();
+    default: break;
+  }
+  return Status::internal("tensor-parallel dispatch: no fused kernel for tile " + std::string(gemm_tile_name(tile)));
+}
+
+// The plain local GEMM of an operator (decomposed path and one-rank jobs).
+inline GemmArgs local_gemm(const void* a, const void* b, void* d, int64_t m, const TpGemmArgs& args) {
+  GemmArgs g;
+  g.a = a;
+  g.b = b;
+  g.d = d;
+  g.m = m;
+  g.n = args.n;
+  g.k = args.k;
+  g.in_dtype = args.dtype;
+  g.out_dtype = args.dtype;
+  g.b_layout = args.b_layout;
+  return g;
+}
+
+inline GemmOptions gemm_options_for(const TpDecision& d) {
+  GemmOptions o;
+  o.tile = d.tile;
+  return o;
+}
+
+// ---- gemm_rs / gemm_ar (kernels/tp/staged_reduce.cuh) -----------------------------------------
+
+// Rows of one owner per band of the rank-banded order: the fewest tile rows dividing the
+// owner's rows whose tiles fill kBandWaves waves of the grid (all of them if none does).
+inline int64_t band_m_blocks_for(int64_t rank_blocks, int64_t n_blocks, int grid) {
+  for (int64_t q = 1; q <= rank_blocks; ++q) {
+    if (rank_blocks % q == 0 && q * n_blocks >= static_cast<int64_t>(TpTunables::kBandWaves) * grid) return q;
+  }
+  return rank_blocks;
+}
+
+// Flags a fused gemm_rs (broadcast = false) or gemm_ar launch uses after the entry words.
+inline uint64_t reduce_flags_for(int64_t m, int64_t n, int world, GemmTile tile, bool broadcast) {
+  const GemmTileInfo info = gemm_tile_info(tile);
+  const uint64_t n_blocks = static_cast<uint64_t>((n + info.block_n - 1) / info.block_n);
+  const uint64_t m_blocks = static_cast<uint64_t>(m / info.block_m);
+  const uint64_t own_tiles = m_blocks / static_cast<uint64_t>(world) * n_blocks;
+  return static_cast<uint64_t>(world - 1) * own_tiles + (broadcast ? m_blocks * n_blocks : 0);
+}
+
+// Bytes of staged partials a fused gemm_rs / gemm_ar needs in every rank's workspace.
+inline size_t reduce_staging_bytes(const TpGemmArgs& a, int world) {
+  return static_cast<size_t>(world - 1) * static_cast<size_t>(a.m / world) * static_cast<size_t>(a.n) * dtype_size(a.dtype);
+}
+
+// Fills the kernel parameters of a fused gemm_rs / gemm_ar launch. `staging` is this rank's TP
+// workspace (equal offset on every rank); gemm_ar's out is symmetric.
+inline Status build_reduce_params(Communicator::Impl& impl, const TpGemmArgs& a, const TpDecision& d, void* staging,
+                                  bool broadcast, kernels::tp::ReduceGemmParams* out_params) {
+  namespace kg = kernels::gemm;
+  kernels::tp::ReduceGemmParams& p = *out_params;
+  const int world = impl.topology.local_world_size;
+  const int me = impl.topology.local_rank;
+  const GemmTileInfo info = gemm_tile_info(d.tile);
+  const int64_t rows = a.m / world;
+  const int64_t staging_rows = static_cast<int64_t>(world - 1) * rows;
+  const uint64_t staging_offset = impl.heap->offset_of(staging);
+
+  LOOM_TRY(encode_gemm_operand_maps(local_gemm(a.a, a.b, a.out, a.m, a), d.tile, &p.a, &p.b));
+  LOOM_TRY(encode_gemm_rows_map(staging, staging_rows, a.n, a.n, a.dtype, info.block_m, &p.staged));
+  if (broadcast) {
+    const uint64_t out_offset = impl.heap->offset_of(a.out);
+    for (int r = 0; r < world; ++r) {
+      void* out_r = static_cast<char*>(impl.heap->peer_base(r)) + out_offset;
+      LOOM_TRY(encode_gemm_output_map(out_r, a.m, a.n, a.n, a.dtype, &p.out[r]));
+    }
+  } else {
+    LOOM_TRY(encode_gemm_output_map(a.out, rows, a.n, a.n, a.dtype, &p.out[0]));
+  }
+  for (int r = 0; r < world; ++r) {
+    if (r == me) continue;
+    void* staging_r = static_cast<char*>(impl.heap->peer_base(r)) + staging_offset;
+    LOOM_TRY(encode_gemm_output_map(staging_r, staging_rows, a.n, a.n, a.dtype, &p.stage_to[r]));
+  }
+  p.comm = impl.device_comm();
+  p.tp = impl.tp_state;
+  p.m = static_cast<uint32_t>(a.m);
+  p.n = static_cast<uint32_t>(a.n);
+  p.k = static_cast<uint32_t>(a.k);
+
+  const int64_t m_blocks = a.m / info.block_m;
+  const int64_t n_blocks = (a.n + info.block_n - 1) / info.block_n;
+  const int64_t rank_blocks = rows / info.block_m;
+  const int64_t band = band_m_blocks_for(rank_blocks, n_blocks, d.grid);
+  kg::SchedulerParams& s = p.sched;
+  s.m_rows = p.m;
+  s.m_blocks = static_cast<uint32_t>(m_blocks);
+  s.n_blocks = static_cast<uint32_t>(n_blocks);
+  s.group_m = group_m_for(d.grid, d.tile, band);  // a raster group never spans two owners
+  s.queue = &impl.tp_state->tile_queue;
+  s.order_world = static_cast<uint32_t>(world);
+  s.order_self = static_cast<uint32_t>(me);
+  s.order_owner_offset = 1;  // the next rank's rows first, our own last in every band
+  s.order_m_blocks_per_rank = static_cast<uint32_t>(rank_blocks);
+  s.order_band_m_blocks = static_cast<uint32_t>(band);
+  s.fold_m_begin = static_cast<uint32_t>(me * rank_blocks);
+  s.fold_m_end = static_cast<uint32_t>((me + 1) * rank_blocks);
+
+  p.rows_per_rank = static_cast<uint32_t>(rows);
+  p.m_blocks_per_rank = static_cast<uint32_t>(rank_blocks);
+  p.n_blocks = static_cast<uint32_t>(n_blocks);
+  p.out_dtype = static_cast<uint32_t>(a.dtype);
+  // Heap offsets are part of the plan: peers address this rank's staging (and gemm_ar's out) by
+  // their own offsets.
+  const int64_t out_offset = broadcast ? static_cast<int64_t>(impl.heap->offset_of(a.out)) : 0;
+  p.signature = plan_signature(broadcast ? OpId::kGemmAr : OpId::kGemmRs, d.tile, world,
+                               {a.m, a.n, static_cast<int64_t>(a.dtype), static_cast<int64_t>(staging_offset), out_offset});
+  LOOM_DEBUG("%s fused %s: tile %s, %d CTAs, bands of %lld tile rows, plan from %s", broadcast ? "gemm_ar" : "gemm_rs",
+             shape_text(a, world).c_str(), std::string(gemm_tile_name(d.tile)).c_str(), d.grid,
+             static_cast<long long>(band), d.plan.source.c_str());
+  return {};
+}
+
+}  // namespace loom::ops::tp

@@ -1,0 +1,353 @@
+#include "runtime/transports/copy_engine.h"
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <cudaTypedefs.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/log.h"
+#include "runtime/cuda_check.h"
+
+namespace loom::runtime::net {
+namespace {
+
+// remote_key bytes of a copy-engine registration.
+struct WireKey {
+  uint32_t magic;          // "LCEK"
+  uint32_t has_ipc;        // 1: `ipc` opens the allocation in another process
+  int32_t device;
+  int32_t pid;
+  uint64_t owner_address;  // the registration's address in the owner's process
+  uint64_t bytes;
+  uint64_t offset_in_allocation;  // owner_address - the allocation's base
+  cudaIpcMemHandle_t ipc;
+};
+static_assert(sizeof(cudaIpcMemHandle_t) == 64, "CUDA IPC handles are 64 bytes");
+static_assert(sizeof(WireKey) == 104, "fixed key: 40 bytes of fields, then the 64-byte IPC handle");
+constexpr uint32_t kKeyMagic = 0x4b45434c;  // "LCEK" in memory order
+
+// The allocation that contains `ptr` (legacy IPC handles name whole allocations).
+Result<std::pair<uint64_t, uint64_t>> allocation_range(const void* ptr) {
+  static PFN_cuMemGetAddressRange_v3020 get_range = [] {
+    void* address = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &address, 3020, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return static_cast<PFN_cuMemGetAddressRange_v3020>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuMemGetAddressRange_v3020>(address);
+  }();
+  if (get_range == nullptr) return Status::unsupported("the CUDA driver has no cuMemGetAddressRange");
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  const CUresult rc = get_range(&base, &size, reinterpret_cast<CUdeviceptr>(ptr));
+  if (rc != CUDA_SUCCESS) {
+    return Status::invalid_argument("copy_engine: " + std::to_string(reinterpret_cast<uint64_t>(ptr)) +
+                                    " is not device memory (cuMemGetAddressRange: CUresult " + std::to_string(static_cast<int>(rc)) + ")");
+  }
+  return std::make_pair(static_cast<uint64_t>(base), static_cast<uint64_t>(size));
+}
+
+constexpr std::chrono::milliseconds kCloseDrain{5000};
+
+class CopyEngineTransport final : public Transport {
+ public:
+  CopyEngineTransport(TransportConfig config, CopyEngineOptions options)
+      : config_(std::move(config)), options_(std::move(options)),
+        shaper_(options_.emulate_gbps, options_.emulate_latency_us) {}
+  ~CopyEngineTransport() override { (void)close(); }
+
+  Status init() {
+    LOOM_CUDA_TRY(cudaSetDevice(options_.device));
+    LOOM_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    slots_.resize(options_.queue_depth);
+    for (uint32_t i = 0; i < options_.queue_depth; ++i) {
+      LOOM_CUDA_TRY(cudaEventCreateWithFlags(&slots_[i].done, cudaEventDisableTiming));
+      free_slots_.push_back(options_.queue_depth - 1 - i);
+    }
+    LOOM_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&staging_), options_.queue_depth * sizeof(uint64_t), cudaHostAllocPortable));
+    caps_.ordered_writes = true;  // one stream: every copy starts after the previous one ended
+    caps_.max_write_bytes = uint64_t{1} << 30;
+    caps_.max_outstanding = options_.queue_depth;
+    describe_ = "copy_engine on device " + std::to_string(options_.device);
+    if (shaper_.enabled()) {
+      describe_ += " emulating " + (options_.emulate_gbps > 0 ? std::to_string(options_.emulate_gbps) + " GB/s" : std::string("unlimited rate")) +
+                   " and " + std::to_string(options_.emulate_latency_us) + " us";
+    }
+    LOOM_INFO("%s", describe_.c_str());
+    return {};
+  }
+
+  TransportKind kind() const override { return TransportKind::kCopyEngine; }
+  const TransportCaps& caps() const override { return caps_; }
+  std::string describe() const override { return describe_; }
+
+  Result<LocalRegistration> register_memory(const MemoryRegion& region) override {
+    if (closed_) return Status::aborted("copy_engine: transport closed");
+    if (region.base == nullptr || region.bytes == 0) return Status::invalid_argument("copy_engine: empty memory region");
+    WireKey key{};
+    key.magic = kKeyMagic;
+    key.device = region.device;
+    key.pid = static_cast<int32_t>(::getpid());
+    key.owner_address = reinterpret_cast<uint64_t>(region.base);
+    key.bytes = region.bytes;
+    if (region.kind == MemoryKind::kDevice) {
+      LOOM_CUDA_TRY(cudaSetDevice(options_.device));
+      LOOM_ASSIGN_OR_RETURN(auto range, allocation_range(region.base));
+      if (key.owner_address + region.bytes > range.first + range.second) {
+        return Status::invalid_argument("copy_engine: region runs past the end of its allocation");
+      }
+      key.offset_in_allocation = key.owner_address - range.first;
+      // Legacy IPC works for cudaMalloc memory; cuMem (VMM) memory reaches peers via map_peer.
+      if (cudaIpcGetMemHandle(&key.ipc, reinterpret_cast<void*>(range.first)) == cudaSuccess) {
+        key.has_ipc = 1;
+      } else {
+        cudaGetLastError();
+      }
+    }
+    locals_.push_back(Local{static_cast<char*>(region.base), region.bytes});
+    LocalRegistration out;
+    out.handle = static_cast<uint32_t>(locals_.size() - 1);
+    out.bytes = region.bytes;
+    out.remote_key.resize(sizeof(key));
+    std::memcpy(out.remote_key.data(), &key, sizeof(key));
+    return out;
+  }
+
+  // Nothing to exchange: peers are reached through their registrations' keys.
+  Result<std::vector<uint8_t>> local_endpoint() override { return std::vector<uint8_t>{}; }
+  Status connect(std::span<const std::vector<uint8_t>>) override { return {}; }
+
+  Result<uint32_t> import_remote(int rank, std::span<const uint8_t> remote_key, uint64_t bytes) override {
+    WireKey key{};
+    if (remote_key.size() != sizeof(key)) return Status::internal("copy_engine: malformed window key of rank " + std::to_string(rank));
+    std::memcpy(&key, remote_key.data(), sizeof(key));
+    if (key.magic != kKeyMagic || key.bytes != bytes) {
+      return Status::internal("copy_engine: window key of rank " + std::to_string(rank) + " does not match");
+    }
+    void* mapped = options_.map_peer ? options_.map_peer(rank, key.owner_address, key.bytes) : nullptr;
+    if (mapped == nullptr) {
+      if (!key.has_ipc) {
+        return Status::unsupported("copy_engine: rank " + std::to_string(rank) +
+                                   "'s window is not cudaMalloc memory (no IPC handle) and this process has no mapping of it");
+      }
+      LOOM_CUDA_TRY(cudaSetDevice(options_.device));
+      const std::string handle_bytes(reinterpret_cast<const char*>(&key.ipc), sizeof(key.ipc));
+      auto it = opened_.find({rank, handle_bytes});
+      if (it == opened_.end()) {
+        void* base = nullptr;
+        LOOM_CUDA_TRY(cudaIpcOpenMemHandle(&base, key.ipc, cudaIpcMemLazyEnablePeerAccess));
+        it = opened_.emplace(std::make_pair(rank, handle_bytes), base).first;
+      }
+      mapped = static_cast<char*>(it->second) + key.offset_in_allocation;
+    }
+    remotes_.push_back(Remote{rank, static_cast<char*>(mapped), key.bytes});
+    return static_cast<uint32_t>(remotes_.size() - 1);
+  }
+
+  Result<size_t> post_writes(std::span<const WriteOp> ops) override {
+    if (closed_) return Status::aborted("copy_engine: transport closed");
+    LOOM_CUDA_TRY(cudaSetDevice(options_.device));
+    size_t taken = 0;
+    for (const WriteOp& op : ops) {
+      if (free_slots_.empty()) break;
+      if (op.local >= locals_.size() || op.remote >= remotes_.size() || remotes_[op.remote].rank != op.rank ||
+          !within(op.local_offset, op.bytes, locals_[op.local].bytes) ||
+          !within(op.remote_offset, op.bytes, remotes_[op.remote].bytes)) {
+        return Status::internal("copy_engine: write " + std::to_string(op.id) + " outside its registrations");
+      }
+      const uint32_t s = take_slot(op.id, op.rank, false, op.bytes);
+      slots_[s].destination = remotes_[op.remote].base + op.remote_offset;
+      slots_[s].source = locals_[op.local].base + op.local_offset;
+      LOOM_TRY(submit(s));
+      ++taken;
+    }
+    return taken;
+  }
+
+  Result<bool> post_flag(const FlagOp& op) override {
+    if (closed_) return Status::aborted("copy_engine: transport closed");
+    if (free_slots_.empty()) return false;
+    if (op.remote >= remotes_.size() || remotes_[op.remote].rank != op.rank ||
+        !within(op.remote_offset, sizeof(uint64_t), remotes_[op.remote].bytes)) {
+      return Status::internal("copy_engine: flag outside its window");
+    }
+    LOOM_CUDA_TRY(cudaSetDevice(options_.device));
+    const uint32_t s = take_slot(op.id, op.rank, true, sizeof(uint64_t));
+    staging_[s] = op.value;  // the slot's staging word stays untouched until its event completes
+    slots_[s].destination = remotes_[op.remote].base + op.remote_offset;
+    slots_[s].source = reinterpret_cast<char*>(&staging_[s]);
+    LOOM_TRY(submit(s));
+    return true;
+  }
+
+  Status poll(std::vector<Completion>& out) override {
+    if (closed_) return {};
+    LOOM_CUDA_TRY(cudaSetDevice(options_.device));
+    LOOM_TRY(issue_due());
+    while (!issued_.empty()) {
+      const uint32_t s = issued_.front();
+      const cudaError_t state = cudaEventQuery(slots_[s].done);
+      if (state == cudaErrorNotReady) break;
+      Completion c;
+      c.id = slots_[s].id;
+      if (state != cudaSuccess) {
+        cudaGetLastError();
+        c.status = Status::cuda_error("copy_engine: " + std::string(slots_[s].is_flag ? "flag" : "copy") + " of " +
+                                      std::to_string(slots_[s].bytes) + " bytes to rank " + std::to_string(slots_[s].rank) +
+                                      " failed: " + cudaGetErrorString(state) + " (" + cudaGetErrorName(state) + ")");
+      }
+      out.push_back(std::move(c));
+      issued_.pop_front();
+      free_slots_.push_back(s);
+    }
+    return {};
+  }
+
+  uint32_t outstanding() const override { return options_.queue_depth - static_cast<uint32_t>(free_slots_.size()); }
+
+  Status close() override {
+    if (closed_) return {};
+    closed_ = true;
+    Status first;
+    auto note = [&](cudaError_t err, const char* what) {
+      if (err != cudaSuccess && first.ok()) first = cuda_status(err, what, __FILE__, __LINE__);
+    };
+    cudaSetDevice(options_.device);
+    // Bounded: copies still queued get kCloseDrain to finish (the proxy drained before this).
+    if (stream_ != nullptr) {
+      const auto deadline = std::chrono::steady_clock::now() + kCloseDrain;
+      cudaError_t state = cudaStreamQuery(stream_);
+      while (state == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        state = cudaStreamQuery(stream_);
+      }
+      if (state == cudaErrorNotReady) {
+        LOOM_WARN("copy_engine: copies still running %lld ms after close; releasing anyway",
+                  static_cast<long long>(kCloseDrain.count()));
+      } else {
+        note(state, "cudaStreamQuery");
+      }
+    }
+    for (auto& [key, base] : opened_) note(cudaIpcCloseMemHandle(base), "cudaIpcCloseMemHandle");
+    opened_.clear();
+    for (Slot& s : slots_) {
+      if (s.done != nullptr) note(cudaEventDestroy(s.done), "cudaEventDestroy");
+    }
+    slots_.clear();
+    if (staging_ != nullptr) note(cudaFreeHost(staging_), "cudaFreeHost");
+    staging_ = nullptr;
+    if (stream_ != nullptr) note(cudaStreamDestroy(stream_), "cudaStreamDestroy");
+    stream_ = nullptr;
+    return first;
+  }
+
+ private:
+  struct Local {
+    char* base;
+    uint64_t bytes;
+  };
+  struct Remote {
+    int rank;
+    char* base;  // mapped in this process
+    uint64_t bytes;
+  };
+  struct Slot {
+    cudaEvent_t done = nullptr;
+    uint64_t id = 0;
+    int rank = -1;
+    bool is_flag = false;
+    uint64_t bytes = 0;
+    char* destination = nullptr;
+    const char* source = nullptr;
+    LinkShaper::Clock::time_point not_before{};
+  };
+
+  static bool within(uint64_t offset, uint64_t bytes, uint64_t limit) {
+    uint64_t end = 0;
+    return !__builtin_add_overflow(offset, bytes, &end) && end <= limit;
+  }
+
+  uint32_t take_slot(uint64_t id, int rank, bool is_flag, uint64_t bytes) {
+    const uint32_t s = free_slots_.back();
+    free_slots_.pop_back();
+    Slot& slot = slots_[s];
+    slot.id = id;
+    slot.rank = rank;
+    slot.is_flag = is_flag;
+    slot.bytes = bytes;
+    return s;
+  }
+
+  // Issues now, or queues behind the emulated link.
+  Status submit(uint32_t s) {
+    if (shaper_.enabled()) {
+      slots_[s].not_before = shaper_.schedule(slots_[s].bytes, LinkShaper::Clock::now());
+      deferred_.push_back(s);
+      return issue_due();
+    }
+    return issue(s);
+  }
+
+  Status issue_due() {
+    const auto now = LinkShaper::Clock::now();
+    while (!deferred_.empty() && slots_[deferred_.front()].not_before <= now) {
+      const uint32_t s = deferred_.front();
+      deferred_.pop_front();
+      LOOM_TRY(issue(s));
+    }
+    return {};
+  }
+
+  Status issue(uint32_t s) {
+    Slot& slot = slots_[s];
+    LOOM_CUDA_TRY(cudaMemcpyAsync(slot.destination, slot.source, slot.bytes, cudaMemcpyDefault, stream_));
+    LOOM_CUDA_TRY(cudaEventRecord(slot.done, stream_));
+    issued_.push_back(s);
+    return {};
+  }
+
+  TransportConfig config_;
+  CopyEngineOptions options_;
+  LinkShaper shaper_;
+  TransportCaps caps_;
+  std::string describe_ = "copy_engine";
+  cudaStream_t stream_ = nullptr;
+  std::vector<Slot> slots_;
+  std::vector<uint32_t> free_slots_;
+  std::deque<uint32_t> deferred_;  // waiting for the emulated link, in order
+  std::deque<uint32_t> issued_;    // on the stream, in order
+  uint64_t* staging_ = nullptr;    // pinned: one flag word per slot
+  std::vector<Local> locals_;
+  std::vector<Remote> remotes_;
+  std::map<std::pair<int, std::string>, void*> opened_;  // (rank, IPC handle) -> opened base
+  bool closed_ = false;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Transport>> create_copy_engine_transport(const TransportConfig& config,
+                                                                const CopyEngineOptions& options) {
+  if (config.world_size < 1 || config.rank < 0 || config.rank >= config.world_size ||
+      config.peers.size() != static_cast<size_t>(config.world_size)) {
+    return Status::invalid_argument("copy_engine: inconsistent transport config");
+  }
+  if (options.queue_depth == 0) return Status::invalid_argument("copy_engine: queue depth 0");
+  if (options.emulate_gbps < 0 || options.emulate_latency_us < 0) {
+    return Status::invalid_argument("copy_engine: negative emulated rate or latency");
+  }
+  auto transport = std::make_unique<CopyEngineTransport>(config, options);
+  LOOM_TRY(transport->init());
+  return std::unique_ptr<Transport>(std::move(transport));
+}
+
+}  // namespace loom::runtime::net

@@ -1,0 +1,768 @@
+// loom-bench ag_gemm | gemm_rs | gemm_ar | tp | tune: the fused tensor-parallel operators against
+// the two ceilings of DESIGN.md "Measuring", on the same inputs, in one process group:
+//   cublas       cublasGemmEx alone on the local GEMM shape (the limit a fused op approaches)
+//   nccl         the collective alone (ncclAllGather / ncclReduceScatter / ncclAllReduce)
+//   nccl_cublas  the collective and the GEMM in sequence on one stream (the baseline to beat):
+//                ag: ncclAllGather of the A shards, then the GEMM on the gathered A;
+//                rs: the GEMM, then ncclReduceScatter; ar: the GEMM, then ncclAllReduce
+// and h = (T_nccl_cublas - T_loom) / (T_nccl_cublas - T_cublas), the share of the communication
+// loom hides (1: all of it; above 1: loom's GEMM beats cuBLAS as well).
+//
+// Inputs are random (12-bit values in [-1, 1), a pure function of seed, rank and index), so any
+// rank can rebuild every other rank's operands for its fp32 reference.
+#include "tp_bench.h"
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "collectives_bench.h"
+#include "kernels/gemm/reference.cuh"
+#include "loom/tensor_parallel.h"
+#include "planner/tp_plan.h"
+#include "runtime/communicator_impl.h"
+#include "runtime/cuda_check.h"
+#include "tests/common/verifiable.cuh"
+#include "timing.h"
+
+namespace loom::bench {
+namespace {
+
+namespace ref = kernels::gemm::reference;
+using planner::tp_op_name;
+
+// ---- small helpers ----------------------------------------------------------------------------
+
+Status nccl_status(ncclResult_t r, const char* what) {
+  if (r == ncclSuccess) return {};
+  return Status::internal(std::string(what) + ": " + ncclGetErrorString(r));
+}
+
+Status cublas_status(cublasStatus_t s, const char* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return {};
+  return Status::cuda_error(std::string(what) + " failed: cuBLAS status " + std::to_string(static_cast<int>(s)));
+}
+
+ncclDataType_t nccl_type(DType t) { return t == DType::kBF16 ? ncclBfloat16 : t == DType::kF16 ? ncclFloat16 : ncclFloat32; }
+cudaDataType_t cuda_type(DType t) { return t == DType::kBF16 ? CUDA_R_16BF : t == DType::kF16 ? CUDA_R_16F : CUDA_R_32F; }
+
+struct DeviceBuffer {
+  void* p = nullptr;
+  DeviceBuffer() = default;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { release(); }
+  Status alloc(size_t bytes) {
+    release();
+    LOOM_CUDA_TRY(cudaMalloc(&p, bytes));
+    return {};
+  }
+  void release() {
+    if (p) cudaFree(p);
+    p = nullptr;
+  }
+};
+
+// Freed in reverse order of allocation on every rank (symmetric allocations are collective).
+struct SymmetricBuffer {
+  Communicator* comm = nullptr;
+  void* p = nullptr;
+  SymmetricBuffer() = default;
+  SymmetricBuffer(const SymmetricBuffer&) = delete;
+  SymmetricBuffer& operator=(const SymmetricBuffer&) = delete;
+  ~SymmetricBuffer() {
+    if (p) (void)comm->free(p);
+  }
+  Status alloc(Communicator& c, size_t bytes) {
+    comm = &c;
+    LOOM_ASSIGN_OR_RETURN(p, c.alloc(bytes));
+    return {};
+  }
+};
+
+template <typename T>
+__global__ void fill_matrix_kernel(T* out, int64_t rows, int64_t cols, int64_t ld, uint64_t seed, int rank) {
+  const int64_t total = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / cols, c = i % cols;
+    out[r * ld + c] = verify::from_float<T>(verify::element_value(seed, rank, static_cast<uint64_t>(i)));
+  }
+}
+
+// rows x cols at `out` (leading dimension ld): element (r, c) is rank `rank`'s value r*cols + c.
+Status fill_matrix(void* out, DType t, int64_t rows, int64_t cols, int64_t ld, uint64_t seed, int rank, cudaStream_t s) {
+  const unsigned grid = verify::grid_for(static_cast<uint64_t>(rows * cols));
+  if (t == DType::kBF16) {
+    fill_matrix_kernel<<<grid, 256, 0, s>>>(static_cast<__nv_bfloat16*>(out), rows, cols, ld, seed, rank);
+  } else {
+    fill_matrix_kernel<<<grid, 256, 0, s>>>(static_cast<__half*>(out), rows, cols, ld, seed, rank);
+  }
+  LOOM_CUDA_TRY_LAUNCH();
+  return {};
+}
+
+void* offset_elements(void* p, int64_t elements, DType t) {
+  return static_cast<char*>(p) + elements * static_cast<int64_t>(dtype_size(t));
+}
+
+float host_value(const uint16_t bits, DType t) {
+  if (t == DType::kBF16) {
+    const uint32_t u = static_cast<uint32_t>(bits) << 16;
+    float v;
+    std::memcpy(&v, &u, 4);
+    return v;
+  }
+  __half_raw r;
+  r.x = bits;
+  return __half2float(__half(r));
+}
+
+// Row-major D[m, n] = A[m, k] * B with cuBLAS (column-major): D^T = op(B') * A'. B [K, N] is
+// (n x k, ld n) column-major, op N; B [N, K] is (k x n, ld k), op T.
+Status cublas_gemm(cublasHandle_t h, const void* a, const void* b, void* d, int64_t m, int64_t n, int64_t k, BLayout layout,
+                   DType t) {
+  const float alpha = 1.0f, beta = 0.0f;
+  const bool kn = layout == BLayout::kKN;
+  return cublas_status(cublasGemmEx(h, kn ? CUBLAS_OP_N : CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                                    static_cast<int>(k), &alpha, b, cuda_type(t), static_cast<int>(kn ? n : k), a, cuda_type(t),
+                                    static_cast<int>(k), &beta, d, cuda_type(t), static_cast<int>(n), CUBLAS_COMPUTE_32F,
+                                    CUBLAS_GEMM_DEFAULT),
+                       "cublasGemmEx");
+}
+
+double median_max(Communicator& comm, const Timing& t, Status& status) {
+  Result<double> m = max_over_ranks(comm, t.median_ms);
+  if (!m.ok()) {
+    if (status.ok()) status = m.status();
+    return 0;
+  }
+  return *m;
+}
+
+std::string fmt(const char* f, double v) {
+  char b[64];
+  std::snprintf(b, sizeof(b), f, v);
+  return b;
+}
+
+// ---- one shape ----------------------------------------------------------------------------------
+
+struct Shape {
+  OpId op;
+  int64_t m, n;
+  int64_t k_global;  // ag_gemm: K; gemm_rs / gemm_ar: the K split over the ranks
+  int64_t k_rank;    // this rank's K (TpGemmArgs::k)
+  int world, me;
+  int64_t a_rows() const { return op == OpId::kAgGemm ? m / world : m; }
+  int64_t out_rows() const { return op == OpId::kGemmRs ? m / world : m; }
+  std::string text() const {
+    return std::string(tp_op_name(op)) + " " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k_global);
+  }
+};
+
+struct Check {
+  double rel_err = -1;
+  int64_t nan_count = 0;
+  std::string first_mismatch;  // "row r col c: got g want w"
+};
+
+// Operands and baselines of one shape on this rank.
+class TpCase {
+ public:
+  TpCase(Communicator& comm, ncclComm_t nccl, cublasHandle_t cublas, cudaStream_t stream, const TpBenchOptions& o, Shape s)
+      : comm_(comm), nccl_(nccl), cublas_(cublas), stream_(stream), o_(o), s_(s) {}
+
+  Status setup() {
+    const DType t = o_.dtype;
+    const size_t e = dtype_size(t);
+    const bool kn = o_.b_layout == BLayout::kKN;
+    LOOM_TRY(a_.alloc(static_cast<size_t>(s_.a_rows() * s_.k_rank) * e));
+    LOOM_TRY(b_.alloc(static_cast<size_t>(s_.n * s_.k_rank) * e));
+    const size_t out_bytes = static_cast<size_t>(s_.out_rows() * s_.n) * e;
+    out_bytes_ = out_bytes;
+    if (s_.op == OpId::kGemmAr) {
+      LOOM_TRY(out_sym_.alloc(comm_, out_bytes));  // peers write their reduced rows into it
+      out_ = out_sym_.p;
+    } else {
+      LOOM_TRY(out_plain_.alloc(out_bytes));
+      out_ = out_plain_.p;
+    }
+    if (s_.op == OpId::kAgGemm) {
+      // What ncclAllGather will produce, so that cuBLAS alone (timed first) multiplies real data.
+      LOOM_TRY(gathered_.alloc(static_cast<size_t>(s_.m * s_.k_rank) * e));
+      const int64_t shard = s_.m / s_.world;
+      for (int r = 0; r < s_.world; ++r) {
+        LOOM_TRY(fill_matrix(offset_elements(gathered_.p, r * shard * s_.k_rank, t), t, shard, s_.k_rank, s_.k_rank, seed_a(), r,
+                             stream_));
+      }
+    } else {
+      LOOM_TRY(partial_.alloc(static_cast<size_t>(s_.m * s_.n) * e));
+    }
+    LOOM_TRY(fill_matrix(a_.p, t, s_.a_rows(), s_.k_rank, s_.k_rank, seed_a(), s_.me, stream_));
+    LOOM_TRY(fill_matrix(b_.p, t, kn ? s_.k_rank : s_.n, kn ? s_.n : s_.k_rank, kn ? s_.n : s_.k_rank, seed_b(), s_.me, stream_));
+    LOOM_CUDA_TRY(cudaStreamSynchronize(stream_));
+    return {};
+  }
+
+  TpGemmArgs loom_args() const {
+    TpGemmArgs args;
+    args.a = a_.p;
+    args.b = b_.p;
+    args.out = out_;
+    args.m = s_.m;
+    args.n = s_.n;
+    args.k = s_.k_rank;
+    args.dtype = o_.dtype;
+    args.b_layout = o_.b_layout;
+    return args;
+  }
+
+  Status launch_loom(const TpGemmOptions& options) {
+    switch (s_.op) {
+      case OpId::kAgGemm: return ag_gemm(comm_, loom_args(), stream_, options);
+      case OpId::kGemmRs: return gemm_rs(comm_, loom_args(), stream_, options);
+      default: return gemm_ar(comm_, loom_args(), stream_, options);
+    }
+  }
+
+  planner::TpRequest request() const {
+    planner::TpRequest r;
+    r.op = s_.op;
+    r.m = s_.m;
+    r.n = s_.n;
+    r.k = s_.k_rank;
+    r.local_world = s_.world;
+    r.dtype = o_.dtype;
+    r.b_layout = o_.b_layout;
+    const int min_sms = comm_.impl().topology.min_sm_count;
+    r.sm_count = min_sms > 0 ? min_sms : comm_.sm_count();
+    return r;
+  }
+
+  // The local GEMM alone with cuBLAS: ag on the gathered [M, K], rs / ar on this rank's [M, K_r].
+  Status cublas_alone() {
+    if (s_.op == OpId::kAgGemm) return cublas_gemm(cublas_, gathered_.p, b_.p, out_, s_.m, s_.n, s_.k_rank, o_.b_layout, o_.dtype);
+    return cublas_gemm(cublas_, a_.p, b_.p, partial_.p, s_.m, s_.n, s_.k_rank, o_.b_layout, o_.dtype);
+  }
+
+  Status nccl_alone() {
+    const ncclDataType_t t = nccl_type(o_.dtype);
+    switch (s_.op) {
+      case OpId::kAgGemm:
+        return nccl_status(ncclAllGather(a_.p, gathered_.p, static_cast<size_t>(s_.a_rows() * s_.k_rank), t, nccl_, stream_),
+                           "ncclAllGather");
+      case OpId::kGemmRs:
+        return nccl_status(ncclReduceScatter(partial_.p, out_, static_cast<size_t>(s_.out_rows() * s_.n), t, ncclSum, nccl_, stream_),
+                           "ncclReduceScatter");
+      default:
+        return nccl_status(ncclAllReduce(partial_.p, out_, static_cast<size_t>(s_.m * s_.n), t, ncclSum, nccl_, stream_),
+                           "ncclAllReduce");
+    }
+  }
+
+  Status nccl_then_cublas() {
+    if (s_.op == OpId::kAgGemm) {
+      LOOM_TRY(nccl_alone());
+      return cublas_alone();
+    }
+    LOOM_TRY(cublas_alone());
+    return nccl_alone();
+  }
+
+  // One launch with `options` into a NaN-filled output, then ||out - ref|| / ||ref|| on sampled
+  // rows against an fp32 reference built from every rank's regenerated operands.
+  Result<Check> check(const TpGemmOptions& options) {
+    LOOM_CUDA_TRY(cudaMemsetAsync(out_, 0xFF, out_bytes_, stream_));
+    LOOM_TRY(comm_.synchronize(stream_));
+    LOOM_TRY(comm_.barrier());  // no peer may write into out before it was poisoned here
+    LOOM_TRY(launch_loom(options));
+    LOOM_TRY(comm_.synchronize(stream_));
+    return compare_with_reference();
+  }
+
+ private:
+  uint64_t seed_a() const { return o_.seed * 16 + 1; }
+  uint64_t seed_b() const { return o_.seed * 16 + 2; }
+
+  Result<Check> compare_with_reference() {
+    const DType t = o_.dtype;
+    const bool kn = o_.b_layout == BLayout::kKN;
+    // Reference operands: ag, the gathered A (shard s is rank s's fill) and this rank's B;
+    // rs / ar, A_full [M, K] (rank s's slice in columns s*K_r) and B_full (rank s's rows, or
+    // columns for [N, K], s*K_r).
+    DeviceBuffer ref_a, ref_b;
+    const int64_t k_total = s_.op == OpId::kAgGemm ? s_.k_rank : s_.k_rank * s_.world;
+    LOOM_TRY(ref_a.alloc(static_cast<size_t>(s_.m * k_total) * dtype_size(t)));
+    const void* b_ref = b_.p;
+    int64_t ldb = kn ? s_.n : s_.k_rank;
+    if (s_.op == OpId::kAgGemm) {
+      const int64_t shard = s_.m / s_.world;
+      for (int r = 0; r < s_.world; ++r) {
+        LOOM_TRY(fill_matrix(offset_elements(ref_a.p, r * shard * k_total, t), t, shard, k_total, k_total, seed_a(), r, stream_));
+      }
+    } else {
+      LOOM_TRY(ref_b.alloc(static_cast<size_t>(s_.n * k_total) * dtype_size(t)));
+      for (int r = 0; r < s_.world; ++r) {
+        LOOM_TRY(fill_matrix(offset_elements(ref_a.p, r * s_.k_rank, t), t, s_.m, s_.k_rank, k_total, seed_a(), r, stream_));
+        if (kn) {
+          LOOM_TRY(fill_matrix(offset_elements(ref_b.p, r * s_.k_rank * s_.n, t), t, s_.k_rank, s_.n, s_.n, seed_b(), r, stream_));
+        } else {
+          LOOM_TRY(fill_matrix(offset_elements(ref_b.p, r * s_.k_rank, t), t, s_.n, s_.k_rank, k_total, seed_b(), r, stream_));
+        }
+      }
+      b_ref = ref_b.p;
+      ldb = kn ? s_.n : k_total;
+    }
+    // Sampled output rows: first and last, every shard boundary, and spread in between.
+    const int64_t out_rows = s_.out_rows();
+    std::vector<int> rows;
+    const int64_t want = std::min<int64_t>(out_rows, 256);
+    for (int64_t i = 0; i < want; ++i) rows.push_back(static_cast<int>(want == out_rows ? i : i * (out_rows - 1) / (want - 1)));
+    if (s_.op != OpId::kGemmRs && want < out_rows) {
+      for (int r = 1; r < s_.world; ++r) {
+        rows.push_back(static_cast<int>(r * (s_.m / s_.world) - 1));
+        rows.push_back(static_cast<int>(r * (s_.m / s_.world)));
+      }
+    }
+    std::sort(rows.begin(), rows.end());
+    rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+    // Rows of A the reference multiplies: gemm_rs's local row i is global row me*M/W + i.
+    std::vector<int> a_rows = rows;
+    if (s_.op == OpId::kGemmRs) {
+      for (int& r : a_rows) r += static_cast<int>(s_.me * (s_.m / s_.world));
+    }
+    DeviceBuffer d_rows, c;
+    LOOM_TRY(d_rows.alloc(a_rows.size() * sizeof(int)));
+    LOOM_TRY(c.alloc(a_rows.size() * static_cast<size_t>(s_.n) * sizeof(float)));
+    LOOM_CUDA_TRY(cudaMemcpyAsync(d_rows.p, a_rows.data(), a_rows.size() * sizeof(int), cudaMemcpyHostToDevice, stream_));
+    const int n_rows = static_cast<int>(a_rows.size());
+    const dim3 grid(static_cast<unsigned>((s_.n + 31) / 32), static_cast<unsigned>((n_rows + 31) / 32));
+    if (t == DType::kBF16) {
+      ref::gemm_fp32<__nv_bfloat16><<<grid, 256, 0, stream_>>>(
+          static_cast<const __nv_bfloat16*>(ref_a.p), static_cast<const __nv_bfloat16*>(b_ref), static_cast<float*>(c.p),
+          static_cast<const int*>(d_rows.p), n_rows, static_cast<int>(s_.n), static_cast<int>(k_total), k_total, ldb, kn);
+    } else {
+      ref::gemm_fp32<__half><<<grid, 256, 0, stream_>>>(static_cast<const __half*>(ref_a.p), static_cast<const __half*>(b_ref),
+                                                       static_cast<float*>(c.p), static_cast<const int*>(d_rows.p), n_rows,
+                                                       static_cast<int>(s_.n), static_cast<int>(k_total), k_total, ldb, kn);
+    }
+    LOOM_CUDA_TRY_LAUNCH();
+    std::vector<float> want_values(a_rows.size() * static_cast<size_t>(s_.n));
+    LOOM_CUDA_TRY(cudaMemcpyAsync(want_values.data(), c.p, want_values.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    std::vector<uint16_t> got(static_cast<size_t>(s_.n));
+    Check result;
+    double num = 0, den = 0;
+    double worst = -1;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      LOOM_CUDA_TRY(cudaMemcpyAsync(got.data(), offset_elements(out_, rows[i] * s_.n, t), got.size() * 2, cudaMemcpyDeviceToHost, stream_));
+      LOOM_CUDA_TRY(cudaStreamSynchronize(stream_));
+      for (int64_t j = 0; j < s_.n; ++j) {
+        const double g = host_value(got[static_cast<size_t>(j)], t);
+        const double w = want_values[i * static_cast<size_t>(s_.n) + static_cast<size_t>(j)];
+        const double err = std::isnan(g) ? 1e30 : (g - w) * (g - w);
+        if (std::isnan(g)) ++result.nan_count;
+        num += err;
+        den += w * w;
+        const double scaled = err / (w * w + 1.0);
+        if (scaled > worst) {
+          worst = scaled;
+          result.first_mismatch = "row " + std::to_string(rows[i]) + " col " + std::to_string(j) + ": got " + fmt("%g", g) +
+                                  " want " + fmt("%g", w);
+        }
+      }
+    }
+    result.rel_err = den > 0 ? std::sqrt(num / den) : (num > 0 ? 1e30 : 0);
+    return result;
+  }
+
+  Communicator& comm_;
+  ncclComm_t nccl_;
+  cublasHandle_t cublas_;
+  cudaStream_t stream_;
+  const TpBenchOptions& o_;
+  Shape s_;
+  DeviceBuffer a_, b_, out_plain_, gathered_, partial_;
+  SymmetricBuffer out_sym_;
+  void* out_ = nullptr;
+  size_t out_bytes_ = 0;
+};
+
+// ---- per-run state ----------------------------------------------------------------------------
+
+struct CublasContext {
+  cublasHandle_t handle = nullptr;
+  DeviceBuffer workspace;
+  ~CublasContext() {
+    if (handle) cublasDestroy(handle);
+  }
+  Status init(cudaStream_t stream) {
+    LOOM_TRY(cublas_status(cublasCreate(&handle), "cublasCreate"));
+    const size_t bytes = size_t{32} << 20;
+    LOOM_TRY(workspace.alloc(bytes));
+    LOOM_TRY(cublas_status(cublasSetStream(handle, stream), "cublasSetStream"));
+    return cublas_status(cublasSetWorkspace(handle, workspace.p, bytes), "cublasSetWorkspace");
+  }
+};
+
+struct StreamHolder {
+  cudaStream_t stream = nullptr;
+  ~StreamHolder() {
+    if (stream) cudaStreamDestroy(stream);
+  }
+};
+
+Result<std::vector<Shape>> shapes_of(const Communicator& comm, const TpBenchOptions& o) {
+  std::vector<Shape> shapes;
+  const int world = comm.local_world_size();
+  for (OpId op : o.ops) {
+    const bool ag = op == OpId::kAgGemm;
+    const int64_t n = o.n > 0 ? o.n : (ag ? 14336 : 8192);
+    const int64_t k = o.k > 0 ? o.k : (ag ? 8192 : 14336);
+    if (!ag && k % world != 0) {
+      return Status::invalid_argument(std::string(tp_op_name(op)) + ": the global K = " + std::to_string(k) +
+                                      " does not split over " + std::to_string(world) + " ranks");
+    }
+    for (int64_t m : o.m) {
+      if (m % world != 0) {
+        return Status::invalid_argument(std::string(tp_op_name(op)) + ": M = " + std::to_string(m) +
+                                        " is not a multiple of the " + std::to_string(world) + " ranks (NCCL's collectives need it too)");
+      }
+      shapes.push_back(Shape{op, m, n, k, ag ? k : k / world, world, comm.local_rank()});
+    }
+  }
+  return shapes;
+}
+
+std::string plan_text(const planner::TpPlan& p) {
+  return std::string(planner::tp_algorithm_name(p.algorithm)) + "/" + std::to_string(p.comm_ctas) + "/" +
+         std::string(gemm_tile_name(p.tile)) + " (" + p.source + ")";
+}
+
+nlohmann::json plan_json(const planner::TpPlan& p) {
+  return {{"algorithm", std::string(planner::tp_algorithm_name(p.algorithm))},
+          {"comm_ctas", p.comm_ctas},
+          {"tile", std::string(gemm_tile_name(p.tile))},
+          {"source", p.source}};
+}
+
+Row base_row(const Shape& s, const TpBenchOptions& o) {
+  Row row;
+  row.op = std::string(tp_op_name(s.op));
+  row.dtype = std::string(dtype_name(o.dtype));
+  row.m = s.m;
+  row.n = s.n;
+  row.k = s.k_global;  // gemm_rs / gemm_ar: the full K; each rank holds k_per_rank
+  row.extra["k_per_rank"] = s.k_rank;
+  row.extra["b_layout"] = std::string(b_layout_name(o.b_layout));
+  row.extra["iters"] = o.iters;
+  row.extra["warmup"] = o.warmup;
+  return row;
+}
+
+bool is_tp_row(const Row& r) { return r.op == "ag_gemm" || r.op == "gemm_rs" || r.op == "gemm_ar"; }
+
+std::optional<double> hidden_fraction(const Row& r) {
+  auto get = [&](const char* key) -> double {
+    auto it = r.ms.find(key);
+    return it == r.ms.end() ? -1 : it->second;
+  };
+  const double loom = get("loom"), base = get("nccl_cublas"), gemm = get("cublas");
+  if (loom <= 0 || base <= 0 || gemm <= 0 || base - gemm <= 0) return std::nullopt;
+  return (base - loom) / (base - gemm);
+}
+
+}  // namespace
+
+// ---- loom-bench ag_gemm | gemm_rs | gemm_ar ---------------------------------------------------
+
+Status run_tp_bench(Communicator& comm, ncclComm_t nccl, const TpBenchOptions& o, Report& report) {
+  if (o.dtype != DType::kBF16 && o.dtype != DType::kF16) {
+    return Status::invalid_argument("tensor-parallel benches run bf16 or fp16 (got " + std::string(dtype_name(o.dtype)) + ")");
+  }
+  if (comm.num_nodes() > 1) return Status::unsupported("the tensor-parallel operators run within one node");
+  LOOM_ASSIGN_OR_RETURN(std::vector<Shape> shapes, shapes_of(comm, o));
+  StreamHolder stream;
+  LOOM_CUDA_TRY(cudaStreamCreateWithFlags(&stream.stream, cudaStreamNonBlocking));
+  CublasContext cublas;
+  LOOM_TRY(cublas.init(stream.stream));
+  LOOM_ASSIGN_OR_RETURN(const planner::TuningCache* cache, planner::tuning_cache_from_env());
+  auto sync = [&] { return comm.synchronize(stream.stream); };
+  Status status;
+  for (const Shape& shape : shapes) {
+    Row row = base_row(shape, o);
+    TpCase c(comm, nccl, cublas.handle, stream.stream, o, shape);
+    LOOM_TRY(c.setup());
+    // The plan the operator will pick (same request, options and cache).
+    const planner::TpRequest request = c.request();
+    Result<planner::TpPlan> plan = planner::plan_tp(request, o.loom, cache);
+    if (plan.ok()) {
+      row.extra["plan"] = plan_json(*plan);
+      const planner::TpEstimate e = planner::estimate_tp(request, plan->comm_ctas, plan->tile);
+      row.extra["model_ms"] = {{"loom", (plan->algorithm == TpAlgorithm::kFused ? e.fused_s : e.decomposed_s) * 1e3},
+                               {"fused", e.fused_s * 1e3},
+                               {"decomposed", e.decomposed_s * 1e3},
+                               {"gemm", e.gemm_s * 1e3},
+                               {"comm", e.comm_s * 1e3}};
+    }
+
+    // Correctness once, then loom's timing.
+    Status loom_status;
+    Result<Check> check = c.check(o.loom);
+    if (!check.ok()) {
+      loom_status = check.status();
+    } else {
+      LOOM_ASSIGN_OR_RETURN(double rel_err, max_over_ranks(comm, check->rel_err));
+      LOOM_ASSIGN_OR_RETURN(double nans, max_over_ranks(comm, static_cast<double>(check->nan_count)));
+      row.rel_err = rel_err;
+      row.extra["nan_elements"] = nans;
+      if (!(rel_err <= o.max_rel_err)) {
+        row.extra["first_mismatch"] = check->first_mismatch;
+        Status wrong = Status::internal(shape.text() + ": loom's result is wrong: rel_err " + fmt("%.3g", rel_err) +
+                                        " (limit " + fmt("%.3g", o.max_rel_err) + "), " +
+                                        std::to_string(static_cast<long long>(nans)) + " NaN elements sampled; on rank " +
+                                        std::to_string(comm.rank()) + " worst " + check->first_mismatch);
+        loom_status = wrong;
+      }
+      LOOM_TRY(comm.barrier());
+      Result<Timing> t = time_op(stream.stream, o.warmup, o.iters, [&] { return c.launch_loom(o.loom); }, sync);
+      if (t.ok()) {
+        row.ms["loom"] = median_max(comm, *t, status);
+      } else if (loom_status.ok()) {
+        loom_status = t.status();
+      }
+    }
+    if (!loom_status.ok()) {
+      row.extra["loom_error"] = loom_status.to_string();
+      if (status.ok()) status = loom_status;
+      if (!comm.health().ok()) {  // a device-side failure ends the communicator: stop here
+        report.add(std::move(row));
+        return status;
+      }
+    }
+
+    if (o.baselines) {
+      LOOM_TRY(comm.barrier());
+      LOOM_ASSIGN_OR_RETURN(Timing gemm_t, time_op(stream.stream, o.warmup, o.iters, [&] { return c.cublas_alone(); }, sync));
+      row.ms["cublas"] = median_max(comm, gemm_t, status);
+      LOOM_TRY(comm.barrier());
+      LOOM_ASSIGN_OR_RETURN(Timing nccl_t, time_op(stream.stream, o.warmup, o.iters, [&] { return c.nccl_alone(); }, sync));
+      row.ms["nccl"] = median_max(comm, nccl_t, status);
+      LOOM_TRY(comm.barrier());
+      LOOM_ASSIGN_OR_RETURN(Timing base_t, time_op(stream.stream, o.warmup, o.iters, [&] { return c.nccl_then_cublas(); }, sync));
+      row.ms["nccl_cublas"] = median_max(comm, base_t, status);
+    }
+    const double flop = 2.0 * static_cast<double>(shape.m) * static_cast<double>(shape.n) * static_cast<double>(shape.k_rank);
+    nlohmann::json tflops = nlohmann::json::object();
+    for (const char* key : {"loom", "cublas"}) {
+      if (auto it = row.ms.find(key); it != row.ms.end() && it->second > 0) tflops[key] = flop / (it->second * 1e-3) / 1e12;
+    }
+    row.extra["tflops"] = tflops;
+    const std::optional<double> h = hidden_fraction(row);
+    row.extra["h"] = h ? nlohmann::json(*h) : nlohmann::json(nullptr);
+    nlohmann::json ratios = nlohmann::json::object();
+    if (row.ms.count("loom") && row.ms.count("cublas")) ratios["loom_over_cublas"] = row.ms["loom"] / row.ms["cublas"];
+    if (row.ms.count("loom") && row.ms.count("nccl_cublas")) ratios["nccl_cublas_over_loom"] = row.ms["nccl_cublas"] / row.ms["loom"];
+    row.extra["ratios"] = ratios;
+
+    if (comm.rank() == 0) {
+      auto ms = [&](const char* key) { return row.ms.count(key) ? fmt("%.4f", row.ms[key]) : std::string("-"); };
+      std::printf("%-34s %-2s loom %s | cuBLAS %s | NCCL %s | NCCL+cuBLAS %s | h %s | plan %s | rel_err %s%s\n",
+                  shape.text().c_str(), std::string(b_layout_name(o.b_layout)).c_str(), ms("loom").c_str(), ms("cublas").c_str(),
+                  ms("nccl").c_str(), ms("nccl_cublas").c_str(), h ? fmt("%.2f", *h).c_str() : "-",
+                  plan.ok() ? plan_text(*plan).c_str() : plan.status().to_string().c_str(),
+                  row.rel_err ? fmt("%.2e", *row.rel_err).c_str() : "-",
+                  loom_status.ok() ? "" : ("  ERROR " + loom_status.to_string()).c_str());
+      std::fflush(stdout);
+    }
+    report.add(std::move(row));
+  }
+  return status;
+}
+
+// ---- loom-bench tune ----------------------------------------------------------------------------
+
+Status run_tp_tune(Communicator& comm, const TpTuneOptions& options, Report& report) {
+  const TpBenchOptions& o = options.bench;
+  if (options.cache_path.empty()) return Status::invalid_argument("tune: --cache FILE is required");
+  if (o.dtype != DType::kBF16 && o.dtype != DType::kF16) return Status::invalid_argument("tune: bf16 or fp16 only");
+  // The "model" candidate must be the cost model, not an older cache the operators would read.
+  if (std::getenv("LOOM_TUNING_CACHE") != nullptr) {
+    if (comm.rank() == 0) std::fprintf(stderr, "loom-bench tune: ignoring LOOM_TUNING_CACHE while tuning\n");
+    unsetenv("LOOM_TUNING_CACHE");
+  }
+  LOOM_ASSIGN_OR_RETURN(std::vector<Shape> shapes, shapes_of(comm, o));
+  StreamHolder stream;
+  LOOM_CUDA_TRY(cudaStreamCreateWithFlags(&stream.stream, cudaStreamNonBlocking));
+  CublasContext cublas;
+  LOOM_TRY(cublas.init(stream.stream));
+  auto sync = [&] { return comm.synchronize(stream.stream); };
+  struct TunedEntry {
+    planner::TpKey key;
+    planner::TpPlan plan;
+    double ms;
+  };
+  std::vector<TunedEntry> tuned;
+  Status status;
+  for (const Shape& shape : shapes) {
+    TpCase c(comm, nullptr, cublas.handle, stream.stream, o, shape);
+    LOOM_TRY(c.setup());
+    const planner::TpRequest request = c.request();
+    struct Candidate {
+      std::string label;
+      TpGemmOptions options;
+    };
+    std::vector<Candidate> candidates;
+    TpGemmOptions model_options;
+    model_options.tile = o.loom.tile;
+    candidates.push_back({"model", model_options});
+    // Fused with each tile the fused kernels have (or the one forced); ag_gemm also with each
+    // comm CTA count (gemm_rs / gemm_ar move data from the epilogues and have no comm CTAs).
+    std::vector<GemmTile> tiles = {GemmTile::k128x256, GemmTile::k128x128};
+    if (o.loom.tile != GemmTile::kAuto) tiles = {o.loom.tile};
+    for (GemmTile tile : tiles) {
+      TpGemmOptions x = model_options;
+      x.algorithm = TpAlgorithm::kFused;
+      x.tile = tile;
+      const std::string label = "fused/" + std::string(gemm_tile_name(tile));
+      if (shape.op != OpId::kAgGemm) {
+        candidates.push_back({label, x});
+        continue;
+      }
+      for (int ctas : options.comm_ctas) {
+        if (ctas < 1 || ctas >= request.sm_count) continue;
+        x.comm_ctas = ctas;
+        candidates.push_back({label + "/" + std::to_string(ctas), x});
+      }
+    }
+    if (options.try_decomposed) {
+      TpGemmOptions x = model_options;
+      x.algorithm = TpAlgorithm::kDecomposed;
+      candidates.push_back({"decomposed", x});
+    }
+    nlohmann::json timings = nlohmann::json::object();
+    double best_ms = 0;
+    const Candidate* best = nullptr;
+    for (const Candidate& cand : candidates) {
+      Result<Check> check = c.check(cand.options);
+      Status cand_status = check.status();
+      double ms = 0;
+      if (check.ok()) {
+        LOOM_ASSIGN_OR_RETURN(double rel_err, max_over_ranks(comm, check->rel_err));
+        if (!(rel_err <= o.max_rel_err)) {
+          Status wrong = Status::internal("rel_err " + fmt("%.3g", rel_err));
+          cand_status = wrong;
+        } else {
+          LOOM_TRY(comm.barrier());
+          Result<Timing> t = time_op(stream.stream, o.warmup, o.iters, [&] { return c.launch_loom(cand.options); }, sync);
+          cand_status = t.status();
+          if (t.ok()) ms = median_max(comm, *t, status);
+        }
+      }
+      if (!comm.health().ok()) return cand_status;  // device-side failure: the communicator is gone
+      timings[cand.label] = cand_status.ok() ? nlohmann::json(ms) : nlohmann::json(cand_status.to_string());
+      if (cand_status.ok() && (best == nullptr || ms < best_ms)) {
+        best = &cand;
+        best_ms = ms;
+      }
+      if (comm.rank() == 0) {
+        std::printf("tune %-34s %-12s %s\n", shape.text().c_str(), cand.label.c_str(),
+                    cand_status.ok() ? fmt("%.4f ms", ms).c_str() : cand_status.to_string().c_str());
+        std::fflush(stdout);
+      }
+    }
+    Row row = base_row(shape, o);
+    row.extra["tune_ms"] = timings;
+    if (best == nullptr) {
+      const Status none = Status::internal("tune: " + shape.text() + ": no candidate ran correctly");
+      row.extra["loom_error"] = none.to_string();
+      if (status.ok()) status = none;
+      report.add(std::move(row));
+      continue;
+    }
+    LOOM_ASSIGN_OR_RETURN(planner::TpPlan plan, planner::plan_tp(request, best->options, nullptr));
+    tuned.push_back({planner::key_of(request), plan, best_ms});
+    row.ms["loom"] = best_ms;
+    row.extra["chosen"] = best->label;
+    row.extra["plan"] = plan_json(plan);
+    if (comm.rank() == 0) std::printf("tune %-34s -> %s (%s)\n", shape.text().c_str(), best->label.c_str(), plan_text(plan).c_str());
+    report.add(std::move(row));
+  }
+  if (comm.rank() == 0 && !tuned.empty()) {
+    // Merge: entries for shapes not tuned in this run stay.
+    LOOM_ASSIGN_OR_RETURN(planner::TuningCache merged, planner::TuningCache::load(options.cache_path));
+    for (const TunedEntry& e : tuned) merged.put(e.key, e.plan, e.ms);
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, comm.device()) == cudaSuccess) merged.set_gpu(prop.name);
+    LOOM_TRY(merged.save(options.cache_path));
+    std::printf("tune: wrote %zu entries (%zu from this run) to %s\n", merged.size(), tuned.size(), options.cache_path.c_str());
+  }
+  return status;
+}
+
+uint64_t tp_heap_bytes(const TpBenchOptions& o, int world) {
+  // gemm_ar's output is symmetric; the operators' workspaces (gathered A, partial sums, possibly
+  // in fp32) come from the same heap: budget two fp32 [M, max(N, K)] on top.
+  uint64_t need = 0;
+  for (OpId op : o.ops) {
+    const bool ag = op == OpId::kAgGemm;
+    const uint64_t n = static_cast<uint64_t>(o.n > 0 ? o.n : (ag ? 14336 : 8192));
+    const uint64_t k = static_cast<uint64_t>(o.k > 0 ? o.k : (ag ? 8192 : 14336));
+    for (int64_t m64 : o.m) {
+      const uint64_t m = static_cast<uint64_t>(std::max<int64_t>(m64, 0));
+      const uint64_t out = op == OpId::kGemmAr ? m * n * dtype_size(o.dtype) : 0;
+      need = std::max(need, out + 2 * m * std::max(n, k) * 4);
+    }
+  }
+  (void)world;
+  return need + (uint64_t{512} << 20);
+}
+
+void print_tp_table(const Report& report, std::FILE* out) {
+  bool any = false;
+  for (const Row& r : report.rows()) any = any || is_tp_row(r);
+  if (!any) return;
+  std::fprintf(out, "\n%-8s %-22s %-3s %9s %9s %9s %11s %9s %9s %6s %-26s %s\n", "op", "M x N x K", "B", "loom ms", "cuBLAS",
+               "NCCL", "NCCL+cuBLAS", "loom/cuB", "speedup", "h", "plan", "rel_err");
+  for (const Row& r : report.rows()) {
+    if (!is_tp_row(r)) continue;
+    auto ms = [&](const char* key) -> double {
+      auto it = r.ms.find(key);
+      return it == r.ms.end() ? -1 : it->second;
+    };
+    auto cell = [](double v, const char* f) { return v > 0 ? fmt(f, v) : std::string("-"); };
+    char shape[64];
+    std::snprintf(shape, sizeof(shape), "%lldx%lldx%lld", r.m.value_or(0), r.n.value_or(0), r.k.value_or(0));
+    const double loom = ms("loom"), cub = ms("cublas"), base = ms("nccl_cublas");
+    const std::optional<double> h = hidden_fraction(r);
+    std::string plan = "-";
+    if (r.extra.contains("plan")) {
+      const nlohmann::json& p = r.extra["plan"];
+      plan = p.value("algorithm", "?") + "/" + std::to_string(p.value("comm_ctas", 0)) + "/" + p.value("tile", "?") + " " +
+             p.value("source", "?");
+    }
+    std::string err = r.rel_err ? fmt("%.1e", *r.rel_err) : std::string("-");
+    if (r.extra.contains("loom_error")) err += " ERROR";
+    std::fprintf(out, "%-8s %-22s %-3s %9s %9s %9s %11s %9s %9s %6s %-26s %s\n", r.op.c_str(), shape,
+                 r.extra.value("b_layout", "?").c_str(), cell(loom, "%.4f").c_str(), cell(cub, "%.4f").c_str(),
+                 cell(ms("nccl"), "%.4f").c_str(), cell(base, "%.4f").c_str(),
+                 loom > 0 && cub > 0 ? fmt("%.3f", loom / cub).c_str() : "-",
+                 loom > 0 && base > 0 ? fmt("%.3fx", base / loom).c_str() : "-", h ? fmt("%.2f", *h).c_str() : "-",
+                 plan.c_str(), err.c_str());
+  }
+  std::fflush(out);
+}
+
+}  // namespace loom::bench
