@@ -11,6 +11,7 @@
 #include "kernels/tp/ag_gemm.cuh"
 #include "loom/collectives.h"
 #include "loom/gemm.h"
+#include "ops/collective_common.h"
 #include "ops/tp_common.h"
 
 namespace loom {
@@ -79,7 +80,7 @@ Status run_decomposed(Communicator& comm, const TpGemmArgs& a, const TpDecision&
     LOOM_ASSIGN_OR_RETURN(gathered, ops::tp::ensure_workspace(comm, static_cast<size_t>(a.m * a.k) * e, stream, "ag_gemm"));
   }
   const size_t shard = static_cast<size_t>(a.m / impl.topology.local_world_size * a.k);
-  LOOM_TRY_CTX(all_gather(comm, a.a, gathered, shard, a.dtype, stream), "ag_gemm (decomposed)");
+  LOOM_TRY_CTX(ops::all_gather_for(comm, a.a, gathered, shard, a.dtype, stream, {}, OpId::kAgGemm), "ag_gemm (decomposed)");
   return gemm(ops::tp::local_gemm(gathered, a.b, a.out, a.m, a), stream, ops::tp::gemm_options_for(d));
 }
 

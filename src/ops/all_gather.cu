@@ -5,8 +5,10 @@
 
 namespace loom {
 
-Status all_gather(Communicator& comm, const void* send, void* recv, size_t count, DType dtype, cudaStream_t stream,
-                  const CollectiveOptions& options) {
+namespace ops {
+
+Status all_gather_for(Communicator& comm, const void* send, void* recv, size_t count, DType dtype, cudaStream_t stream,
+                  const CollectiveOptions& options, OpId label) {
   Communicator::Impl& impl = comm.impl();
   LOOM_TRY_CTX(ops::check_collective_common(impl, "all_gather", count, dtype), "all_gather");
   if (count == 0) return {};
@@ -20,6 +22,7 @@ Status all_gather(Communicator& comm, const void* send, void* recv, size_t count
 
   kernels::CollectiveArgs args{};
   args.comm = impl.device_comm();
+  args.op = static_cast<uint32_t>(label);
   args.send = static_cast<const char*>(send);
   args.recv = static_cast<char*>(recv);
   args.recv_offset = recv_offset;
@@ -35,6 +38,13 @@ Status all_gather(Communicator& comm, const void* send, void* recv, size_t count
   }
   LOOM_CUDA_TRY_LAUNCH();
   return {};
+}
+
+}  // namespace ops
+
+Status all_gather(Communicator& comm, const void* send, void* recv, size_t count, DType dtype, cudaStream_t stream,
+                  const CollectiveOptions& options) {
+  return ops::all_gather_for(comm, send, recv, count, dtype, stream, options, OpId::kAllGather);
 }
 
 }  // namespace loom

@@ -5,8 +5,10 @@
 
 namespace loom {
 
-Status all_reduce(Communicator& comm, const void* send, void* recv, size_t count, DType dtype, cudaStream_t stream,
-                  const CollectiveOptions& options) {
+namespace ops {
+
+Status all_reduce_for(Communicator& comm, const void* send, void* recv, size_t count, DType dtype, cudaStream_t stream,
+                  const CollectiveOptions& options, OpId label) {
   Communicator::Impl& impl = comm.impl();
   LOOM_TRY_CTX(ops::check_collective_common(impl, "all_reduce", count, dtype), "all_reduce");
   if (options.engine == CopyEngineChoice::kBulk) {
@@ -21,6 +23,7 @@ Status all_reduce(Communicator& comm, const void* send, void* recv, size_t count
 
   kernels::CollectiveArgs args{};
   args.comm = impl.device_comm();
+  args.op = static_cast<uint32_t>(label);
   args.send = static_cast<const char*>(send);
   args.recv = static_cast<char*>(recv);
   args.send_offset = send_offset;
@@ -34,6 +37,13 @@ Status all_reduce(Communicator& comm, const void* send, void* recv, size_t count
     LOOM_CUDA_TRY_LAUNCH();
     return {};
   });
+}
+
+}  // namespace ops
+
+Status all_reduce(Communicator& comm, const void* send, void* recv, size_t count, DType dtype, cudaStream_t stream,
+                  const CollectiveOptions& options) {
+  return ops::all_reduce_for(comm, send, recv, count, dtype, stream, options, OpId::kAllReduce);
 }
 
 }  // namespace loom

@@ -44,6 +44,15 @@ inline Result<planner::CollectivePlan> plan_for(const Communicator::Impl& impl, 
   return planner::plan_collective(request);
 }
 
+// The collectives with the operator they serve recorded in error records (a decomposed
+// ag_gemm's all_gather times out as "ag_gemm"); the public functions pass their own OpId.
+Status all_gather_for(Communicator& comm, const void* send, void* recv, size_t count, DType dtype, cudaStream_t stream,
+                      const CollectiveOptions& options, OpId label);
+Status reduce_scatter_for(Communicator& comm, const void* send, void* recv, size_t recv_count, DType dtype,
+                          cudaStream_t stream, const CollectiveOptions& options, OpId label);
+Status all_reduce_for(Communicator& comm, const void* send, void* recv, size_t count, DType dtype, cudaStream_t stream,
+                      const CollectiveOptions& options, OpId label);
+
 // Runs `launch` with T = the CUDA element type of `dtype`.
 template <typename Fn>
 Status dispatch_dtype(DType dtype, Fn&& launch) {

@@ -10,6 +10,7 @@
 #include "kernels/tp/gemm_ar.cuh"
 #include "loom/collectives.h"
 #include "loom/gemm.h"
+#include "ops/collective_common.h"
 #include "ops/tp_common.h"
 
 namespace loom {
@@ -36,7 +37,7 @@ Status check_buffers(Communicator::Impl& impl, const TpGemmArgs& a) {
 // out, reading every rank's copy of that chunk before anyone writes it: collectives.h).
 Status run_decomposed(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, cudaStream_t stream) {
   LOOM_TRY(gemm(ops::tp::local_gemm(a.a, a.b, a.out, a.m, a), stream, ops::tp::gemm_options_for(d)));
-  return all_reduce(comm, a.out, a.out, static_cast<size_t>(a.m * a.n), a.dtype, stream).with_context("gemm_ar (decomposed)");
+  return ops::all_reduce_for(comm, a.out, a.out, static_cast<size_t>(a.m * a.n), a.dtype, stream, {}, OpId::kGemmAr).with_context("gemm_ar (decomposed)");
 }
 
 Status run_fused(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, cudaStream_t stream) {

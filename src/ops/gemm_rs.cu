@@ -9,6 +9,7 @@
 #include "kernels/tp/gemm_rs.cuh"
 #include "loom/collectives.h"
 #include "loom/gemm.h"
+#include "ops/collective_common.h"
 #include "ops/tp_common.h"
 
 namespace loom {
@@ -37,7 +38,7 @@ Status run_decomposed(Communicator& comm, const TpGemmArgs& a, const TpDecision&
   LOOM_ASSIGN_OR_RETURN(void* partial, ops::tp::ensure_workspace(comm, static_cast<size_t>(a.m * a.n) * e, stream, "gemm_rs"));
   LOOM_TRY(gemm(ops::tp::local_gemm(a.a, a.b, partial, a.m, a), stream, ops::tp::gemm_options_for(d)));
   const size_t rows = static_cast<size_t>(a.m / world);
-  return reduce_scatter(comm, partial, a.out, rows * static_cast<size_t>(a.n), a.dtype, stream)
+  return ops::reduce_scatter_for(comm, partial, a.out, rows * static_cast<size_t>(a.n), a.dtype, stream, {}, OpId::kGemmRs)
       .with_context("gemm_rs (decomposed)");
 }
 

@@ -5,8 +5,10 @@
 
 namespace loom {
 
-Status reduce_scatter(Communicator& comm, const void* send, void* recv, size_t recv_count, DType dtype,
-                      cudaStream_t stream, const CollectiveOptions& options) {
+namespace ops {
+
+Status reduce_scatter_for(Communicator& comm, const void* send, void* recv, size_t recv_count, DType dtype,
+                      cudaStream_t stream, const CollectiveOptions& options, OpId label) {
   Communicator::Impl& impl = comm.impl();
   LOOM_TRY_CTX(ops::check_collective_common(impl, "reduce_scatter", recv_count, dtype), "reduce_scatter");
   if (options.engine == CopyEngineChoice::kBulk) {
@@ -21,6 +23,7 @@ Status reduce_scatter(Communicator& comm, const void* send, void* recv, size_t r
 
   kernels::CollectiveArgs args{};
   args.comm = impl.device_comm();
+  args.op = static_cast<uint32_t>(label);
   args.send = static_cast<const char*>(send);
   args.recv = static_cast<char*>(recv);
   args.send_offset = send_offset;
@@ -34,6 +37,13 @@ Status reduce_scatter(Communicator& comm, const void* send, void* recv, size_t r
     LOOM_CUDA_TRY_LAUNCH();
     return {};
   });
+}
+
+}  // namespace ops
+
+Status reduce_scatter(Communicator& comm, const void* send, void* recv, size_t recv_count, DType dtype,
+                      cudaStream_t stream, const CollectiveOptions& options) {
+  return ops::reduce_scatter_for(comm, send, recv, recv_count, dtype, stream, options, OpId::kReduceScatter);
 }
 
 }  // namespace loom

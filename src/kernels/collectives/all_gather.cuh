@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(AllGatherConfig::kThreads, 1) all_gather_kerne
   extern __shared__ __align__(128) char smem[];
   const DeviceComm& c = a.comm;
   const uint64_t epoch = launch_epoch(c.epoch_state);
-  const WaitContext ctx = WaitContext::start(c.wait, OpId::kAllGather, epoch);
+  const WaitContext ctx = WaitContext::start(c.wait, static_cast<OpId>(a.op), epoch);
   const int me = c.local_rank;
   const int world = c.local_world;
   const uint32_t cta = blockIdx.x;

@@ -30,6 +30,7 @@ struct CollectiveArgs {
   uint64_t recv_offset;  // heap offset of `recv` (valid when peers write it)
   uint64_t bytes;        // per-rank payload: AG shard, RS output, AR whole buffer
   uint32_t vectorizable; // all bases and chunk boundaries are 16-byte aligned
+  uint32_t op;           // OpId recorded on failure: the collective, or the operator it serves
 };
 
 __device__ __forceinline__ char* peer_heap(const DeviceComm& c, int peer) {

@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(ReduceConfig::kThreads, 1) reduce_scatter_kern
   extern __shared__ __align__(16) uint64_t bases_smem[];  // [local_world]
   const DeviceComm& c = a.comm;
   const uint64_t epoch = launch_epoch(c.epoch_state);
-  const WaitContext ctx = WaitContext::start(c.wait, OpId::kReduceScatter, epoch);
+  const WaitContext ctx = WaitContext::start(c.wait, static_cast<OpId>(a.op), epoch);
   const uint64_t* bases = stage_peer_bases(c, bases_smem);
   const uint32_t cta = blockIdx.x;
 
