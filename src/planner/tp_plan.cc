@@ -118,6 +118,7 @@ struct ModelPlans {
   TpPlan fused, decomposed;
   TpPlan choose(const TpRequest& r, const TpCostModel& model) const {
     if (r.local_world == 1 || !fused_can_run(r, model)) return decomposed;  // one rank: a plain GEMM
+    if (!model.fused_by_default) return decomposed;
     const double fused_s = estimate_tp(r, fused.comm_ctas, fused.tile, model).fused_s;
     const double decomposed_s = estimate_tp(r, fused.comm_ctas, decomposed.tile, model).decomposed_s;
     return fused_s <= decomposed_s * (1 - model.fused_min_gain) ? fused : decomposed;

@@ -194,11 +194,29 @@ TEST(TpPlanOptions, OutOfRangeOptionsAreInvalidWithTheReason) {
 
 // ---- cost model ----------------------------------------------------------------------------------
 
+// The model with the fused kernels enabled (they are off by default until they are fast, see
+// TpCostModel::fused_by_default).
+TpCostModel fused_enabled() {
+  TpCostModel m;
+  m.fused_by_default = true;
+  return m;
+}
+
+TEST(TpPlanModel, DecomposedByDefaultUntilTheFusedKernelsAreFast) {
+  for (OpId op : kOps) {
+    for (int64_t m : kIssueMs) {
+      Result<TpPlan> p = plan_tp(issue_request(op, m), {}, nullptr);
+      ASSERT_TRUE(p.ok()) << p.status().to_string();
+      EXPECT_EQ(p->algorithm, TpAlgorithm::kDecomposed) << tp_op_name(op) << " M=" << m;
+    }
+  }
+}
+
 TEST(TpPlanModel, IssueShapesOnTwoH200sAreFusedWithAFewCommCtas) {
   for (OpId op : kOps) {
     for (int64_t m : kIssueMs) {
       const TpRequest r = issue_request(op, m);
-      Result<TpPlan> p = plan_tp(r, {}, nullptr);
+      Result<TpPlan> p = plan_tp(r, {}, nullptr, fused_enabled());
       ASSERT_TRUE(p.ok()) << p.status().to_string();
       const TpEstimate e = estimate_tp(r, p->comm_ctas, p->tile);
       EXPECT_EQ(p->algorithm, TpAlgorithm::kFused)
@@ -252,9 +270,9 @@ TEST(TpPlanModel, ForcedAlgorithmGetsTheModelsSplitForIt) {
 }
 
 TEST(TpPlanModel, CommCtasAreTheFewestThatFinishEarlyEnough) {
-  const TpCostModel model;
+  const TpCostModel model = fused_enabled();
   const TpRequest r = issue_request(OpId::kAgGemm, 16384);
-  Result<TpPlan> p = plan_tp(r, {}, nullptr);
+  Result<TpPlan> p = plan_tp(r, {}, nullptr, model);
   ASSERT_TRUE(p.ok());
   auto window = [&](const TpEstimate& e) { return e.gemm_s / model.fused_compute_efficiency * (r.local_world - 1) / r.local_world; };
   const TpEstimate chosen = estimate_tp(r, p->comm_ctas, p->tile);
