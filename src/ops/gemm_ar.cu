@@ -41,19 +41,8 @@ Status run_decomposed(Communicator& comm, const TpGemmArgs& a, const TpDecision&
 }
 
 Status run_fused(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, cudaStream_t stream) {
-  Communicator::Impl& impl = comm.impl();
-  const int world = impl.topology.local_world_size;
-  LOOM_ASSIGN_OR_RETURN(void* staging,
-                        ops::tp::ensure_workspace(comm, ops::tp::reduce_staging_bytes(a, world), stream, "gemm_ar"));
-  kt::ReduceGemmParams p{};
-  LOOM_TRY(ops::tp::build_reduce_params(impl, a, d, staging, /*broadcast=*/true, &p));
-  return ops::tp::dispatch_fused(d.tile, a.dtype, a.b_layout, [&]<class Cfg, bool kBF16, bool kBNMajor>() -> Status {
-    auto* kernel = &kt::gemm_ar_kernel<Cfg, kBF16, kBNMajor>;
-    LOOM_TRY(ops::tp::prepare_kernel(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes));
-    kernel<<<d.grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-    LOOM_CUDA_TRY_LAUNCH();
-    return Status{};
-  });
+  return ops::tp::launch_reduce_fused(comm, a, d, stream, /*broadcast=*/true, "gemm_ar",
+                                      []<class Cfg, bool kBF16, bool kBNMajor>() { return &kt::gemm_ar_kernel<Cfg, kBF16, kBNMajor>; });
 }
 
 }  // namespace

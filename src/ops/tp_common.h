@@ -389,4 +389,23 @@ inline Status build_reduce_params(Communicator::Impl& impl, const TpGemmArgs& a,
   return {};
 }
 
+// The fused gemm_rs / gemm_ar launch: staging workspace, kernel parameters, one persistent kernel.
+// `kernel_of` is a lambda template `[]<class Cfg, bool kBF16, bool kBNMajor>() { return &kernel<...>; }`.
+template <class KernelOf>
+Status launch_reduce_fused(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, cudaStream_t stream,
+                           bool broadcast, const char* op, KernelOf kernel_of) {
+  Communicator::Impl& impl = comm.impl();
+  const int world = impl.topology.local_world_size;
+  LOOM_ASSIGN_OR_RETURN(void* staging, ensure_workspace(comm, reduce_staging_bytes(a, world), stream, op));
+  kernels::tp::ReduceGemmParams p{};
+  LOOM_TRY(build_reduce_params(impl, a, d, staging, broadcast, &p));
+  return dispatch_fused(d.tile, a.dtype, a.b_layout, [&]<class Cfg, bool kBF16, bool kBNMajor>() -> Status {
+    auto* kernel = kernel_of.template operator()<Cfg, kBF16, kBNMajor>();
+    LOOM_TRY(prepare_kernel(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes));
+    kernel<<<d.grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+    LOOM_CUDA_TRY_LAUNCH();
+    return Status{};
+  });
+}
+
 }  // namespace loom::ops::tp
