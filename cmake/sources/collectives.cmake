@@ -18,4 +18,5 @@ list(APPEND LOOM_BENCH_SOURCES
   tools/loom-bench/launch.cc
   tools/loom-bench/report.cc
   tools/loom-bench/timing.cc
-  tools/loom-bench/collectives_bench.cu)
+  tools/loom-bench/collectives_bench.cu
+  tools/loom-bench/baselines.cc)

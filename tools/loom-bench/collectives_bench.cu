@@ -3,6 +3,8 @@
 // are timed (median of --iters after --warmup, max over ranks).
 #include "collectives_bench.h"
 
+#include "baselines.h"
+
 #include <nccl.h>
 
 #include <cstdio>
@@ -21,15 +23,6 @@ namespace {
 Status nccl_check(ncclResult_t r, const char* what) {
   if (r == ncclSuccess) return {};
   return Status::internal(std::string(what) + ": " + ncclGetErrorString(r));
-}
-
-ncclDataType_t nccl_type(DType t) {
-  switch (t) {
-    case DType::kBF16: return ncclBfloat16;
-    case DType::kF16: return ncclFloat16;
-    case DType::kF32: return ncclFloat32;
-  }
-  return ncclFloat32;
 }
 
 // nccl-tests' bus bandwidth: the per-link rate an optimal algorithm needs for that time.

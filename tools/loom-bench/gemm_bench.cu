@@ -1,5 +1,7 @@
 #include "gemm_bench.h"
 
+#include "baselines.h"
+
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -26,34 +28,6 @@ struct Buffer {
     if (p) cudaFree(p);
   }
 };
-
-Status cublas_status(cublasStatus_t s, const char* what) {
-  if (s == CUBLAS_STATUS_SUCCESS) return Status{};
-  return Status::cuda_error(std::string(what) + " failed: cuBLAS status " + std::to_string(static_cast<int>(s)));
-}
-
-cudaDataType_t cuda_type(DType t) {
-  return t == DType::kBF16 ? CUDA_R_16BF : (t == DType::kF16 ? CUDA_R_16F : CUDA_R_32F);
-}
-
-float host_value(const std::vector<uint8_t>& raw, size_t i, DType t) {
-  if (t == DType::kF32) {
-    float v;
-    std::memcpy(&v, raw.data() + 4 * i, 4);
-    return v;
-  }
-  uint16_t h;
-  std::memcpy(&h, raw.data() + 2 * i, 2);
-  if (t == DType::kBF16) {
-    const uint32_t u = static_cast<uint32_t>(h) << 16;
-    float v;
-    std::memcpy(&v, &u, 4);
-    return v;
-  }
-  __half_raw r;
-  r.x = h;
-  return __half2float(__half(r));
-}
 
 // Relative error of D (rows `rows` of [M, N]) against the fp32 reference of the same rows.
 Result<double> sampled_rel_err(const GemmArgs& a, const std::vector<int>& rows) {
@@ -85,7 +59,7 @@ Result<double> sampled_rel_err(const GemmArgs& a, const std::vector<int>& rows) 
     LOOM_CUDA_TRY(cudaMemcpy(raw.data(), static_cast<const uint8_t*>(a.d) + static_cast<size_t>(rows[i]) * a.n * es,
                              raw.size(), cudaMemcpyDeviceToHost));
     for (int64_t j = 0; j < a.n; ++j) {
-      const double g = host_value(raw, static_cast<size_t>(j), a.out_dtype);
+      const double g = host_value(raw.data(), static_cast<size_t>(j), a.out_dtype);
       const double w = want[static_cast<size_t>(i) * a.n + j];
       num += std::isnan(g) ? 1e30 : (g - w) * (g - w);
       den += w * w;
@@ -192,20 +166,9 @@ Result<std::vector<GemmBenchRow>> run_gemm_bench(const GemmBenchOptions& o) {
       x.b = b[static_cast<size_t>(i % sets)].p;
       return gemm(x, stream, gopt);
     };
-    // Row-major D[M, N] = A[M, K] * B is, column-major, D^T[N, M] = B^T * A^T: cuBLAS computes
-    // C(n x m) = op(B') (n x k) * A' (k x m) with A' = A viewed column-major (k x m, ld = K) and
-    // B' = B viewed column-major: [K, N] row-major is (n x k, ld = N), op N; [N, K] row-major is
-    // (k x n, ld = K), op T.
-    const float alpha = 1.0f, beta = 0.0f;
-    const bool kn = o.b_layout == BLayout::kKN;
     auto cublas_op = [&](int i) -> Status {
-      return cublas_status(
-          cublasGemmEx(handle, kn ? CUBLAS_OP_N : CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(row.n),
-                       static_cast<int>(row.m), static_cast<int>(row.k), &alpha, b[static_cast<size_t>(i % sets)].p,
-                       cuda_type(o.in_dtype), static_cast<int>(kn ? row.n : row.k), a[static_cast<size_t>(i % sets)].p,
-                       cuda_type(o.in_dtype), static_cast<int>(row.k), &beta, d.p, cuda_type(o.out_dtype),
-                       static_cast<int>(row.n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-          "cublasGemmEx");
+      return cublas_gemm(handle, a[static_cast<size_t>(i % sets)].p, b[static_cast<size_t>(i % sets)].p, d.p, row.m, row.n,
+                         row.k, o.b_layout, o.in_dtype, o.out_dtype);
     };
 
     if (o.check) {

@@ -12,6 +12,8 @@
 // rank can rebuild every other rank's operands for its fp32 reference.
 #include "tp_bench.h"
 
+#include "baselines.h"
+
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -51,13 +53,6 @@ Status nccl_status(ncclResult_t r, const char* what) {
   return Status::internal(std::string(what) + ": " + ncclGetErrorString(r));
 }
 
-Status cublas_status(cublasStatus_t s, const char* what) {
-  if (s == CUBLAS_STATUS_SUCCESS) return {};
-  return Status::cuda_error(std::string(what) + " failed: cuBLAS status " + std::to_string(static_cast<int>(s)));
-}
-
-ncclDataType_t nccl_type(DType t) { return t == DType::kBF16 ? ncclBfloat16 : t == DType::kF16 ? ncclFloat16 : ncclFloat32; }
-cudaDataType_t cuda_type(DType t) { return t == DType::kBF16 ? CUDA_R_16BF : t == DType::kF16 ? CUDA_R_16F : CUDA_R_32F; }
 
 struct DeviceBuffer {
   void* p = nullptr;
@@ -118,30 +113,7 @@ void* offset_elements(void* p, int64_t elements, DType t) {
   return static_cast<char*>(p) + elements * static_cast<int64_t>(dtype_size(t));
 }
 
-float host_value(const uint16_t bits, DType t) {
-  if (t == DType::kBF16) {
-    const uint32_t u = static_cast<uint32_t>(bits) << 16;
-    float v;
-    std::memcpy(&v, &u, 4);
-    return v;
-  }
-  __half_raw r;
-  r.x = bits;
-  return __half2float(__half(r));
-}
 
-// Row-major D[m, n] = A[m, k] * B with cuBLAS (column-major): D^T = op(B') * A'. B [K, N] is
-// (n x k, ld n) column-major, op N; B [N, K] is (k x n, ld k), op T.
-Status cublas_gemm(cublasHandle_t h, const void* a, const void* b, void* d, int64_t m, int64_t n, int64_t k, BLayout layout,
-                   DType t) {
-  const float alpha = 1.0f, beta = 0.0f;
-  const bool kn = layout == BLayout::kKN;
-  return cublas_status(cublasGemmEx(h, kn ? CUBLAS_OP_N : CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
-                                    static_cast<int>(k), &alpha, b, cuda_type(t), static_cast<int>(kn ? n : k), a, cuda_type(t),
-                                    static_cast<int>(k), &beta, d, cuda_type(t), static_cast<int>(n), CUBLAS_COMPUTE_32F,
-                                    CUBLAS_GEMM_DEFAULT),
-                       "cublasGemmEx");
-}
 
 double median_max(Communicator& comm, const Timing& t, Status& status) {
   Result<double> m = max_over_ranks(comm, t.median_ms);
@@ -254,8 +226,8 @@ class TpCase {
 
   // The local GEMM alone with cuBLAS: ag on the gathered [M, K], rs / ar on this rank's [M, K_r].
   Status cublas_alone() {
-    if (s_.op == OpId::kAgGemm) return cublas_gemm(cublas_, gathered_.p, b_.p, out_, s_.m, s_.n, s_.k_rank, o_.b_layout, o_.dtype);
-    return cublas_gemm(cublas_, a_.p, b_.p, partial_.p, s_.m, s_.n, s_.k_rank, o_.b_layout, o_.dtype);
+    if (s_.op == OpId::kAgGemm) return cublas_gemm(cublas_, gathered_.p, b_.p, out_, s_.m, s_.n, s_.k_rank, o_.b_layout, o_.dtype, o_.dtype);
+    return cublas_gemm(cublas_, a_.p, b_.p, partial_.p, s_.m, s_.n, s_.k_rank, o_.b_layout, o_.dtype, o_.dtype);
   }
 
   Status nccl_alone() {
@@ -370,7 +342,7 @@ class TpCase {
       LOOM_CUDA_TRY(cudaMemcpyAsync(got.data(), offset_elements(out_, rows[i] * s_.n, t), got.size() * 2, cudaMemcpyDeviceToHost, stream_));
       LOOM_CUDA_TRY(cudaStreamSynchronize(stream_));
       for (int64_t j = 0; j < s_.n; ++j) {
-        const double g = host_value(got[static_cast<size_t>(j)], t);
+        const double g = host_value(got.data(), static_cast<size_t>(j), t);
         const double w = want_values[i * static_cast<size_t>(s_.n) + static_cast<size_t>(j)];
         const double err = std::isnan(g) ? 1e30 : (g - w) * (g - w);
         if (std::isnan(g)) ++result.nan_count;
