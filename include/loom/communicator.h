@@ -72,7 +72,8 @@ class Communicator {
   // Host barrier over all ranks (bootstrap network), bounded by the bootstrap timeout.
   Status barrier();
   // Raises the abort word: running loom kernels of this communicator return within
-  // microseconds; the communicator is failed afterwards.
+  // about a millisecond (LOOM kernels read the host-mapped abort word at most every 0.5 ms per
+  // wait); the communicator is failed afterwards.
   void abort(std::string_view reason);
   // ok while usable; else the failure that ended it.
   Status health() const;

@@ -90,12 +90,10 @@ struct TpCostModel {
   // this many local ranks, each owning whole BLOCK_M tile rows, with a 128x256 or 128x128 tile.
   int fused_max_local_world = 8;
   int64_t fused_block_m = 128;
-  // Whether the model may pick the fused kernels at all. Off until they are fast: on 2 x H200
-  // (Nov 2026, bench/results/2026-11-30_34a1d12_*) fused gemm_rs / gemm_ar ran 50-100x slower
-  // than NCCL + cuBLAS and fused ag_gemm varied between 1.25 ms and 64 ms at M = 4096, while the
-  // decomposed path (loom collective + loom GEMM) beat NCCL + cuBLAS. Options and the tuning
-  // cache can still select fused.
-  bool fused_by_default = false;
+  // Whether the model may pick the fused kernels at all (false: always decomposed unless options
+  // or the tuning cache say fused). On 2 x H200 (Nov 2026) the fused gemm_rs / gemm_ar beat
+  // NCCL + cuBLAS by 1.06-1.26x at M = 1024..32768 once the waits stopped polling host memory.
+  bool fused_by_default = true;
 };
 
 // True for the tiles the fused kernels are built for (128x256, 128x128).

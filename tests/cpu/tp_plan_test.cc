@@ -194,18 +194,17 @@ TEST(TpPlanOptions, OutOfRangeOptionsAreInvalidWithTheReason) {
 
 // ---- cost model ----------------------------------------------------------------------------------
 
-// The model with the fused kernels enabled (they are off by default until they are fast, see
-// TpCostModel::fused_by_default).
-TpCostModel fused_enabled() {
+// The model with the fused kernels switched off (TpCostModel::fused_by_default).
+TpCostModel fused_disabled() {
   TpCostModel m;
-  m.fused_by_default = true;
+  m.fused_by_default = false;
   return m;
 }
 
-TEST(TpPlanModel, DecomposedByDefaultUntilTheFusedKernelsAreFast) {
+TEST(TpPlanModel, DecomposedWhenTheFusedKernelsAreSwitchedOff) {
   for (OpId op : kOps) {
     for (int64_t m : kIssueMs) {
-      Result<TpPlan> p = plan_tp(issue_request(op, m), {}, nullptr);
+      Result<TpPlan> p = plan_tp(issue_request(op, m), {}, nullptr, fused_disabled());
       ASSERT_TRUE(p.ok()) << p.status().to_string();
       EXPECT_EQ(p->algorithm, TpAlgorithm::kDecomposed) << tp_op_name(op) << " M=" << m;
     }
@@ -216,7 +215,7 @@ TEST(TpPlanModel, IssueShapesOnTwoH200sAreFusedWithAFewCommCtas) {
   for (OpId op : kOps) {
     for (int64_t m : kIssueMs) {
       const TpRequest r = issue_request(op, m);
-      Result<TpPlan> p = plan_tp(r, {}, nullptr, fused_enabled());
+      Result<TpPlan> p = plan_tp(r, {}, nullptr);
       ASSERT_TRUE(p.ok()) << p.status().to_string();
       const TpEstimate e = estimate_tp(r, p->comm_ctas, p->tile);
       EXPECT_EQ(p->algorithm, TpAlgorithm::kFused)
@@ -270,7 +269,7 @@ TEST(TpPlanModel, ForcedAlgorithmGetsTheModelsSplitForIt) {
 }
 
 TEST(TpPlanModel, CommCtasAreTheFewestThatFinishEarlyEnough) {
-  const TpCostModel model = fused_enabled();
+  const TpCostModel model;
   const TpRequest r = issue_request(OpId::kAgGemm, 16384);
   Result<TpPlan> p = plan_tp(r, {}, nullptr, model);
   ASSERT_TRUE(p.ok());

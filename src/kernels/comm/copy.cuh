@@ -69,7 +69,8 @@ __device__ __forceinline__ bool mbarrier_wait_bounded(uint64_t* bar, uint32_t pa
     if (cuda::ptx::mbarrier_try_wait_parity(bar, parity)) return true;
     if (polls % kAbortCheckInterval == kAbortCheckInterval - 1) {
       const uint64_t now = global_timer_ns();
-      if (ctx.aborted() || now > ctx.deadline_ns) {
+      // The device word only (wait.cuh explains why barrier waits never read the host's).
+      if (ctx.device_aborted() || now > ctx.deadline_ns) {
         ctx.fail(now > ctx.deadline_ns ? DeviceError::kTimeout : DeviceError::kAborted, -1, FlagKind::kNone, 0, 0, 0);
         return false;
       }

@@ -2,7 +2,13 @@
 //
 // Each wait has a deadline (launch start + LOOM_TIMEOUT_MS, read from %globaltimer) and polls
 // two abort words: the device-wide one that the first failing CTA raises, and the host-mapped
-// one the host raises (comm abort, host-side deadline). On timeout the CTA writes one error
+// one the host raises (comm abort, host-side deadline). The host word is read by flag waits
+// only, and at most once every kHostAbortCheckNs per wait: a read of host-mapped memory crosses
+// PCIe, and when thousands of waiting warps issue them the GPU's PCIe read queue saturates,
+// every such read then takes ~100 us, and the waits that hit one stall the whole kernel (the
+// fused operators ran 50-100x slower that way). Barrier waits inside a CTA read the device word
+// only: whatever they wait for either completes or is itself a flag wait, which sees the host
+// abort and raises the device word. On timeout the CTA writes one error
 // record (code, op, epoch, rank waited on, flag) into host-mapped memory, raises the device
 // abort and returns false; the caller returns from the kernel. No trap: the CUDA context stays
 // usable and the host reports a Status.
@@ -19,6 +25,9 @@ namespace loom::kernels {
 // shared by all CTAs, so reading them every spin would cost bandwidth).
 constexpr uint32_t kAbortCheckInterval = 64;
 constexpr uint32_t kSleepAfterPolls = 256;  // then back off with nanosleep to spare the flag's line
+// A flag wait reads the host-mapped abort word at most this often (so the host's abort reaches
+// a spinning kernel within about this time).
+constexpr uint64_t kHostAbortCheckNs = 500'000;
 
 struct WaitContext {
   WaitParams params;
@@ -35,10 +44,10 @@ struct WaitContext {
     return c;
   }
 
-  __device__ bool aborted() const {
-    return *reinterpret_cast<const volatile uint32_t*>(params.device_abort) != 0 ||
-           (params.host_abort != nullptr && *params.host_abort != 0);
-  }
+  // The device-wide word: device memory, cheap to poll.
+  __device__ bool device_aborted() const { return *reinterpret_cast<const volatile uint32_t*>(params.device_abort) != 0; }
+  // The host's word: host-mapped memory, a PCIe round trip (see the header comment for how often).
+  __device__ bool host_aborted() const { return params.host_abort != nullptr && *params.host_abort != 0; }
 
   // Records the failure (first CTA wins), raises the device abort.
   __device__ void fail(DeviceError code, int waited_on, FlagKind kind, uint32_t index, uint64_t observed,
@@ -67,15 +76,21 @@ __device__ __forceinline__ bool wait_flag(const uint64_t* flag, uint64_t target,
   uint64_t seen = flag_load_acquire(flag);
   if (epoch_reached(seen, target)) return true;
   const uint64_t begin = global_timer_ns();
+  uint64_t next_host_check = begin + kHostAbortCheckNs;
   for (uint32_t polls = 1;; ++polls) {
     seen = flag_load_acquire(flag);
     if (epoch_reached(seen, target)) return true;
     if (polls % kAbortCheckInterval == 0) {
-      if (ctx.aborted()) {
-        ctx.fail(DeviceError::kAborted, waited_on, kind, index, seen, global_timer_ns() - begin);
+      const uint64_t now = global_timer_ns();
+      bool aborted = ctx.device_aborted();
+      if (!aborted && now >= next_host_check) {
+        aborted = ctx.host_aborted();
+        next_host_check = now + kHostAbortCheckNs;
+      }
+      if (aborted) {
+        ctx.fail(DeviceError::kAborted, waited_on, kind, index, seen, now - begin);
         return false;
       }
-      const uint64_t now = global_timer_ns();
       if (now > ctx.deadline_ns) {
         ctx.fail(DeviceError::kTimeout, waited_on, kind, index, seen, now - begin);
         return false;

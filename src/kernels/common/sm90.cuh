@@ -126,7 +126,8 @@ __device__ __forceinline__ bool mbarrier_wait_slow(uint64_t* bar, uint32_t parit
   for (uint32_t polls = 1;; ++polls) {
     if (cuda::ptx::mbarrier_try_wait_parity(bar, parity)) return true;
     if (polls % 128 == 0) {
-      if (ctx.aborted()) {
+      // The device word only (wait.cuh explains why barrier waits never read the host's).
+      if (ctx.device_aborted()) {
         ctx.fail(DeviceError::kAborted, -1, FlagKind::kNone, what, 0, global_timer_ns() - begin);
         return false;
       }
