@@ -2,7 +2,7 @@
 # On the GPU machine, in one call: the GPU test suite and the benchmarks, with logs and JSON
 # under $OUT (at most 8 files come back, so logs are combined).
 #   scripts/device/gpu_suite.sh [tests] [tp-tests] [coll] [coll-tune] [gemm] [gemm-tune]
-#                               [tp] [torch] [tp-tune] [tp-diag] [merge]  (default: tests coll gemm)
+#                               [tp] [torch] [tp-tune] [merge]  (default: tests coll gemm)
 #   tp        loom-bench tp (ag_gemm, gemm_rs, gemm_ar at issue 4's shapes) vs cuBLAS, NCCL + cuBLAS
 #   torch     bench/torch_fused.py under torchrun (PyTorch's fused ag_gemm / gemm_rs)
 #   merge     joins both into $OUT/bench_tp_merged.json and prints the table; it also runs by itself,
@@ -145,22 +145,6 @@ for step in "${steps[@]}"; do
           >> "$OUT/bench.log" 2>&1
         r=$?; grep -E "^tune .* -> |^tune: " "$OUT/bench.log" | tail -20 | tee -a "$summary"
       else r=124; log "tp-tune: skipped, not enough time left"; fi ;;
-    tp-diag)
-      # Localises a slow fused ag_gemm: one shape with every comm-CTA count and decomposed,
-      # then gemm_rs and gemm_ar at the issue's shapes (JSON for all of them).
-      for v in "--comm-ctas 1" "--comm-ctas 2" "--comm-ctas 5" "--comm-ctas 16" "--algorithm decomposed"; do
-        if t=$(budget 40 20); then
-          timeout $t $BIN/loom-bench ag_gemm --spawn "$ngpu" --m 4096 $v --iters 10 --warmup 2 --no-baselines \
-            >> "$OUT/bench_diag.log" 2>&1 || r=$?
-        fi
-      done
-      for op in gemm_rs gemm_ar; do
-        if t=$(budget 150 40); then
-          timeout $t $BIN/loom-bench $op --spawn "$ngpu" --iters 20 --json "$OUT/bench_$op.json" \
-            >> "$OUT/bench_diag.log" 2>&1 || r=$?
-        fi
-      done
-      grep -E "^(ag_gemm|gemm_rs|gemm_ar) |loom-bench:" "$OUT/bench_diag.log" | tail -30 | tee -a "$summary" ;;
     merge) merge_wanted=1 ;;
     *) log "unknown step $step"; r=2 ;;
   esac

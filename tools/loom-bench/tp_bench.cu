@@ -1,6 +1,8 @@
 // loom-bench ag_gemm | gemm_rs | gemm_ar | tp | tune: the fused tensor-parallel operators against
 // the two ceilings of DESIGN.md "Measuring", on the same inputs, in one process group:
 //   cublas       cublasGemmEx alone on the local GEMM shape (the limit a fused op approaches)
+//   loom_gemm    loom's own GEMM engine alone on that shape (separates the engine's speed from
+//                what fusing costs: h_engine = (T_nccl_cublas - T_loom) / (T_nccl_cublas - T_loom_gemm))
 //   nccl         the collective alone (ncclAllGather / ncclReduceScatter / ncclAllReduce)
 //   nccl_cublas  the collective and the GEMM in sequence on one stream (the baseline to beat):
 //                ag: ncclAllGather of the A shards, then the GEMM on the gathered A;
@@ -228,6 +230,21 @@ class TpCase {
   Status cublas_alone() {
     if (s_.op == OpId::kAgGemm) return cublas_gemm(cublas_, gathered_.p, b_.p, out_, s_.m, s_.n, s_.k_rank, o_.b_layout, o_.dtype, o_.dtype);
     return cublas_gemm(cublas_, a_.p, b_.p, partial_.p, s_.m, s_.n, s_.k_rank, o_.b_layout, o_.dtype, o_.dtype);
+  }
+
+  // The same local GEMM with loom's engine (the fused kernels' compute role runs this engine).
+  Status loom_gemm_alone() {
+    GemmArgs g;
+    g.a = s_.op == OpId::kAgGemm ? gathered_.p : a_.p;
+    g.b = b_.p;
+    g.d = s_.op == OpId::kAgGemm ? out_ : partial_.p;
+    g.m = s_.m;
+    g.n = s_.n;
+    g.k = s_.k_rank;
+    g.in_dtype = o_.dtype;
+    g.out_dtype = o_.dtype;
+    g.b_layout = o_.b_layout;
+    return gemm(g, stream_);
   }
 
   Status nccl_alone() {
@@ -530,6 +547,9 @@ Status run_tp_bench(Communicator& comm, ncclComm_t nccl, const TpBenchOptions& o
       LOOM_ASSIGN_OR_RETURN(Timing gemm_t, time_op(stream.stream, o.warmup, o.iters, [&] { return c.cublas_alone(); }, sync));
       row.ms["cublas"] = median_max(comm, gemm_t, status);
       LOOM_TRY(comm.barrier());
+      LOOM_ASSIGN_OR_RETURN(Timing engine_t, time_op(stream.stream, o.warmup, o.iters, [&] { return c.loom_gemm_alone(); }, sync));
+      row.ms["loom_gemm"] = median_max(comm, engine_t, status);
+      LOOM_TRY(comm.barrier());
       LOOM_ASSIGN_OR_RETURN(Timing nccl_t, time_op(stream.stream, o.warmup, o.iters, [&] { return c.nccl_alone(); }, sync));
       row.ms["nccl"] = median_max(comm, nccl_t, status);
       LOOM_TRY(comm.barrier());
@@ -544,6 +564,10 @@ Status run_tp_bench(Communicator& comm, ncclComm_t nccl, const TpBenchOptions& o
     row.extra["tflops"] = tflops;
     const std::optional<double> h = hidden_fraction(row);
     row.extra["h"] = h ? nlohmann::json(*h) : nlohmann::json(nullptr);
+    if (row.ms.count("loom") && row.ms.count("loom_gemm") && row.ms.count("nccl_cublas") &&
+        row.ms["nccl_cublas"] > row.ms["loom_gemm"]) {
+      row.extra["h_engine"] = (row.ms["nccl_cublas"] - row.ms["loom"]) / (row.ms["nccl_cublas"] - row.ms["loom_gemm"]);
+    }
     nlohmann::json ratios = nlohmann::json::object();
     if (row.ms.count("loom") && row.ms.count("cublas")) ratios["loom_over_cublas"] = row.ms["loom"] / row.ms["cublas"];
     if (row.ms.count("loom") && row.ms.count("nccl_cublas")) ratios["nccl_cublas_over_loom"] = row.ms["nccl_cublas"] / row.ms["loom"];
@@ -551,8 +575,9 @@ Status run_tp_bench(Communicator& comm, ncclComm_t nccl, const TpBenchOptions& o
 
     if (comm.rank() == 0) {
       auto ms = [&](const char* key) { return row.ms.count(key) ? fmt("%.4f", row.ms[key]) : std::string("-"); };
-      std::printf("%-34s %-2s loom %s | cuBLAS %s | NCCL %s | NCCL+cuBLAS %s | h %s | plan %s | rel_err %s%s\n",
+      std::printf("%-34s %-2s loom %s | cuBLAS %s | loom GEMM %s | NCCL %s | NCCL+cuBLAS %s | h %s | plan %s | rel_err %s%s\n",
                   shape.text().c_str(), std::string(b_layout_name(o.b_layout)).c_str(), ms("loom").c_str(), ms("cublas").c_str(),
+                  ms("loom_gemm").c_str(),
                   ms("nccl").c_str(), ms("nccl_cublas").c_str(), h ? fmt("%.2f", *h).c_str() : "-",
                   plan.ok() ? plan_text(*plan).c_str() : plan.status().to_string().c_str(),
                   row.rel_err ? fmt("%.2e", *row.rel_err).c_str() : "-",
