@@ -1,6 +1,7 @@
 #include "timing.h"
 
 #include <algorithm>
+#include <string>
 
 #include "runtime/cuda_check.h"
 
@@ -40,6 +41,51 @@ Result<Timing> time_op(cudaStream_t stream, int warmup, int iters, const std::fu
   for (cudaEvent_t& e : events) cudaEventDestroy(e);
   LOOM_TRY(status);
   return summarize(std::move(samples));
+}
+
+Result<std::vector<Timing>> time_interleaved(cudaStream_t stream, int warmup, int iters,
+                                             const std::vector<std::function<Status()>>& ops,
+                                             const std::function<Status()>& sync,
+                                             const std::function<Status()>& before_round, int rounds) {
+  rounds = std::max(1, std::min(rounds, iters));
+  const int per_round = std::max(1, (iters + rounds - 1) / rounds);
+  for (const auto& op : ops) {
+    for (int i = 0; i < warmup; ++i) LOOM_TRY_CTX(op(), "warm-up");
+  }
+  LOOM_TRY(sync());
+  std::vector<std::vector<double>> samples(ops.size());
+  std::vector<cudaEvent_t> events(2 * static_cast<size_t>(per_round));
+  for (cudaEvent_t& e : events) LOOM_CUDA_TRY(cudaEventCreate(&e));
+  Status status;
+  for (int r = 0; r < rounds && status.ok(); ++r) {
+    status = before_round();
+    for (size_t k = 0; k < ops.size() && status.ok(); ++k) {
+      for (int i = 0; i < per_round && status.ok(); ++i) {
+        if (cudaError_t e = cudaEventRecord(events[2 * i], stream); e != cudaSuccess) {
+          status = Status::cuda_error(std::string("cudaEventRecord: ") + cudaGetErrorString(e));
+          break;
+        }
+        status = ops[k]();
+        if (cudaError_t e = cudaEventRecord(events[2 * i + 1], stream); status.ok() && e != cudaSuccess) {
+          status = Status::cuda_error(std::string("cudaEventRecord: ") + cudaGetErrorString(e));
+        }
+      }
+      if (status.ok()) status = sync();
+      for (int i = 0; i < per_round && status.ok(); ++i) {
+        float ms = 0;
+        if (cudaError_t e = cudaEventElapsedTime(&ms, events[2 * i], events[2 * i + 1]); e != cudaSuccess) {
+          status = Status::cuda_error(std::string("cudaEventElapsedTime: ") + cudaGetErrorString(e));
+          break;
+        }
+        samples[k].push_back(ms);
+      }
+    }
+  }
+  for (cudaEvent_t& e : events) cudaEventDestroy(e);
+  LOOM_TRY(status);
+  std::vector<Timing> out;
+  for (auto& s : samples) out.push_back(summarize(std::move(s)));
+  return out;
 }
 
 }  // namespace loom::bench

@@ -507,8 +507,9 @@ Status run_tp_bench(Communicator& comm, ncclComm_t nccl, const TpBenchOptions& o
                                {"comm", e.comm_s * 1e3}};
     }
 
-    // Correctness once, then loom's timing.
+    // Correctness once, then loom's timing (with the baselines').
     Status loom_status;
+    bool baselines_done = false;
     Result<Check> check = c.check(o.loom);
     if (!check.ok()) {
       loom_status = check.status();
@@ -525,10 +526,22 @@ Status run_tp_bench(Communicator& comm, ncclComm_t nccl, const TpBenchOptions& o
                                         std::to_string(comm.rank()) + " worst " + check->first_mismatch);
         loom_status = wrong;
       }
-      LOOM_TRY(comm.barrier());
-      Result<Timing> t = time_op(stream.stream, o.warmup, o.iters, [&] { return c.launch_loom(o.loom); }, sync);
+      // loom and the baselines in alternating rounds (timing.h), so that the GPUs' clock drift
+      // (power, temperature) over the measurement falls on every column alike.
+      std::vector<const char*> keys = {"loom"};
+      std::vector<std::function<Status()>> ops = {[&] { return c.launch_loom(o.loom); }};
+      if (o.baselines) {
+        keys.insert(keys.end(), {"cublas", "loom_gemm", "nccl", "nccl_cublas"});
+        ops.push_back([&] { return c.cublas_alone(); });
+        ops.push_back([&] { return c.loom_gemm_alone(); });
+        ops.push_back([&] { return c.nccl_alone(); });
+        ops.push_back([&] { return c.nccl_then_cublas(); });
+      }
+      Result<std::vector<Timing>> t =
+          time_interleaved(stream.stream, o.warmup, o.iters, ops, sync, [&] { return comm.barrier(); });
       if (t.ok()) {
-        row.ms["loom"] = median_max(comm, *t, status);
+        for (size_t i = 0; i < keys.size(); ++i) row.ms[keys[i]] = median_max(comm, (*t)[i], status);
+        baselines_done = o.baselines;
       } else if (loom_status.ok()) {
         loom_status = t.status();
       }
@@ -542,7 +555,7 @@ Status run_tp_bench(Communicator& comm, ncclComm_t nccl, const TpBenchOptions& o
       }
     }
 
-    if (o.baselines) {
+    if (o.baselines && !baselines_done) {  // loom could not be timed: the baselines alone
       LOOM_TRY(comm.barrier());
       LOOM_ASSIGN_OR_RETURN(Timing gemm_t, time_op(stream.stream, o.warmup, o.iters, [&] { return c.cublas_alone(); }, sync));
       row.ms["cublas"] = median_max(comm, gemm_t, status);
