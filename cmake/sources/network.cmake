@@ -14,6 +14,7 @@ list(APPEND LOOM_CPU_TEST_SOURCES
   tests/cpu/verbs_fake_test.cc)
 list(APPEND LOOM_LIB_SOURCES
   src/runtime/transports/copy_engine.cc
-  src/runtime/transports/cuda_memory.cc)
+  src/runtime/transports/cuda_memory.cc
+  src/runtime/network.cc)
 list(APPEND LOOM_GPU_TEST_SOURCES
   tests/gpu/proxy_copy_engine_test.cu)

@@ -8,6 +8,11 @@
 #   merge     joins both into $OUT/bench_tp_merged.json and prints the table; it also runs by itself,
 #             last, whenever tp or torch ran
 #   tp-tune   loom-bench tune, writes $OUT/tuning_cache.json (use it with LOOM_TUNING_CACHE)
+#   net       the inter-node path with the GPUs split into 2 emulated nodes (LOOM_EMULATE_NODES=2):
+#             the multi-node GPU tests (copy_engine transport), then loom-bench multinode with the
+#             NIC emulated at 50 GB/s; log in $OUT/net.log, JSON in $OUT/bench_multinode.json
+#   net-fabric  the multi-node tests once more over libfabric (LOOM_TRANSPORT=fabric), where a
+#             provider with GPU memory (FI_HMEM) is installed; informational (never fails the suite)
 # The whole call stays within SUITE_BUDGET_S (default 570 s, under the 10-minute call limit): each
 # step's timeout is cut to the time left, and a step that cannot get its minimum is skipped.
 # Uses the binaries staged in .device-carry/bin (scripts/device/stage.sh), else builds here.
@@ -145,6 +150,39 @@ for step in "${steps[@]}"; do
           >> "$OUT/bench.log" 2>&1
         r=$?; grep -E "^tune .* -> |^tune: " "$OUT/bench.log" | tail -20 | tee -a "$summary"
       else r=124; log "tp-tune: skipped, not enough time left"; fi ;;
+    net)
+      # 2 emulated nodes of ngpu/2 GPUs; traffic between them goes through the proxy and the
+      # copy engine exactly as between real nodes. Tests without shaping (fast), bench shaped.
+      # The operators' tests and the standalone proxy tests in separate jobs, so that a failure
+      # in one (which can leave its bootstrap unusable) does not take the other down with it.
+      r1=0
+      for filter in 'MultiNode*' 'ProxyCopyEngine*'; do
+        if t=$(budget 150 40); then
+          LOOM_EMULATE_NODES=2 timeout $t $BIN/loom-run -n "$ngpu" --timeout $((t - 10)) -- $BIN/loom_gpu_tests \
+            --gtest_filter="$filter" >> "$OUT/net.log" 2>&1 || r1=1
+        else r1=124; log "net (tests $filter): skipped, not enough time left"; fi
+      done
+      grep -E "PASSED|FAILED|Failure|error:|loom-run|Skipped|SKIPPED" "$OUT/net.log" | head -60 | tee -a "$summary"
+      if t=$(budget 270 90); then
+        LOOM_EMULATE_NODES=2 LOOM_EMULATE_NET_GBPS=50 timeout $t $BIN/loom-bench multinode --spawn "$ngpu" --iters 20 \
+          --json "$OUT/bench_multinode.json" >> "$OUT/net.log" 2>&1
+        r2=$?
+        # The closing table (printed last by loom-bench).
+        awk '/^op +M x N x K +loom ms +gemm/{p=1} p' "$OUT/net.log" | tee -a "$summary"
+        grep -E "loom-bench:|ERROR" "$OUT/net.log" | tail -10 | tee -a "$summary"
+      else r2=124; log "net (bench): skipped, not enough time left"; fi
+      r=$(( r1 != 0 || r2 != 0 )) ;;
+    net-fabric)
+      # Informational: libfabric with GPU memory is rarely installed on the GPU machine.
+      if ! ldconfig -p 2>/dev/null | grep -q "libfabric.so.1"; then
+        log "net-fabric: libfabric.so.1 not installed here; fabric not run"
+      elif t=$(budget 200 60); then
+        LOOM_EMULATE_NODES=2 LOOM_TRANSPORT=fabric timeout $t $BIN/loom-run -n "$ngpu" --timeout $((t - 20)) -- \
+          $BIN/loom_gpu_tests --gtest_filter='MultiNodeNet*:MultiNodeOps*ag_gemm_nk*:MultiNodeStress*' \
+          >> "$OUT/net.log" 2>&1
+        log "net-fabric: exit $? (informational)"
+        grep -E "PASSED|FAILED|unsupported|fabric" "$OUT/net.log" | tail -15 | tee -a "$summary"
+      fi ;;
     merge) merge_wanted=1 ;;
     *) log "unknown step $step"; r=2 ;;
   esac

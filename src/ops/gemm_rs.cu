@@ -10,6 +10,7 @@
 #include "loom/collectives.h"
 #include "loom/gemm.h"
 #include "ops/collective_common.h"
+#include "ops/multinode.h"
 #include "ops/tp_common.h"
 
 namespace loom {
@@ -50,6 +51,7 @@ Status run_fused(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, c
 }  // namespace
 
 Status gemm_rs(Communicator& comm, const TpGemmArgs& args, cudaStream_t stream, const TpGemmOptions& options) {
+  if (comm.num_nodes() > 1) return ops::gemm_rs_multinode(comm, args, stream, options);  // ops/multinode.h
   Communicator::Impl& impl = comm.impl();
   LOOM_TRY(ops::tp::check_common(impl, OpId::kGemmRs, args));
   const int world = impl.topology.local_world_size;

@@ -8,7 +8,8 @@
 //
 // Memory (capacity C, a power of two):
 //   shared block, host-pinned and mapped to the device:
-//     RingControl  64 B   tail: consumer -> producers, "every slot below tail is free"
+//     RingControl  64 B   tail: consumer -> producers, "every slot below tail is free";
+//                         completed: "every command below it has completed at the transport"
 //     Command[C]   64 B each
 //     bytes = ring_shared_bytes(C) = 64 + 64 * C
 //   producer block, where producers claim slots (device memory for GPU producers, host memory
@@ -65,11 +66,9 @@ inline constexpr uint8_t kMaxCommandType = 2;
 
 inline constexpr uint32_t kNoFlag = 0xffffffffu;
 
-// The flag kind in the error record of a producer that found the ring full past its deadline.
-// Until device_abi.h's FlagKind gains kRingSpace (requested from the lead), it is 255: far from
-// the enum's sequential values (other areas keep adding kinds), printed "unknown" by
-// flag_kind_name().
-inline constexpr FlagKind kRingSpaceFlagKind = static_cast<FlagKind>(255);
+// The flag kind in the error record of a producer that found the ring full past its deadline
+// (waited_on = -1: the proxy, not a peer; flag_index = the ring's index).
+inline constexpr FlagKind kRingSpaceFlagKind = FlagKind::kRingSpace;
 
 // One command: 64 bytes, one cache line, so a slot is never shared between two producers and the
 // header store publishes a whole line the consumer reads at once.
@@ -89,12 +88,20 @@ static_assert(sizeof(Command) == 64, "a command is one 64-byte cache line: heade
 static_assert(offsetof(Command, header) == 0, "the header is word 0, the word the producer publishes last");
 static_assert(alignof(Command) == 64, "slots are line-aligned so two producers never share a line");
 
-// The consumer's retire cursor, alone in its line (producers poll it when the ring looks full).
+// The consumer's cursors, in one line of the shared block:
+//   tail       commands taken (copied out); producers poll it when the ring looks full
+//   completed  commands whose every operation (data pieces, flag) has completed at the transport,
+//              counted in ring order (a command counts once it and all before it are complete);
+//              producers that must not reuse a source buffer before the proxy has read it (a
+//              kernel's end, runtime/network.h) wait for completed >= their last ticket + 1
 struct alignas(64) RingControl {
   uint64_t tail;
-  uint64_t reserved[7];
+  uint64_t completed;
+  uint64_t reserved[6];
 };
 static_assert(sizeof(RingControl) == 64, "the control block is one line");
+static_assert(offsetof(RingControl, tail) == 0, "a RingView's tail pointer addresses the whole control block");
+
 
 // Where producers claim slots; head and tail_cache sit in different lines because every producer
 // writes head and only a producer that found the ring full writes tail_cache.
@@ -125,6 +132,11 @@ struct RingView {
   uint32_t capacity;               // power of two
   uint32_t ring_index;             // which ring of this rank (error records, messages)
 };
+
+// The `completed` word of a ring (RingView::tail points at its RingControl).
+LOOM_HOST_DEVICE uint64_t* ring_completed(const RingView& view) {
+  return &reinterpret_cast<RingControl*>(view.tail)->completed;
+}
 
 inline constexpr uint32_t kSequenceShift = 8;
 inline constexpr uint64_t kSequenceMask = (uint64_t{1} << (64 - kSequenceShift)) - 1;

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -101,6 +102,9 @@ Result<std::unique_ptr<Communicator::Impl>> build(const CommOptions& options,
   if (std::string unknown = env::unknown_loom_variables(); !unknown.empty()) {
     LOOM_WARN("unknown LOOM_* variables (typos?): %s", unknown.c_str());
   }
+  // The network's variables too, before any collective step: a bad value fails here, alike on
+  // every rank that has it.
+  LOOM_ASSIGN_OR_RETURN(impl->net_settings, runtime::net::NetworkSettings::from_env());
   if (options.heap_bytes != 0) impl->settings.heap_bytes = options.heap_bytes;
   if (options.op_timeout.count() > 0) impl->settings.op_timeout = options.op_timeout;
   if (options.bootstrap_timeout.count() > 0) impl->settings.bootstrap_timeout = options.bootstrap_timeout;
@@ -125,15 +129,17 @@ Result<std::unique_ptr<Communicator::Impl>> build(const CommOptions& options,
   LOOM_TRY(collective_step(boot, self.status(), "describing this rank"));
   std::vector<runtime::RankDescriptor> all(boot.world_size());
   LOOM_TRY_CTX(boot.all_gather(&self.value(), all.data(), sizeof(runtime::RankDescriptor)), "exchanging rank descriptors");
-  Result<runtime::Topology> topology = runtime::build_topology(all, boot.rank(), /*emulate_nodes=*/1);
+  Result<runtime::Topology> topology = runtime::build_topology(all, boot.rank(), impl->net_settings.emulate_nodes);
   LOOM_TRY(collective_step(boot, topology.status(), "building the topology"));
   impl->topology = std::move(topology).value();
   if (std::optional<std::string> lws = env::get_raw("LOCAL_WORLD_SIZE")) {
     Result<int64_t> n = env::parse_int("LOCAL_WORLD_SIZE", *lws, 1, 1 << 20);
     Status s = n.status();
-    if (s.ok() && *n != impl->topology.local_world_size) {
-      s = Status::invalid_argument("LOCAL_WORLD_SIZE=" + *lws + " but " +
-                                   std::to_string(impl->topology.local_world_size) + " ranks share this node");
+    // The launcher counts the ranks of the physical host; emulated nodes split them evenly.
+    const int host_ranks = impl->topology.local_world_size * impl->net_settings.emulate_nodes;
+    if (s.ok() && *n != host_ranks) {
+      s = Status::invalid_argument("LOCAL_WORLD_SIZE=" + *lws + " but " + std::to_string(host_ranks) +
+                                   " ranks share this host");
     }
     LOOM_TRY(collective_step(boot, s, "checking LOCAL_WORLD_SIZE"));
   }
@@ -169,11 +175,31 @@ Result<std::unique_ptr<Communicator::Impl>> build(const CommOptions& options,
     return {};
   }();
   LOOM_TRY(collective_step(boot, state, "allocating device state"));
+
+  // More than one node: the inter-node path (runtime/network.h), collective over every rank.
+  if (impl->topology.num_nodes > 1) {
+    Status mn = [&]() -> Status {
+      LOOM_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&impl->mn_state), sizeof(MultiNodeDeviceState)));
+      LOOM_CUDA_TRY(cudaMemset(impl->mn_state, 0, sizeof(MultiNodeDeviceState)));
+      return {};
+    }();
+    LOOM_TRY(collective_step(boot, mn, "allocating the multi-node device state"));
+    runtime::net::NetworkOptions net_options;
+    net_options.device = impl->device;
+    net_options.gpu_pci_bus_id = self->pci_bus_id;
+    net_options.settings = impl->net_settings;
+    net_options.timeout = impl->settings.bootstrap_timeout;
+    // A lane that stops turning for longer than a device wait may last is reported as stalled.
+    net_options.stall_limit = std::max(std::chrono::milliseconds(2000), impl->settings.op_timeout / 2);
+    LOOM_ASSIGN_OR_RETURN(impl->network, runtime::net::Network::create(boot, impl->topology, *impl->heap, net_options));
+  }
   LOOM_TRY_CTX(boot.barrier(), "final init barrier");
-  LOOM_INFO("communicator ready: rank %d/%d, node %d/%d, local rank %d/%d, device %d, heap %llu MiB (%s)",
+  LOOM_INFO("communicator ready: rank %d/%d, node %d/%d, local rank %d/%d, device %d, heap %llu MiB (%s)%s%s",
             boot.rank(), boot.world_size(), impl->topology.node, impl->topology.num_nodes, impl->topology.local_rank,
             impl->topology.local_world_size, impl->device,
-            static_cast<unsigned long long>(impl->settings.heap_bytes >> 20), impl->heap->backend_name());
+            static_cast<unsigned long long>(impl->settings.heap_bytes >> 20), impl->heap->backend_name(),
+            impl->network ? ", network over " : "",
+            impl->network ? runtime::net::transport_choice_name(impl->network->decision().transport) : "");
   return impl;
 }
 
@@ -190,6 +216,7 @@ const char* op_name(OpId op) {
     case OpId::kAgGemm: return "ag_gemm";
     case OpId::kGemmRs: return "gemm_rs";
     case OpId::kGemmAr: return "gemm_ar";
+    case OpId::kNetExchange: return "net_exchange";
   }
   return "unknown";
 }
@@ -203,6 +230,10 @@ const char* flag_kind_name(FlagKind kind) {
     case FlagKind::kTile: return "tile";
     case FlagKind::kPartial: return "partial tile";
     case FlagKind::kFinal: return "final tile";
+    case FlagKind::kRingSpace: return "command ring space";
+    case FlagKind::kNetEntry: return "network entry";
+    case FlagKind::kNetChunk: return "network chunk";
+    case FlagKind::kProxyDone: return "proxy completion";
   }
   return "unknown";
 }
@@ -212,6 +243,7 @@ Communicator::Impl::~Impl() {
   if (epoch_state != nullptr) cudaFree(epoch_state);
   if (device_abort != nullptr) cudaFree(device_abort);
   if (tp_state != nullptr) cudaFree(tp_state);
+  if (mn_state != nullptr) cudaFree(mn_state);
   if (error_host != nullptr) cudaFreeHost(error_host);
   if (host_abort_host != nullptr) cudaFreeHost(host_abort_host);
 }
@@ -228,6 +260,13 @@ DeviceComm Communicator::Impl::device_comm() const {
   c.wait.host_abort = host_abort_device;
   c.wait.device_abort = device_abort;
   c.wait.error = error_device;
+  if (network) {
+    c.net = network->device_view();
+  } else {
+    c.net.node = topology.node;
+    c.net.num_nodes = topology.num_nodes;
+    c.net.rank = topology.rank;
+  }
   return c;
 }
 
@@ -247,17 +286,44 @@ Status Communicator::Impl::consume_error_record() {
   const uint32_t code = e->code;
   if (code == static_cast<uint32_t>(DeviceError::kNone)) return {};
   const auto op = static_cast<OpId>(e->op);
-  const int waited_local = e->waited_on;
-  const int waited_global =
-      waited_local >= 0 && waited_local < static_cast<int>(topology.local_peers.size()) ? topology.local_peers[waited_local] : -1;
+  const auto kind = static_cast<FlagKind>(e->flag_kind);
+  const int waited_on = e->waited_on;
+  // Network kinds name a global rank; the others a local one.
+  const int waited_global = flag_kind_names_global_rank(kind)
+                                ? waited_on
+                                : (waited_on >= 0 && waited_on < static_cast<int>(topology.local_peers.size())
+                                       ? topology.local_peers[waited_on]
+                                       : -1);
   char text[512];
-  if (code == static_cast<uint32_t>(DeviceError::kTimeout)) {
+  if (code == static_cast<uint32_t>(DeviceError::kTimeout) && kind == FlagKind::kRingSpace) {
+    std::snprintf(text, sizeof(text),
+                  "%s (epoch %llu): timed out after %llu ms waiting for space in command ring %u: the proxy did not "
+                  "retire commands (ring tail stayed at %llu; CTA %d)",
+                  op_name(op), static_cast<unsigned long long>(e->epoch),
+                  static_cast<unsigned long long>(e->waited_ns / 1'000'000ull), e->flag_index,
+                  static_cast<unsigned long long>(e->observed), e->cta);
+  } else if (code == static_cast<uint32_t>(DeviceError::kTimeout) && kind == FlagKind::kProxyDone) {
+    std::snprintf(text, sizeof(text),
+                  "%s (epoch %llu): timed out after %llu ms waiting for the proxy to complete the commands of ring %u "
+                  "(completed %llu; CTA %d): the transport did not finish the transfers",
+                  op_name(op), static_cast<unsigned long long>(e->epoch),
+                  static_cast<unsigned long long>(e->waited_ns / 1'000'000ull), e->flag_index,
+                  static_cast<unsigned long long>(e->observed), e->cta);
+  } else if (code == static_cast<uint32_t>(DeviceError::kTimeout)) {
     std::snprintf(text, sizeof(text),
                   "%s (epoch %llu): timed out after %llu ms waiting for rank %d's '%s' flag %u (CTA %d, flag at epoch %llu)",
                   op_name(op), static_cast<unsigned long long>(e->epoch),
                   static_cast<unsigned long long>(e->waited_ns / 1'000'000ull), waited_global,
                   flag_kind_name(static_cast<FlagKind>(e->flag_kind)), e->flag_index, e->cta,
                   static_cast<unsigned long long>(e->observed));
+  } else if (code == static_cast<uint32_t>(DeviceError::kMismatch) && flag_kind_names_global_rank(kind)) {
+    // A network entry (multi-node operators): flag_index = (peer's signature << 16) | ours.
+    std::snprintf(text, sizeof(text),
+                  "%s (epoch %llu): rank %d (another node) entered this launch with a different operation or plan "
+                  "(signature 0x%04x, ours 0x%04x): every rank must call the same loom operations in the same order "
+                  "with the same shapes and options",
+                  op_name(op), static_cast<unsigned long long>(e->epoch), waited_global, e->flag_index >> 16,
+                  e->flag_index & 0xFFFFu);
   } else if (code == static_cast<uint32_t>(DeviceError::kMismatch)) {
     // flag_index = (peer's launch signature << 16) | ours (fused operators, kernels/tp/fused_frame.cuh).
     std::snprintf(text, sizeof(text),
@@ -315,6 +381,14 @@ Communicator::~Communicator() {
   // then (bounded) for every rank to arrive before any mapping goes away.
   cudaSetDevice(impl_->device);
   cudaDeviceSynchronize();
+  // The proxy first: it may still carry what our finished kernels asked it to send (peers wait
+  // for it), and it writes into other ranks' heaps, which must stay mapped until every rank has
+  // stopped its proxy (the barrier below). A failed communicator drains only briefly.
+  if (impl_->network) {
+    const auto drain = impl_->check_usable().ok() ? impl_->settings.op_timeout : std::chrono::milliseconds(200);
+    Status s = impl_->network->shutdown(drain);
+    if (!s.ok()) LOOM_WARN("stopping the network proxy: %s", s.to_string().c_str());
+  }
   // Our mappings of peers' heaps go first; with legacy IPC a peer must not free its heap
   // while we still have it open, hence the barrier before anyone frees its own.
   if (impl_->heap) {
@@ -420,6 +494,8 @@ Status Communicator::synchronize(cudaStream_t stream) {
   const auto soft_deadline = start + impl_->settings.op_timeout + std::chrono::seconds(1);
   const auto hard_deadline = soft_deadline + std::chrono::seconds(1);
   bool aborted_by_host = false;
+  Status proxy_failure;  // the proxy's own error, seen while waiting
+  auto next_proxy_check = start;
   auto sleep_for = std::chrono::microseconds(2);
   for (;;) {
     const cudaError_t q = cudaEventQuery(impl_->sync_event);
@@ -427,9 +503,20 @@ Status Communicator::synchronize(cudaStream_t stream) {
     if (q != cudaErrorNotReady) {
       Status s = cuda_status(q, "cudaEventQuery(stream work)", __FILE__, __LINE__);
       impl_->set_failure(s);
+      if (impl_->network) impl_->network->after_synchronize(impl_->epoch_state, /*failed=*/true);
       return s;
     }
     const auto now = clock::now();
+    // A failed proxy (transport error, rejected command, stalled lane) leaves kernels waiting for
+    // flags that will not come: abort them now and report the proxy's error.
+    if (impl_->network && proxy_failure.ok() && now >= next_proxy_check) {
+      next_proxy_check = now + std::chrono::milliseconds(1);
+      proxy_failure = impl_->network->health();
+      if (!proxy_failure.ok() && !aborted_by_host) {
+        *reinterpret_cast<volatile uint32_t*>(impl_->host_abort_host) = 1;
+        aborted_by_host = true;
+      }
+    }
     if (!aborted_by_host && now > soft_deadline) {
       // Something other than a loom wait is stuck (or a kernel is much longer than the
       // timeout): raise the host abort so loom kernels return.
@@ -453,6 +540,17 @@ Status Communicator::synchronize(cudaStream_t stream) {
       device_error = Status::timeout("synchronize: stream work exceeded " +
                                      std::to_string(impl_->settings.op_timeout.count()) + " ms; aborted by the host");
     }
+  }
+  if (impl_->network) {
+    // The proxy's error explains a kernel that waited in vain (or was aborted because of it); it
+    // comes first. A proxy error without a failed kernel is reported too: a transfer failed.
+    if (proxy_failure.ok()) proxy_failure = impl_->network->health();
+    if (!proxy_failure.ok()) {
+      Status s = proxy_failure;
+      s.with_context(device_error.ok() ? "network proxy" : "network proxy (kernel: " + device_error.to_string() + ")");
+      device_error = s;
+    }
+    impl_->network->after_synchronize(impl_->epoch_state, /*failed=*/!device_error.ok() || !impl_->check_usable().ok());
   }
   if (!device_error.ok()) {
     impl_->set_failure(device_error);

@@ -12,8 +12,10 @@
 #include "loom/communicator.h"
 #include "runtime/bootstrap.h"
 #include "runtime/device_abi.h"
+#include "runtime/network.h"
 #include "runtime/symmetric_heap.h"
 #include "runtime/topology.h"
+#include "runtime/transports/transport.h"
 
 namespace loom {
 
@@ -41,6 +43,17 @@ struct Communicator::Impl {
   TpDeviceState* tp_state = nullptr;  // device memory
   void* tp_workspace = nullptr;       // symmetric heap
   size_t tp_workspace_bytes = 0;
+
+  // Jobs of more than one (real or emulated) node: the network settings (LOOM_TRANSPORT,
+  // LOOM_EMULATE_*, LOOM_PROXY_THREADS, ...), the inter-node path (rings, transports, proxy, flag
+  // window: runtime/network.h; null on one node) and the multi-node operators' device counters and
+  // symmetric workspace (src/ops/multinode_common.h), which they grow like the TP workspace.
+  // Declared after `heap`: destroyed first, so the proxy stops before the heap goes.
+  runtime::net::NetworkSettings net_settings;
+  std::unique_ptr<runtime::net::Network> network;
+  MultiNodeDeviceState* mn_state = nullptr;  // device memory
+  void* mn_workspace = nullptr;              // symmetric heap
+  size_t mn_workspace_bytes = 0;
 
   mutable std::mutex failure_mutex;
   Status failure;  // sticky: the first failure that ended the communicator

@@ -5,6 +5,7 @@
 namespace loom {
 
 Status cuda_status(cudaError_t err, const char* expr, const char* file, int line) {
+  if (err == cudaSuccess) return {};
   const char* slash = std::strrchr(file, '/');
   std::string m(expr);
   m += ": ";

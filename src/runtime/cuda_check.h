@@ -10,6 +10,7 @@
 namespace loom {
 
 // "cudaMalloc(&p, bytes): out of memory (cudaErrorMemoryAllocation) at heap.cc:42"
+// ok for cudaSuccess, else a cuda_error Status naming the call and where it was made.
 Status cuda_status(cudaError_t err, const char* expr, const char* file, int line);
 
 }  // namespace loom

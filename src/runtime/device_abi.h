@@ -26,6 +26,7 @@ enum class OpId : uint32_t {
   kAgGemm,
   kGemmRs,
   kGemmAr,
+  kNetExchange,  // the raw inter-node exchange (multi-node benchmark baseline, tests)
 };
 const char* op_name(OpId op);
 
@@ -38,7 +39,18 @@ enum class FlagKind : uint32_t {
   kTile,     // a GEMM tile's input rows have arrived
   kPartial,  // "rank s has staged its partial of my tile" (fused gemm_rs / gemm_ar)
   kFinal,    // "rank s has stored its reduced tile into my output" (fused gemm_ar)
+  // Inter-node kinds. Their error records name a GLOBAL rank in waited_on (the network reaches
+  // ranks of other nodes, which have no local index here), or -1 for the proxy itself.
+  kRingSpace,  // "the proxy has retired enough commands of ring `index` for mine to fit" (waited_on -1)
+  kNetEntry,   // "rank s (another node) has entered epoch e: my network writes into it may start"
+  kNetChunk,   // "chunk `index` that rank s sends over the network has landed in my memory"
+  kProxyDone,  // "the proxy has completed every command I pushed into ring `index`" (waited_on -1)
 };
+// Whether an error record's waited_on is a global rank (network kinds) rather than a local one.
+LOOM_HOST_DEVICE constexpr bool flag_kind_names_global_rank(FlagKind kind) {
+  return kind == FlagKind::kRingSpace || kind == FlagKind::kNetEntry || kind == FlagKind::kNetChunk ||
+         kind == FlagKind::kProxyDone;
+}
 const char* flag_kind_name(FlagKind kind);
 
 // kMismatch: a peer entered the same launch epoch with a different operation or plan (shapes,
@@ -133,8 +145,50 @@ struct TpDeviceState {
 };
 static_assert(sizeof(TpDeviceState) == 64, "TpDeviceState fills one 64-byte line");
 
+// Per-communicator device state of the multi-node operators (device memory, zero at creation;
+// kernels/tp/multinode_frame.cuh): the same life cycle as TpDeviceState, kept apart so the two
+// families of kernels never share counters.
+struct MultiNodeDeviceState {
+  uint32_t tile_queue;  // next position in the launch's tile order
+  uint32_t ctas_done;   // CTAs of the running launch that are finished
+  uint32_t pad[14];
+};
+static_assert(sizeof(MultiNodeDeviceState) == 64, "MultiNodeDeviceState fills one 64-byte line");
+
+}  // namespace loom
+
+namespace loom::ring {
+struct RingView;  // runtime/command_ring.h: a command ring as its producers address it
+}  // namespace loom::ring
+
+namespace loom {
+
+// The inter-node network as a kernel sees it (DeviceComm::net; all zero on a single node).
+//
+// Ranks are numbered globally; the GPU with local index l on node n is rank_at[n * L + l] (L =
+// DeviceComm::local_world). A kernel hands a transfer to the host proxy by pushing a command into
+// one of the `num_lanes` rings (kernels/comm/command_ring.cuh); the proxy writes the bytes into
+// the destination's symmetric heap at the same offset scheme, then the destination's flag.
+//
+// Network flag window: `flag_count` uint64 words at heap offset `flag_offset` of every rank
+// (equal offsets; a dedicated allocation made at communicator creation, zero-filled). It is the
+// window the transports register for arrival flags; the words are epochs like every loom flag.
+// Its layout: runtime/network_layout.h (entry words, then per-launch flags from launch_flag_base).
+struct NetComm {
+  int32_t node;                    // this rank's node
+  int32_t num_nodes;               // N (1: no network; every other field is zero)
+  int32_t rank;                    // this rank's global rank (commands name global ranks)
+  int32_t num_lanes;               // proxy lanes = command rings
+  const ring::RingView* rings;     // device memory [num_lanes]: the producers' views
+  const int32_t* rank_at;          // device memory [num_nodes * local_world]
+  uint64_t flag_offset;            // heap offset of the network flag window
+  uint32_t flag_count;             // uint64 words in the window
+  uint32_t launch_flag_base;       // first per-launch flag (NetWindowLayout::launch_base)
+};
+
 // The local node as a kernel sees it: this rank's index, the peers' heap bases (device array of
-// local_world pointers, entry local_rank is our own heap) and the control region's layout.
+// local_world pointers, entry local_rank is our own heap) and the control region's layout; and,
+// on jobs of several nodes, the network (`net`).
 struct DeviceComm {
   int32_t local_rank;
   int32_t local_world;
@@ -143,6 +197,7 @@ struct DeviceComm {
   ControlLayout control;
   EpochState* epoch_state;  // device memory
   WaitParams wait;
+  NetComm net;
 };
 
 }  // namespace loom

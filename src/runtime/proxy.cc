@@ -303,9 +303,43 @@ struct LaneRunner {
   uint64_t command_number = 0;  // commands taken by this lane (messages)
   bool poisoned = false;        // a data write failed: post no more flags
 
+  // Completion in ring order (RingControl::completed): for every command taken from `done_base`
+  // on, the operations (data pieces, flag) still outstanding; a rejected command has none. Each
+  // transport operation maps back to its command.
+  std::deque<uint32_t> remaining;
+  uint64_t done_base = 0;
+  std::unordered_map<uint64_t, uint64_t> op_command;
+  uint64_t* completed_word = nullptr;
+
   LaneRunner(Proxy& p, Proxy::Lane& l)
       : proxy(p), lane(l), transport(*l.config.transport), caps(l.config.transport->caps()) {
     batch.resize(std::max<uint32_t>(1, p.options_.batch));
+    done_base = lane.consumer.position();
+    completed_word = ring::ring_completed(lane.config.ring);
+    std::atomic_ref<uint64_t>(*completed_word).store(done_base, std::memory_order_release);
+  }
+
+  // One operation of a command completed (or will never be posted): the command may be complete
+  // now, and with it a run of commands in ring order.
+  void complete_op(uint64_t id) {
+    auto it = op_command.find(id);
+    if (it == op_command.end()) return;
+    const uint64_t command = it->second;
+    op_command.erase(it);
+    if (command >= done_base && command - done_base < remaining.size() && remaining[command - done_base] > 0) {
+      --remaining[command - done_base];
+    }
+    advance_completed();
+  }
+  void advance_completed() {
+    const uint64_t before = done_base;
+    while (!remaining.empty() && remaining.front() == 0) {
+      remaining.pop_front();
+      ++done_base;
+    }
+    // Release: the transport reported these operations complete (data in the destination)
+    // before a producer that acquires the word reuses their source.
+    if (done_base != before) std::atomic_ref<uint64_t>(*completed_word).store(done_base, std::memory_order_release);
   }
 
   void fail(Status status) {
@@ -328,8 +362,8 @@ struct LaneRunner {
     }
   }
 
-  // Turns one valid command into queued operations.
-  void enqueue(const ring::Command& c) {
+  // Turns one valid command (number `command` in ring order) into queued operations.
+  void enqueue(const ring::Command& c, uint64_t command) {
     const DestinationWindow& d = lane.config.windows.destinations[c.dst_rank];
     const int rank = static_cast<int>(c.dst_rank);
     const bool has_flag = c.flag_index != ring::kNoFlag;
@@ -348,8 +382,11 @@ struct LaneRunner {
       p.fence = true;
       p.fence_id = next_data_id;
       queue.push_back(p);
+      op_command[flag.id] = command;
+      remaining.push_back(1);
       return;
     }
+    uint32_t operations = has_flag ? 1 : 0;
     const uint64_t record_id = next_record++;
     Record& record = records[record_id];
     const uint64_t piece = std::max<uint64_t>(1, caps.max_write_bytes);
@@ -365,6 +402,8 @@ struct LaneRunner {
       piece_record[p.write.id] = record_id;
       incomplete_data.insert(p.write.id);
       ++record.pieces_left;
+      op_command[p.write.id] = command;
+      ++operations;
       queue.push_back(p);
     }
     if (has_flag) {
@@ -373,8 +412,10 @@ struct LaneRunner {
       p.flag = flag;
       p.record = record_id;
       p.gated = !caps.ordered_writes;
+      op_command[flag.id] = command;
       queue.push_back(p);
     }
+    remaining.push_back(operations);
   }
 
   bool gate_open(const Pending& p) const {
@@ -388,10 +429,14 @@ struct LaneRunner {
 
   // Posts one flag; false when the transport is full.
   bool post_flag(const FlagOp& flag) {
-    if (poisoned) return true;  // dropped: its data (or an earlier write) failed
+    if (poisoned) {  // dropped: its data (or an earlier write) failed; it will never complete
+      complete_op(flag.id);
+      return true;
+    }
     Result<bool> posted = transport.post_flag(flag);
     if (!posted.ok()) {
       fail(posted.status());
+      complete_op(flag.id);
       return true;
     }
     if (*posted) lane.flags.fetch_add(1, std::memory_order_relaxed);
@@ -447,6 +492,7 @@ struct LaneRunner {
   }
 
   void finish_data(uint64_t id, bool ok) {
+    complete_op(id);
     incomplete_data.erase(id);
     auto it = piece_record.find(id);
     if (it == piece_record.end()) return;
@@ -473,13 +519,18 @@ struct LaneRunner {
         fail(std::move(c.status));
         if (!is_flag) poisoned = true;
       }
-      if (!is_flag) finish_data(c.id, c.status.ok());
+      if (is_flag) {
+        complete_op(c.id);
+      } else {
+        finish_data(c.id, c.status.ok());
+      }
     }
     return !completions.empty();
   }
 
   bool take_commands() {
     if (queue.size() >= batch.size()) return false;  // back-pressure: the ring fills up
+    const uint64_t first = lane.consumer.position();  // ring number of batch[0]
     const size_t n = lane.consumer.poll(std::span<ring::Command>(batch.data(), batch.size() - queue.size()));
     if (n == 0) return false;
     const EpochRange epochs{proxy.epoch_floor_.load(std::memory_order_acquire), proxy.options_.epochs.window};
@@ -488,10 +539,12 @@ struct LaneRunner {
       const Rejection verdict = validate_command(batch[i], lane.config.windows, epochs);
       if (verdict != Rejection::kNone) {
         reject(batch[i], verdict);
+        remaining.push_back(0);  // nothing to wait for
       } else {
-        enqueue(batch[i]);
+        enqueue(batch[i], first + i);
       }
     }
+    advance_completed();
     // The commands are copied out: their slots may be reused at once.
     lane.consumer.retire();
     lane.commands.fetch_add(n, std::memory_order_relaxed);

@@ -70,6 +70,9 @@ Result<Topology> build_topology(std::span<const RankDescriptor> ranks, int my_ra
       t.local_rank_of_rank[r] = static_cast<int>(i) % per_node;
     }
   }
+  t.nodes_per_host = emulate_nodes;
+  t.rank_at.assign(static_cast<size_t>(t.num_nodes) * per_node, -1);
+  for (int r = 0; r < world; ++r) t.rank_at[static_cast<size_t>(t.node_of_rank[r]) * per_node + t.local_rank_of_rank[r]] = r;
   t.node = t.node_of_rank[my_rank];
   t.local_rank = t.local_rank_of_rank[my_rank];
   t.local_world_size = per_node;

@@ -33,8 +33,26 @@ struct Topology {
   std::vector<int> local_rank_of_rank;  // [world_size]
   std::vector<int> local_peers;         // global ranks of this node, by local rank
   int min_sm_count = 0;                 // smallest SM count over the node's GPUs
+  // Nodes are consecutive within a physical host: node n runs on host n / nodes_per_host (the
+  // emulated node count, 1 without emulation).
+  int nodes_per_host = 1;
+  // rank_at[n * local_world_size + l]: global rank of the GPU with local index l on node n.
+  std::vector<int> rank_at;
 
   bool same_node(int other_rank) const { return node_of_rank[other_rank] == node; }
+  int host_of_node(int n) const { return n / nodes_per_host; }
+  int rank_of(int n, int l) const { return rank_at[static_cast<size_t>(n) * local_world_size + l]; }
+  // The GPUs this rank talks to over the network: the same local index on every other node
+  // (hierarchical rule: data crossing nodes goes between same-index GPUs only), by node.
+  std::vector<int> network_peers() const {
+    std::vector<int> peers;
+    for (int n = 0; n < num_nodes; ++n) {
+      if (n != node) peers.push_back(rank_of(n, local_rank));
+    }
+    return peers;
+  }
+  // Index of this rank among the ranks of its physical host (0 .. nodes_per_host * L - 1).
+  int host_local_index() const { return (node % nodes_per_host) * local_world_size + local_rank; }
 };
 
 // Groups ranks by host id (and, with emulate_nodes = n > 1, splits each host's ranks into n

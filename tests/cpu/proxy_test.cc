@@ -1013,5 +1013,75 @@ TEST(LinkShaper, PacesRateAndAddsLatency) {
   EXPECT_EQ(delay.schedule(8, t0 + 1us), t0 + 51us);
 }
 
+// ---- completion in ring order (RingControl::completed) -------------------------------------------
+
+// A kernel waits for `completed` before its source buffers may be reused (runtime/network.h): it
+// must count a command only once every operation of it, and of every command before it, has
+// completed, and rejected commands must not hold it back.
+TEST(ProxyCompletion, CompletedCountsCommandsInRingOrder) {
+  for (bool ordered : {true, false}) {
+    RecordingTransport fake(ordered, /*max_write_bytes=*/64, /*max_outstanding=*/16);
+    fake.set_random_completion(/*seed=*/11, /*delay_turns=*/2);
+    std::vector<Command> commands = flagged_writes(300, 999, 9);
+    for (size_t i = 0; i < commands.size(); i += 7) commands[i].reserved = 1;  // rejected ones in between
+    commands.push_back(make_signal(1, 0, 5));
+    fake.manual_handles = true;
+    fake.set_remote(1, 300 * 1000, 300);
+    fake.set_source_bytes(300 * 1000);
+    const WindowTable table = manual_table(0, 2, 300 * 1000, {{0, 0}, {300 * 1000, 300}}, {true, true});
+    Result<ring::HostRing> host_ring = ring::HostRing::create(64);
+    ASSERT_TRUE(host_ring.ok());
+    uint64_t* completed = ring::ring_completed(host_ring->view());
+    ProxyOptions options;
+    options.epochs = EpochRange{1, 100};
+    Result<std::unique_ptr<Proxy>> proxy = Proxy::start({ProxyLane{host_ring->view(), &fake, table}}, options);
+    ASSERT_TRUE(proxy.ok());
+    WaitWords words;
+    ring::CpuProducer producer(host_ring->view(), words.params(), 10s);
+    uint64_t last = 0;
+    bool monotonic = true;
+    for (const Command& c : commands) {
+      ASSERT_TRUE(producer.push(c));
+      const uint64_t now = std::atomic_ref<uint64_t>(*completed).load(std::memory_order_acquire);
+      monotonic = monotonic && now >= last;
+      last = now;
+    }
+    (void)(*proxy)->drain(10s);
+    EXPECT_TRUE(monotonic) << "ordered=" << ordered;
+    EXPECT_EQ(std::atomic_ref<uint64_t>(*completed).load(), commands.size()) << "ordered=" << ordered;
+    (void)(*proxy)->stop();
+  }
+}
+
+// Operations that never complete hold `completed` at the command before them, however many
+// commands follow; a rejected command at the front counts at once.
+TEST(ProxyCompletion, IncompleteOperationsHoldTheCountBack) {
+  RecordingTransport fake(/*ordered=*/true, /*max_write_bytes=*/1000, /*max_outstanding=*/64);
+  fake.set_random_completion(/*seed=*/1, /*delay_turns=*/1 << 30);  // nothing ever completes
+  fake.manual_handles = true;
+  fake.set_remote(1, 10000, 10);
+  fake.set_source_bytes(10000);
+  const WindowTable table = manual_table(0, 2, 10000, {{0, 0}, {10000, 10}}, {true, true});
+  Result<ring::HostRing> host_ring = ring::HostRing::create(16);
+  ASSERT_TRUE(host_ring.ok());
+  uint64_t* completed = ring::ring_completed(host_ring->view());
+  ProxyOptions options;
+  options.epochs = EpochRange{1, 100};
+  Result<std::unique_ptr<Proxy>> proxy = Proxy::start({ProxyLane{host_ring->view(), &fake, table}}, options);
+  ASSERT_TRUE(proxy.ok());
+  WaitWords words;
+  ring::CpuProducer producer(host_ring->view(), words.params(), 10s);
+  Command rejected = make_write(1, 0, 0, 10, 0, 5);
+  rejected.reserved = 1;
+  ASSERT_TRUE(producer.push(rejected));
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(producer.push(make_write(1, 0, 100 * i, 10, static_cast<uint32_t>(i), 5)));
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while ((*proxy)->stats().commands < 5 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  std::this_thread::sleep_for(20ms);
+  EXPECT_EQ((*proxy)->stats().commands, 5u);
+  EXPECT_EQ(std::atomic_ref<uint64_t>(*completed).load(), 1u) << "only the rejected command is complete";
+  (void)(*proxy)->stop(std::chrono::milliseconds(10));
+}
+
 }  // namespace
 }  // namespace loom::runtime::net

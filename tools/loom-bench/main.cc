@@ -6,6 +6,7 @@
 //   loom-bench tp --spawn 2 --json tp.json                     ag_gemm, gemm_rs, gemm_ar vs NCCL + cuBLAS
 //   loom-bench gemm_rs --m 4096 --comm-ctas 8 --spawn 2
 //   loom-bench tune --cache tuning.json --spawn 2               writes the tuning cache (LOOM_TUNING_CACHE)
+//   LOOM_EMULATE_NODES=2 LOOM_EMULATE_NET_GBPS=50 loom-bench multinode --spawn 2   across (emulated) nodes
 //   torchrun --nproc-per-node 8 loom-bench collectives          (ranks from the environment)
 #include <CLI/CLI.hpp>
 #include <cuda_runtime_api.h>
@@ -22,8 +23,10 @@
 #include "core/env.h"
 #include "launch.h"
 #include "loom/loom.h"
+#include "multinode_bench.h"
 #include "planner/tp_plan.h"
 #include "report.h"
+#include "runtime/communicator_impl.h"
 #include "tp_bench.h"
 
 namespace {
@@ -178,6 +181,25 @@ Status run_tp(loom::Communicator& comm, const std::vector<std::string>& ops, con
   return s;
 }
 
+loom::Result<loom::bench::MultiNodeBenchOptions> multinode_options(const GlobalOptions& g, const TpCli& c) {
+  loom::bench::MultiNodeBenchOptions o;
+  o.ops.clear();
+  for (const std::string& op : c.ops) {
+    LOOM_ASSIGN_OR_RETURN(loom::OpId id, loom::planner::parse_tp_op(op));
+    o.ops.push_back(id);
+  }
+  o.m = c.m;
+  o.n = c.n;
+  o.k = c.k;
+  LOOM_ASSIGN_OR_RETURN(o.dtype, loom::parse_dtype(g.dtype));
+  LOOM_ASSIGN_OR_RETURN(o.b_layout, loom::parse_b_layout(c.layout));
+  LOOM_ASSIGN_OR_RETURN(o.loom.tile, loom::parse_gemm_tile(c.tile));
+  o.baselines = !c.no_baselines;
+  o.warmup = g.warmup;
+  o.iters = g.iters;
+  return o;
+}
+
 Status run_tune(loom::Communicator& comm, const GlobalOptions& g, const TpCli& c, loom::bench::Report& report) {
   loom::bench::TpTuneOptions t;
   LOOM_ASSIGN_OR_RETURN(t.bench, tp_options(c.ops, g, c));
@@ -255,6 +277,16 @@ int main(int argc, char** argv) {
   tune->add_option("--tile", tp_cli.tile, "force the compute tile for every candidate");
   tune->add_option("--comm-ctas", tp_cli.sweep_ctas, "comm CTA counts to try (fused)")->delimiter(',');
   tune->add_flag("--no-decomposed", tp_cli.no_decomposed, "do not try the decomposed algorithm");
+  TpCli mn_cli;
+  CLI::App* multinode = app.add_subcommand(
+      "multinode", "ag_gemm, gemm_rs, gemm_ar across (real or LOOM_EMULATE_NODES) nodes vs the GEMM then the transfer");
+  multinode->add_option("--ops", mn_cli.ops, "operators, e.g. ag_gemm,gemm_rs,gemm_ar")->delimiter(',');
+  multinode->add_option("--m", mn_cli.m, "M values (global rows)")->delimiter(',');
+  multinode->add_option("--n", mn_cli.n, "N of each rank's B (default: the issue's, 14336 for ag_gemm, 8192 otherwise)");
+  multinode->add_option("--k", mn_cli.k, "K (gemm_rs / gemm_ar: the global K, split over the ranks)");
+  multinode->add_option("--layout", mn_cli.layout, "B layout: nk or kn")->check(CLI::IsMember({"nk", "kn"}));
+  multinode->add_option("--tile", mn_cli.tile, "force the compute tile: 128x256 or 128x128");
+  multinode->add_flag("--no-baselines", mn_cli.no_baselines, "time loom only");
   CLI::App* all = app.add_subcommand("all", "the main job: every implemented operator at its headline sizes");
   CLI11_PARSE(app, argc, argv);
 
@@ -289,6 +321,17 @@ int main(int argc, char** argv) {
     loom::Result<loom::bench::TpBenchOptions> tp = tp_options({"ag_gemm", "gemm_rs", "gemm_ar"}, g, tp_cli);
     if (tp.ok()) comm_options.heap_bytes = std::max(comm_options.heap_bytes, loom::bench::tp_heap_bytes(*tp, static_cast<int>(world)));
   }
+  if (multinode->parsed()) {
+    loom::Result<loom::bench::MultiNodeBenchOptions> mn = multinode_options(g, mn_cli);
+    // Nodes: the emulated count, else one per LOCAL_WORLD_SIZE ranks (the transfer's receive
+    // area grows with them).
+    int nodes = 2;
+    if (const char* e = std::getenv("LOOM_EMULATE_NODES")) nodes = std::max(2, std::atoi(e));
+    else if (const char* l = std::getenv("LOCAL_WORLD_SIZE")) nodes = std::max(2, static_cast<int>(world) / std::max(1, std::atoi(l)));
+    if (mn.ok()) {
+      comm_options.heap_bytes = std::max(comm_options.heap_bytes, loom::bench::multinode_heap_bytes(*mn, static_cast<int>(world), nodes));
+    }
+  }
   loom::Result<std::unique_ptr<loom::Communicator>> comm_or = loom::Communicator::from_env(comm_options);
   if (!comm_or.ok()) {
     std::fprintf(stderr, "loom-bench: %s\n", comm_or.status().to_string().c_str());
@@ -305,6 +348,10 @@ int main(int argc, char** argv) {
     if (sub->parsed()) status = run_tp(comm, ops, g, tp_cli, report);
   }
   if (tune->parsed()) status = run_tune(comm, g, tp_cli, report);
+  if (multinode->parsed()) {
+    loom::Result<loom::bench::MultiNodeBenchOptions> mn = multinode_options(g, mn_cli);
+    status = mn.ok() ? loom::bench::run_multinode_bench(comm, *mn, report) : mn.status();
+  }
   if (all->parsed()) {
     status = run_collectives(comm, {"all_gather", "reduce_scatter", "all_reduce"}, g, coll, report);
     Status s = run_gemm(&comm, g, gemm_cli, report);
@@ -322,12 +369,16 @@ int main(int argc, char** argv) {
     info.gpu = prop.name;
     info.world = comm.world_size();
     info.nodes = comm.num_nodes();
+    const auto& net = comm.impl().net_settings;
+    info.emulated_nodes = net.emulate_nodes > 1 ? net.emulate_nodes : 0;
+    if (comm.num_nodes() > 1 && net.emulate_net_gbps > 0) info.net_gbps = net.emulate_net_gbps;
     if (!g.json_path.empty()) {
       Status w = report.write_json(g.json_path, info);
       if (!w.ok()) std::fprintf(stderr, "loom-bench: %s\n", w.to_string().c_str());
     }
     report.print_table(stdout);
     loom::bench::print_tp_table(report, stdout);  // the fused operators' times, h and plans: last
+    loom::bench::print_multinode_table(report, stdout);
   }
   if (!status.ok()) {
     std::fprintf(stderr, "loom-bench: rank %d: %s\n", comm.rank(), status.to_string().c_str());

@@ -102,16 +102,22 @@ class CopyEngineTransport final : public Transport {
     key.bytes = region.bytes;
     if (region.kind == MemoryKind::kDevice) {
       LOOM_CUDA_TRY(cudaSetDevice(options_.device));
-      LOOM_ASSIGN_OR_RETURN(auto range, allocation_range(region.base));
-      if (key.owner_address + region.bytes > range.first + range.second) {
-        return Status::invalid_argument("copy_engine: region runs past the end of its allocation");
-      }
-      key.offset_in_allocation = key.owner_address - range.first;
-      // Legacy IPC works for cudaMalloc memory; cuMem (VMM) memory reaches peers via map_peer.
-      if (cudaIpcGetMemHandle(&key.ipc, reinterpret_cast<void*>(range.first)) == cudaSuccess) {
-        key.has_ipc = 1;
+      // Legacy IPC works for cudaMalloc memory; cuMem (VMM) memory reaches peers via map_peer, so
+      // a range the driver cannot describe (or export) is registered without an IPC handle and
+      // the importer must have a mapping of it.
+      Result<std::pair<uint64_t, uint64_t>> range = allocation_range(region.base);
+      if (range.ok()) {
+        if (key.owner_address + region.bytes > range->first + range->second) {
+          return Status::invalid_argument("copy_engine: region runs past the end of its allocation");
+        }
+        key.offset_in_allocation = key.owner_address - range->first;
+        if (cudaIpcGetMemHandle(&key.ipc, reinterpret_cast<void*>(range->first)) == cudaSuccess) {
+          key.has_ipc = 1;
+        } else {
+          cudaGetLastError();
+        }
       } else {
-        cudaGetLastError();
+        LOOM_DEBUG("copy_engine: registering %p without an IPC handle (%s)", region.base, range.status().to_string().c_str());
       }
     }
     locals_.push_back(Local{static_cast<char*>(region.base), region.bytes});

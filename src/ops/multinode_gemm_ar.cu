@@ -1,0 +1,13 @@
+// Host launcher of the multi-node gemm_ar (kernel: kernels/tp/multinode_reduce.cuh). Instantiates
+// its 8 kernels (128x256 / 128x128 x bf16 / fp16 x B layout).
+#include "kernels/tp/multinode_reduce.cuh"
+#include "ops/multinode.h"
+#include "ops/multinode_common.h"
+
+namespace loom::ops {
+
+Status gemm_ar_multinode(Communicator& comm, const TpGemmArgs& args, cudaStream_t stream, const TpGemmOptions& options) {
+  return mn::launch_reduce</*kAllReduce=*/true>(comm, args, stream, options);
+}
+
+}  // namespace loom::ops

@@ -1,0 +1,61 @@
+// The network flag window: where arrival flags of inter-node transfers land (plain data and
+// LOOM_HOST_DEVICE functions: the communicator, the multi-node launchers, the kernels and the CPU
+// tests all compute the same indices from here).
+//
+// One window per rank, `kNetFlagWords` uint64 words in a dedicated allocation of the symmetric
+// heap, made at communicator creation on jobs of more than one node (equal heap offset on every
+// rank, zero-filled before any peer can write). The transports register it as the flag window;
+// the proxy writes flags into it on behalf of senders of other nodes, and local peers write
+// into it over NVLink (the multi-node kernels keep all their flags here, apart from the
+// single-node operators' op_flags). Every word is an epoch (or epoch << 16 | signature): never
+// reset, a stale value never satisfies a later wait.
+//
+// Layout (N nodes, L GPUs per node):
+//   word [0, L)             nvl_entry[l']   (e << 16) | signature, stored by local peer l' at launch start
+//   word [L, L + N)         net_entry[s]    e, the flag of the entry write from node s's same-index GPU
+//   word [L + N, L + 2N)    net_sig[s]      (e << 16) | signature, the data of that same write
+//   word [L + 2N]           sig_out         this rank's own (e << 16) | signature: the source of its
+//                                           entry writes (the proxy copies it out of this heap)
+//   word [launch_base, kNetFlagWords)       per-launch flags of the multi-node operators, laid out
+//                                           by each operator from its shape (kernels/tp/multinode_layout.h)
+// launch_base = L + 2N + 1 rounded up to 8 words (a 64-byte line).
+#pragma once
+
+#include <cstdint>
+
+#include "runtime/device_abi.h"
+
+namespace loom::runtime::net {
+
+// Words in every rank's network flag window (1 MiB): entry words plus the per-launch flags of the
+// largest operator call it admits; calls needing more are refused with a message naming the need.
+inline constexpr uint32_t kNetFlagWords = 1u << 17;
+// Entry words carry the plan signature in their low bits, like the single-node operators' ones.
+inline constexpr uint32_t kNetSignatureBits = 16;
+
+struct NetWindowLayout {
+  uint32_t nodes = 1;  // N
+  uint32_t local = 1;  // L
+
+  LOOM_HOST_DEVICE uint32_t nvl_entry(uint32_t local_rank) const { return local_rank; }
+  LOOM_HOST_DEVICE uint32_t net_entry(uint32_t node) const { return local + node; }
+  LOOM_HOST_DEVICE uint32_t net_sig(uint32_t node) const { return local + nodes + node; }
+  LOOM_HOST_DEVICE uint32_t sig_out() const { return local + 2 * nodes; }
+  LOOM_HOST_DEVICE uint32_t launch_base() const { return (local + 2 * nodes + 1 + 7) & ~7u; }
+  // Per-launch flags available to one operator call.
+  LOOM_HOST_DEVICE uint32_t launch_capacity() const {
+    return launch_base() < kNetFlagWords ? kNetFlagWords - launch_base() : 0;
+  }
+};
+
+LOOM_HOST_DEVICE constexpr uint64_t net_entry_word(uint64_t epoch, uint32_t signature) {
+  return (epoch << kNetSignatureBits) | (signature & ((1u << kNetSignatureBits) - 1));
+}
+
+// Bytes of the window allocation: the words, rounded up to 64 KiB (registration granularity of
+// some NICs; the rest stays unused).
+LOOM_HOST_DEVICE constexpr uint64_t net_window_bytes() {
+  return ((uint64_t{8} * kNetFlagWords) + 65535) & ~uint64_t{65535};
+}
+
+}  // namespace loom::runtime::net
