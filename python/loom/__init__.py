@@ -1,0 +1,32 @@
+"""loom: fused multi-GPU kernels for NVIDIA Hopper, from Python.
+
+``import loom`` needs neither torch nor a GPU. Tensors are any DLPack CUDA tensors (torch, CuPy,
+JAX); ops run on the caller's current stream (torch, CuPy) or on ``stream=`` (a cudaStream_t as
+an int). ``loom.torch`` registers the ops as torch.library operators (``torch.ops.loom.*``).
+
+    comm = loom.Communicator.from_env()           # torchrun-style environment
+    x = torch.from_dlpack(comm.empty((n,), "bf16"))  # symmetric memory (peers can read it)
+    loom.all_reduce(comm, x)                      # in place, current torch stream
+"""
+
+from ._errors import (Aborted, CudaError, InternalError, InvalidArgument, LoomError, PeerFailure,
+                      SystemCallError, Timeout, Unsupported)
+
+try:
+    from . import _C
+except ImportError as error:  # pragma: no cover - only when the package was not built
+    raise ImportError(f"loom: the compiled extension loom._C could not be loaded ({error}); install the "
+                      "package with `pip install .` from the loom repository") from error
+
+from ._comm import Communicator, make_unique_id
+from ._ops import ag_gemm, all_gather, all_reduce, gemm, gemm_ar, gemm_rs, reduce_scatter
+
+__version__ = _C.__version__
+
+__all__ = [
+    "Communicator", "make_unique_id",
+    "gemm", "all_gather", "reduce_scatter", "all_reduce", "ag_gemm", "gemm_rs", "gemm_ar",
+    "LoomError", "InvalidArgument", "Unsupported", "Timeout", "PeerFailure", "CudaError",
+    "SystemCallError", "Aborted", "InternalError",
+    "__version__",
+]

@@ -1,0 +1,271 @@
+"""loom.Communicator: one per rank (process and GPU), over the C++ loom::Communicator."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import weakref
+from typing import Any, Sequence
+
+from . import _C
+from ._errors import LoomError, _from_status, _invalid
+from ._streams import default_stream
+
+_DTYPE_NAMES = {
+    "bf16": "bf16", "bfloat16": "bf16",
+    "fp16": "fp16", "f16": "fp16", "float16": "fp16", "half": "fp16",
+    "fp32": "fp32", "f32": "fp32", "float32": "fp32", "float": "fp32",
+}
+
+
+def dtype_name(dtype: Any) -> str:
+    """'bf16', 'fp16' or 'fp32' for a string, a torch dtype or a numpy/CuPy dtype."""
+    text = dtype if isinstance(dtype, str) else getattr(dtype, "name", None) or str(dtype)
+    text = text.removeprefix("torch.")
+    name = _DTYPE_NAMES.get(text)
+    if name is None:
+        raise _invalid("dtype", f"{dtype!r}: loom takes bfloat16, float16 or float32")
+    return name
+
+
+# Communicators by int handle, for the torch operators (whose schemas take ints, not objects);
+# held weakly. A handle is given at creation so that torch.compile only ever reads it.
+_registry: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+_handles = itertools.count(1)
+
+
+def register(comm: Any) -> int:
+    """The int handle of `comm` (given once; anything with ``local_world_size`` can be registered)."""
+    h = getattr(comm, "_loom_handle", None)
+    if h is None:
+        h = next(_handles)
+        comm._loom_handle = h
+        _registry[h] = comm
+    return h
+
+
+def lookup(h: int) -> Any:
+    """The live communicator of handle `h`, or None."""
+    return _registry.get(h)
+
+
+def _default_bind_addr(group_root_is_job_root: bool) -> str:
+    """Where rank 0's bootstrap listens when the caller does not say."""
+    local, world = os.environ.get("LOCAL_WORLD_SIZE"), os.environ.get("WORLD_SIZE")
+    if local is not None and local == world:
+        return "127.0.0.1"  # the whole job is on this node: loopback needs no name resolution
+    address = os.environ.get("MASTER_ADDR") if group_root_is_job_root else None
+    return address or socket.gethostbyname(socket.gethostname())
+
+
+def make_unique_id(bind_addr: str = "127.0.0.1") -> bytes:
+    """Rank 0 of a job calls this and shares the 128 bytes with the other ranks (they are opaque).
+
+    It listens on `bind_addr` (an address or host name the other ranks reach; never 0.0.0.0) until
+    this process's own ``Communicator.from_unique_id(uid, 0, world_size)`` takes the listener over.
+    """
+    return _C.make_unique_id(bind_addr)
+
+
+def _options(device: int | None, heap_bytes: int, op_timeout_ms: int, bootstrap_timeout_ms: int) -> dict:
+    return {"device": -1 if device is None else int(device), "heap_bytes": int(heap_bytes),
+            "op_timeout_ms": int(op_timeout_ms), "bootstrap_timeout_ms": int(bootstrap_timeout_ms)}
+
+
+class Communicator:
+    """A loom communicator. Creating one is collective: every rank of the job creates its own.
+
+    Options (0 or None keeps the LOOM_* environment's setting): ``device`` (CUDA device; default
+    LOCAL_RANK, else rank % device count), ``heap_bytes`` (symmetric heap), ``op_timeout_ms``
+    (device-side waits), ``bootstrap_timeout_ms`` (host-side waits: creation, barrier, empty()).
+
+    Ops on one communicator must be issued in the same order on every rank, from one stream order
+    at a time. After a failure (timeout, abort) the communicator stays failed; later calls raise
+    ``loom.Aborted`` with the first reason. ``close()`` (or ``with``) ends it on every rank.
+    """
+
+    def __init__(self, native: "_C.Communicator") -> None:
+        self._c = native
+        register(self)
+        # loom.torch's symmetric staging buffers, per (role, shape, dtype): allocated on the first
+        # eager call of a shape, reused by every later call (and by captured CUDA graphs).
+        self._staging: dict = {}
+
+    # ---- creation ----------------------------------------------------------------------------
+
+    @classmethod
+    def from_env(cls, *, device: int | None = None, heap_bytes: int = 0, op_timeout_ms: int = 0,
+                 bootstrap_timeout_ms: int = 0) -> "Communicator":
+        """From torchrun-style variables: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+        MASTER_ADDR, MASTER_PORT (and LOOM_SECRET when set).
+
+        Under torchrun, MASTER_PORT is the port of torch's own rendezvous store (its agent
+        listens there), so loom's bootstrap cannot listen on it: the unique id then goes through
+        that store (or through torch.distributed when it is initialised) instead, and rank 0's
+        bootstrap listens on a free port. Elsewhere (loom-run, Slurm scripts) loom's C++
+        bootstrap uses MASTER_ADDR:MASTER_PORT itself."""
+        options = _options(device, heap_bytes, op_timeout_ms, bootstrap_timeout_ms)
+        if "TORCHELASTIC_RUN_ID" in os.environ:
+            return cls._from_torchrun(options)
+        return cls(_C.Communicator.from_env(**options))
+
+    _torchrun_calls = 0  # communicators made from a torchrun environment in this process
+
+    @classmethod
+    def _from_torchrun(cls, options: dict) -> "Communicator":
+        import datetime
+
+        import torch.distributed as dist
+
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        if options["device"] < 0 and "LOCAL_RANK" in os.environ:
+            options["device"] = int(os.environ["LOCAL_RANK"])
+        if dist.is_available() and dist.is_initialized():
+            return cls.from_process_group(None, **options)
+        # Every rank makes the same sequence of calls, so the key is the same on every rank.
+        Communicator._torchrun_calls += 1
+        key = f"loom/unique_id/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{Communicator._torchrun_calls}"
+        timeout_ms = options["bootstrap_timeout_ms"] or int(os.environ.get("LOOM_BOOTSTRAP_TIMEOUT_MS", "120000"))
+        op = "Communicator.from_env"
+        where = f"torch's store at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+        try:
+            store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                                  timeout=datetime.timedelta(milliseconds=timeout_ms))
+        except Exception as error:  # torch's own error types; ours say where and why
+            raise _from_status("system_error", op, rank, f"cannot reach {where}: {error}") from error
+        if rank == 0:
+            try:
+                uid = make_unique_id(_default_bind_addr(True))
+            except LoomError as error:  # the other ranks fail at once instead of at their deadline
+                store.set(key, b"error:" + str(error).encode())
+                raise
+            store.set(key, uid)
+        else:
+            try:
+                uid = store.get(key)
+            except Exception as error:
+                raise _from_status("timeout", op, rank, f"rank 0's unique id did not arrive through {where} "
+                                                        f"within {timeout_ms} ms: {error}") from error
+            if uid.startswith(b"error:"):
+                raise _from_status("peer_failure", op, rank,
+                                   "rank 0 could not make the unique id: " + uid[6:].decode(errors="replace"))
+        return cls(_C.Communicator.from_unique_id(uid, rank, world_size, **options))
+
+    @classmethod
+    def from_unique_id(cls, unique_id: bytes, rank: int, world_size: int, *, device: int | None = None,
+                       heap_bytes: int = 0, op_timeout_ms: int = 0, bootstrap_timeout_ms: int = 0) -> "Communicator":
+        """From a unique id made by rank 0 with ``loom.make_unique_id()`` and shared by the application."""
+        if not isinstance(unique_id, (bytes, bytearray, memoryview)):
+            raise _invalid("Communicator.from_unique_id",
+                           f"unique_id must be the bytes from loom.make_unique_id(), got {type(unique_id).__name__}",
+                           rank)
+        return cls(_C.Communicator.from_unique_id(bytes(unique_id), int(rank), int(world_size),
+                                                  **_options(device, heap_bytes, op_timeout_ms, bootstrap_timeout_ms)))
+
+    @classmethod
+    def from_process_group(cls, group: Any = None, *, bind_addr: str | None = None, device: int | None = None,
+                           heap_bytes: int = 0, op_timeout_ms: int = 0,
+                           bootstrap_timeout_ms: int = 0) -> "Communicator":
+        """Over the ranks of a torch.distributed process group (default: the world group).
+
+        The group's rank 0 makes the unique id, listening on `bind_addr` (default: 127.0.0.1 when
+        the job is on one node (LOCAL_WORLD_SIZE == WORLD_SIZE), else MASTER_ADDR when the group's
+        rank 0 is the job's rank 0, else the address of rank 0's host name); it reaches the others
+        through ``torch.distributed.broadcast_object_list``. The device defaults to torch's
+        current CUDA device.
+        """
+        import torch
+        import torch.distributed as dist
+
+        if group is None:
+            group = dist.group.WORLD
+        rank = dist.get_rank(group)
+        world_size = dist.get_world_size(group)
+        root = dist.get_global_rank(group, 0) if group is not dist.group.WORLD else 0
+        payload: list = [None]
+        if rank == 0:
+            address = bind_addr if bind_addr is not None else _default_bind_addr(root == 0)
+            try:
+                payload[0] = ("ok", make_unique_id(address))
+            except LoomError as error:  # every rank raises it, so none waits for a bootstrap
+                payload[0] = ("error", (type(error).code, error.op, error.reason))
+        dist.broadcast_object_list(payload, src=root, group=group)
+        status, value = payload[0]
+        if status != "ok":
+            code, op, reason = value
+            raise _from_status(code, op, rank, f"on the group's rank 0: {reason}")
+        if device is None and torch.cuda.is_available():
+            device = torch.cuda.current_device()
+        return cls.from_unique_id(value, rank, world_size, device=device, heap_bytes=heap_bytes,
+                                  op_timeout_ms=op_timeout_ms, bootstrap_timeout_ms=bootstrap_timeout_ms)
+
+    # ---- properties --------------------------------------------------------------------------
+
+    rank = property(lambda self: self._c.rank, doc="this rank in [0, world_size)")
+    world_size = property(lambda self: self._c.world_size)
+    local_rank = property(lambda self: self._c.local_rank, doc="index within this node")
+    local_world_size = property(lambda self: self._c.local_world_size, doc="ranks on this node (one NVLink domain)")
+    node = property(lambda self: self._c.node)
+    num_nodes = property(lambda self: self._c.num_nodes)
+    device = property(lambda self: self._c.device, doc="this rank's CUDA device ordinal")
+    sm_count = property(lambda self: self._c.sm_count)
+    closed = property(lambda self: self._c.closed)
+
+    # ---- runtime -----------------------------------------------------------------------------
+
+    def synchronize(self, stream: int | None = None) -> None:
+        """Waits (bounded: the op timeout + 1 s) for the work queued on `stream` (default: the
+        current torch or CuPy stream, else the legacy default stream) and raises device-side
+        failures: ``loom.Timeout`` naming the rank that never arrived, ``loom.Aborted``."""
+        self._c.synchronize(default_stream(self.device) if stream is None else int(stream))
+
+    def barrier(self) -> None:
+        """Host barrier over all ranks (bounded by the bootstrap timeout)."""
+        self._c.barrier()
+
+    def abort(self, reason: str = "aborted by the application") -> None:
+        """Makes running loom kernels of this communicator return (within about a millisecond);
+        the communicator is failed afterwards."""
+        self._c.abort(reason)
+
+    def health(self) -> LoomError | None:
+        """None while usable; else the error that ended the communicator (not raised)."""
+        failure = self._c.health()
+        if failure is None:
+            return None
+        code, reason = failure
+        return _from_status(code, "health", self.rank, reason)
+
+    def empty(self, shape: Sequence[int] | int, dtype: Any) -> Any:
+        """Collective: a symmetric buffer (peers can read and write it) as a DLPack array, e.g.
+        ``torch.from_dlpack(comm.empty((m, k), torch.bfloat16))``. Contents are uninitialised.
+
+        Every rank must call it with the same shape and dtype in the same order. The memory goes
+        back to the heap when the last consumer lets go; ranks must free in the same order too
+        (a later empty() that lands at different offsets on different ranks fails cleanly)."""
+        if isinstance(shape, int):
+            shape = (shape,)
+        return self._c.empty([int(d) for d in shape], dtype_name(dtype))
+
+    def is_symmetric(self, ptr: int, nbytes: int) -> bool:
+        """Whether [ptr, ptr + nbytes) lies in one symmetric allocation of this communicator."""
+        return self._c.is_symmetric(int(ptr), int(nbytes))
+
+    def close(self) -> None:
+        """Ends the communicator (collective: waits, bounded, for the other ranks). Symmetric
+        buffers must be gone by then; loom.torch's cached staging buffers are dropped here."""
+        self._staging.clear()
+        self._c.close()
+
+    def __enter__(self) -> "Communicator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return f"<loom.Communicator rank {self.rank}/{self.world_size}, closed>"
+        return (f"<loom.Communicator rank {self.rank}/{self.world_size}, local {self.local_rank}/"
+                f"{self.local_world_size}, node {self.node}/{self.num_nodes}, cuda:{self.device}>")

@@ -1,0 +1,333 @@
+"""loom's ops as torch.library operators (``torch.ops.loom.*``) with fake implementations, so
+that torch.compile traces them and CUDA graphs capture them.
+
+    import loom, loom.torch
+    comm = loom.Communicator.from_process_group()
+    y = loom.torch.ag_gemm(x_shard, w, comm)          # [M/W, K] -> [M, N]
+    z = loom.torch.gemm_rs(torch.nn.functional.gelu(y), w2, comm)
+
+Operators are functional: each returns a new tensor. Where loom needs symmetric memory (all_gather
+and gemm_ar outputs, all_reduce and reduce_scatter inputs) the op goes through a symmetric staging
+buffer that is cached on the communicator per (role, shape, dtype): the first call of a shape
+allocates it (collective: every rank makes the same calls), later calls reuse it, and a copy moves
+the data in or out. An input that is already symmetric (``loom.torch.empty``) is used in place.
+For zero-copy outputs use the explicit-output API on symmetric tensors (``loom.all_reduce(comm,
+x)`` etc.).
+
+CUDA graphs: the ops make no host synchronization and no allocation other than torch's own
+(graph-pool) outputs, and loom's launch epochs advance on the device, so a captured graph can be
+replayed any number of times. Run every op once eagerly with the shapes you capture first: that
+allocates the staging buffers and loom's tensor-parallel workspace, neither of which can be
+allocated during capture (such a call raises ``loom.InvalidArgument``).
+
+Communicators enter the operators as an int handle (``loom.torch.handle(comm)``; the functions
+below take the communicator and do it for you). The registry holds them weakly.
+
+No autograd formulas are registered: these are forward (inference) operators.
+
+Overhead: operators are defined with ``torch.library.Library`` rather than the
+``torch.library.custom_op`` decorator, whose extra Python layers cost ~15 us per call; a call
+costs a few microseconds over the C++ launch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from . import _C
+from . import _comm as _comm_registry
+from ._comm import Communicator
+from ._errors import _invalid
+
+__all__ = ["empty", "handle", "register_communicator", "gemm", "all_gather", "reduce_scatter", "all_reduce",
+           "ag_gemm", "gemm_rs", "gemm_ar"]
+
+_HALF = (torch.bfloat16, torch.float16)
+_FLOAT = (torch.bfloat16, torch.float16, torch.float32)
+
+# ---- communicators ---------------------------------------------------------------------------
+
+def register_communicator(comm: Any) -> int:
+    """The int that stands for `comm` in operator calls (idempotent; loom.Communicator objects
+    have one from creation). Anything with ``local_world_size`` (and ``rank``) can be registered,
+    which is how fake-tensor tests run without a GPU. Register before torch.compile traces."""
+    h = getattr(comm, "_loom_handle", None)
+    return h if h is not None else _comm_registry.register(comm)
+
+
+handle = register_communicator
+
+
+def _comm(h: int, op: str) -> Any:
+    comm = _comm_registry.lookup(h)
+    if comm is None:
+        raise _invalid(op, f"no live loom communicator has handle {h} (register it with loom.torch.handle(comm))")
+    return comm
+
+
+def empty(comm: Communicator, shape: Sequence[int] | int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """Collective: an uninitialised symmetric tensor on comm's device (see Communicator.empty)."""
+    return torch.from_dlpack(comm.empty(shape, dtype))
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+
+# The raw stream query is what torch's generated code uses: cheaper than torch.cuda.current_stream().
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+if _raw_stream is None:  # pragma: no cover
+    def _raw_stream(device: int) -> int:
+        return torch.cuda.current_stream(device).cuda_stream
+
+
+def _stream(device: int) -> int:
+    # A CPU tensor is refused by the extension before the stream is used.
+    return _raw_stream(device) if device >= 0 else 0
+
+
+def _check_input(x: torch.Tensor, name: str, op: str, comm: Any, dtypes: tuple = _FLOAT) -> None:
+    """What the extension would refuse, checked before a staging copy hides it."""
+    if x.dtype not in dtypes:
+        raise _invalid(op, f"{name} has dtype {x.dtype}; {op} takes {', '.join(str(d) for d in dtypes)}", comm.rank)
+    if x.device.type != "cuda" or x.get_device() != comm.device:
+        raise _invalid(op, f"{name} is on {x.device} but the communicator uses cuda:{comm.device}", comm.rank)
+    if not x.is_contiguous():
+        raise _invalid(op, f"{name} {list(x.shape)} is not contiguous; pass x.contiguous()", comm.rank)
+    if x.dim() == 0:
+        raise _invalid(op, f"{name} must have at least one dimension", comm.rank)
+
+
+def _staging(comm: Communicator, role: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+    key = (role, shape, dtype)
+    buffer = comm._staging.get(key)
+    if buffer is None:
+        if torch.cuda.is_current_stream_capturing():
+            raise _invalid(role.split(".")[0], f"a symmetric staging buffer {list(shape)} {dtype} is needed, which cannot "
+                                               "be allocated during CUDA graph capture: run the op once eagerly with "
+                                               "this shape before capturing", comm.rank)
+        buffer = comm._staging[key] = empty(comm, shape, dtype)
+    return buffer
+
+
+def _is_symmetric(comm: Communicator, x: torch.Tensor) -> bool:
+    return comm._c.is_symmetric(x.data_ptr(), x.numel() * x.element_size())
+
+
+def _tp_shapes(op: str, a: torch.Tensor, b: torch.Tensor, b_layout: str, world: int, rank: int | None) -> tuple:
+    """(M, N, K) of a tensor-parallel op, with the shape rules checked."""
+    if a.dim() != 2 or b.dim() != 2:
+        raise _invalid(op, f"a and b must be 2-D, got {list(a.shape)} and {list(b.shape)}", rank)
+    if b_layout not in ("kn", "nk"):
+        raise _invalid(op, f"b_layout {b_layout!r}: expected 'kn' ([K, N]) or 'nk' ([N, K])", rank)
+    k = a.shape[1]
+    n, b_k = (b.shape[1], b.shape[0]) if b_layout == "kn" else (b.shape[0], b.shape[1])
+    if b_k != k:
+        raise _invalid(op, f"a is {list(a.shape)} (K = {k}) but b is {list(b.shape)} (b_layout {b_layout!r})", rank)
+    m = a.shape[0] * world if op == "ag_gemm" else a.shape[0]
+    if op == "gemm_rs" and m % world != 0:
+        raise _invalid(op, f"M = {m} rows of a do not divide by the world size {world}", rank)
+    if a.dtype != b.dtype or a.dtype not in _HALF:
+        raise _invalid(op, f"a and b must both be bfloat16 or float16, got {a.dtype} and {b.dtype}", rank)
+    return m, n, k
+
+
+# ---- operator definitions ----------------------------------------------------------------------
+
+_lib = torch.library.Library("loom", "DEF")
+_lib.define("gemm(Tensor a, Tensor b, str b_layout='kn', ScalarType? out_dtype=None) -> Tensor")
+_lib.define("all_gather(Tensor x, int comm) -> Tensor")
+_lib.define("reduce_scatter(Tensor x, int comm) -> Tensor")
+_lib.define("all_reduce(Tensor x, int comm) -> Tensor")
+_lib.define("ag_gemm(Tensor a, Tensor b, int comm, str b_layout='kn') -> Tensor")
+_lib.define("gemm_rs(Tensor a, Tensor b, int comm, str b_layout='kn') -> Tensor")
+_lib.define("gemm_ar(Tensor a, Tensor b, int comm, str b_layout='kn') -> Tensor")
+
+
+def _impl(name: str):
+    # CPU too, so that a CPU tensor gets loom's error instead of a dispatcher message.
+    def register(fn):
+        _lib.impl(name, fn, "CUDA")
+        _lib.impl(name, fn, "CPU")
+        return fn
+    return register
+
+
+def _fake(name: str):
+    def register(fn):
+        torch.library.register_fake(f"loom::{name}", fn, lib=_lib)
+        return fn
+    return register
+
+
+# gemm ------------------------------------------------------------------------------------------
+
+def _gemm_shape(a: torch.Tensor, b: torch.Tensor, b_layout: str) -> tuple:
+    if a.dim() != 2 or b.dim() != 2:
+        raise _invalid("gemm", f"a and b must be 2-D, got {list(a.shape)} and {list(b.shape)}")
+    if b_layout not in ("kn", "nk"):
+        raise _invalid("gemm", f"b_layout {b_layout!r}: expected 'kn' ([K, N]) or 'nk' ([N, K])")
+    n, b_k = (b.shape[1], b.shape[0]) if b_layout == "kn" else (b.shape[0], b.shape[1])
+    if b_k != a.shape[1]:
+        raise _invalid("gemm", f"a is {list(a.shape)} (K = {a.shape[1]}) but b is {list(b.shape)} (b_layout {b_layout!r})")
+    return a.shape[0], n
+
+
+@_impl("gemm")
+def _gemm_impl(a, b, b_layout="kn", out_dtype=None):
+    m, n = _gemm_shape(a, b, b_layout)
+    out = torch.empty((m, n), dtype=out_dtype or a.dtype, device=a.device)
+    _C.gemm(a, b, out, _stream(a.get_device()), b_layout)
+    return out
+
+
+@_fake("gemm")
+def _gemm_fake(a, b, b_layout="kn", out_dtype=None):
+    m, n = _gemm_shape(a, b, b_layout)
+    if a.dtype != b.dtype or a.dtype not in _HALF:
+        raise _invalid("gemm", f"a and b must both be bfloat16 or float16, got {a.dtype} and {b.dtype}")
+    if out_dtype is not None and out_dtype not in _FLOAT:
+        raise _invalid("gemm", f"out_dtype {out_dtype}: expected bfloat16, float16 or float32")
+    return a.new_empty((m, n), dtype=out_dtype or a.dtype)
+
+
+# collectives -----------------------------------------------------------------------------------
+
+@_impl("all_gather")
+def _all_gather_impl(x, comm):
+    c = _comm(comm, "all_gather")
+    _check_input(x, "x", "all_gather", c)
+    recv = _staging(c, "all_gather.recv", (c.local_world_size * x.shape[0], *x.shape[1:]), x.dtype)
+    _C.all_gather(c._c, x, recv, _raw_stream(c.device))
+    return recv.clone()
+
+
+@_fake("all_gather")
+def _all_gather_fake(x, comm):
+    c = _comm(comm, "all_gather")
+    if x.dim() == 0:
+        raise _invalid("all_gather", "x must have at least one dimension", c.rank)
+    return x.new_empty((c.local_world_size * x.shape[0], *x.shape[1:]))
+
+
+def _scatter_shape(x: torch.Tensor, c: Any) -> tuple:
+    if x.dim() == 0 or x.shape[0] % c.local_world_size != 0:
+        raise _invalid("reduce_scatter", f"x {list(x.shape)}: the first dimension must divide by the world size "
+                                         f"{c.local_world_size}", c.rank)
+    return (x.shape[0] // c.local_world_size, *x.shape[1:])
+
+
+@_impl("reduce_scatter")
+def _reduce_scatter_impl(x, comm):
+    c = _comm(comm, "reduce_scatter")
+    _check_input(x, "x", "reduce_scatter", c)
+    out = x.new_empty(_scatter_shape(x, c))
+    send = x
+    if not _is_symmetric(c, x):
+        send = _staging(c, "reduce_scatter.send", tuple(x.shape), x.dtype)
+        send.copy_(x)
+    _C.reduce_scatter(c._c, send, out, _raw_stream(c.device))
+    return out
+
+
+@_fake("reduce_scatter")
+def _reduce_scatter_fake(x, comm):
+    return x.new_empty(_scatter_shape(x, _comm(comm, "reduce_scatter")))
+
+
+@_impl("all_reduce")
+def _all_reduce_impl(x, comm):
+    c = _comm(comm, "all_reduce")
+    _check_input(x, "x", "all_reduce", c)
+    staging = _staging(c, "all_reduce.buffer", tuple(x.shape), x.dtype)
+    if _is_symmetric(c, x):
+        _C.all_reduce(c._c, x, staging, _raw_stream(c.device))
+    else:
+        staging.copy_(x)
+        _C.all_reduce(c._c, staging, staging, _raw_stream(c.device))
+    return staging.clone()
+
+
+@_fake("all_reduce")
+def _all_reduce_fake(x, comm):
+    _comm(comm, "all_reduce")
+    return torch.empty_like(x)
+
+
+# tensor-parallel GEMMs -----------------------------------------------------------------------
+
+@_impl("ag_gemm")
+def _ag_gemm_impl(a, b, comm, b_layout="kn"):
+    c = _comm(comm, "ag_gemm")
+    m, n, _ = _tp_shapes("ag_gemm", a, b, b_layout, c.local_world_size, c.rank)
+    out = a.new_empty((m, n))
+    _C.ag_gemm(c._c, a, b, out, _raw_stream(c.device), b_layout)
+    return out
+
+
+@_impl("gemm_rs")
+def _gemm_rs_impl(a, b, comm, b_layout="kn"):
+    c = _comm(comm, "gemm_rs")
+    m, n, _ = _tp_shapes("gemm_rs", a, b, b_layout, c.local_world_size, c.rank)
+    out = a.new_empty((m // c.local_world_size, n))
+    _C.gemm_rs(c._c, a, b, out, _raw_stream(c.device), b_layout)
+    return out
+
+
+@_impl("gemm_ar")
+def _gemm_ar_impl(a, b, comm, b_layout="kn"):
+    c = _comm(comm, "gemm_ar")
+    m, n, _ = _tp_shapes("gemm_ar", a, b, b_layout, c.local_world_size, c.rank)
+    _check_input(a, "a", "gemm_ar", c, _HALF)
+    out = _staging(c, "gemm_ar.out", (m, n), a.dtype)
+    _C.gemm_ar(c._c, a, b, out, _raw_stream(c.device), b_layout)
+    return out.clone()
+
+
+def _tp_fake(op: str):
+    def fake(a, b, comm, b_layout="kn"):
+        c = _comm(comm, op)
+        m, n, _ = _tp_shapes(op, a, b, b_layout, c.local_world_size, c.rank)
+        return a.new_empty((m // c.local_world_size if op == "gemm_rs" else m, n))
+    return fake
+
+
+for _op in ("ag_gemm", "gemm_rs", "gemm_ar"):
+    torch.library.register_fake(f"loom::{_op}", _tp_fake(_op), lib=_lib)
+
+
+# ---- Python entry points -----------------------------------------------------------------------
+
+def gemm(a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn", out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """a[M, K] @ b ([K, N], or an nn.Linear weight [N, K] with b_layout='nk'): a new [M, N] tensor."""
+    return torch.ops.loom.gemm.default(a, b, b_layout, out_dtype)
+
+
+def all_gather(x: torch.Tensor, comm: Any) -> torch.Tensor:
+    """[n, ...] on every rank -> [W * n, ...], rank order."""
+    return torch.ops.loom.all_gather.default(x, register_communicator(comm))
+
+
+def reduce_scatter(x: torch.Tensor, comm: Any) -> torch.Tensor:
+    """[W * n, ...] -> this rank's [n, ...] chunk of the sum over ranks."""
+    return torch.ops.loom.reduce_scatter.default(x, register_communicator(comm))
+
+
+def all_reduce(x: torch.Tensor, comm: Any) -> torch.Tensor:
+    """The sum over ranks, bit-identical on every rank (a new tensor; x is not modified)."""
+    return torch.ops.loom.all_reduce.default(x, register_communicator(comm))
+
+
+def ag_gemm(a: torch.Tensor, b: torch.Tensor, comm: Any, *, b_layout: str = "kn") -> torch.Tensor:
+    """AllGather_rows(a[M/W, K]) @ b -> [M, N]."""
+    return torch.ops.loom.ag_gemm.default(a, b, register_communicator(comm), b_layout)
+
+
+def gemm_rs(a: torch.Tensor, b: torch.Tensor, comm: Any, *, b_layout: str = "kn") -> torch.Tensor:
+    """ReduceScatter_rows(a[M, K_r] @ b) -> [M/W, N]."""
+    return torch.ops.loom.gemm_rs.default(a, b, register_communicator(comm), b_layout)
+
+
+def gemm_ar(a: torch.Tensor, b: torch.Tensor, comm: Any, *, b_layout: str = "kn") -> torch.Tensor:
+    """AllReduce(a[M, K_r] @ b) -> [M, N]."""
+    return torch.ops.loom.gemm_ar.default(a, b, register_communicator(comm), b_layout)

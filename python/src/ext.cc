@@ -1,0 +1,704 @@
+// loom._C: the low-level Python API over loom's C++ API (nanobind, DLPack; no torch at build
+// time). Every op takes an explicit `stream` (a cudaStream_t as an int); the pure-Python layer
+// (loom/_ops.py, loom/torch.py) finds the caller's current stream. Arguments are checked here
+// before anything is launched, shapes before devices, so errors name the real problem; loom's
+// own checks run after these.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <chrono>
+#include <cstring>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <vector>
+
+#include "loom/collectives.h"
+#include "loom/communicator.h"
+#include "loom/gemm.h"
+#include "loom/status.h"
+#include "loom/tensor_parallel.h"
+#include "loom/types.h"
+#include "tensor_arg.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace loom::python {
+namespace {
+
+cudaStream_t as_stream(uintptr_t stream) { return reinterpret_cast<cudaStream_t>(stream); }
+
+// Runs a loom call without the GIL: launches are short, but some calls block (allocation and
+// barriers wait for the other ranks; the first call of a larger TP shape synchronizes the GPU).
+template <class F>
+Status without_gil(F&& f) {
+  nb::gil_scoped_release release;
+  return f();
+}
+
+// ---- communicator --------------------------------------------------------------------------
+
+bool interpreter_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
+struct PyCommunicator {
+  std::unique_ptr<Communicator> comm;
+  // Copied at creation: error messages and properties stay valid after close().
+  int rank = -1, world_size = 0, local_rank = -1, local_world_size = 0, node = -1, num_nodes = 0, device = -1,
+      sm_count = 0;
+  int live_buffers = 0;  // symmetric buffers handed out by empty() and not yet freed (GIL-guarded)
+
+  explicit PyCommunicator(std::unique_ptr<Communicator> c) : comm(std::move(c)) {
+    rank = comm->rank();
+    world_size = comm->world_size();
+    local_rank = comm->local_rank();
+    local_world_size = comm->local_world_size();
+    node = comm->node();
+    num_nodes = comm->num_nodes();
+    device = comm->device();
+    sm_count = comm->sm_count();
+  }
+  PyCommunicator(PyCommunicator&&) = default;
+
+  ~PyCommunicator() {
+    if (!comm) return;
+    if (interpreter_finalizing()) {
+      // Interpreter teardown: the process is exiting; the OS reclaims the mappings, and a
+      // barrier now could wait for a peer that already left.
+      (void)comm.release();
+      return;
+    }
+    nb::gil_scoped_release release;  // the destructor waits (bounded) for the other ranks
+    comm.reset();
+  }
+
+  Communicator& get(std::string_view op) {
+    if (!comm) fail(StatusCode::kAborted, op, rank, "the communicator was closed");
+    return *comm;
+  }
+};
+
+struct CommOptionsArgs {
+  static CommOptions make(int device, uint64_t heap_bytes, int64_t op_timeout_ms, int64_t bootstrap_timeout_ms) {
+    CommOptions o;
+    o.device = device;
+    o.heap_bytes = heap_bytes;
+    o.op_timeout = std::chrono::milliseconds(op_timeout_ms);
+    o.bootstrap_timeout = std::chrono::milliseconds(bootstrap_timeout_ms);
+    return o;
+  }
+};
+
+int rank_from_env() {
+  const char* r = std::getenv("RANK");
+  return r != nullptr ? std::atoi(r) : -1;
+}
+
+PyCommunicator create(Result<std::unique_ptr<Communicator>> (*make)(void*), void* ctx, std::string_view op, int rank) {
+  Result<std::unique_ptr<Communicator>> r = [&] {
+    nb::gil_scoped_release release;  // bootstrap waits for every rank (bounded)
+    return make(ctx);
+  }();
+  check(r.status(), op, rank);
+  return PyCommunicator(std::move(r).value());
+}
+
+// The owner of a symmetric allocation handed out as a DLPack array: frees it when the last
+// consumer (e.g. a torch tensor made by torch.from_dlpack) lets go, and keeps the communicator
+// alive until then.
+struct BufferOwner {
+  nb::object comm_object;
+  PyCommunicator* comm;
+  void* ptr;
+};
+
+nb::ndarray<> empty_symmetric(PyCommunicator& self, const std::vector<int64_t>& shape, const std::string& dtype_name) {
+  const char* op = "empty";
+  Communicator& comm = self.get(op);
+  Result<DType> dtype = parse_dtype(dtype_name);
+  if (!dtype.ok()) invalid(op, self.rank, "dtype '" + dtype_name + "': expected bf16, fp16 or fp32");
+  if (shape.size() > static_cast<size_t>(TensorArg::kMaxDims)) invalid(op, self.rank, "more than 8 dimensions");
+  size_t numel = 1;
+  std::vector<size_t> dims;
+  for (int64_t d : shape) {
+    if (d < 0) invalid(op, self.rank, "negative extent in shape " + shape_text(shape.data(), static_cast<int>(shape.size())));
+    numel *= static_cast<size_t>(d);
+    dims.push_back(static_cast<size_t>(d));
+  }
+  if (numel == 0) {
+    invalid(op, self.rank, "shape " + shape_text(shape.data(), static_cast<int>(shape.size())) +
+                               " has no elements; symmetric buffers must hold at least one");
+  }
+  const size_t bytes = numel * dtype_size(*dtype);
+  Result<void*> ptr = [&] {
+    nb::gil_scoped_release release;  // collective: waits for every rank's matching call
+    return comm.alloc(bytes);
+  }();
+  check(ptr.status(), op, self.rank);
+  auto* owner = new BufferOwner{nb::find(&self), &self, *ptr};
+  ++self.live_buffers;
+  nb::capsule capsule(owner, [](void* p) noexcept {
+    auto* o = static_cast<BufferOwner*>(p);
+    if (o->comm->comm) (void)o->comm->comm->free(o->ptr);
+    --o->comm->live_buffers;
+    delete o;
+  });
+  nb::dlpack::dtype dt{};
+  dt.code = static_cast<uint8_t>(*dtype == DType::kBF16 ? nb::dlpack::dtype_code::Bfloat : nb::dlpack::dtype_code::Float);
+  dt.bits = static_cast<uint8_t>(8 * dtype_size(*dtype));
+  dt.lanes = 1;
+  return nb::ndarray<>(*ptr, dims.size(), dims.data(), capsule, nullptr, dt, nb::device::cuda::value, self.device);
+}
+
+// ---- option parsing ------------------------------------------------------------------------
+
+BLayout layout_of(std::string_view name, std::string_view op, int rank) {
+  Result<BLayout> l = parse_b_layout(name);
+  if (!l.ok()) invalid(op, rank, "b_layout '" + std::string(name) + "': expected 'kn' ([K, N]) or 'nk' ([N, K], an nn.Linear weight)");
+  return *l;
+}
+
+GemmTile tile_of(std::string_view name, std::string_view op, int rank) {
+  Result<GemmTile> t = parse_gemm_tile(name);
+  if (!t.ok()) invalid(op, rank, "tile '" + std::string(name) + "': expected auto, 128x256, 128x128, 128x64 or 64x128");
+  return *t;
+}
+
+TpAlgorithm algorithm_of(std::string_view name, std::string_view op, int rank) {
+  if (name == "auto") return TpAlgorithm::kAuto;
+  if (name == "fused") return TpAlgorithm::kFused;
+  if (name == "decomposed") return TpAlgorithm::kDecomposed;
+  invalid(op, rank, "algorithm '" + std::string(name) + "': expected auto, fused or decomposed");
+}
+
+CopyEngineChoice engine_of(std::string_view name, std::string_view op, int rank) {
+  if (name == "auto") return CopyEngineChoice::kAuto;
+  if (name == "vector") return CopyEngineChoice::kVector;
+  if (name == "bulk") return CopyEngineChoice::kBulk;
+  invalid(op, rank, "engine '" + std::string(name) + "': expected auto, vector or bulk");
+}
+
+// ---- argument checks shared by the ops -----------------------------------------------------
+
+void require_ndim(const TensorArg& t, int ndim, const char* meaning, std::string_view op, int rank) {
+  if (t.ndim != ndim) {
+    invalid(op, rank, std::string(t.name) + " must be " + std::to_string(ndim) + "-D " + meaning + ", got shape " +
+                          t.shape_text());
+  }
+}
+
+void require_same_dtype(const TensorArg& x, const TensorArg& y, std::string_view op, int rank) {
+  if (x.dtype != y.dtype) {
+    invalid(op, rank, std::string(x.name) + " is " + std::string(dtype_name(x.dtype)) + " but " + y.name + " is " +
+                          std::string(dtype_name(y.dtype)) + "; they must have the same dtype");
+  }
+}
+
+void require_half(const TensorArg& t, std::string_view op, int rank) {
+  if (t.dtype == DType::kF32) {
+    fail(StatusCode::kUnsupported, op, rank,
+         std::string(t.name) + " is fp32; " + std::string(op) + " takes bf16 or fp16 inputs");
+  }
+}
+
+void require_shape(const TensorArg& t, int64_t rows, int64_t cols, const std::string& meaning, std::string_view op,
+                   int rank) {
+  if (t.dim(0) != rows || t.dim(1) != cols) {
+    invalid(op, rank, std::string(t.name) + " must be " + meaning + " = [" + std::to_string(rows) + ", " +
+                          std::to_string(cols) + "], got " + t.shape_text());
+  }
+}
+
+// What the ops need of a communicator. `comm` is null only for _check_args (no runtime: the
+// call is checked, never launched); `world` is the local world size (one NVLink domain).
+struct CommView {
+  Communicator* comm = nullptr;
+  int rank = -1;
+  int world = 0;
+  int device = -1;  // -1: any CUDA device
+};
+
+CommView view_of(PyCommunicator& pc, std::string_view op) {
+  return CommView{&pc.get(op), pc.rank, pc.local_world_size, pc.device};
+}
+
+// ---- ops: parse + check once ("prepare"), launch any number of times -----------------------
+// The Python bindings prepare and launch once; _bench_cpp_loop prepares once and launches in a
+// C++ loop, which is the baseline of the Python per-call overhead measurement.
+
+struct GemmCall {
+  TensorArg a, b, d;
+  GemmArgs args;
+  GemmOptions options;
+  cudaStream_t stream = nullptr;
+  bool empty = false;
+  Status launch() const { return empty ? Status{} : gemm(args, stream, options); }
+  std::string_view op() const { return "gemm"; }
+  int rank() const { return -1; }
+};
+
+GemmCall prepare_gemm(nb::handle a, nb::handle b, nb::handle out, uintptr_t stream, std::string_view b_layout,
+                      std::string_view tile, int num_ctas) {
+  const char* op = "gemm";
+  const int rank = -1;
+  GemmCall c;
+  c.a = tensor_arg(a, "a", op, rank);
+  c.b = tensor_arg(b, "b", op, rank);
+  c.d = tensor_arg(out, "out", op, rank);
+  const BLayout layout = layout_of(b_layout, op, rank);
+  require_ndim(c.a, 2, "[M, K]", op, rank);
+  require_ndim(c.b, 2, layout == BLayout::kKN ? "[K, N]" : "[N, K]", op, rank);
+  require_ndim(c.d, 2, "[M, N]", op, rank);
+  require_same_dtype(c.a, c.b, op, rank);
+  require_half(c.a, op, rank);
+  const int64_t m = c.a.dim(0), k = c.a.dim(1);
+  const int64_t n = layout == BLayout::kKN ? c.b.dim(1) : c.b.dim(0);
+  const int64_t b_k = layout == BLayout::kKN ? c.b.dim(0) : c.b.dim(1);
+  if (b_k != k) {
+    invalid(op, rank, "a is " + c.a.shape_text() + " (K = " + std::to_string(k) + ") but b is " + c.b.shape_text() +
+                          (layout == BLayout::kKN ? " ([K, N], b_layout 'kn')" : " ([N, K], b_layout 'nk')"));
+  }
+  require_shape(c.d, m, n, "[M, N]", op, rank);
+  c.options.tile = tile_of(tile, op, rank);
+  c.options.num_ctas = num_ctas;
+  require_device(c.a, -1, op, rank);
+  require_device(c.b, c.a.device, op, rank);
+  require_device(c.d, c.a.device, op, rank);
+  c.args.a = c.a.data;
+  c.args.b = c.b.data;
+  c.args.d = c.d.data;
+  c.args.m = m;
+  c.args.n = n;
+  c.args.k = k;
+  c.args.in_dtype = c.a.dtype;
+  c.args.out_dtype = c.d.dtype;
+  c.args.b_layout = layout;
+  c.stream = as_stream(stream);
+  c.empty = c.d.numel == 0;
+  return c;
+}
+
+enum class CollectiveKind { kAllGather, kReduceScatter, kAllReduce };
+
+struct CollectiveCall {
+  Communicator* comm = nullptr;
+  int comm_rank = -1;
+  CollectiveKind kind = CollectiveKind::kAllReduce;
+  TensorArg send, recv;
+  size_t count = 0;  // all_gather: send elements; reduce_scatter: recv elements; all_reduce: elements
+  CollectiveOptions options;
+  cudaStream_t stream = nullptr;
+  Status launch() const {
+    if (count == 0) return {};
+    switch (kind) {
+      case CollectiveKind::kAllGather: return all_gather(*comm, send.data, recv.data, count, send.dtype, stream, options);
+      case CollectiveKind::kReduceScatter: return reduce_scatter(*comm, send.data, recv.data, count, send.dtype, stream, options);
+      case CollectiveKind::kAllReduce: return all_reduce(*comm, send.data, recv.data, count, send.dtype, stream, options);
+    }
+    return Status::internal("unknown collective");
+  }
+  std::string_view op() const {
+    return kind == CollectiveKind::kAllGather ? "all_gather" : kind == CollectiveKind::kReduceScatter ? "reduce_scatter" : "all_reduce";
+  }
+  int rank() const { return comm_rank; }
+};
+
+void require_symmetric(const CommView& c, const TensorArg& t, std::string_view why, std::string_view op) {
+  if (c.comm != nullptr && t.numel != 0 && !c.comm->is_symmetric(t.data, t.bytes())) {
+    invalid(op, c.rank, std::string(t.name) + " must be symmetric memory (" + std::string(why) +
+                            "): allocate it with comm.empty(...) or loom.torch.empty(comm, ...)");
+  }
+}
+
+CollectiveCall prepare_collective(CollectiveKind kind, const CommView& pc, nb::handle send, nb::handle recv,
+                                  uintptr_t stream, int num_ctas, std::string_view engine) {
+  CollectiveCall c;
+  c.kind = kind;
+  const std::string_view op = c.op();
+  const int rank = pc.rank;
+  c.comm = pc.comm;
+  c.comm_rank = rank;
+  c.send = tensor_arg(send, "send", op, rank);
+  c.recv = tensor_arg(recv, "recv", op, rank);
+  require_same_dtype(c.send, c.recv, op, rank);
+  const int64_t w = pc.world;
+  const std::string ws = std::to_string(w);
+  switch (kind) {
+    case CollectiveKind::kAllGather:
+      if (c.recv.numel != w * c.send.numel) {
+        invalid(op, rank, "recv " + c.recv.shape_text() + " must hold world_size (" + ws + ") x send " +
+                              c.send.shape_text() + " = " + std::to_string(w * c.send.numel) + " elements, it holds " +
+                              std::to_string(c.recv.numel));
+      }
+      c.count = static_cast<size_t>(c.send.numel);
+      break;
+    case CollectiveKind::kReduceScatter:
+      if (c.send.numel != w * c.recv.numel) {
+        invalid(op, rank, "send " + c.send.shape_text() + " must hold world_size (" + ws + ") x recv " +
+                              c.recv.shape_text() + " = " + std::to_string(w * c.recv.numel) + " elements, it holds " +
+                              std::to_string(c.send.numel));
+      }
+      c.count = static_cast<size_t>(c.recv.numel);
+      break;
+    case CollectiveKind::kAllReduce:
+      if (c.recv.numel != c.send.numel) {
+        invalid(op, rank, "send " + c.send.shape_text() + " and recv " + c.recv.shape_text() +
+                              " must hold the same number of elements");
+      }
+      c.count = static_cast<size_t>(c.send.numel);
+      break;
+  }
+  c.options.num_ctas = num_ctas;
+  c.options.engine = engine_of(engine, op, rank);
+  require_device(c.send, pc.device, op, rank);
+  require_device(c.recv, pc.device, op, rank);
+  if (kind != CollectiveKind::kReduceScatter) require_symmetric(pc, c.recv, "peers write into it", op);
+  if (kind != CollectiveKind::kAllGather) require_symmetric(pc, c.send, "peers read it", op);
+  c.stream = as_stream(stream);
+  return c;
+}
+
+enum class TpKind { kAgGemm, kGemmRs, kGemmAr };
+
+struct TpCall {
+  Communicator* comm = nullptr;
+  int comm_rank = -1;
+  TpKind kind = TpKind::kAgGemm;
+  TensorArg a, b, out, gathered;
+  TpGemmArgs args;
+  TpGemmOptions options;
+  cudaStream_t stream = nullptr;
+  bool empty = false;
+  Status launch() const {
+    if (empty) return {};
+    switch (kind) {
+      case TpKind::kAgGemm: return ag_gemm(*comm, args, stream, options);
+      case TpKind::kGemmRs: return gemm_rs(*comm, args, stream, options);
+      case TpKind::kGemmAr: return gemm_ar(*comm, args, stream, options);
+    }
+    return Status::internal("unknown tensor-parallel op");
+  }
+  std::string_view op() const {
+    return kind == TpKind::kAgGemm ? "ag_gemm" : kind == TpKind::kGemmRs ? "gemm_rs" : "gemm_ar";
+  }
+  int rank() const { return comm_rank; }
+};
+
+TpCall prepare_tp(TpKind kind, const CommView& pc, nb::handle a, nb::handle b, nb::handle out, uintptr_t stream,
+                  std::string_view b_layout, nb::handle gathered_a, std::string_view algorithm, int comm_ctas,
+                  std::string_view tile) {
+  TpCall c;
+  c.kind = kind;
+  const std::string_view op = c.op();
+  const int rank = pc.rank;
+  c.comm = pc.comm;
+  c.comm_rank = rank;
+  const BLayout layout = layout_of(b_layout, op, rank);
+  c.a = tensor_arg(a, "a", op, rank);
+  c.b = tensor_arg(b, "b", op, rank);
+  c.out = tensor_arg(out, "out", op, rank);
+  const bool has_gathered = !gathered_a.is_none();
+  if (has_gathered && kind != TpKind::kAgGemm) invalid(op, rank, "gathered_a belongs to ag_gemm");
+  if (has_gathered) c.gathered = tensor_arg(gathered_a, "gathered_a", op, rank);
+  const int64_t w = pc.world;
+  require_ndim(c.a, 2, kind == TpKind::kAgGemm ? "[M/W, K] (this rank's rows)" : "[M, K]", op, rank);
+  require_ndim(c.b, 2, layout == BLayout::kKN ? "[K, N]" : "[N, K]", op, rank);
+  require_ndim(c.out, 2, kind == TpKind::kGemmRs ? "[M/W, N]" : "[M, N]", op, rank);
+  require_same_dtype(c.a, c.b, op, rank);
+  require_same_dtype(c.a, c.out, op, rank);
+  require_half(c.a, op, rank);
+  const int64_t k = c.a.dim(1);
+  const int64_t m = kind == TpKind::kAgGemm ? w * c.a.dim(0) : c.a.dim(0);
+  const int64_t n = layout == BLayout::kKN ? c.b.dim(1) : c.b.dim(0);
+  const int64_t b_k = layout == BLayout::kKN ? c.b.dim(0) : c.b.dim(1);
+  if (b_k != k) {
+    invalid(op, rank, "a is " + c.a.shape_text() + " (K = " + std::to_string(k) + ") but b is " + c.b.shape_text() +
+                          (layout == BLayout::kKN ? " ([K, N], b_layout 'kn')" : " ([N, K], b_layout 'nk')"));
+  }
+  if (kind == TpKind::kGemmRs && m % w != 0) {
+    invalid(op, rank, "M = " + std::to_string(m) + " rows of a " + c.a.shape_text() +
+                          " do not divide by the world size " + std::to_string(w));
+  }
+  if (kind == TpKind::kGemmRs) {
+    require_shape(c.out, m / w, n, "[M/W, N]", op, rank);
+  } else {
+    require_shape(c.out, m, n, "[M, N]", op, rank);
+  }
+  if (has_gathered) {
+    require_ndim(c.gathered, 2, "[M, K]", op, rank);
+    require_same_dtype(c.a, c.gathered, op, rank);
+    require_shape(c.gathered, m, k, "[M, K]", op, rank);
+  }
+  c.options.algorithm = algorithm_of(algorithm, op, rank);
+  c.options.comm_ctas = comm_ctas;
+  c.options.tile = tile_of(tile, op, rank);
+  require_device(c.a, pc.device, op, rank);
+  require_device(c.b, pc.device, op, rank);
+  require_device(c.out, pc.device, op, rank);
+  if (has_gathered) {
+    require_device(c.gathered, pc.device, op, rank);
+    require_symmetric(pc, c.gathered, "peers write their rows into it", op);
+  }
+  if (kind == TpKind::kGemmAr) require_symmetric(pc, c.out, "peers write their reduced rows into it", op);
+  c.args.a = c.a.data;
+  c.args.b = c.b.data;
+  c.args.out = c.out.data;
+  c.args.m = m;
+  c.args.n = n;
+  c.args.k = k;
+  c.args.dtype = c.a.dtype;
+  c.args.b_layout = layout;
+  c.args.gathered_a = has_gathered ? c.gathered.data : nullptr;
+  c.stream = as_stream(stream);
+  c.empty = c.out.numel == 0;
+  return c;
+}
+
+template <class Call>
+void run(const Call& call) {
+  check(without_gil([&] { return call.launch(); }), call.op(), call.rank());
+}
+
+// Host time of `iters` launches issued back to back from C++ (no synchronization).
+template <class Call>
+int64_t time_launches(const Call& call, int iters) {
+  Status status;
+  int64_t ns = 0;
+  {
+    nb::gil_scoped_release release;
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters && status.ok(); ++i) status = call.launch();
+    ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+  }
+  check(status, call.op(), call.rank());
+  return ns;
+}
+
+// ---- errors --------------------------------------------------------------------------------
+
+void translate(const std::exception_ptr& p, void*) {
+  try {
+    std::rethrow_exception(p);
+  } catch (const CallError& e) {
+    // The classes live in Python (loom/_errors.py) so they can also derive from ValueError,
+    // TimeoutError, OSError.
+    static nb::object from_status = nb::module_::import_("loom._errors").attr("_from_status");
+    nb::object rank = e.rank >= 0 ? nb::object(nb::int_(e.rank)) : nb::none();
+    nb::object exc = from_status(std::string(status_code_name(e.code)), e.op, rank, e.reason);
+    PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+  }
+}
+
+}  // namespace
+}  // namespace loom::python
+
+NB_MODULE(_C, m) {
+  using namespace loom;
+  using namespace loom::python;
+  m.doc() = "loom's low-level API: explicit CUDA streams, any DLPack CUDA tensor. Most code uses loom.* or loom.torch.";
+  m.attr("__version__") = LOOM_VERSION_STRING;
+  nb::register_exception_translator(translate);
+  // Tensors made from symmetric buffers may outlive the interpreter's last collection.
+  nb::set_leak_warnings(false);
+
+  nb::class_<PyCommunicator>(m, "Communicator", "A loom communicator (see loom.Communicator for the Python API).")
+      .def_static(
+          "from_env",
+          [](int device, uint64_t heap_bytes, int64_t op_timeout_ms, int64_t bootstrap_timeout_ms) {
+            CommOptions options = CommOptionsArgs::make(device, heap_bytes, op_timeout_ms, bootstrap_timeout_ms);
+            return create([](void* o) { return Communicator::from_env(*static_cast<CommOptions*>(o)); }, &options,
+                          "Communicator.from_env", rank_from_env());
+          },
+          "device"_a = -1, "heap_bytes"_a = 0, "op_timeout_ms"_a = 0, "bootstrap_timeout_ms"_a = 0)
+      .def_static(
+          "from_unique_id",
+          [](nb::bytes uid, int rank, int world_size, int device, uint64_t heap_bytes, int64_t op_timeout_ms,
+             int64_t bootstrap_timeout_ms) {
+            const char* op = "Communicator.from_unique_id";
+            UniqueId id;
+            if (uid.size() != id.bytes.size()) {
+              invalid(op, rank, "the unique id must be " + std::to_string(id.bytes.size()) + " bytes (from loom.make_unique_id), got " +
+                                    std::to_string(uid.size()));
+            }
+            if (world_size < 1) invalid(op, rank, "world_size must be >= 1, got " + std::to_string(world_size));
+            if (rank < 0 || rank >= world_size) {
+              invalid(op, rank, "rank " + std::to_string(rank) + " is outside [0, " + std::to_string(world_size) + ")");
+            }
+            std::memcpy(id.bytes.data(), uid.c_str(), id.bytes.size());
+            struct Ctx {
+              UniqueId id;
+              int rank, world;
+              CommOptions options;
+            } ctx{id, rank, world_size, CommOptionsArgs::make(device, heap_bytes, op_timeout_ms, bootstrap_timeout_ms)};
+            return create(
+                [](void* p) {
+                  auto* c = static_cast<Ctx*>(p);
+                  return Communicator::from_unique_id(c->id, c->rank, c->world, c->options);
+                },
+                &ctx, op, rank);
+          },
+          "unique_id"_a, "rank"_a, "world_size"_a, "device"_a = -1, "heap_bytes"_a = 0, "op_timeout_ms"_a = 0,
+          "bootstrap_timeout_ms"_a = 0)
+      .def_prop_ro("rank", [](const PyCommunicator& c) { return c.rank; })
+      .def_prop_ro("world_size", [](const PyCommunicator& c) { return c.world_size; })
+      .def_prop_ro("local_rank", [](const PyCommunicator& c) { return c.local_rank; })
+      .def_prop_ro("local_world_size", [](const PyCommunicator& c) { return c.local_world_size; })
+      .def_prop_ro("node", [](const PyCommunicator& c) { return c.node; })
+      .def_prop_ro("num_nodes", [](const PyCommunicator& c) { return c.num_nodes; })
+      .def_prop_ro("device", [](const PyCommunicator& c) { return c.device; })
+      .def_prop_ro("sm_count", [](const PyCommunicator& c) { return c.sm_count; })
+      .def_prop_ro("closed", [](const PyCommunicator& c) { return !c.comm; })
+      .def_prop_ro("live_buffers", [](const PyCommunicator& c) { return c.live_buffers; })
+      .def(
+          "synchronize",
+          [](PyCommunicator& c, uintptr_t stream) {
+            Communicator& comm = c.get("synchronize");
+            check(without_gil([&] { return comm.synchronize(as_stream(stream)); }), "synchronize", c.rank);
+          },
+          "stream"_a)
+      .def("barrier",
+           [](PyCommunicator& c) {
+             Communicator& comm = c.get("barrier");
+             check(without_gil([&] { return comm.barrier(); }), "barrier", c.rank);
+           })
+      .def(
+          "abort", [](PyCommunicator& c, const std::string& reason) { c.get("abort").abort(reason); }, "reason"_a)
+      .def("health",
+           [](const PyCommunicator& c) -> std::optional<std::tuple<std::string, std::string>> {
+             if (!c.comm) return std::make_tuple(std::string("aborted"), std::string("the communicator was closed"));
+             Status s = c.comm->health();
+             if (s.ok()) return std::nullopt;
+             return std::make_tuple(std::string(status_code_name(s.code())), s.message());
+           })
+      .def(
+          "is_symmetric",
+          [](const PyCommunicator& c, uintptr_t ptr, size_t bytes) {
+            return c.comm && c.comm->is_symmetric(reinterpret_cast<const void*>(ptr), bytes);
+          },
+          "ptr"_a, "bytes"_a)
+      .def("empty", &empty_symmetric, "shape"_a, "dtype"_a,
+           "Collective: a symmetric buffer as a DLPack array (torch.from_dlpack / cupy.from_dlpack), freed when its "
+           "last consumer goes.")
+      .def("close", [](PyCommunicator& c) {
+        if (!c.comm) return;
+        if (c.live_buffers > 0) {
+          invalid("close", c.rank, std::to_string(c.live_buffers) +
+                                       " symmetric buffers (from empty()) are still referenced; drop the tensors "
+                                       "made from them before closing");
+        }
+        nb::gil_scoped_release release;  // waits (bounded) for the other ranks
+        c.comm.reset();
+      });
+
+  m.def(
+      "make_unique_id",
+      [](const std::string& bind_addr) {
+        Result<UniqueId> id = [&] {
+          nb::gil_scoped_release release;
+          return make_unique_id(bind_addr);
+        }();
+        check(id.status(), "make_unique_id", -1);
+        return nb::bytes(reinterpret_cast<const char*>(id->bytes.data()), id->bytes.size());
+      },
+      "bind_addr"_a = "127.0.0.1");
+
+  m.def(
+      "gemm",
+      [](nb::handle a, nb::handle b, nb::handle out, uintptr_t stream, std::string_view b_layout, std::string_view tile,
+         int num_ctas) { run(prepare_gemm(a, b, out, stream, b_layout, tile, num_ctas)); },
+      "a"_a.none(), "b"_a.none(), "out"_a.none(), "stream"_a, "b_layout"_a = "kn", "tile"_a = "auto", "num_ctas"_a = 0,
+      "out = a @ b (b_layout 'kn': b is [K, N]; 'nk': b is [N, K]) on one GPU; bf16/fp16 in, bf16/fp16/fp32 out.");
+  auto collective = [&m](const char* name, CollectiveKind kind, const char* doc) {
+    m.def(
+        name,
+        [kind, name](PyCommunicator& c, nb::handle send, nb::handle recv, uintptr_t stream, int num_ctas,
+                     std::string_view engine) {
+          run(prepare_collective(kind, view_of(c, name), send, recv, stream, num_ctas, engine));
+        },
+        "comm"_a, "send"_a.none(), "recv"_a.none(), "stream"_a, "num_ctas"_a = 0, "engine"_a = "auto", doc);
+  };
+  collective("all_gather", CollectiveKind::kAllGather,
+             "recv (symmetric, world x send elements) = every rank's send, in rank order.");
+  collective("reduce_scatter", CollectiveKind::kReduceScatter,
+             "recv = this rank's chunk of the sum over ranks of send (send symmetric, world x recv elements).");
+  collective("all_reduce", CollectiveKind::kAllReduce, "recv = sum over ranks of send (both symmetric; send may be recv).");
+  auto tp = [&m](const char* name, TpKind kind, const char* doc) {
+    m.def(
+        name,
+        [kind, name](PyCommunicator& c, nb::handle a, nb::handle b, nb::handle out, uintptr_t stream,
+                     std::string_view b_layout, nb::handle gathered_a, std::string_view algorithm, int comm_ctas,
+                     std::string_view tile) {
+          run(prepare_tp(kind, view_of(c, name), a, b, out, stream, b_layout, gathered_a, algorithm, comm_ctas, tile));
+        },
+        "comm"_a, "a"_a.none(), "b"_a.none(), "out"_a.none(), "stream"_a, "b_layout"_a = "kn", "gathered_a"_a.none() = nb::none(),
+        "algorithm"_a = "auto", "comm_ctas"_a = -1, "tile"_a = "auto", doc);
+  };
+  tp("ag_gemm", TpKind::kAgGemm, "out [M, N] = AllGather_rows(a [M/W, K]) @ b.");
+  tp("gemm_rs", TpKind::kGemmRs, "out [M/W, N] = ReduceScatter_rows(a [M, K] @ b).");
+  tp("gemm_ar", TpKind::kGemmAr, "out [M, N] (symmetric) = AllReduce(a [M, K] @ b).");
+
+  // The argument checks of an op without a communicator and without launching (`world` stands
+  // in for the local world size; rank 0 in messages): the same code as the ops run, reachable on
+  // a machine without a GPU. Tensors that pass every shape rule still fail the device check
+  // unless they are CUDA tensors.
+  m.def(
+      "_check_args",
+      [](const std::string& op, int world, nb::tuple tensors, std::string_view b_layout) {
+        auto t = [&](size_t i) { return i < tensors.size() ? nb::handle(tensors[i]) : nb::handle(Py_None); };
+        const CommView fake{nullptr, 0, world, -1};
+        if (op == "gemm") {
+          (void)prepare_gemm(t(0), t(1), t(2), 0, b_layout, "auto", 0);
+        } else if (op == "all_gather") {
+          (void)prepare_collective(CollectiveKind::kAllGather, fake, t(0), t(1), 0, 0, "auto");
+        } else if (op == "reduce_scatter") {
+          (void)prepare_collective(CollectiveKind::kReduceScatter, fake, t(0), t(1), 0, 0, "auto");
+        } else if (op == "all_reduce") {
+          (void)prepare_collective(CollectiveKind::kAllReduce, fake, t(0), t(1), 0, 0, "auto");
+        } else if (op == "ag_gemm" || op == "gemm_rs" || op == "gemm_ar") {
+          const TpKind kind = op == "ag_gemm" ? TpKind::kAgGemm : op == "gemm_rs" ? TpKind::kGemmRs : TpKind::kGemmAr;
+          (void)prepare_tp(kind, fake, t(0), t(1), t(2), 0, b_layout, t(3), "auto", -1, "auto");
+        } else {
+          invalid("_check_args", -1, "unknown op '" + op + "'");
+        }
+      },
+      "op"_a, "world"_a, "tensors"_a, "b_layout"_a = "kn");
+
+  // Baseline of the overhead measurement: the op prepared once (positional arguments as the
+  // binding takes them, defaults for the rest), then `iters` launches from a C++ loop without
+  // synchronizing; returns the host nanoseconds of the loop.
+  m.def(
+      "_bench_cpp_loop",
+      [](const std::string& op, int iters, nb::tuple args) -> int64_t {
+        auto h = [&](size_t i) { return nb::handle(args[i]); };
+        auto stream_at = [&](size_t i) { return nb::cast<uintptr_t>(args[i]); };
+        if (op == "gemm") return time_launches(prepare_gemm(h(0), h(1), h(2), stream_at(3), "kn", "auto", 0), iters);
+        const CommView cv = view_of(nb::cast<PyCommunicator&>(args[0]), op);
+        if (op == "all_gather") {
+          return time_launches(prepare_collective(CollectiveKind::kAllGather, cv, h(1), h(2), stream_at(3), 0, "auto"), iters);
+        }
+        if (op == "reduce_scatter") {
+          return time_launches(prepare_collective(CollectiveKind::kReduceScatter, cv, h(1), h(2), stream_at(3), 0, "auto"), iters);
+        }
+        if (op == "all_reduce") {
+          return time_launches(prepare_collective(CollectiveKind::kAllReduce, cv, h(1), h(2), stream_at(3), 0, "auto"), iters);
+        }
+        if (op != "ag_gemm" && op != "gemm_rs" && op != "gemm_ar") invalid("_bench_cpp_loop", -1, "unknown op " + op);
+        const TpKind kind = op == "ag_gemm" ? TpKind::kAgGemm : op == "gemm_rs" ? TpKind::kGemmRs : TpKind::kGemmAr;
+        return time_launches(prepare_tp(kind, cv, h(1), h(2), h(3), stream_at(4), "kn", nb::none(), "auto", -1, "auto"), iters);
+      },
+      "op"_a, "iters"_a, "args"_a);
+}

@@ -1,0 +1,158 @@
+"""loom.torch's operators under FakeTensorMode (their shape functions) and torch.compile tracing,
+on the CPU torch wheel: no GPU, no communicator. A stand-in registered with
+loom.torch.register_communicator supplies the world size, as a real communicator would."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+
+import loom  # noqa: E402
+import loom.torch as lt  # noqa: E402
+
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+
+
+class StandInComm:
+    """What the operators read of a communicator (never launched on)."""
+
+    def __init__(self, world: int) -> None:
+        self.local_world_size = world
+        self.rank = 0
+        self.device = 0
+
+
+@pytest.fixture(params=[2, 4, 8], ids=lambda w: f"W{w}")
+def comm(request):
+    return StandInComm(request.param)
+
+
+def fake(*shape, dtype=BF16):
+    return torch.empty(shape, dtype=dtype, device="cuda")
+
+
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+@pytest.mark.parametrize("out_dtype", [None, BF16, FP32])
+def test_gemm_shape(layout, out_dtype):
+    with FakeTensorMode():
+        a = fake(100, 64, dtype=FP16)
+        b = fake(64, 48, dtype=FP16) if layout == "kn" else fake(48, 64, dtype=FP16)
+        out = torch.ops.loom.gemm(a, b, layout, out_dtype)
+        assert out.shape == (100, 48)
+        assert out.dtype == (out_dtype or FP16)
+        assert out.device.type == "cuda"
+
+
+def test_gemm_shape_errors():
+    with FakeTensorMode():
+        with pytest.raises(loom.InvalidArgument, match=r"a is \[100, 64\] \(K = 64\) but b is \[48, 64\]"):
+            torch.ops.loom.gemm(fake(100, 64), fake(48, 64), "kn")
+        with pytest.raises(loom.InvalidArgument, match="bfloat16 or float16"):
+            torch.ops.loom.gemm(fake(100, 64, dtype=FP32), fake(64, 48, dtype=FP32))
+        with pytest.raises(loom.InvalidArgument, match="must be 2-D"):
+            torch.ops.loom.gemm(fake(100), fake(64, 48))
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP16, FP32])
+def test_collective_shapes(comm, dtype):
+    h = lt.register_communicator(comm)
+    w = comm.local_world_size
+    with FakeTensorMode():
+        x = fake(8 * w, 3, 5, dtype=dtype)
+        gathered = torch.ops.loom.all_gather(x, h)
+        assert gathered.shape == (8 * w * w, 3, 5) and gathered.dtype == dtype
+        scattered = torch.ops.loom.reduce_scatter(x, h)
+        assert scattered.shape == (8, 3, 5) and scattered.dtype == dtype
+        reduced = torch.ops.loom.all_reduce(x, h)
+        assert reduced.shape == x.shape and reduced.dtype == dtype
+
+
+def test_collective_shape_errors(comm):
+    h = lt.register_communicator(comm)
+    w = comm.local_world_size
+    with FakeTensorMode():
+        with pytest.raises(loom.InvalidArgument, match=f"must divide by the world size {w}"):
+            torch.ops.loom.reduce_scatter(fake(w + 1, 4), h)
+        with pytest.raises(loom.InvalidArgument, match="at least one dimension"):
+            torch.ops.loom.all_gather(fake(), h)
+
+
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+def test_tp_shapes(comm, layout):
+    h = lt.register_communicator(comm)
+    w = comm.local_world_size
+    m, n, k = 128 * w, 96, 64
+    with FakeTensorMode():
+        b = fake(k, n) if layout == "kn" else fake(n, k)
+        assert torch.ops.loom.ag_gemm(fake(m // w, k), b, h, layout).shape == (m, n)
+        assert torch.ops.loom.gemm_rs(fake(m, k), b, h, layout).shape == (m // w, n)
+        assert torch.ops.loom.gemm_ar(fake(m, k), b, h, layout).shape == (m, n)
+        assert torch.ops.loom.gemm_ar(fake(m, k, dtype=FP16), b.half(), h, layout).dtype == FP16
+
+
+def test_tp_shape_errors(comm):
+    h = lt.register_communicator(comm)
+    w = comm.local_world_size
+    with FakeTensorMode():
+        with pytest.raises(loom.InvalidArgument, match=f"M = {128 * w + 1} rows of a do not divide"):
+            torch.ops.loom.gemm_rs(fake(128 * w + 1, 64), fake(64, 32), h)
+        with pytest.raises(loom.InvalidArgument, match=r"K = 64\) but b is \[32, 64\]"):
+            torch.ops.loom.ag_gemm(fake(128, 64), fake(32, 64), h, "kn")
+        with pytest.raises(loom.InvalidArgument, match="b_layout 'xy'"):
+            torch.ops.loom.gemm_ar(fake(128, 64), fake(64, 32), h, "xy")
+        with pytest.raises(loom.InvalidArgument, match="bfloat16 or float16"):
+            torch.ops.loom.gemm_ar(fake(128, 64, dtype=FP32), fake(64, 32, dtype=FP32), h)
+
+
+def test_unregistered_handle_is_a_clear_error():
+    with FakeTensorMode():
+        with pytest.raises(loom.InvalidArgument, match="no live loom communicator has handle 987654"):
+            torch.ops.loom.all_reduce(fake(4), 987654)
+
+
+def test_handles_are_stable_and_weak():
+    import gc
+
+    comm = StandInComm(2)
+    h = lt.register_communicator(comm)
+    assert lt.handle(comm) == h
+    del comm
+    gc.collect()
+    with FakeTensorMode(), pytest.raises(loom.InvalidArgument, match="no live loom communicator"):
+        torch.ops.loom.all_reduce(fake(4), h)
+
+
+def test_torch_compile_traces_a_tp_block():
+    """torch.compile (fullgraph) puts the loom operators in its graph, using the fake functions."""
+    comm = StandInComm(2)
+    lt.register_communicator(comm)  # loom.Communicator objects have a handle from creation
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        # Traced only (no GPU to run it on): the callable returns zeros shaped like the outputs.
+        outputs = next(node for node in gm.graph.nodes if node.op == "output").args[0]
+        shapes = [(o.meta["example_value"].shape, o.meta["example_value"].dtype) for o in outputs]
+        return lambda *args: [torch.zeros(shape, dtype=dtype) for shape, dtype in shapes]
+
+    def tp_mlp(x, w1, w2, w3):
+        h = torch.nn.functional.gelu(lt.ag_gemm(x, w1, comm, b_layout="nk"))  # [128, 48]
+        y = lt.gemm_rs(h, w2, comm, b_layout="nk")                             # [64, 32]
+        z = lt.gemm(y, w3)                                                     # [64, 32]
+        return lt.all_reduce(z, comm) + lt.all_gather(z, comm)[:64] + lt.reduce_scatter(z.repeat(2, 1), comm)
+
+    compiled = torch.compile(tp_mlp, backend=record, fullgraph=True)
+    x, w1 = torch.randn(64, 32, dtype=BF16), torch.randn(48, 32, dtype=BF16)
+    w2, w3 = torch.randn(32, 48, dtype=BF16), torch.randn(32, 32, dtype=BF16)
+    compiled(x, w1, w2, w3)
+    assert len(graphs) == 1
+    targets = {str(node.target) for node in graphs[0].graph.nodes if node.op == "call_function"}
+    for op in ("ag_gemm", "gemm_rs", "all_reduce", "all_gather", "reduce_scatter", "gemm"):
+        assert f"loom.{op}.default" in targets, (op, targets)
+
+
+def test_cpu_tensors_get_loom_errors_from_the_real_operators():
+    with pytest.raises(loom.InvalidArgument, match="loom: gemm: a is on cpu"):
+        lt.gemm(torch.zeros(128, 64, dtype=BF16), torch.zeros(64, 32, dtype=BF16))
+    with pytest.raises(loom.InvalidArgument, match=r"a is \[128, 64\] \(K = 64\) but b is \[32, 64\]"):
+        lt.gemm(torch.zeros(128, 64, dtype=BF16), torch.zeros(32, 64, dtype=BF16))
