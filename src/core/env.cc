@@ -17,6 +17,7 @@ constexpr VariableDoc kVariables[] = {
     {"LOOM_HEAP_BYTES", "symmetric heap size per GPU, bytes with optional K/M/G suffix (default 1G)"},
     {"LOOM_HEAP_BACKEND", "symmetric heap backend: auto (default), vmm (cuMem + POSIX fd), ipc (legacy CUDA IPC)"},
     {"LOOM_COLL_CTAS", "CTAs used by loom's NVLink collectives; 0 (default) lets the planner decide"},
+    {"LOOM_BOOTSTRAP_PORT", "port rank 0's bootstrap listens on (default MASTER_PORT; MASTER_PORT + 1 under torchrun)"},
     {"LOOM_SECRET", "per-job bootstrap secret, 32 hex digits; loom-run and unique ids generate one"},
     {"LOOM_TUNING_CACHE", "JSON tuning cache of the fused operators' role split (written by loom-bench tune)"},
     {"LOOM_TRANSPORT", "transport to peers on other (real or emulated) nodes: auto (default), copy_engine, fabric, verbs"},

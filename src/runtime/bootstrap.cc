@@ -1250,6 +1250,18 @@ Result<BootstrapConfig> bootstrap_config_from_env() {
   if (world_size > 1 || port) {
     LOOM_ASSIGN_OR_RETURN(int64_t port_number, required_int("MASTER_PORT", 1, 65535));
     config.root_port = static_cast<uint16_t>(port_number);
+    // Under torchrun (TORCHELASTIC_RUN_ID set) torch's own rendezvous store already listens on
+    // MASTER_PORT, so rank 0 listens on the next port; LOOM_BOOTSTRAP_PORT overrides both.
+    if (env::get_raw("LOOM_BOOTSTRAP_PORT")) {
+      LOOM_ASSIGN_OR_RETURN(int64_t own, env::get_int("LOOM_BOOTSTRAP_PORT", 0, 1, 65535));
+      config.root_port = static_cast<uint16_t>(own);
+    } else if (env::get_raw("TORCHELASTIC_RUN_ID")) {
+      if (port_number == 65535) {
+        return Status::invalid_argument("MASTER_PORT=65535 under torchrun: loom's bootstrap listens on MASTER_PORT + 1 "
+                                        "(torch's store has MASTER_PORT); set LOOM_BOOTSTRAP_PORT");
+      }
+      config.root_port = static_cast<uint16_t>(port_number + 1);
+    }
   }
 
   constexpr int64_t kDayMs = 24LL * 3600 * 1000;

@@ -388,7 +388,7 @@ class ScopedEnv {
 
   static constexpr const char* kNames[] = {"RANK",        "WORLD_SIZE",  "MASTER_ADDR",
                                            "MASTER_PORT", "LOOM_SECRET", "LOOM_BOOTSTRAP_TIMEOUT_MS",
-                                           "TORCHELASTIC_RUN_ID"};
+                                           "TORCHELASTIC_RUN_ID", "LOOM_BOOTSTRAP_PORT"};
 
  private:
   std::vector<std::pair<const char*, std::optional<std::string>>> saved_;
@@ -419,6 +419,25 @@ TEST(BootstrapConfig, ReadsTheLauncherEnvironment) {
 
   env.unset("LOOM_BOOTSTRAP_TIMEOUT_MS");
   EXPECT_EQ(bootstrap_config_from_env()->timeout, 120'000ms);
+}
+
+TEST(BootstrapConfig, ListensBesideTorchrunsStore) {
+  ScopedEnv env;
+  set_valid_job(env);
+  env.set("TORCHELASTIC_RUN_ID", "job");
+  EXPECT_EQ(bootstrap_config_from_env()->root_port, 29501) << "torchrun's store holds MASTER_PORT";
+  env.set("LOOM_BOOTSTRAP_PORT", "31000");
+  EXPECT_EQ(bootstrap_config_from_env()->root_port, 31000);
+  env.unset("TORCHELASTIC_RUN_ID");
+  EXPECT_EQ(bootstrap_config_from_env()->root_port, 31000);
+  env.set("LOOM_BOOTSTRAP_PORT", "0");
+  Result<BootstrapConfig> bad = bootstrap_config_from_env();
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("LOOM_BOOTSTRAP_PORT"), std::string::npos) << bad.status().message();
+  env.unset("LOOM_BOOTSTRAP_PORT");
+  env.set("TORCHELASTIC_RUN_ID", "job");
+  env.set("MASTER_PORT", "65535");
+  EXPECT_FALSE(bootstrap_config_from_env().ok());
 }
 
 TEST(BootstrapConfig, RejectsBadValuesNamingTheVariable) {

@@ -77,12 +77,15 @@ struct Message {
 
 // One CTA per message (grid-stride over messages): thread 0 waits for the flag with acquire
 // loads at system scope, then the CTA checks every byte of the message right away.
+// `timeout_ns` bounds the whole kernel, not each message: a CTA walks several messages in turn,
+// and a per-message deadline let a stalled sender keep the receiver here for (missing messages /
+// grid) x timeout (270 s for 438 missing messages over 128 CTAs at 60 s each).
 __global__ void check_on_flag(const uint64_t* flags, uint64_t epoch, const uint8_t* window, const Message* messages,
                               uint32_t count, int sender, uint64_t timeout_ns, unsigned* wrong_bytes, unsigned* missing) {
   __shared__ int arrived;
+  const uint64_t deadline = kernels::global_timer_ns() + timeout_ns;
   for (uint32_t k = blockIdx.x; k < count; k += gridDim.x) {
     if (threadIdx.x == 0) {
-      const uint64_t deadline = kernels::global_timer_ns() + timeout_ns;
       arrived = 0;
       while (true) {
         if (kernels::flag_load_acquire(&flags[k]) == epoch) {
@@ -257,35 +260,62 @@ std::vector<Message> layout(const std::vector<uint64_t>& sizes, uint64_t* window
   return messages;
 }
 
-// Runs the receiver's check kernel, then compares the guard bytes; returns a verdict string ("" = ok).
-std::string receive_and_check(Endpoint& e, const std::vector<Message>& messages, uint64_t epoch, cudaStream_t stream) {
+// The receiver's check, in three steps so that no CUDA call that may synchronize the device
+// (cudaMalloc, cudaFree, synchronous cudaMemcpy) runs while a producer kernel of this GPU is live:
+// such a call waits for that kernel and, while it waits, blocks the proxy thread's CUDA calls
+// (cudaMemcpyAsync, cudaEventQuery) — the kernel then waits for ring space the proxy can never
+// free until its own deadline (the known "cudaFree while NCCL kernels run" hang). Only run()
+// executes concurrently with the producer; prepare() and finish() run when no kernel is live.
+struct Receiver {
   Message* device_messages = nullptr;
-  unsigned* counters = nullptr;
-  cudaMalloc(reinterpret_cast<void**>(&device_messages), messages.size() * sizeof(Message));
-  cudaMalloc(reinterpret_cast<void**>(&counters), 2 * sizeof(unsigned));
-  cudaMemcpy(device_messages, messages.data(), messages.size() * sizeof(Message), cudaMemcpyHostToDevice);
-  cudaMemset(counters, 0, 2 * sizeof(unsigned));
-  const uint32_t grid = static_cast<uint32_t>(std::min<size_t>(messages.size(), 128));
-  check_on_flag<<<grid, 512, 0, stream>>>(e.flags, epoch, e.window, device_messages, static_cast<uint32_t>(messages.size()),
-                                          prev_rank(), /*timeout_ns=*/60'000'000'000ull, counters, counters + 1);
-  std::string verdict;
-  if (cudaStreamSynchronize(stream) != cudaSuccess) verdict = std::string("check kernel: ") + cudaGetErrorString(cudaGetLastError());
+  unsigned* counters = nullptr;  // [wrong bytes, missing messages]
   unsigned host_counters[2] = {0, 0};
-  cudaMemcpy(host_counters, counters, sizeof(host_counters), cudaMemcpyDeviceToHost);
-  if (host_counters[0] != 0) verdict += std::to_string(host_counters[0]) + " bytes wrong when their flag was seen; ";
-  if (host_counters[1] != 0) verdict += std::to_string(host_counters[1]) + " messages never flagged; ";
-  // Guards: everything outside the messages keeps its pattern.
-  std::vector<uint8_t> window(e.window_bytes);
-  cudaMemcpy(window.data(), e.window, e.window_bytes, cudaMemcpyDeviceToHost);
-  std::vector<bool> written(window.size(), false);
-  for (const Message& m : messages) std::fill(written.begin() + m.dst_offset, written.begin() + m.dst_offset + m.length, true);
-  size_t bad_guards = 0;
-  for (size_t i = 0; i < window.size(); ++i) bad_guards += (!written[i] && window[i] != kGuard) ? 1 : 0;
-  if (bad_guards != 0) verdict += std::to_string(bad_guards) + " guard bytes overwritten; ";
-  cudaFree(device_messages);
-  cudaFree(counters);
-  return verdict;
-}
+  cudaError_t kernel_error = cudaSuccess;
+
+  // Bounds the whole check kernel: longer than any producer's own bounded wait (30 s), so a
+  // healthy but slow sender is not misreported, and short enough that a failed test ends well
+  // within the bootstrap's 60 s timeout on every rank (the verdict all-gather must not time out).
+  static constexpr uint64_t kTimeoutNs = 35'000'000'000ull;
+
+  Status prepare(const std::vector<Message>& messages) {
+    LOOM_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&device_messages), messages.size() * sizeof(Message)));
+    LOOM_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&counters), 2 * sizeof(unsigned)));
+    LOOM_CUDA_TRY(cudaMemcpy(device_messages, messages.data(), messages.size() * sizeof(Message), cudaMemcpyHostToDevice));
+    LOOM_CUDA_TRY(cudaMemset(counters, 0, 2 * sizeof(unsigned)));
+    LOOM_CUDA_TRY(cudaDeviceSynchronize());
+    return {};
+  }
+  // The concurrent part: the kernel launch and a wait on its own stream, nothing else.
+  void run(const Endpoint& e, uint32_t count, uint64_t epoch, cudaStream_t stream) {
+    const uint32_t grid = std::min<uint32_t>(count, 128);
+    check_on_flag<<<grid, 512, 0, stream>>>(e.flags, epoch, e.window, device_messages, count, prev_rank(), kTimeoutNs,
+                                            counters, counters + 1);
+    kernel_error = cudaGetLastError();
+    const cudaError_t synced = cudaStreamSynchronize(stream);
+    if (kernel_error == cudaSuccess) kernel_error = synced;
+  }
+  // After every kernel of this GPU has ended: the verdict ("" = ok), the guard bytes, the frees.
+  std::string finish(const Endpoint& e, const std::vector<Message>& messages) {
+    std::string verdict;
+    cudaMemcpy(host_counters, counters, sizeof(host_counters), cudaMemcpyDeviceToHost);
+    if (kernel_error != cudaSuccess) verdict = std::string("check kernel: ") + cudaGetErrorString(kernel_error) + "; ";
+    if (host_counters[0] != 0) verdict += std::to_string(host_counters[0]) + " bytes wrong when their flag was seen; ";
+    if (host_counters[1] != 0) verdict += std::to_string(host_counters[1]) + " messages never flagged; ";
+    // Guards: everything outside the messages keeps its pattern.
+    std::vector<uint8_t> window(e.window_bytes);
+    cudaMemcpy(window.data(), e.window, e.window_bytes, cudaMemcpyDeviceToHost);
+    std::vector<bool> written(window.size(), false);
+    for (const Message& m : messages) std::fill(written.begin() + m.dst_offset, written.begin() + m.dst_offset + m.length, true);
+    size_t bad_guards = 0;
+    for (size_t i = 0; i < window.size(); ++i) bad_guards += (!written[i] && window[i] != kGuard) ? 1 : 0;
+    if (bad_guards != 0) verdict += std::to_string(bad_guards) + " guard bytes overwritten; ";
+    cudaFree(device_messages);
+    cudaFree(counters);
+    device_messages = nullptr;
+    counters = nullptr;
+    return verdict;
+  }
+};
 
 TEST(ProxyCopyEngine, CpuProducerBitExactFromOneByteTo64MiB) {
   if (world() < 2) GTEST_SKIP() << "needs at least 2 ranks";
@@ -303,10 +333,11 @@ TEST(ProxyCopyEngine, CpuProducerBitExactFromOneByteTo64MiB) {
   LOOM_ASSERT_OK(bootstrap().barrier());
 
   // The receiver's check kernel runs while the peer's CPU producer pushes.
-  std::string verdict;
+  Receiver check;
+  LOOM_ASSERT_OK(check.prepare(messages));
   std::thread receiver([&] {
     cudaSetDevice(comm().device());
-    verdict = receive_and_check(e, messages, /*epoch=*/3, stream);
+    check.run(e, static_cast<uint32_t>(messages.size()), /*epoch=*/3, stream);
   });
   HostWaitWords words;
   ring::CpuProducer producer(host_ring->view(), words.params(), 30s);
@@ -324,6 +355,7 @@ TEST(ProxyCopyEngine, CpuProducerBitExactFromOneByteTo64MiB) {
     pushed = producer.push(c);
   }
   receiver.join();
+  const std::string verdict = check.finish(e, messages);
   const Status drained = e.proxy->drain(30s);
   EXPECT_TRUE(pushed);
   EXPECT_TRUE(drained.ok()) << drained.to_string();
@@ -361,21 +393,30 @@ TEST(ProxyCopyEngine, GpuProducersThroughAMappedRing) {
   LOOM_ASSERT_CUDA(cudaMemcpy(device_messages, messages.data(), messages.size() * sizeof(Message), cudaMemcpyHostToDevice));
   LOOM_ASSERT_CUDA(cudaMemset(failed, 0, sizeof(unsigned)));
   WaitWords words;
+  Receiver check;
+  LOOM_ASSERT_OK(check.prepare(messages));
   LOOM_ASSERT_CUDA(cudaDeviceSynchronize());
-  std::string verdict;
+  // From the producer's launch until both kernels have ended, this process makes no CUDA call
+  // that may synchronize the device (see Receiver): the proxy thread must keep its CUDA calls.
   std::thread receiver([&] {
     cudaSetDevice(comm().device());
-    verdict = receive_and_check(e, messages, /*epoch=*/7, check_stream);
+    check.run(e, kCommands, /*epoch=*/7, check_stream);
   });
   push_commands<<<64, 32, 0, producer_stream>>>(mapped->device_view(), words.params(30'000'000'000ull), 7, device_messages,
                                                 kCommands, static_cast<uint32_t>(next_rank()), failed);
-  LOOM_ASSERT_CUDA(cudaGetLastError());
-  LOOM_ASSERT_CUDA(cudaStreamSynchronize(producer_stream));
+  const cudaError_t launched = cudaGetLastError();
+  const cudaError_t produced = cudaStreamSynchronize(producer_stream);
+  receiver.join();  // before any ASSERT: the thread must not outlive the test's objects
+  LOOM_ASSERT_CUDA(launched);
+  LOOM_ASSERT_CUDA(produced);
   unsigned host_failed = 0;
   LOOM_ASSERT_CUDA(cudaMemcpy(&host_failed, failed, sizeof(unsigned), cudaMemcpyDeviceToHost));
-  receiver.join();
+  const std::string verdict = check.finish(e, messages);
   const Status drained = e.proxy->drain(30s);
-  EXPECT_EQ(host_failed, 0u) << "producer error record code " << words.error->code;
+  const ErrorRecord& r = *words.error;
+  EXPECT_EQ(host_failed, 0u) << "producer error record: code " << r.code << ", kind " << r.flag_kind << ", index "
+                             << r.flag_index << ", CTA " << r.cta << ", observed " << r.observed << ", waited "
+                             << r.waited_ns / 1'000'000 << " ms; proxy took " << e.proxy->stats().commands;
   EXPECT_TRUE(drained.ok()) << drained.to_string();
   EXPECT_EQ(e.proxy->stats().commands, kCommands);
   EXPECT_EQ(verdict, "");

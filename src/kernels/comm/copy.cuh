@@ -65,12 +65,19 @@ __device__ __forceinline__ void vector_copy(char* dst, const char* src, uint64_t
 // Bounded wait on a local mbarrier phase (TMA completion). Hardware completes these, but a
 // load from a peer that vanished must not hang the kernel, so the deadline still applies.
 __device__ __forceinline__ bool mbarrier_wait_bounded(uint64_t* bar, uint32_t parity, const WaitContext& ctx) {
+  uint64_t next_host_check = 0;  // set on the first check: the host's word only in a long wait
   for (uint32_t polls = 0;; ++polls) {
     if (cuda::ptx::mbarrier_try_wait_parity(bar, parity)) return true;
     if (polls % kAbortCheckInterval == kAbortCheckInterval - 1) {
       const uint64_t now = global_timer_ns();
-      // The device word only (wait.cuh explains why barrier waits never read the host's).
-      if (ctx.device_aborted() || now > ctx.deadline_ns) {
+      bool aborted = ctx.device_aborted();
+      if (next_host_check == 0) {
+        next_host_check = now + kBarrierHostAbortCheckNs;
+      } else if (!aborted && now >= next_host_check) {
+        aborted = ctx.host_aborted();
+        next_host_check = now + kBarrierHostAbortCheckNs;
+      }
+      if (aborted || now > ctx.deadline_ns) {
         ctx.fail(now > ctx.deadline_ns ? DeviceError::kTimeout : DeviceError::kAborted, -1, FlagKind::kNone, 0, 0, 0);
         return false;
       }

@@ -6,9 +6,10 @@
 // only, and at most once every kHostAbortCheckNs per wait: a read of host-mapped memory crosses
 // PCIe, and when thousands of waiting warps issue them the GPU's PCIe read queue saturates,
 // every such read then takes ~100 us, and the waits that hit one stall the whole kernel (the
-// fused operators ran 50-100x slower that way). Barrier waits inside a CTA read the device word
-// only: whatever they wait for either completes or is itself a flag wait, which sees the host
-// abort and raises the device word. On timeout the CTA writes one error
+// fused operators ran 50-100x slower that way). Barrier waits inside a CTA read the device word,
+// and the host word only once they have lasted kBarrierHostAbortCheckNs, then at that interval:
+// what they wait for is normally a flag wait of their own CTA (which sees the host abort and
+// raises the device word), and the rare read covers a CTA stuck otherwise. On timeout the CTA writes one error
 // record (code, op, epoch, rank waited on, flag) into host-mapped memory, raises the device
 // abort and returns false; the caller returns from the kernel. No trap: the CUDA context stays
 // usable and the host reports a Status.
@@ -28,6 +29,8 @@ constexpr uint32_t kSleepAfterPolls = 256;  // then back off with nanosleep to s
 // A flag wait reads the host-mapped abort word at most this often (so the host's abort reaches
 // a spinning kernel within about this time).
 constexpr uint64_t kHostAbortCheckNs = 500'000;
+// The same for barrier waits (many more of them wait at once: every consumer warp of every CTA).
+constexpr uint64_t kBarrierHostAbortCheckNs = 10'000'000;
 
 struct WaitContext {
   WaitParams params;

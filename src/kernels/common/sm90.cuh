@@ -123,15 +123,21 @@ __device__ __forceinline__ bool mbarrier_wait_slow(uint64_t* bar, uint32_t parit
                                                       uint32_t what) {
   const uint64_t begin = global_timer_ns();
   const uint64_t deadline = internal_deadline(ctx);
+  uint64_t next_host_check = begin + kBarrierHostAbortCheckNs;
   for (uint32_t polls = 1;; ++polls) {
     if (cuda::ptx::mbarrier_try_wait_parity(bar, parity)) return true;
     if (polls % 128 == 0) {
-      // The device word only (wait.cuh explains why barrier waits never read the host's).
-      if (ctx.device_aborted()) {
-        ctx.fail(DeviceError::kAborted, -1, FlagKind::kNone, what, 0, global_timer_ns() - begin);
+      // The device word; the host's only in a long wait (wait.cuh explains why).
+      const uint64_t now = global_timer_ns();
+      bool aborted = ctx.device_aborted();
+      if (!aborted && now >= next_host_check) {
+        aborted = ctx.host_aborted();
+        next_host_check = now + kBarrierHostAbortCheckNs;
+      }
+      if (aborted) {
+        ctx.fail(DeviceError::kAborted, -1, FlagKind::kNone, what, 0, now - begin);
         return false;
       }
-      const uint64_t now = global_timer_ns();
       if (now > deadline) {
         ctx.fail(DeviceError::kTimeout, -1, FlagKind::kNone, what, 0, now - begin);
         return false;
