@@ -2,9 +2,8 @@
 // multinode_gemm_ar.cu, multinode_transfer.cu): argument checks, the tile and role choice, the
 // multi-node workspace, plan signatures and launch plumbing. The rules are listed in multinode.h.
 //
-// A few helpers mirror ones of src/ops/tp_common.h (kernel attribute setup, the fused dispatch,
-// the raster height, the signature hash): the single-node file is being reworked separately, and
-// the multi-node path must not change behaviour with it. They are small and independent.
+// Kernel attribute setup, the configuration dispatch, the raster height, byte ranges and the
+// signature hash are the single-node operators' (ops/tp_common.h).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -28,6 +27,7 @@
 #include "loom/tensor_parallel.h"
 #include "ops/gemm_launch.h"
 #include "ops/multinode.h"
+#include "ops/tp_common.h"
 #include "runtime/communicator_impl.h"
 #include "runtime/cuda_check.h"
 #include "runtime/network_layout.h"
@@ -56,14 +56,8 @@ inline std::string shape_text(const TpGemmArgs& a, const kmn::Grid& g) {
   return buf;
 }
 
-struct ByteRange {
-  uintptr_t lo = 0, hi = 0;
-  bool overlaps(const ByteRange& o) const { return lo < o.hi && o.lo < hi; }
-};
-inline ByteRange bytes_of(const void* p, int64_t rows, int64_t cols, size_t elem) {
-  const uintptr_t lo = reinterpret_cast<uintptr_t>(p);
-  return {lo, lo + static_cast<uintptr_t>(rows) * static_cast<uintptr_t>(cols) * elem};
-}
+using tp::ByteRange;
+using tp::bytes_of;
 
 // Everything that does not depend on buffers: communicator, dtype, pointers' alignment, shape
 // rules, options. Every rank reaches the same verdict from the same arguments.
@@ -148,33 +142,15 @@ inline kmn::MultiNodeRoleTable roles_for(OpId op, const kmn::Grid& g) {
   return r;
 }
 
-// Raster group height (tile rows) for `grid` CTAs dividing `unit` tile rows (a rank's block).
-inline uint32_t group_m_for(int grid, GemmTile tile, int64_t unit) {
-  const GemmTileInfo info = gemm_tile_info(tile);
-  const double target = std::sqrt(static_cast<double>(grid) * info.block_n / info.block_m);
-  int64_t best = 1;
-  for (int64_t d = 1; d <= unit && d <= 64; ++d) {
-    if (unit % d == 0 && d <= std::max<int64_t>(1, std::llround(target))) best = d;
-  }
-  return static_cast<uint32_t>(best);
-}
+using tp::group_m_for;  // a raster group never spans two blocks
 
-// 16-bit FNV-1a signature of what must agree between ranks (op, tile, grid, shape, offsets).
+// The 16-bit plan signature (tp::plan_signature) of what must agree between ranks; the world
+// argument carries "MN", the node count and the GPUs per node, so it never equals a
+// single-node plan's (whose world is at most TpTunables::kMaxLocalWorld).
 inline uint32_t signature(OpId op, GemmTile tile, const kmn::Grid& g, std::initializer_list<int64_t> values) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  auto mix = [&](uint64_t v) {
-    for (int i = 0; i < 8; ++i) {
-      h ^= (v >> (8 * i)) & 0xFF;
-      h *= 0x100000001b3ull;
-    }
-  };
-  mix(0x4d4e);  // "MN": never equal to a single-node plan's
-  mix(static_cast<uint64_t>(op));
-  mix(static_cast<uint64_t>(tile));
-  mix(g.nodes);
-  mix(g.local);
-  for (int64_t v : values) mix(static_cast<uint64_t>(v));
-  return static_cast<uint32_t>((h ^ (h >> 16) ^ (h >> 32) ^ (h >> 48)) & 0xFFFF);
+  const int world_code = static_cast<int>((0x4d4eu << 16) | ((static_cast<uint32_t>(g.nodes) & 0xFFu) << 8) |
+                                          (static_cast<uint32_t>(g.local) & 0xFFu));
+  return tp::plan_signature(op, tile, world_code, values);
 }
 
 inline std::string check_flags(const Communicator::Impl& impl, uint64_t flags) {
@@ -218,51 +194,16 @@ inline Result<void*> ensure_workspace(Communicator& comm, size_t bytes, cudaStre
   return impl.mn_workspace;
 }
 
-// Sets a kernel's dynamic shared-memory limit once per device.
-inline Status prepare_kernel(const void* kernel, size_t smem_bytes) {
-  static std::mutex mu;
-  static std::set<std::pair<const void*, int>> done;
-  int device = 0;
-  LOOM_CUDA_TRY(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mu);
-  if (done.count({kernel, device}) != 0) return {};
-  LOOM_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)));
-  done.insert({kernel, device});
-  return {};
-}
+using tp::prepare_kernel;
 
 // Calls fn.template operator()<Cfg, kBF16, kBNMajor>() for the configuration of the call.
 template <class Fn>
 Status dispatch(GemmTile tile, DType dtype, BLayout layout, Fn&& fn) {
-  namespace kg = kernels::gemm;
-  const bool bf16 = dtype == DType::kBF16;
-  const bool n_major = layout == BLayout::kKN;
-  auto by_layout = [&]<class Cfg, bool kBF16>() -> Status {
-    return n_major ? fn.template operator()<Cfg, kBF16, true>() : fn.template operator()<Cfg, kBF16, false>();
-  };
-  auto by_dtype = [&]<class Cfg>() -> Status {
-    return bf16 ? by_layout.template operator()<Cfg, true>() : by_layout.template operator()<Cfg, false>();
-  };
-  switch (tile) {
-    case GemmTile::k128x256: return by_dtype.template operator()<kg::Tile128x256>();
-    case GemmTile::k128x128: return by_dtype.template operator()<kg::Tile128x128>();
-    default: break;
-  }
-  return Status::internal("multi-node dispatch: no kernel for tile " + std::string(gemm_tile_name(tile)));
+  return tp::dispatch_fused(tile, dtype, layout, std::forward<Fn>(fn));
 }
 
 inline GemmArgs gemm_args(const void* a, const void* b, void* d, int64_t m, const TpGemmArgs& args) {
-  GemmArgs g;
-  g.a = a;
-  g.b = b;
-  g.d = d;
-  g.m = m;
-  g.n = args.n;
-  g.k = args.k;
-  g.in_dtype = args.dtype;
-  g.out_dtype = args.dtype;
-  g.b_layout = args.b_layout;
-  return g;
+  return tp::local_gemm(a, b, d, m, args);
 }
 
 // ---- gemm_rs / gemm_ar --------------------------------------------------------------------------
