@@ -2,14 +2,14 @@
 //
 // Each wait has a deadline (launch start + LOOM_TIMEOUT_MS, read from %globaltimer) and polls
 // two abort words: the device-wide one that the first failing CTA raises, and the host-mapped
-// one the host raises (comm abort, host-side deadline). The host word is read by flag waits
-// only, and at most once every kHostAbortCheckNs per wait: a read of host-mapped memory crosses
-// PCIe, and when thousands of waiting warps issue them the GPU's PCIe read queue saturates,
-// every such read then takes ~100 us, and the waits that hit one stall the whole kernel (the
-// fused operators ran 50-100x slower that way). Barrier waits inside a CTA read the device word,
-// and the host word only once they have lasted kBarrierHostAbortCheckNs, then at that interval:
-// what they wait for is normally a flag wait of their own CTA (which sees the host abort and
-// raises the device word), and the rare read covers a CTA stuck otherwise. On timeout the CTA writes one error
+// one the host raises (comm abort, host-side deadline). The device word is cheap (device memory)
+// and read often. The host word crosses PCIe, and when thousands of waiting warps read it the
+// GPU's PCIe read queue saturates, every such read takes ~100 us, and the waits that hit one
+// stall the whole kernel (the fused operators ran 50-100x slower that way). So a flag wait reads
+// it at most once every kHostAbortCheckNs, and a barrier wait inside a CTA only once it has
+// lasted kBarrierHostAbortCheckNs, then at that interval: what a barrier waits for is normally a
+// flag wait of its own CTA, which sees the host abort and raises the device word; the rare read
+// covers a CTA stuck otherwise. On timeout the CTA writes one error
 // record (code, op, epoch, rank waited on, flag) into host-mapped memory, raises the device
 // abort and returns false; the caller returns from the kernel. No trap: the CUDA context stays
 // usable and the host reports a Status.
