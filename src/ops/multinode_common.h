@@ -165,33 +165,7 @@ inline std::string check_flags(const Communicator::Impl& impl, uint64_t flags) {
 // the same size, the allocator hands out equal offsets, and the offset is in the signature).
 inline Result<void*> ensure_workspace(Communicator& comm, size_t bytes, cudaStream_t stream, const char* op) {
   Communicator::Impl& impl = comm.impl();
-  if (bytes <= impl.mn_workspace_bytes) return impl.mn_workspace;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  LOOM_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone) {
-    return Status::unsupported(std::string(op) + ": the multi-node workspace must grow to " + std::to_string(bytes) +
-                               " bytes, which cannot happen during CUDA graph capture; run the operation once with its "
-                               "largest shape before capturing");
-  }
-  constexpr size_t kGranule = size_t{2} << 20;
-  const size_t rounded = (bytes + kGranule - 1) / kGranule * kGranule;
-  LOOM_CUDA_TRY(cudaSetDevice(impl.device));
-  LOOM_CUDA_TRY(cudaDeviceSynchronize());
-  if (impl.mn_workspace != nullptr) {
-    LOOM_TRY_CTX(impl.heap->release(impl.mn_workspace), std::string(op) + ": releasing the old multi-node workspace");
-    impl.mn_workspace = nullptr;
-    impl.mn_workspace_bytes = 0;
-  }
-  Result<void*> ws = impl.heap->allocate(rounded);
-  if (!ws.ok()) {
-    return std::move(ws).take_status().with_context(std::string(op) + ": allocating a " + std::to_string(rounded) +
-                                                     "-byte multi-node workspace in the symmetric heap (raise LOOM_HEAP_BYTES)");
-  }
-  impl.mn_workspace = *ws;
-  impl.mn_workspace_bytes = rounded;
-  LOOM_DEBUG("%s: multi-node workspace grown to %zu bytes at heap offset %llu", op, rounded,
-             static_cast<unsigned long long>(impl.heap->offset_of(*ws)));
-  return impl.mn_workspace;
+  return tp::grow_workspace(impl, impl.mn_workspace, impl.mn_workspace_bytes, bytes, stream, op, "multi-node");
 }
 
 using tp::prepare_kernel;

@@ -188,7 +188,7 @@ inline std::string check_flag_capacity(const Communicator::Impl& impl, uint64_t 
          std::to_string(impl.control.max_op_flags) + " (fewer, larger tiles or a smaller call would fit)";
 }
 
-// The TP workspace (symmetric): grown when a call needs more than it has, without any host
+// The TP and multi-node workspaces (symmetric): grown when a call needs more than they have, without any host
 // round trip (an operator call never waits for the other ranks on the host, so a rank that never
 // arrives shows up as a device-side timeout naming it). Every rank computes the same size from
 // the same shape at the same call, and the heap allocator hands out equal offsets to equal
@@ -198,13 +198,15 @@ inline std::string check_flag_capacity(const Communicator::Impl& impl, uint64_t 
 // still use the old workspace (peers write into it only inside launches this GPU also runs, and
 // each of those waits for all of their writes before it ends), hence the device synchronize.
 // Growing cannot happen during CUDA graph capture: run the largest shape once before capturing.
-inline Result<void*> ensure_workspace(Communicator& comm, size_t bytes, cudaStream_t stream, const char* op) {
-  Communicator::Impl& impl = comm.impl();
-  if (bytes <= impl.tp_workspace_bytes) return impl.tp_workspace;
+// `ws`, `ws_bytes` are the workspace's fields of Communicator::Impl; `what` names it in messages
+// ("tensor-parallel", "multi-node").
+inline Result<void*> grow_workspace(Communicator::Impl& impl, void*& ws, size_t& ws_bytes, size_t bytes,
+                                    cudaStream_t stream, const char* op, const char* what) {
+  if (bytes <= ws_bytes) return ws;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   LOOM_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
   if (capture != cudaStreamCaptureStatusNone) {
-    return Status::unsupported(std::string(op) + ": the tensor-parallel workspace must grow to " + std::to_string(bytes) +
+    return Status::unsupported(std::string(op) + ": the " + what + " workspace must grow to " + std::to_string(bytes) +
                                " bytes, which cannot happen during CUDA graph capture; run the operation once with "
                                "its largest shape before capturing");
   }
@@ -212,22 +214,27 @@ inline Result<void*> ensure_workspace(Communicator& comm, size_t bytes, cudaStre
   const size_t rounded = (bytes + kGranule - 1) / kGranule * kGranule;
   LOOM_CUDA_TRY(cudaSetDevice(impl.device));
   LOOM_CUDA_TRY(cudaDeviceSynchronize());
-  if (impl.tp_workspace != nullptr) {
-    LOOM_TRY_CTX(impl.heap->release(impl.tp_workspace), std::string(op) + ": releasing the old workspace");
-    impl.tp_workspace = nullptr;
-    impl.tp_workspace_bytes = 0;
+  if (ws != nullptr) {
+    LOOM_TRY_CTX(impl.heap->release(ws), std::string(op) + ": releasing the old " + what + " workspace");
+    ws = nullptr;
+    ws_bytes = 0;
   }
-  Result<void*> ws = impl.heap->allocate(rounded);
-  if (!ws.ok()) {
-    return std::move(ws).take_status().with_context(std::string(op) + ": allocating a " + std::to_string(rounded) +
-                                                     "-byte tensor-parallel workspace in the symmetric heap (raise "
-                                                     "LOOM_HEAP_BYTES)");
+  Result<void*> grown = impl.heap->allocate(rounded);
+  if (!grown.ok()) {
+    return std::move(grown).take_status().with_context(std::string(op) + ": allocating a " + std::to_string(rounded) +
+                                                        "-byte " + what +
+                                                        " workspace in the symmetric heap (raise LOOM_HEAP_BYTES)");
   }
-  impl.tp_workspace = *ws;
-  impl.tp_workspace_bytes = rounded;
-  LOOM_DEBUG("%s: tensor-parallel workspace grown to %zu bytes at heap offset %llu", op, rounded,
-             static_cast<unsigned long long>(impl.heap->offset_of(*ws)));
-  return impl.tp_workspace;
+  ws = *grown;
+  ws_bytes = rounded;
+  LOOM_DEBUG("%s: %s workspace grown to %zu bytes at heap offset %llu", op, what, rounded,
+             static_cast<unsigned long long>(impl.heap->offset_of(ws)));
+  return ws;
+}
+
+inline Result<void*> ensure_workspace(Communicator& comm, size_t bytes, cudaStream_t stream, const char* op) {
+  Communicator::Impl& impl = comm.impl();
+  return grow_workspace(impl, impl.tp_workspace, impl.tp_workspace_bytes, bytes, stream, op, "tensor-parallel");
 }
 
 // Sets a fused kernel's dynamic shared-memory limit once per device.
