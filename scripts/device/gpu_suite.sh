@@ -11,6 +11,8 @@
 #   net       the inter-node path with the GPUs split into 2 emulated nodes (LOOM_EMULATE_NODES=2):
 #             the multi-node GPU tests (copy_engine transport), then loom-bench multinode with the
 #             NIC emulated at 50 GB/s; log in $OUT/net.log, JSON in $OUT/bench_multinode.json
+#   net-stress  the multi-node operators' tests repeated NET_STRESS_REPEAT times (default 6), with a
+#             5 s device deadline; log in $OUT/net_stress.log
 #   net-fabric  the multi-node tests once more over libfabric (LOOM_TRANSPORT=fabric), where a
 #             provider with GPU memory (FI_HMEM) is installed; informational (never fails the suite)
 # The whole call stays within SUITE_BUDGET_S (default 570 s, under the 10-minute call limit): each
@@ -172,6 +174,17 @@ for step in "${steps[@]}"; do
         grep -E "loom-bench:|ERROR" "$OUT/net.log" | tail -10 | tee -a "$summary"
       else r2=124; log "net (bench): skipped, not enough time left"; fi
       r=$(( r1 != 0 || r2 != 0 )) ;;
+    net-stress)
+      # The multi-node operators' tests, repeated (NET_STRESS_REPEAT, default 6) with a short
+      # device deadline: an intermittent stall shows up as a timeout whose message names the CTAs
+      # still waiting and the proxy lanes' state (Communicator::synchronize).
+      if t=$(budget 200 60); then
+        LOOM_EMULATE_NODES=2 LOOM_TIMEOUT_MS=5000 timeout $t $BIN/loom-run -n "$ngpu" --timeout $((t - 10)) -- \
+          $BIN/loom_gpu_tests --gtest_filter='MultiNode/MultiNodeOps.*' --gtest_repeat="${NET_STRESS_REPEAT:-6}" \
+          --gtest_brief=1 >> "$OUT/net_stress.log" 2>&1
+        r=$?
+        grep -E "PASSED|FAILED|Failure|timeout|stuck|waiting|loom-run" "$OUT/net_stress.log" | head -40 | tee -a "$summary"
+      else r=124; log "net-stress: skipped, not enough time left"; fi ;;
     net-fabric)
       # Informational: libfabric with GPU memory is rarely installed on the GPU machine.
       if ! ldconfig -p 2>/dev/null | grep -q "libfabric.so.1"; then

@@ -306,7 +306,14 @@ Status launch_reduce(Communicator& comm, const TpGemmArgs& a, cudaStream_t strea
   p.m = static_cast<uint32_t>(a.m);
   p.n = static_cast<uint32_t>(a.n);
   p.k = static_cast<uint32_t>(a.k);
-  p.group_m = group_m_for(impl.sm_count, r.tile, layout.m_blocks_per_block());
+  // Every block's rows cross the network chunk by chunk (sent once all of a chunk's tiles are
+  // done, folded as its chunk arrives). Raster groups ramp up from one chunk to the GEMM's
+  // L2-friendly height (raster_ramped): with 16-row groups from the start, the first chunk was
+  // complete only after ~4 waves and the link idled meanwhile (h 0.58 at M = 8192, 2 emulated nodes
+  // at 50 GB/s); one chunk per group throughout costs L2 reuse where the GEMM is the longer part.
+  const uint32_t chunk_rows = layout.tile_rows_per_chunk();
+  p.ramp_m = chunk_rows;
+  p.group_m = std::max(chunk_rows, group_m_for(impl.sm_count, r.tile, layout.m_blocks_per_block()) / chunk_rows * chunk_rows);
   p.out_dtype = static_cast<uint32_t>(a.dtype);
   p.layout = layout;
   p.fold_offset = fold_offset;

@@ -170,6 +170,10 @@ Result<std::unique_ptr<Communicator::Impl>> build(const CommOptions& options,
     LOOM_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&impl->host_abort_host), sizeof(uint32_t), cudaHostAllocMapped));
     *impl->host_abort_host = 0;
     LOOM_CUDA_TRY(cudaHostGetDevicePointer(reinterpret_cast<void**>(&impl->host_abort_device), impl->host_abort_host, 0));
+    LOOM_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&impl->progress_host), sizeof(uint32_t) * kProgressSlots,
+                                cudaHostAllocMapped));
+    std::memset(impl->progress_host, 0, sizeof(uint32_t) * kProgressSlots);
+    LOOM_CUDA_TRY(cudaHostGetDevicePointer(reinterpret_cast<void**>(&impl->progress_device), impl->progress_host, 0));
     LOOM_CUDA_TRY(cudaEventCreateWithFlags(&impl->sync_event, cudaEventDisableTiming));
     LOOM_CUDA_TRY(cudaDeviceSynchronize());
     return {};
@@ -246,6 +250,7 @@ Communicator::Impl::~Impl() {
   if (mn_state != nullptr) cudaFree(mn_state);
   if (error_host != nullptr) cudaFreeHost(error_host);
   if (host_abort_host != nullptr) cudaFreeHost(host_abort_host);
+  if (progress_host != nullptr) cudaFreeHost(progress_host);
 }
 
 DeviceComm Communicator::Impl::device_comm() const {
@@ -260,6 +265,7 @@ DeviceComm Communicator::Impl::device_comm() const {
   c.wait.host_abort = host_abort_device;
   c.wait.device_abort = device_abort;
   c.wait.error = error_device;
+  c.wait.progress = progress_device;
   if (network) {
     c.net = network->device_view();
   } else {
@@ -279,6 +285,51 @@ Status Communicator::Impl::check_usable() const {
 void Communicator::Impl::set_failure(const Status& status) {
   std::lock_guard<std::mutex> lock(failure_mutex);
   if (failure.ok()) failure = status;
+}
+
+std::string Communicator::Impl::describe_stuck_work() const {
+  std::string out;
+  const volatile ErrorRecord* e = error_host;
+  if (e->code != static_cast<uint32_t>(DeviceError::kNone)) {
+    char text[256];
+    std::snprintf(text, sizeof(text),
+                  "first device failure: code %u, op %s, epoch %llu, CTA %d, %s flag %u of rank %d (seen %llu) after %llu ms",
+                  e->code, op_name(static_cast<OpId>(e->op)), static_cast<unsigned long long>(e->epoch), e->cta,
+                  flag_kind_name(static_cast<FlagKind>(e->flag_kind)), e->flag_index, e->waited_on,
+                  static_cast<unsigned long long>(e->observed), static_cast<unsigned long long>(e->waited_ns / 1'000'000ull));
+    out += text;
+  } else {
+    out += "no device wait failed";
+  }
+  // The multi-node kernels mark coarse phases (LaunchPhase): the newest epoch marked, how many
+  // CTAs are at each phase of it, and the first few that did not finish.
+  const volatile uint32_t* progress = progress_host;
+  const uint32_t slots = std::min(static_cast<uint32_t>(sm_count), kProgressSlots);
+  uint32_t newest = 0;
+  for (uint32_t cta = 0; cta < slots; ++cta) newest = std::max(newest, static_cast<uint32_t>(progress[cta] >> 8));
+  if (newest == 0) {
+    out += "; no CTA progress marked (not a multi-node kernel, or it never started)";
+  } else {
+    int at[6] = {0, 0, 0, 0, 0, 0};
+    std::string behind;
+    int listed = 0;
+    for (uint32_t cta = 0; cta < slots; ++cta) {
+      const uint32_t word = progress[cta];
+      const uint32_t phase = (word >> 8) == newest && (word & 0xffu) < 6 ? (word & 0xffu) : 0;
+      ++at[phase];
+      if (phase != static_cast<uint32_t>(LaunchPhase::kFinished) && listed++ < 8) {
+        behind += " " + std::to_string(cta) + ":" + std::to_string(phase);
+      }
+    }
+    out += "; CTA phases of epoch ~" + std::to_string(newest) + " (of " + std::to_string(slots) +
+           "): not entered " + std::to_string(at[0]) + ", entered " + std::to_string(at[1]) + ", roles done " +
+           std::to_string(at[2]) + ", compute done " + std::to_string(at[3]) + ", proxy done " + std::to_string(at[4]) +
+           ", finished " + std::to_string(at[5]) +
+           (behind.empty() ? " (the stuck work marked nothing: it never started, or is not a multi-node kernel)"
+                           : "; unfinished (cta:phase)" + behind);
+  }
+  if (network) out += "; " + network->describe_state();
+  return out;
 }
 
 Status Communicator::Impl::consume_error_record() {
@@ -524,9 +575,11 @@ Status Communicator::synchronize(cudaStream_t stream) {
       aborted_by_host = true;
     }
     if (now > hard_deadline) {
+      const std::string stuck = impl_->describe_stuck_work();
       Status s = Status::timeout("synchronize: stream work did not finish within " +
                                  std::to_string(impl_->settings.op_timeout.count()) +
-                                 " ms + 2 s, even after the abort word was raised");
+                                 " ms + 2 s, even after the abort word was raised; " + stuck);
+      LOOM_ERROR("%s", s.to_string().c_str());
       impl_->set_failure(s);
       return s;
     }

@@ -71,12 +71,22 @@ struct ErrorRecord {
   uint64_t waited_ns;    // how long it waited
 };
 
+// Where a launch that never ends is stuck. Every loom wait is bounded and, when it gives up,
+// names itself in the ErrorRecord; a launch that outlives its deadline even after the abort is
+// therefore stuck outside them (a hardware wait, a barrier). To say where, thread 0 of each CTA
+// of the multi-node kernels marks coarse phases in its slot (blockIdx.x < kProgressSlots) of a
+// host-mapped array the host reads while the GPU is busy: (epoch & 0xffffff) << 8 | LaunchPhase,
+// a handful of posted stores per CTA and launch.
+enum class LaunchPhase : uint32_t { kEntered = 1, kRolesDone = 2, kComputeDone = 3, kProxyDone = 4, kFinished = 5 };
+inline constexpr uint32_t kProgressSlots = 1024;
+
 // Everything a bounded wait needs; passed by value in every kernel's parameters.
 struct WaitParams {
   uint64_t timeout_ns;             // per launch, from LOOM_TIMEOUT_MS
   const volatile uint32_t* host_abort;  // host-mapped: the host sets it to abort running kernels
   uint32_t* device_abort;          // device memory: the first failing CTA sets it for the others
   ErrorRecord* error;              // host-mapped
+  uint32_t* progress = nullptr;    // host-mapped [kProgressSlots] (LaunchPhase words); null: not kept
 };
 
 // Per-communicator launch counter in device memory. Each launch uses epoch + 1 and its last CTA

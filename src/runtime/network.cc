@@ -445,6 +445,26 @@ Status Network::health() const {
   return proxy_->health();
 }
 
+std::string Network::describe_state() const {
+  std::string out = std::string("network (") + transport_choice_name(decision_.transport) + "):";
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    const ring::RingView v = lanes_[i]->ring.host_view();
+    out += " lane " + std::to_string(i) + " tail " +
+           std::to_string(*reinterpret_cast<const volatile uint64_t*>(v.tail)) + " completed " +
+           std::to_string(*reinterpret_cast<const volatile uint64_t*>(ring::ring_completed(v))) + ";";
+  }
+  if (proxy_) {
+    const ProxyStats st = proxy_->stats();
+    out += " proxy: " + std::to_string(st.commands) + " commands, " + std::to_string(st.writes_posted) + " writes, " +
+           std::to_string(st.flags_posted) + " flags, " + std::to_string(st.completions) + " completions, " +
+           std::to_string(proxy_->outstanding()) + " outstanding, " + std::to_string(st.rejected) + " rejected, floor " +
+           std::to_string(floor_);
+    const Status h = proxy_->health();
+    if (!h.ok()) out += ", health: " + h.to_string();
+  }
+  return out;
+}
+
 void Network::after_synchronize(const EpochState* device_epoch, bool failed) {
   if (!proxy_ || shut_down_) return;
   // Small reads of device memory on a private non-blocking stream (a legacy-stream copy would

@@ -78,6 +78,9 @@ class Network {
   // ok while the proxy works; else its first error (completion or post failure, rejected
   // commands, a stalled lane).
   Status health() const;
+  // One line for a stuck launch's report: per lane the ring's tail and completed count (host
+  // words), the proxy's totals and its epoch floor. Makes no CUDA call (the GPU may be wedged).
+  std::string describe_state() const;
   // After the stream work of this communicator completed (synchronize), with the last completed
   // launch epoch in `device_epoch` (device memory): when the work failed, or every ring has been
   // fully taken by its lane, the proxy's epoch floor moves past that epoch, so no command of it

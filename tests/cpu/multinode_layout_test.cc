@@ -23,6 +23,7 @@ namespace {
 using kernels::tp::mn::AgLayout;
 using kernels::tp::mn::Grid;
 using kernels::tp::mn::kBlockM;
+using kernels::tp::mn::raster_ramped;
 using kernels::tp::mn::ReduceLayout;
 using kernels::tp::mn::rows_per_chunk_for;
 using runtime::net::NetWindowLayout;
@@ -422,6 +423,48 @@ TEST(ReduceLayout, AllReduceArrivalsCoverEveryBlockComputedElsewhere) {
     EXPECT_EQ(L.ag_send_block(0), g.own_block());
     EXPECT_EQ(reduce_layout(g, false).arrivals(), 0u);
     EXPECT_EQ(reduce_layout(g, false).ag_sends(), 0u);
+  }
+}
+
+
+// The ramped raster of the multi-node reduce kernels visits every tile of a block exactly once,
+// starts with a group of `first` rows (one chunk: the first chunk's tiles come first), grows to
+// `group`, and never splits a chunk between groups. A group boundary is a row r where every tile
+// of the rows above r comes before every tile of the rows from r on.
+TEST(MultiNodeRaster, RampedGroupsCoverEveryTileOnceInWholeChunks) {
+  for (const auto& [m_blocks, n_blocks, first, group] :
+       std::vector<std::tuple<uint32_t, uint32_t, uint32_t, uint32_t>>{
+           {32, 32, 1, 16}, {128, 32, 1, 16}, {8, 4, 8, 8}, {64, 4, 8, 16}, {30, 7, 2, 8}, {3, 5, 1, 16}, {1, 1, 1, 1}}) {
+    SCOPED_TRACE(std::to_string(m_blocks) + "x" + std::to_string(n_blocks) + " first " + std::to_string(first) +
+                 " group " + std::to_string(group));
+    std::vector<int> seen(m_blocks * n_blocks, 0);
+    std::vector<uint32_t> first_pos(m_blocks, ~0u), last_pos(m_blocks, 0);
+    for (uint32_t t = 0; t < m_blocks * n_blocks; ++t) {
+      uint32_t m = ~0u, n = ~0u;
+      raster_ramped(t, m_blocks, n_blocks, first, group, m, n);
+      ASSERT_LT(m, m_blocks);
+      ASSERT_LT(n, n_blocks);
+      ++seen[m * n_blocks + n];
+      first_pos[m] = std::min(first_pos[m], t);
+      last_pos[m] = std::max(last_pos[m], t);
+    }
+    for (int v : seen) EXPECT_EQ(v, 1);
+    std::vector<uint32_t> cuts;
+    uint32_t above = 0;  // the last position of the rows above r
+    for (uint32_t r = 1; r < m_blocks; ++r) {
+      above = std::max(above, last_pos[r - 1]);
+      uint32_t below = ~0u;
+      for (uint32_t q = r; q < m_blocks; ++q) below = std::min(below, first_pos[q]);
+      if (above < below) cuts.push_back(r);
+    }
+    cuts.push_back(m_blocks);
+    uint32_t top = 0, want = first;
+    for (uint32_t cut : cuts) {
+      EXPECT_TRUE(cut % first == 0 || cut == m_blocks) << "group boundary at row " << cut << " splits a chunk";
+      EXPECT_EQ(cut - top, std::min(want, m_blocks - top)) << "group at row " << top;
+      top = cut;
+      want = std::min(2 * want, std::max(group, first));
+    }
   }
 }
 

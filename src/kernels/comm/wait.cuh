@@ -52,6 +52,13 @@ struct WaitContext {
   // The host's word: host-mapped memory, a PCIe round trip (see the header comment for how often).
   __device__ bool host_aborted() const { return params.host_abort != nullptr && *params.host_abort != 0; }
 
+  // Thread 0: the CTA reached `phase` of this launch (LaunchPhase; a posted store to host memory).
+  __device__ void mark(LaunchPhase phase) const {
+    if (params.progress == nullptr || blockIdx.x >= kProgressSlots) return;
+    *reinterpret_cast<volatile uint32_t*>(params.progress + blockIdx.x) =
+        static_cast<uint32_t>((epoch & 0xffffffu) << 8) | static_cast<uint32_t>(phase);
+  }
+
   // Records the failure (first CTA wins), raises the device abort.
   __device__ void fail(DeviceError code, int waited_on, FlagKind kind, uint32_t index, uint64_t observed,
                        uint64_t waited_ns) const {

@@ -134,13 +134,19 @@ class ComputeRole {
     if (warpgroup == 0) {
       if constexpr (kManageRegisters) sm90::setmaxnreg_dec<Cfg::kProducerRegs>();
       if (threadIdx.x == 0) producer(sm, ops, sched, fold, compute_index, num_compute, ctx);
-      if constexpr (kManageRegisters) sm90::setmaxnreg_inc<Cfg::kEntryRegs>();
     } else {
       if constexpr (kManageRegisters) sm90::setmaxnreg_inc<Cfg::kConsumerRegs>();
       consumer(sm, ops, epi, fold, warpgroup - 1, ctx);
       if constexpr (kManageRegisters) sm90::setmaxnreg_dec<Cfg::kEntryRegs>();
     }
+    // The producer warpgroup takes its registers back only after this barrier: the CTA's pool is
+    // exactly the consumers' kConsumerRegs plus the producer's kProducerRegs, so had it done so
+    // right after a quick producer loop (a CTA that got no tile), before the consumers' increase
+    // was granted, the consumers' setmaxnreg.inc would wait forever (a hang no abort reaches).
     __syncthreads();
+    if constexpr (kManageRegisters) {
+      if (warpgroup == 0) sm90::setmaxnreg_inc<Cfg::kEntryRegs>();
+    }
     const WorkItem exit = sm.state()->exit;
     __syncthreads();  // the next run() may overwrite it
     return exit;

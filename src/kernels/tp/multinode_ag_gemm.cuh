@@ -236,6 +236,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) mn_ag_gemm_kernel(const __gr
   const WaitContext ctx = WaitContext::start(c.wait, OpId::kAgGemm, epoch);
   mn_publish_nvlink_entry(c, epoch, p.signature);
   Role::init(smem);
+  if (threadIdx.x == 0) ctx.mark(LaunchPhase::kEntered);
 
   const MultiNodeRole role = p.roles.role_of(blockIdx.x);
   const uint32_t index = p.roles.index_in_role(blockIdx.x);
@@ -249,6 +250,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) mn_ag_gemm_kernel(const __gr
     compute = mn_thread0_with_copier<Cfg>(
         smem, [&](MnCopier& copier) { return ag_nvlink_push(p, index, p.roles.nvlink, copier, ctx); });
   }
+  if (threadIdx.x == 0) ctx.mark(LaunchPhase::kRolesDone);
   if (compute) {
     Scheduler sched(p, epoch);
     Epilogue epi(p.epi, &p.out);
@@ -258,9 +260,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) mn_ag_gemm_kernel(const __gr
   }
   // The proxy may still read this launch's rows (own rows, forwards) from the gathered A, which
   // the next launch overwrites (and the application may read): the launch ends once it is done.
+  if (threadIdx.x == 0) ctx.mark(LaunchPhase::kComputeDone);
   if (role == MultiNodeRole::kNetSend && compute && threadIdx.x == 0) (void)net_wait_proxy_done(c, ctx);
+  if (threadIdx.x == 0) ctx.mark(LaunchPhase::kProxyDone);
   __syncthreads();
-  if (threadIdx.x == 0) finish_mn_launch(p.state, c.epoch_state, epoch);
+  if (threadIdx.x == 0) {
+    finish_mn_launch(p.state, c.epoch_state, epoch);
+    ctx.mark(LaunchPhase::kFinished);
+  }
 }
 
 }  // namespace loom::kernels::tp::mn

@@ -245,4 +245,37 @@ struct ReduceLayout {
   }
 };
 
+// Raster position `within` of a block of `m_blocks` tile rows x `n_blocks` tile columns, in
+// groups that start `first` tile rows high and double up to `group` (both dividing m_blocks's
+// granule; the last group takes what is left), columns fastest within a group's rows. Blocks whose
+// rows cross the network chunk by chunk use it: the first chunks complete (and the link starts)
+// after a fraction of a wave, and the later, taller groups keep the GEMM's L2 reuse.
+LOOM_HOST_DEVICE void raster_ramped(uint32_t within, uint32_t m_blocks, uint32_t n_blocks, uint32_t first,
+                                   uint32_t group, uint32_t& m_in, uint32_t& n_block) {
+  uint32_t row0 = 0;
+  uint32_t h = first == 0 ? 1u : first;
+  if (group < h) group = h;
+  // The ramp: a handful of groups of height first, 2 first, ... below `group`.
+  while (h < group && row0 < m_blocks) {
+    const uint32_t rows = h < m_blocks - row0 ? h : m_blocks - row0;
+    const uint32_t tiles = rows * n_blocks;
+    if (within < tiles) {
+      m_in = row0 + within % rows;
+      n_block = within / rows;
+      return;
+    }
+    within -= tiles;
+    row0 += rows;
+    h = 2 * h < group ? 2 * h : group;
+  }
+  // Then groups of `group` rows (the last one shorter).
+  const uint32_t per_group = group * n_blocks;
+  const uint32_t g = within / per_group;
+  const uint32_t local = within - g * per_group;
+  const uint32_t top = row0 + g * group;
+  const uint32_t rows = group < m_blocks - top ? group : m_blocks - top;
+  m_in = top + local % rows;
+  n_block = local / rows;
+}
+
 }  // namespace loom::kernels::tp::mn

@@ -67,7 +67,8 @@ struct MnReduceParams {
   DeviceComm comm;
   MultiNodeDeviceState* state;
   uint32_t m, n, k;
-  uint32_t group_m;        // raster group height in tile rows, dividing R / BLOCK_M
+  uint32_t ramp_m;         // first raster group height in tile rows (one chunk), doubling up to group_m
+  uint32_t group_m;        // raster group height after the ramp (tile rows, a multiple of ramp_m)
   uint32_t out_dtype;      // loom::DType of out and the staged partials (the input type)
   uint32_t signature;      // plan signature (entry words)
   ReduceLayout layout;
@@ -101,7 +102,7 @@ class MnReduceScheduler {
     if (t >= L.g.world() * per_block) return gemm::WorkItem{static_cast<uint32_t>(gemm::WorkKind::kDone), 0, 0, 0};
     const uint32_t d = L.block_at(t / per_block);
     uint32_t m_in = 0, n_block = 0;
-    raster_in_block(t % per_block, m_blocks, L.n_blocks, p_.group_m, m_in, n_block);
+    raster_ramped(t % per_block, m_blocks, L.n_blocks, p_.ramp_m, p_.group_m, m_in, n_block);
     const uint32_t m_block = d * m_blocks + m_in;
     const bool fold = L.tile_role(d) == ReduceLayout::TileRole::kFold;
     return gemm::WorkItem{static_cast<uint32_t>(fold ? gemm::WorkKind::kTileFold : gemm::WorkKind::kTile), m_block, n_block,
@@ -407,6 +408,7 @@ __device__ __forceinline__ void mn_reduce_body(const MnReduceParams& p, uint8_t*
   const WaitContext ctx = WaitContext::start(c.wait, kAllReduce ? OpId::kGemmAr : OpId::kGemmRs, epoch);
   mn_publish_nvlink_entry(c, epoch, p.signature);
   Role::init(smem);
+  if (threadIdx.x == 0) ctx.mark(LaunchPhase::kEntered);
 
   const MultiNodeRole role = p.roles.role_of(blockIdx.x);
   bool ok = true;
@@ -420,6 +422,7 @@ __device__ __forceinline__ void mn_reduce_body(const MnReduceParams& p, uint8_t*
     ok = mn_thread0_with_copier<Cfg>(smem, [&](MnCopier& copier) { return reduce_net_recv(p, index, p.roles.net_recv, copier, ctx); });
     compute = ok;
   }
+  if (threadIdx.x == 0) ctx.mark(LaunchPhase::kRolesDone);
   if (compute) {
     Scheduler sched(p);
     Epilogue epi(p, epoch, ctx);
@@ -428,11 +431,15 @@ __device__ __forceinline__ void mn_reduce_body(const MnReduceParams& p, uint8_t*
     const gemm::WorkItem exit = Role::run(smem, ops, sched, epi, blockIdx.x, gridDim.x, ctx, fold);
     ok = exit.kind == static_cast<uint32_t>(gemm::WorkKind::kDone);
   }
+  if (threadIdx.x == 0) ctx.mark(LaunchPhase::kComputeDone);
   if constexpr (kAllReduce) {
     if (ok && threadIdx.x == 0) (void)reduce_wait_arrivals(p, ctx);
   }
   __syncthreads();
-  if (threadIdx.x == 0) finish_mn_launch(p.state, c.epoch_state, epoch);
+  if (threadIdx.x == 0) {
+    finish_mn_launch(p.state, c.epoch_state, epoch);
+    ctx.mark(LaunchPhase::kFinished);
+  }
 }
 
 template <class Cfg, bool kBF16, bool kBNMajor>
