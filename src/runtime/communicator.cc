@@ -360,7 +360,7 @@ Status Communicator::Impl::consume_error_record() {
                   op_name(op), static_cast<unsigned long long>(e->epoch),
                   static_cast<unsigned long long>(e->waited_ns / 1'000'000ull), e->flag_index,
                   static_cast<unsigned long long>(e->observed), e->cta);
-  } else if (code == static_cast<uint32_t>(DeviceError::kTimeout)) {
+  } else if (code == static_cast<uint32_t>(DeviceError::kTimeout) && kind != FlagKind::kNone) {
     std::snprintf(text, sizeof(text),
                   "%s (epoch %llu): timed out after %llu ms waiting for rank %d's '%s' flag %u (CTA %d, flag at epoch %llu)",
                   op_name(op), static_cast<unsigned long long>(e->epoch),
@@ -384,9 +384,21 @@ Status Communicator::Impl::consume_error_record() {
                   "everywhere (same LOOM_TUNING_CACHE, same options)",
                   op_name(op), static_cast<unsigned long long>(e->epoch), waited_global, e->flag_index >> 16,
                   e->flag_index & 0xFFFFu);
+  } else if (kind != FlagKind::kNone) {
+    std::snprintf(text, sizeof(text),
+                  "%s (epoch %llu): aborted after %llu ms waiting for rank %d's '%s' flag %u (CTA %d, flag at epoch %llu)",
+                  op_name(op), static_cast<unsigned long long>(e->epoch),
+                  static_cast<unsigned long long>(e->waited_ns / 1'000'000ull), waited_global, flag_kind_name(kind),
+                  e->flag_index, e->cta, static_cast<unsigned long long>(e->observed));
   } else {
-    std::snprintf(text, sizeof(text), "%s (epoch %llu): aborted while waiting (CTA %d)", op_name(op),
-                  static_cast<unsigned long long>(e->epoch), e->cta);
+    // An intra-CTA barrier (flag_index = BarrierWhat << 16 | slot).
+    static constexpr const char* kWhat[] = {"a bulk copy's load", "stage full", "stage empty", "tile full", "tile empty"};
+    const uint32_t what = e->flag_index >> 16;
+    std::snprintf(text, sizeof(text), "%s (epoch %llu): %s after %llu ms at an intra-CTA barrier: %s %u (CTA %d)",
+                  op_name(op), static_cast<unsigned long long>(e->epoch),
+                  code == static_cast<uint32_t>(DeviceError::kTimeout) ? "timed out" : "aborted",
+                  static_cast<unsigned long long>(e->waited_ns / 1'000'000ull), what < 5 ? kWhat[what] : "unknown",
+                  e->flag_index & 0xFFFFu, e->cta);
   }
   std::memset(const_cast<ErrorRecord*>(e), 0, sizeof(ErrorRecord));
   Status s = code == static_cast<uint32_t>(DeviceError::kTimeout) ? Status::timeout(text) : Status::aborted(text);

@@ -71,6 +71,10 @@ struct ErrorRecord {
   uint64_t waited_ns;    // how long it waited
 };
 
+// What an intra-CTA barrier wait was for, in ErrorRecord::flag_index (flag_kind kNone) as
+// what << 16 | index (stage or tile slot). kCopyLoad: a bulk copy's load into shared memory.
+enum class BarrierWhat : uint32_t { kCopyLoad = 0, kStageFull = 1, kStageEmpty = 2, kTileFull = 3, kTileEmpty = 4 };
+
 // Where a launch that never ends is stuck. Every loom wait is bounded and, when it gives up,
 // names itself in the ErrorRecord; a launch that outlives its deadline even after the abort is
 // therefore stuck outside them (a hardware wait, a barrier). To say where, thread 0 of each CTA

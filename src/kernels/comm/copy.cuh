@@ -78,7 +78,8 @@ __device__ __forceinline__ bool mbarrier_wait_bounded(uint64_t* bar, uint32_t pa
         next_host_check = now + kBarrierHostAbortCheckNs;
       }
       if (aborted || now > ctx.deadline_ns) {
-        ctx.fail(now > ctx.deadline_ns ? DeviceError::kTimeout : DeviceError::kAborted, -1, FlagKind::kNone, 0, 0, 0);
+        ctx.fail(now > ctx.deadline_ns ? DeviceError::kTimeout : DeviceError::kAborted, -1, FlagKind::kNone,
+                 static_cast<uint32_t>(BarrierWhat::kCopyLoad) << 16, 0, 0);
         return false;
       }
     }

@@ -104,9 +104,9 @@ __device__ __forceinline__ void mbarrier_inval(uint64_t* bar) {
 
 // ---- bounded mbarrier waits ------------------------------------------------------------------
 
-// What an intra-CTA wait was for, recorded in ErrorRecord::flag_index (flag_kind = kNone,
-// waited_on = -1) when it gives up: kind << 16 | index.
-enum class BarrierWhat : uint32_t { kStageFull = 1, kStageEmpty = 2, kTileFull = 3, kTileEmpty = 4 };
+// What an intra-CTA wait was for (BarrierWhat, runtime/device_abi.h), recorded in
+// ErrorRecord::flag_index (flag_kind = kNone, waited_on = -1) when it gives up: what << 16 | index.
+using loom::BarrierWhat;
 __device__ __forceinline__ uint32_t barrier_what(BarrierWhat what, uint32_t index) {
   return (static_cast<uint32_t>(what) << 16) | (index & 0xFFFFu);
 }
