@@ -173,6 +173,15 @@ for step in "${steps[@]}"; do
         awk '/^op +M x N x K +loom ms +gemm/{p=1} p' "$OUT/net.log" | tee -a "$summary"
         grep -E "loom-bench:|ERROR" "$OUT/net.log" | tail -10 | tee -a "$summary"
       else r2=124; log "net (bench): skipped, not enough time left"; fi
+      # The reduce operators where the GEMM outlasts the transfer (4x the K): with one GPU per
+      # node gemm_ar moves twice gemm_rs's bytes, so at the shapes above its h cannot pass h_max.
+      if t=$(budget 150 60); then
+        LOOM_EMULATE_NODES=2 LOOM_EMULATE_NET_GBPS=50 timeout $t $BIN/loom-bench multinode --spawn "$ngpu" --iters 20 \
+          --ops gemm_rs,gemm_ar --m 8192,16384 --k 57344 --json "$OUT/bench_multinode_long_k.json" > "$WORK/net_long_k.log" 2>&1
+        r2=$(( r2 != 0 || $? != 0 ))
+        awk '/^op +M x N x K +loom ms +gemm/{p=1} p' "$WORK/net_long_k.log" | tee -a "$summary" "$OUT/net.log" >/dev/null
+        grep -E "loom-bench:|ERROR" "$WORK/net_long_k.log" | tail -5 | tee -a "$summary"
+      fi
       r=$(( r1 != 0 || r2 != 0 )) ;;
     net-stress)
       # The multi-node operators' tests, repeated (NET_STRESS_REPEAT, default 6) with a short
