@@ -170,9 +170,9 @@ Result<std::unique_ptr<Communicator::Impl>> build(const CommOptions& options,
     LOOM_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&impl->host_abort_host), sizeof(uint32_t), cudaHostAllocMapped));
     *impl->host_abort_host = 0;
     LOOM_CUDA_TRY(cudaHostGetDevicePointer(reinterpret_cast<void**>(&impl->host_abort_device), impl->host_abort_host, 0));
-    LOOM_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&impl->progress_host), sizeof(uint32_t) * kProgressSlots,
+    LOOM_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&impl->progress_host), sizeof(CtaProgress) * kProgressSlots,
                                 cudaHostAllocMapped));
-    std::memset(impl->progress_host, 0, sizeof(uint32_t) * kProgressSlots);
+    std::memset(impl->progress_host, 0, sizeof(CtaProgress) * kProgressSlots);
     LOOM_CUDA_TRY(cudaHostGetDevicePointer(reinterpret_cast<void**>(&impl->progress_device), impl->progress_host, 0));
     LOOM_CUDA_TRY(cudaEventCreateWithFlags(&impl->sync_event, cudaEventDisableTiming));
     LOOM_CUDA_TRY(cudaDeviceSynchronize());
@@ -303,10 +303,10 @@ std::string Communicator::Impl::describe_stuck_work() const {
   }
   // The multi-node kernels mark coarse phases (LaunchPhase): the newest epoch marked, how many
   // CTAs are at each phase of it, and the first few that did not finish.
-  const volatile uint32_t* progress = progress_host;
+  const volatile CtaProgress* progress = progress_host;
   const uint32_t slots = std::min(static_cast<uint32_t>(sm_count), kProgressSlots);
   uint32_t newest = 0;
-  for (uint32_t cta = 0; cta < slots; ++cta) newest = std::max(newest, static_cast<uint32_t>(progress[cta] >> 8));
+  for (uint32_t cta = 0; cta < slots; ++cta) newest = std::max(newest, static_cast<uint32_t>(progress[cta].phase >> 8));
   if (newest == 0) {
     out += "; no CTA progress marked (not a multi-node kernel, or it never started)";
   } else {
@@ -314,7 +314,7 @@ std::string Communicator::Impl::describe_stuck_work() const {
     std::string behind;
     int listed = 0;
     for (uint32_t cta = 0; cta < slots; ++cta) {
-      const uint32_t word = progress[cta];
+      const uint32_t word = progress[cta].phase;
       const uint32_t phase = (word >> 8) == newest && (word & 0xffu) < 6 ? (word & 0xffu) : 0;
       ++at[phase];
       if (phase != static_cast<uint32_t>(LaunchPhase::kFinished) && listed++ < 8) {
@@ -329,6 +329,32 @@ std::string Communicator::Impl::describe_stuck_work() const {
                            : "; unfinished (cta:phase)" + behind);
   }
   if (network) out += "; " + network->describe_state();
+  return out;
+}
+
+std::string Communicator::Impl::describe_thread0(int cta, uint64_t epoch) const {
+  if (cta < 0 || static_cast<uint32_t>(cta) >= kProgressSlots) return "";
+  const volatile CtaProgress& p = progress_host[cta];
+  const uint32_t phase_word = p.phase;
+  if ((phase_word >> 8) != (epoch & 0xffffffu)) return "";
+  static constexpr const char* kPhase[] = {"?", "entered", "roles done", "compute done", "proxy done", "finished"};
+  const uint32_t phase = phase_word & 0xffu;
+  std::string out = "; its thread 0 got to '" + std::string(phase < 6 ? kPhase[phase] : "?") + "'";
+  const uint32_t failure = p.failure;
+  if ((failure >> 31) != 0) {
+    const auto kind = static_cast<FlagKind>((failure >> 24) & 0x7fu);
+    const uint32_t index = failure & 0xffffffu;
+    if (kind == FlagKind::kNone) {
+      static constexpr const char* kWhat[] = {"a bulk copy's load", "stage full", "stage empty", "tile full", "tile empty"};
+      const uint32_t what = index >> 16;
+      out += " and gave up at the barrier '" + std::string(what < 5 ? kWhat[what] : "?") + " " +
+             std::to_string(index & 0xffffu) + "'";
+    } else {
+      out += " and gave up waiting for a '" + std::string(flag_kind_name(kind)) + "' flag " + std::to_string(index);
+    }
+  } else {
+    out += " and was in no loom wait";
+  }
   return out;
 }
 
@@ -400,8 +426,10 @@ Status Communicator::Impl::consume_error_record() {
                   static_cast<unsigned long long>(e->waited_ns / 1'000'000ull), what < 5 ? kWhat[what] : "unknown",
                   e->flag_index & 0xFFFFu, e->cta);
   }
+  std::string where = describe_thread0(e->cta, e->epoch);
   std::memset(const_cast<ErrorRecord*>(e), 0, sizeof(ErrorRecord));
-  Status s = code == static_cast<uint32_t>(DeviceError::kTimeout) ? Status::timeout(text) : Status::aborted(text);
+  const std::string message = std::string(text) + where;
+  Status s = code == static_cast<uint32_t>(DeviceError::kTimeout) ? Status::timeout(message) : Status::aborted(message);
   // Clear the device abort word so the context is clean; the communicator stays failed.
   cudaMemset(device_abort, 0, sizeof(uint32_t));
   return s;

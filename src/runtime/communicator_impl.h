@@ -35,8 +35,8 @@ struct Communicator::Impl {
   ErrorRecord* error_device = nullptr;  // ... and its device alias
   uint32_t* host_abort_host = nullptr;  // host-mapped pinned memory ...
   uint32_t* host_abort_device = nullptr;  // ... and its device alias
-  uint32_t* progress_host = nullptr;      // host-mapped pinned memory [kProgressSlots] ...
-  uint32_t* progress_device = nullptr;    // ... and its device alias
+  CtaProgress* progress_host = nullptr;    // host-mapped pinned memory [kProgressSlots] ...
+  CtaProgress* progress_device = nullptr;  // ... and its device alias
   cudaEvent_t sync_event = nullptr;
 
   // Fused tensor-parallel operators (src/ops/tp_common.h): the device counters of their launches,
@@ -72,6 +72,9 @@ struct Communicator::Impl {
   // For a launch that outlived its deadline and the abort: the error record if one was written,
   // how far the CTAs got (LaunchPhase marks) and the network lanes' state.
   std::string describe_stuck_work() const;
+  // Where thread 0 of CTA `cta` was in launch `epoch` (its phase mark, and the wait it gave up in),
+  // or "" when the CTA marked nothing in that launch (not a multi-node kernel).
+  std::string describe_thread0(int cta, uint64_t epoch) const;
   // Heap offset of a symmetric pointer range, or invalid_argument naming `what`.
   Result<uint64_t> symmetric_offset(const void* ptr, size_t bytes, const char* what) const;
   // ok when [ptr, ptr+bytes) is device memory of this rank's GPU.

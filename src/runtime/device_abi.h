@@ -79,9 +79,15 @@ enum class BarrierWhat : uint32_t { kCopyLoad = 0, kStageFull = 1, kStageEmpty =
 // names itself in the ErrorRecord; a launch that outlives its deadline even after the abort is
 // therefore stuck outside them (a hardware wait, a barrier). To say where, thread 0 of each CTA
 // of the multi-node kernels marks coarse phases in its slot (blockIdx.x < kProgressSlots) of a
-// host-mapped array the host reads while the GPU is busy: (epoch & 0xffffff) << 8 | LaunchPhase,
-// a handful of posted stores per CTA and launch.
+// host-mapped array the host reads while the GPU is busy, a handful of posted stores per CTA and
+// launch; and when thread 0 of any kernel's CTA gives up a wait it says which there, so a launch
+// whose first recorded failure is another thread's still shows where thread 0 (the producer of
+// the compute role, the data-moving roles) was.
 enum class LaunchPhase : uint32_t { kEntered = 1, kRolesDone = 2, kComputeDone = 3, kProxyDone = 4, kFinished = 5 };
+struct CtaProgress {
+  uint32_t phase;     // (epoch & 0xffffff) << 8 | LaunchPhase
+  uint32_t failure;   // 0, or 1 << 31 | FlagKind << 24 | index (24 bits; a barrier's BarrierWhat << 16 | slot)
+};
 inline constexpr uint32_t kProgressSlots = 1024;
 
 // Everything a bounded wait needs; passed by value in every kernel's parameters.
@@ -90,7 +96,7 @@ struct WaitParams {
   const volatile uint32_t* host_abort;  // host-mapped: the host sets it to abort running kernels
   uint32_t* device_abort;          // device memory: the first failing CTA sets it for the others
   ErrorRecord* error;              // host-mapped
-  uint32_t* progress = nullptr;    // host-mapped [kProgressSlots] (LaunchPhase words); null: not kept
+  CtaProgress* progress = nullptr; // host-mapped [kProgressSlots]; null: not kept
 };
 
 // Per-communicator launch counter in device memory. Each launch uses epoch + 1 and its last CTA

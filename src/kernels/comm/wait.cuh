@@ -55,8 +55,9 @@ struct WaitContext {
   // Thread 0: the CTA reached `phase` of this launch (LaunchPhase; a posted store to host memory).
   __device__ void mark(LaunchPhase phase) const {
     if (params.progress == nullptr || blockIdx.x >= kProgressSlots) return;
-    *reinterpret_cast<volatile uint32_t*>(params.progress + blockIdx.x) =
-        static_cast<uint32_t>((epoch & 0xffffffu) << 8) | static_cast<uint32_t>(phase);
+    volatile CtaProgress* slot = params.progress + blockIdx.x;
+    if (phase == LaunchPhase::kEntered) slot->failure = 0;
+    slot->phase = static_cast<uint32_t>((epoch & 0xffffffu) << 8) | static_cast<uint32_t>(phase);
   }
 
   // Records the failure (first CTA wins), raises the device abort.
@@ -73,6 +74,9 @@ struct WaitContext {
       e->observed = observed;
       e->waited_ns = waited_ns;
       __threadfence_system();
+    }
+    if (threadIdx.x == 0 && params.progress != nullptr && blockIdx.x < kProgressSlots) {
+      params.progress[blockIdx.x].failure = (1u << 31) | (static_cast<uint32_t>(kind) << 24) | (index & 0xffffffu);
     }
     atomicExch(params.device_abort, 1u);
     __threadfence_system();
