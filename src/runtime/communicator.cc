@@ -242,6 +242,34 @@ const char* flag_kind_name(FlagKind kind) {
   return "unknown";
 }
 
+namespace {
+
+// An intra-CTA barrier wait's ErrorRecord::flag_index (BarrierWhat << 16 | slot), in words.
+std::string barrier_text(uint32_t flag_index) {
+  const char* name = "unknown barrier";
+  switch (static_cast<BarrierWhat>(flag_index >> 16)) {
+    case BarrierWhat::kCopyLoad: name = "a bulk copy's load"; break;
+    case BarrierWhat::kStageFull: name = "stage full"; break;
+    case BarrierWhat::kStageEmpty: name = "stage empty"; break;
+    case BarrierWhat::kTileFull: name = "tile full"; break;
+    case BarrierWhat::kTileEmpty: name = "tile empty"; break;
+  }
+  return std::string(name) + " " + std::to_string(flag_index & 0xFFFFu);
+}
+
+const char* launch_phase_name(uint32_t phase) {
+  switch (static_cast<LaunchPhase>(phase)) {
+    case LaunchPhase::kEntered: return "entered";
+    case LaunchPhase::kRolesDone: return "roles done";
+    case LaunchPhase::kComputeDone: return "compute done";
+    case LaunchPhase::kProxyDone: return "proxy done";
+    case LaunchPhase::kFinished: return "finished";
+  }
+  return "not entered";
+}
+
+}  // namespace
+
 Communicator::Impl::~Impl() {
   if (sync_event != nullptr) cudaEventDestroy(sync_event);
   if (epoch_state != nullptr) cudaFree(epoch_state);
@@ -288,19 +316,8 @@ void Communicator::Impl::set_failure(const Status& status) {
 }
 
 std::string Communicator::Impl::describe_stuck_work() const {
-  std::string out;
-  const volatile ErrorRecord* e = error_host;
-  if (e->code != static_cast<uint32_t>(DeviceError::kNone)) {
-    char text[256];
-    std::snprintf(text, sizeof(text),
-                  "first device failure: code %u, op %s, epoch %llu, CTA %d, %s flag %u of rank %d (seen %llu) after %llu ms",
-                  e->code, op_name(static_cast<OpId>(e->op)), static_cast<unsigned long long>(e->epoch), e->cta,
-                  flag_kind_name(static_cast<FlagKind>(e->flag_kind)), e->flag_index, e->waited_on,
-                  static_cast<unsigned long long>(e->observed), static_cast<unsigned long long>(e->waited_ns / 1'000'000ull));
-    out += text;
-  } else {
-    out += "no device wait failed";
-  }
+  const std::string first = error_record_text();
+  std::string out = first.empty() ? "no device wait failed" : "first device failure: " + first;
   // The multi-node kernels mark coarse phases (LaunchPhase): the newest epoch marked, how many
   // CTAs are at each phase of it, and the first few that did not finish.
   const volatile CtaProgress* progress = progress_host;
@@ -318,15 +335,15 @@ std::string Communicator::Impl::describe_stuck_work() const {
       const uint32_t phase = (word >> 8) == newest && (word & 0xffu) < 6 ? (word & 0xffu) : 0;
       ++at[phase];
       if (phase != static_cast<uint32_t>(LaunchPhase::kFinished) && listed++ < 8) {
-        behind += " " + std::to_string(cta) + ":" + std::to_string(phase);
+        behind += " CTA " + std::to_string(cta) + " (" + launch_phase_name(phase) + ")";
       }
     }
-    out += "; CTA phases of epoch ~" + std::to_string(newest) + " (of " + std::to_string(slots) +
-           "): not entered " + std::to_string(at[0]) + ", entered " + std::to_string(at[1]) + ", roles done " +
-           std::to_string(at[2]) + ", compute done " + std::to_string(at[3]) + ", proxy done " + std::to_string(at[4]) +
-           ", finished " + std::to_string(at[5]) +
-           (behind.empty() ? " (the stuck work marked nothing: it never started, or is not a multi-node kernel)"
-                           : "; unfinished (cta:phase)" + behind);
+    out += "; CTA phases of epoch ~" + std::to_string(newest) + " (of " + std::to_string(slots) + "):";
+    for (uint32_t phase = 0; phase < 6; ++phase) {
+      out += std::string(phase == 0 ? " " : ", ") + launch_phase_name(phase) + " " + std::to_string(at[phase]);
+    }
+    out += behind.empty() ? " (the stuck work marked nothing: it never started, or is not a multi-node kernel)"
+                          : "; unfinished:" + behind;
   }
   if (network) out += "; " + network->describe_state();
   return out;
@@ -337,18 +354,13 @@ std::string Communicator::Impl::describe_thread0(int cta, uint64_t epoch) const 
   const volatile CtaProgress& p = progress_host[cta];
   const uint32_t phase_word = p.phase;
   if ((phase_word >> 8) != (epoch & 0xffffffu)) return "";
-  static constexpr const char* kPhase[] = {"?", "entered", "roles done", "compute done", "proxy done", "finished"};
-  const uint32_t phase = phase_word & 0xffu;
-  std::string out = "; its thread 0 got to '" + std::string(phase < 6 ? kPhase[phase] : "?") + "'";
+  std::string out = "; its thread 0 got to '" + std::string(launch_phase_name(phase_word & 0xffu)) + "'";
   const uint32_t failure = p.failure;
   if ((failure >> 31) != 0) {
     const auto kind = static_cast<FlagKind>((failure >> 24) & 0x7fu);
     const uint32_t index = failure & 0xffffffu;
     if (kind == FlagKind::kNone) {
-      static constexpr const char* kWhat[] = {"a bulk copy's load", "stage full", "stage empty", "tile full", "tile empty"};
-      const uint32_t what = index >> 16;
-      out += " and gave up at the barrier '" + std::string(what < 5 ? kWhat[what] : "?") + " " +
-             std::to_string(index & 0xffffu) + "'";
+      out += " and gave up at the barrier '" + barrier_text(index) + "'";
     } else {
       out += " and gave up waiting for a '" + std::string(flag_kind_name(kind)) + "' flag " + std::to_string(index);
     }
@@ -358,10 +370,10 @@ std::string Communicator::Impl::describe_thread0(int cta, uint64_t epoch) const 
   return out;
 }
 
-Status Communicator::Impl::consume_error_record() {
-  volatile ErrorRecord* e = error_host;
+std::string Communicator::Impl::error_record_text() const {
+  const volatile ErrorRecord* e = error_host;
   const uint32_t code = e->code;
-  if (code == static_cast<uint32_t>(DeviceError::kNone)) return {};
+  if (code == static_cast<uint32_t>(DeviceError::kNone)) return "";
   const auto op = static_cast<OpId>(e->op);
   const auto kind = static_cast<FlagKind>(e->flag_kind);
   const int waited_on = e->waited_on;
@@ -418,17 +430,20 @@ Status Communicator::Impl::consume_error_record() {
                   e->flag_index, e->cta, static_cast<unsigned long long>(e->observed));
   } else {
     // An intra-CTA barrier (flag_index = BarrierWhat << 16 | slot).
-    static constexpr const char* kWhat[] = {"a bulk copy's load", "stage full", "stage empty", "tile full", "tile empty"};
-    const uint32_t what = e->flag_index >> 16;
-    std::snprintf(text, sizeof(text), "%s (epoch %llu): %s after %llu ms at an intra-CTA barrier: %s %u (CTA %d)",
+    std::snprintf(text, sizeof(text), "%s (epoch %llu): %s after %llu ms at an intra-CTA barrier: %s (CTA %d)",
                   op_name(op), static_cast<unsigned long long>(e->epoch),
                   code == static_cast<uint32_t>(DeviceError::kTimeout) ? "timed out" : "aborted",
-                  static_cast<unsigned long long>(e->waited_ns / 1'000'000ull), what < 5 ? kWhat[what] : "unknown",
-                  e->flag_index & 0xFFFFu, e->cta);
+                  static_cast<unsigned long long>(e->waited_ns / 1'000'000ull), barrier_text(e->flag_index).c_str(), e->cta);
   }
-  std::string where = describe_thread0(e->cta, e->epoch);
+  return std::string(text) + describe_thread0(e->cta, e->epoch);
+}
+
+Status Communicator::Impl::consume_error_record() {
+  volatile ErrorRecord* e = error_host;
+  const uint32_t code = e->code;
+  if (code == static_cast<uint32_t>(DeviceError::kNone)) return {};
+  const std::string message = error_record_text();
   std::memset(const_cast<ErrorRecord*>(e), 0, sizeof(ErrorRecord));
-  const std::string message = std::string(text) + where;
   Status s = code == static_cast<uint32_t>(DeviceError::kTimeout) ? Status::timeout(message) : Status::aborted(message);
   // Clear the device abort word so the context is clean; the communicator stays failed.
   cudaMemset(device_abort, 0, sizeof(uint32_t));

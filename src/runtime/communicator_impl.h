@@ -68,6 +68,9 @@ struct Communicator::Impl {
   Status check_usable() const;
   void set_failure(const Status& status);
   // Turns a filled error record into a Status (naming global ranks) and clears it.
+  // The device's first failure (ErrorRecord) in words, "" when none; consume_error_record()
+  // turns it into a Status and clears the record.
+  std::string error_record_text() const;
   Status consume_error_record();
   // For a launch that outlived its deadline and the abort: the error record if one was written,
   // how far the CTAs got (LaunchPhase marks) and the network lanes' state.
