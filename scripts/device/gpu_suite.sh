@@ -10,7 +10,8 @@
 #   tp-tune   loom-bench tune, writes $OUT/tuning_cache.json (use it with LOOM_TUNING_CACHE)
 #   net       the inter-node path with the GPUs split into 2 emulated nodes (LOOM_EMULATE_NODES=2):
 #             the multi-node GPU tests (copy_engine transport), then loom-bench multinode with the
-#             NIC emulated at 50 GB/s; log in $OUT/net.log, JSON in $OUT/bench_multinode.json
+#             NIC emulated at 50 GB/s (issue 4's shapes, then gemm_rs / gemm_ar at 4x K); log in
+#             $OUT/net.log, JSON in $OUT/bench_multinode.json and $OUT/bench_multinode_long_k.json
 #   net-stress  the multi-node operators' tests repeated NET_STRESS_REPEAT times (default 6), with a
 #             5 s device deadline; log in $OUT/net_stress.log
 #   net-fabric  the multi-node tests once more over libfabric (LOOM_TRANSPORT=fabric), where a
