@@ -120,20 +120,9 @@ __device__ __forceinline__ bool ag_net_recv(const MnAgParams& p, uint32_t index,
     if (!net_wait(c, flag, predecessor, ctx)) return false;
     cuda::ptx::fence_proxy_async(cuda::ptx::space_global);  // the TMA loads below read what the network wrote
     const uint64_t offset = ag_chunk_offset(p, d, chunk);
-    char* dsts[MnTunables::kMaxLocalWorld];
-    int ndst = 0;
-    for (int q = 0; q < c.local_world; ++q) {
-      if (q == c.local_rank) continue;
-      if ((entered & (1u << q)) == 0) {
-        if (!mn_wait_nvlink_entry(c, q, ctx.epoch, p.signature, ctx)) return false;
-        entered |= 1u << q;
-      }
-      dsts[ndst++] = reinterpret_cast<char*>(c.peer_heap_bases[q] + offset);
-    }
-    if (!copier.copy(dsts, ndst, reinterpret_cast<const char*>(c.local_heap_base + offset), bytes, ctx)) return false;
-    __threadfence_system();
-    for (int q = 0; q < c.local_world; ++q) {
-      if (q != c.local_rank) flag_store_release(net_word_at(c, q, flag), ctx.epoch);
+    if (!mn_replicate_to_local_peers(c, p.signature, offset, reinterpret_cast<const char*>(c.local_heap_base + offset), bytes,
+                                     flag, entered, copier, ctx)) {
+      return false;
     }
   }
   return true;
@@ -148,21 +137,10 @@ __device__ __forceinline__ bool ag_nvlink_push(const MnAgParams& p, uint32_t ind
   const uint64_t bytes = ag_chunk_bytes(p);
   uint32_t entered = 0;
   for (uint32_t chunk = index; chunk < L.chunks_per_block(); chunk += count) {
-    const uint64_t offset = ag_chunk_offset(p, own, chunk);
-    char* dsts[MnTunables::kMaxLocalWorld];
-    int ndst = 0;
-    for (int q = 0; q < c.local_world; ++q) {
-      if (q == c.local_rank) continue;
-      if ((entered & (1u << q)) == 0) {
-        if (!mn_wait_nvlink_entry(c, q, ctx.epoch, p.signature, ctx)) return false;
-        entered |= 1u << q;
-      }
-      dsts[ndst++] = reinterpret_cast<char*>(c.peer_heap_bases[q] + offset);
-    }
-    if (!copier.copy(dsts, ndst, p.shard + static_cast<uint64_t>(chunk) * bytes, bytes, ctx)) return false;
-    __threadfence_system();
-    for (int q = 0; q < c.local_world; ++q) {
-      if (q != c.local_rank) flag_store_release(net_word_at(c, q, L.row_flag(own, chunk)), ctx.epoch);
+    if (!mn_replicate_to_local_peers(c, p.signature, ag_chunk_offset(p, own, chunk),
+                                     p.shard + static_cast<uint64_t>(chunk) * bytes, bytes, L.row_flag(own, chunk), entered,
+                                     copier, ctx)) {
+      return false;
     }
   }
   return true;

@@ -176,6 +176,31 @@ struct MnCopier {
   }
 };
 
+// One thread: copies [src, src + bytes) to heap offset `offset` of every local peer through
+// `copier` — waiting, the first time for each peer q (bit q of `entered`), until it entered this
+// launch with the same plan — then sets word `flag` of each peer's network window to this
+// launch's epoch, after the data. False after a failed (recorded) wait.
+__device__ __forceinline__ bool mn_replicate_to_local_peers(const DeviceComm& c, uint32_t signature, uint64_t offset,
+                                                            const char* src, uint64_t bytes, uint32_t flag,
+                                                            uint32_t& entered, MnCopier& copier, const WaitContext& ctx) {
+  char* dsts[MnTunables::kMaxLocalWorld];
+  int ndst = 0;
+  for (int q = 0; q < c.local_world; ++q) {
+    if (q == c.local_rank) continue;
+    if ((entered & (1u << q)) == 0) {
+      if (!mn_wait_nvlink_entry(c, q, ctx.epoch, signature, ctx)) return false;
+      entered |= 1u << q;
+    }
+    dsts[ndst++] = reinterpret_cast<char*>(c.peer_heap_bases[q] + offset);
+  }
+  if (!copier.copy(dsts, ndst, src, bytes, ctx)) return false;
+  __threadfence_system();
+  for (int q = 0; q < c.local_world; ++q) {
+    if (q != c.local_rank) flag_store_release(net_word_at(c, q, flag), ctx.epoch);
+  }
+  return true;
+}
+
 // Runs `work(copier)` on thread 0 with a copier in the stage area of the compute role (all
 // threads call it); returns work's answer to every thread. Afterwards the stage area is free for
 // the compute role again (barriers invalidated, generic writes fenced against TMA's).

@@ -337,20 +337,9 @@ __device__ __forceinline__ bool reduce_net_recv(const MnReduceParams& p, uint32_
     cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
     const uint64_t offset =
         p.out_offset + (static_cast<uint64_t>(d) * L.rows_per_block + static_cast<uint64_t>(chunk) * L.rows_per_chunk) * p.row_bytes;
-    char* dsts[MnTunables::kMaxLocalWorld];
-    int ndst = 0;
-    for (int q = 0; q < c.local_world; ++q) {
-      if (q == c.local_rank) continue;
-      if ((entered & (1u << q)) == 0) {
-        if (!mn_wait_nvlink_entry(c, q, ctx.epoch, p.signature, ctx)) return false;
-        entered |= 1u << q;
-      }
-      dsts[ndst++] = reinterpret_cast<char*>(c.peer_heap_bases[q] + offset);
-    }
-    if (!copier.copy(dsts, ndst, reinterpret_cast<const char*>(c.local_heap_base + offset), bytes, ctx)) return false;
-    __threadfence_system();
-    for (int q = 0; q < c.local_world; ++q) {
-      if (q != c.local_rank) flag_store_release(net_word_at(c, q, flag), ctx.epoch);
+    if (!mn_replicate_to_local_peers(c, p.signature, offset, reinterpret_cast<const char*>(c.local_heap_base + offset), bytes,
+                                     flag, entered, copier, ctx)) {
+      return false;
     }
   }
   return true;
