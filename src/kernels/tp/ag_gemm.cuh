@@ -296,7 +296,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ag_gemm_kernel(const __grid_
     (void)Role::run(smem, ops, sched, epi, roles.compute_index(blockIdx.x), gridDim.x, ctx);
   }
   __syncthreads();
-  if (threadIdx.x == 0) finish_fused_launch(p.tp, c.epoch_state, epoch);
+  if (threadIdx.x == 0) finish_queued_launch(p.tp, c.epoch_state, epoch);
 }
 
 }  // namespace loom::kernels::tp

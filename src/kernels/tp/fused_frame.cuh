@@ -112,20 +112,6 @@ __device__ __forceinline__ bool wait_entry(const DeviceComm& c, int peer, uint64
   return true;
 }
 
-// Step 4 (thread 0 of every CTA, after all of the CTA's work, also after a failure). The tile
-// queue is reset by whichever CTA leaves last, before it counts itself in finish_launch; the
-// next launch runs after this one completes (stream order), so it sees the zeros.
-__device__ __forceinline__ void finish_fused_launch(TpDeviceState* tp, EpochState* epoch_state, uint64_t epoch) {
-  __threadfence();
-  const uint32_t done = atomicAdd(&tp->ctas_done, 1u) + 1;
-  if (done == gridDim.x * gridDim.y * gridDim.z) {
-    tp->tile_queue = 0;
-    tp->ctas_done = 0;
-    __threadfence();
-  }
-  finish_launch(epoch_state, epoch);
-}
-
 // The 1024-byte aligned base of the dynamic shared memory, as the compute role aligns it.
 __device__ __forceinline__ uint8_t* aligned_smem(uint8_t* raw) {
   return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023});

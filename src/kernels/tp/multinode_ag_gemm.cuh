@@ -243,7 +243,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) mn_ag_gemm_kernel(const __gr
   if (threadIdx.x == 0) ctx.mark(LaunchPhase::kProxyDone);
   __syncthreads();
   if (threadIdx.x == 0) {
-    finish_mn_launch(p.state, c.epoch_state, epoch);
+    finish_queued_launch(p.state, c.epoch_state, epoch);
     ctx.mark(LaunchPhase::kFinished);
   }
 }

@@ -226,20 +226,6 @@ __device__ bool mn_thread0_with_copier(uint8_t* smem_raw, Work&& work) {
   return ok;
 }
 
-// Step 4 (thread 0 of every CTA, after all of the CTA's work, also after a failure). The tile
-// queue is reset by whichever CTA leaves last; the next launch runs after this one completes
-// (stream order), so it sees the zeros.
-__device__ __forceinline__ void finish_mn_launch(MultiNodeDeviceState* state, EpochState* epoch_state, uint64_t epoch) {
-  __threadfence();
-  const uint32_t done = atomicAdd(&state->ctas_done, 1u) + 1;
-  if (done == gridDim.x * gridDim.y * gridDim.z) {
-    state->tile_queue = 0;
-    state->ctas_done = 0;
-    __threadfence();
-  }
-  finish_launch(epoch_state, epoch);
-}
-
 // Raster position `within` of a block of `m_blocks` tile rows x `n_blocks` tile columns, in
 // groups of `group_m` tile rows (dividing m_blocks), columns fastest within a group's rows
 // (the GEMM engine's L2-friendly order).

@@ -426,7 +426,7 @@ __device__ __forceinline__ void mn_reduce_body(const MnReduceParams& p, uint8_t*
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    finish_mn_launch(p.state, c.epoch_state, epoch);
+    finish_queued_launch(p.state, c.epoch_state, epoch);
     ctx.mark(LaunchPhase::kFinished);
   }
 }

@@ -73,7 +73,7 @@ __global__ void mn_transfer_kernel(const __grid_constant__ MnTransferParams p) {
   const WaitContext ctx = WaitContext::start(c.wait, OpId::kNetExchange, epoch);
   if (threadIdx.x == 0) (void)transfer_body(p, ctx);
   __syncthreads();
-  if (threadIdx.x == 0) finish_mn_launch(p.state, c.epoch_state, epoch);
+  if (threadIdx.x == 0) finish_queued_launch(p.state, c.epoch_state, epoch);
 }
 
 }  // namespace loom::kernels::tp::mn

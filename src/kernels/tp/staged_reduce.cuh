@@ -249,7 +249,7 @@ __device__ __forceinline__ void reduce_gemm_body(const ReduceGemmParams& p, uint
     if (threadIdx.x == 0 && exit.kind == static_cast<uint32_t>(gemm::WorkKind::kDone)) (void)wait_final_tiles(p, epoch, ctx);
   }
   __syncthreads();
-  if (threadIdx.x == 0) finish_fused_launch(p.tp, c.epoch_state, epoch);
+  if (threadIdx.x == 0) finish_queued_launch(p.tp, c.epoch_state, epoch);
 }
 
 }  // namespace loom::kernels::tp
