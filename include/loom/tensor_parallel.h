@@ -50,6 +50,9 @@ struct TpGemmOptions {
   TpAlgorithm algorithm = TpAlgorithm::kAuto;
   int comm_ctas = -1;               // CTAs that start in the communication role; -1: planner
   GemmTile tile = GemmTile::kAuto;  // the compute role's tile; kAuto: planner
+  // Diagnostics (loom/diagnostics.h): device memory for one record per output tile of the fused
+  // kernel's tile grid (M x N of this rank's GEMM); ignored by the decomposed and plain paths.
+  TileTimelineRecord* timeline = nullptr;
 };
 
 Status ag_gemm(Communicator& comm, const TpGemmArgs& args, cudaStream_t stream, const TpGemmOptions& options = {});

@@ -2,12 +2,14 @@
 # On the GPU machine, in one call: the GPU test suite and the benchmarks, with logs and JSON
 # under $OUT (at most 8 files come back, so logs are combined).
 #   scripts/device/gpu_suite.sh [tests] [tp-tests] [coll] [coll-tune] [gemm] [gemm-tune]
-#                               [tp] [torch] [tp-tune] [merge]  (default: tests coll gemm)
+#                               [tp] [torch] [tp-tune] [timeline] [merge]  (default: tests coll gemm)
 #   tp        loom-bench tp (ag_gemm, gemm_rs, gemm_ar at issue 4's shapes) vs cuBLAS, NCCL + cuBLAS
 #   torch     bench/torch_fused.py under torchrun (PyTorch's fused ag_gemm / gemm_rs)
 #   merge     joins both into $OUT/bench_tp_merged.json and prints the table; it also runs by itself,
 #             last, whenever tp or torch ran
 #   tp-tune   loom-bench tune, writes $OUT/tuning_cache.json (use it with LOOM_TUNING_CACHE)
+#   timeline  per-tile timelines of the fused operators and loom's GEMM at TIMELINE_M (default
+#             4096,8192): $OUT/timeline_summary.txt, the CSVs in $OUT/timelines.tar.gz
 #   net       the inter-node path with the GPUs split into 2 emulated nodes (LOOM_EMULATE_NODES=2):
 #             the multi-node GPU tests (copy_engine transport), then loom-bench multinode with the
 #             NIC emulated at 50 GB/s (issue 4's shapes, then gemm_rs / gemm_ar at 4x K); log in
@@ -138,6 +140,18 @@ for step in "${steps[@]}"; do
         timeout $t $BIN/loom-bench tp --spawn "$ngpu" --iters 30 --json "$WORK/bench_tp.json" >> "$OUT/bench.log" 2>&1
         r=$?; grep -E "^(ag_gemm|gemm_rs|gemm_ar) " "$OUT/bench.log" | tail -20 | tee -a "$summary"
       else r=124; log "tp: skipped, not enough time left"; fi ;;
+    timeline)
+      # Per-tile timelines of the fused operators and of loom's GEMM alone (loom-bench --timeline),
+      # summarised by bench/timeline_summary.py; the CSVs come back as one archive.
+      if t=$(budget 200 60); then
+        rm -rf "$WORK/timeline" && mkdir -p "$WORK/timeline"
+        timeout $t $BIN/loom-bench tp --spawn "$ngpu" --m ${TIMELINE_M:-4096,8192} --iters 20 \
+          --timeline "$WORK/timeline" --json "$OUT/bench_tp_timeline.json" >> "$OUT/bench.log" 2>&1
+        r=$?
+        python3 bench/timeline_summary.py "$WORK/timeline" > "$OUT/timeline_summary.txt" 2>&1
+        tar -C "$WORK" -czf "$OUT/timelines.tar.gz" timeline
+        cat "$OUT/timeline_summary.txt" | tee -a "$summary"
+      else r=124; log "timeline: skipped, not enough time left"; fi ;;
     torch)
       # PyTorch's fused ag_gemm / gemm_rs at the same shapes, with PyTorch's own libraries.
       merge_wanted=1

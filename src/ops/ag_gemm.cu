@@ -139,6 +139,7 @@ Status run_fused(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, c
   p.rows_per_flag = static_cast<uint32_t>(rows_per_flag);
   p.comm_ctas = static_cast<uint32_t>(d.comm_ctas);
   p.copy_local = a.gathered_a != nullptr && a.a != own_rows ? 1u : 0u;
+  p.timeline = d.timeline;
   // The gathered A's heap offset is part of the plan: peers push into it by their own offset.
   p.signature = ops::tp::plan_signature(OpId::kAgGemm, d.tile, world,
                                         {a.m, a.k, rows_per_flag, static_cast<int64_t>(a.dtype),

@@ -177,6 +177,7 @@ Status launch_gemm(const GemmLaunch& l, cudaStream_t stream) {
   p.epi = l.epi;
   p.epi.out_dtype = static_cast<uint32_t>(l.args.out_dtype);
   p.wait = l.wait;
+  p.timeline = l.options.timeline;
 
   const bool bf16 = l.args.in_dtype == DType::kBF16;
   const bool n_major = l.args.b_layout == BLayout::kKN;

@@ -97,6 +97,7 @@ struct TpDecision {
   int comm_ctas = 0;  // ag_gemm fused: CTAs that start in the communication role
   int grid = 0;       // fused: persistent CTAs (the SM count of this GPU)
   planner::TpPlan plan;
+  TileTimelineRecord* timeline = nullptr;  // fused: TpGemmOptions::timeline (diagnostics)
 };
 
 // The fused kernel's own rules for this call, beyond the common ones: "" when it can run, else
@@ -126,6 +127,7 @@ inline Result<TpDecision> decide(Communicator::Impl& impl, OpId op, const TpGemm
   d.plan = plan;
   d.tile = plan.tile;
   d.grid = impl.sm_count;
+  d.timeline = options.timeline;
   if (world == 1) {
     d.path = TpPath::kPlainGemm;
     return d;
@@ -385,6 +387,7 @@ inline Status build_reduce_params(Communicator::Impl& impl, const TpGemmArgs& a,
   p.m_blocks_per_rank = static_cast<uint32_t>(rank_blocks);
   p.n_blocks = static_cast<uint32_t>(n_blocks);
   p.out_dtype = static_cast<uint32_t>(a.dtype);
+  p.timeline = d.timeline;
   // Heap offsets are part of the plan: peers address this rank's staging (and gemm_ar's out) by
   // their own offsets.
   const int64_t out_offset = broadcast ? static_cast<int64_t>(impl.heap->offset_of(a.out)) : 0;

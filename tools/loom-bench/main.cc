@@ -67,6 +67,7 @@ struct TpCli {
   std::string tile = "auto";
   int comm_ctas = -1;
   bool no_baselines = false;
+  std::string timeline_dir;
   // tune
   std::vector<std::string> ops = {"ag_gemm", "gemm_rs", "gemm_ar"};
   std::vector<int> sweep_ctas = {2, 4, 6, 8, 10, 12, 16, 20, 24, 32};
@@ -167,6 +168,7 @@ loom::Result<loom::bench::TpBenchOptions> tp_options(const std::vector<std::stri
   LOOM_ASSIGN_OR_RETURN(o.loom.tile, loom::parse_gemm_tile(c.tile));
   o.loom.comm_ctas = c.comm_ctas;
   o.baselines = !c.no_baselines;
+  o.timeline_dir = c.timeline_dir;
   o.warmup = g.warmup;
   o.iters = g.iters;
   return o;
@@ -263,6 +265,9 @@ int main(int argc, char** argv) {
     sub->add_option("--comm-ctas", tp_cli.comm_ctas, "force the communication CTAs (-1: planner)");
     sub->add_option("--tile", tp_cli.tile, "force the compute tile: 128x256, 128x128, 128x64, 64x128");
     sub->add_flag("--no-baselines", tp_cli.no_baselines, "time loom only");
+    sub->add_option("--timeline", tp_cli.timeline_dir,
+                    "write per-tile timelines of loom (fused) and loom's GEMM alone into this folder "
+                    "(timeline_<op>_<M>_<what>_rank<r>.csv; summarise with bench/timeline_summary.py)");
     tp_commands.emplace_back(sub, all_three ? std::vector<std::string>{"ag_gemm", "gemm_rs", "gemm_ar"}
                                             : std::vector<std::string>{name});
   }

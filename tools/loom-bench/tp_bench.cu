@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -35,7 +36,9 @@
 
 #include "collectives_bench.h"
 #include "kernels/gemm/reference.cuh"
+#include "loom/diagnostics.h"
 #include "loom/tensor_parallel.h"
+#include "ops/gemm_launch.h"
 #include "planner/tp_plan.h"
 #include "runtime/communicator_impl.h"
 #include "runtime/cuda_check.h"
@@ -167,7 +170,9 @@ class TpCase {
   }
 
   // The same local GEMM with loom's engine (the fused kernels' compute role runs this engine).
-  Status loom_gemm_alone() {
+  Status loom_gemm_alone() { return gemm(loom_gemm_args(), stream_); }
+
+  GemmArgs loom_gemm_args() const {
     GemmArgs g;
     g.a = s_.op == OpId::kAgGemm ? gathered_.p : a_.p;
     g.b = b_.p;
@@ -178,7 +183,7 @@ class TpCase {
     g.in_dtype = o_.dtype;
     g.out_dtype = o_.dtype;
     g.b_layout = o_.b_layout;
-    return gemm(g, stream_);
+    return g;
   }
 
   Status nccl_alone() {
@@ -203,6 +208,57 @@ class TpCase {
     }
     LOOM_TRY(cublas_alone());
     return nccl_alone();
+  }
+
+  // Per-tile timelines (loom/diagnostics.h) of loom's fused kernel (when `plan` is fused) and of
+  // loom's GEMM alone: `launches` back-to-back launches each, the records of the last one kept,
+  // written as timeline_<op>_<M>_{fused,gemm}_rank<r>.csv in `dir`.
+  Status write_timelines(const std::string& dir, const planner::TpPlan& plan, int launches) {
+    auto trace = [&](const char* what, GemmTile tile, int64_t m_blocks, int64_t n_blocks,
+                     const std::function<Status(TileTimelineRecord*)>& launch) -> Status {
+      const size_t count = static_cast<size_t>(m_blocks * n_blocks);
+      DeviceBuffer records;
+      LOOM_TRY(records.alloc(count * sizeof(TileTimelineRecord)));
+      LOOM_CUDA_TRY(cudaMemsetAsync(records.p, 0, count * sizeof(TileTimelineRecord), stream_));
+      LOOM_TRY(comm_.synchronize(stream_));
+      LOOM_TRY(comm_.barrier());
+      for (int i = 0; i < launches; ++i) LOOM_TRY(launch(static_cast<TileTimelineRecord*>(records.p)));
+      LOOM_TRY(comm_.synchronize(stream_));
+      std::vector<TileTimelineRecord> host(count);
+      LOOM_CUDA_TRY(cudaMemcpy(host.data(), records.p, count * sizeof(TileTimelineRecord), cudaMemcpyDeviceToHost));
+      const std::string path = dir + "/timeline_" + std::string(tp_op_name(s_.op)) + "_" + std::to_string(s_.m) + "_" + what +
+                               "_rank" + std::to_string(s_.me) + ".csv";
+      std::ofstream f(path);
+      if (!f) return Status::invalid_argument("--timeline: cannot write " + path);
+      f << "# op=" << tp_op_name(s_.op) << " M=" << s_.m << " N=" << s_.n << " K_rank=" << s_.k_rank << " what=" << what
+        << " tile=" << gemm_tile_name(tile) << " m_blocks=" << m_blocks << " n_blocks=" << n_blocks << " rank=" << s_.me
+        << " world=" << s_.world << " launches=" << launches << " sha=" << git_sha() << "\n";
+      f << "tile,m_block,n_block,kind,cta,smid,claimed_ns,stored_ns,claimed_clock,mainloop_clock,folded_clock,stored_clock\n";
+      for (size_t t = 0; t < count; ++t) {
+        const TileTimelineRecord& r = host[t];
+        if (r.claimed_ns == 0) continue;  // not computed by this launch
+        f << t << ',' << t / static_cast<size_t>(n_blocks) << ',' << t % static_cast<size_t>(n_blocks) << ',' << r.kind << ','
+          << r.cta << ',' << r.smid << ',' << r.claimed_ns << ',' << r.stored_ns << ',' << r.claimed_clock << ','
+          << r.mainloop_clock << ',' << r.folded_clock << ',' << r.stored_clock << '\n';
+      }
+      return f ? Status{} : Status::internal("--timeline: writing " + path + " failed");
+    };
+    if (plan.algorithm == TpAlgorithm::kFused) {
+      const GemmTileInfo info = gemm_tile_info(plan.tile);
+      LOOM_TRY(trace("fused", plan.tile, (s_.m + info.block_m - 1) / info.block_m, (s_.n + info.block_n - 1) / info.block_n,
+                     [&](TileTimelineRecord* records) {
+                       TpGemmOptions options = o_.loom;
+                       options.timeline = records;
+                       return launch_loom(options);
+                     }));
+    }
+    GemmOptions gemm_options;
+    LOOM_ASSIGN_OR_RETURN(ops::GemmLaunchPlan gemm_plan, ops::plan_gemm_launch(loom_gemm_args(), gemm_options));
+    return trace("gemm", gemm_plan.tile, gemm_plan.m_blocks, gemm_plan.n_blocks, [&](TileTimelineRecord* records) {
+      GemmOptions options = gemm_options;
+      options.timeline = records;
+      return gemm(loom_gemm_args(), stream_, options);
+    });
   }
 
   // One launch with `options` into a NaN-filled output, then ||out - ref|| / ||ref|| on sampled
@@ -457,6 +513,9 @@ Status run_tp_bench(Communicator& comm, ncclComm_t nccl, const TpBenchOptions& o
       } else if (loom_status.ok()) {
         loom_status = t.status();
       }
+    }
+    if (loom_status.ok() && !o.timeline_dir.empty() && plan.ok()) {
+      loom_status = c.write_timelines(o.timeline_dir, *plan, std::max(o.warmup, 1) + 1);
     }
     if (!loom_status.ok()) {
       row.extra["loom_error"] = loom_status.to_string();

@@ -26,6 +26,7 @@ struct TpBenchOptions {
   BLayout b_layout = BLayout::kNK;
   TpGemmOptions loom;       // algorithm, comm_ctas, tile forced from the command line
   bool baselines = true;    // time cuBLAS, NCCL, NCCL + cuBLAS too
+  std::string timeline_dir;  // non-empty: per-tile timelines (TileTimelineRecord) as CSV there
   int warmup = 5;
   int iters = 30;
   uint64_t seed = 1;

@@ -51,6 +51,7 @@
 #include "kernels/common/sm90.cuh"
 #include "kernels/gemm/config.h"
 #include "kernels/gemm/params.h"
+#include "loom/diagnostics.h"
 
 namespace loom::kernels::gemm {
 
@@ -67,6 +68,8 @@ struct GemmOperands {
   const sm90::TmaDescriptor* a_local = nullptr;
   uint32_t local_row_begin = 0;
   uint32_t local_row_end = 0;
+  // Optional per-tile timeline (diagnostics; loom/diagnostics.h), indexed by WorkItem::tile.
+  TileTimelineRecord* timeline = nullptr;
 };
 
 // The Fold policy of roles that fold nothing (every standalone GEMM).
@@ -200,6 +203,7 @@ class ComputeRole {
         slot_phase ^= 1;
       }
       if (!is_tile_kind(item.kind)) break;
+      if (ops.timeline != nullptr) record_claim(ops.timeline[item.tile], item);
 
       const int32_t m0 = static_cast<int32_t>(item.m_block * BM);
       const int32_t n0 = static_cast<int32_t>(item.n_block * BN);
@@ -367,6 +371,8 @@ class ComputeRole {
       sm90::fence_operands(acc);
       if (!ok) break;
       if (lane == 0) cuda::ptx::mbarrier_arrive(sm.empty(prev_stage));
+      const bool timed = ops.timeline != nullptr && g == 0 && t == 0;
+      if (timed) ops.timeline[item.tile].mainloop_clock = clock64();
 
       // The previous tile's signal goes out before this tile may block in a fold: a fold waits
       // for other ranks' partials, and theirs may wait for this signal (deadlock otherwise).
@@ -380,6 +386,7 @@ class ComputeRole {
           if (!fold_partials<Pair>(sm, acc, item, ops, fold, g, warp, lane, stage, phase, ctx)) break;
         }
       }
+      if (timed) ops.timeline[item.tile].folded_clock = clock64();
       const uint32_t out = epi.out_dtype();
       if (out == 2u) {
         epilogue<float, 32>(sm, acc, item, epi, ops, g, warp, lane, parity);
@@ -388,6 +395,7 @@ class ComputeRole {
       } else {
         epilogue<__nv_bfloat16, 64>(sm, acc, item, epi, ops, g, warp, lane, parity);
       }
+      if (timed) record_stored(ops.timeline[item.tile]);
       if (epi.signals()) {
         pending = true;
         pending_item = item;
@@ -494,6 +502,21 @@ class ComputeRole {
     } else {
       return __bfloat1622float2(v);
     }
+  }
+
+  // Timeline records (diagnostics; the hot loops only test a pointer when none is given).
+  __device__ static void record_claim(TileTimelineRecord& r, const WorkItem& item) {
+    r.claimed_ns = global_timer_ns();
+    r.claimed_clock = clock64();
+    r.cta = blockIdx.x;
+    uint32_t smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    r.smid = smid;
+    r.kind = item.kind;
+  }
+  __device__ static void record_stored(TileTimelineRecord& r) {
+    r.stored_ns = global_timer_ns();
+    r.stored_clock = clock64();
   }
 
   // Waits until this warp's bulk writes have completed, makes them visible to the generic proxy,

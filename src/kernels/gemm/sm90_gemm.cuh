@@ -26,6 +26,7 @@ struct GemmKernelParams {
   SchedulerParams sched;
   EpilogueParams epi;
   WaitParams wait;
+  TileTimelineRecord* timeline;  // optional (diagnostics), one record per tile
 };
 
 template <class Cfg, bool kBF16, bool kBNMajor, bool kManageRegisters = Cfg::kSetMaxNReg>
@@ -40,7 +41,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) sm90_gemm_kernel(const __gri
   Role::init(smem);
   TileScheduler<Cfg::kBlockM> sched(p.sched);
   TileEpilogue<Cfg::kBlockM> epi(p.epi, p.dst);
-  const GemmOperands ops{&p.a, &p.b, p.m, p.n, p.k};
+  const GemmOperands ops{&p.a, &p.b, p.m, p.n, p.k, nullptr, 0, 0, p.timeline};
   (void)Role::run(smem, ops, sched, epi, blockIdx.x, gridDim.x, ctx);
 }
 

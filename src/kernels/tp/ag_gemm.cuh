@@ -51,6 +51,7 @@ struct AgGemmParams {
   uint32_t comm_ctas;
   uint32_t copy_local;          // 1: also copy the shard into our own rows of the gathered A
   uint32_t signature;           // plan signature (fused_frame.cuh)
+  TileTimelineRecord* timeline;  // optional (diagnostics), one record per tile
 };
 static_assert(sizeof(AgGemmParams) <= 4096, "ag_gemm's parameters must fit the classic 4 KiB limit");
 
@@ -292,7 +293,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ag_gemm_kernel(const __grid_
     Scheduler sched(p.sched, epoch);
     Epilogue epi(p.epi, &p.out);
     const uint32_t own_begin = static_cast<uint32_t>(c.local_rank) * p.rows_per_rank;
-    const gemm::GemmOperands ops{&p.a_gathered, &p.b, p.m, p.n, p.k, &p.a_local, own_begin, own_begin + p.rows_per_rank};
+    const gemm::GemmOperands ops{&p.a_gathered, &p.b,    p.m,       p.n,
+                                 p.k,           &p.a_local, own_begin, own_begin + p.rows_per_rank,
+                                 p.timeline};
     (void)Role::run(smem, ops, sched, epi, roles.compute_index(blockIdx.x), gridDim.x, ctx);
   }
   __syncthreads();

@@ -55,6 +55,7 @@ struct ReduceGemmParams {
   uint32_t n_blocks;
   uint32_t out_dtype;           // loom::DType of out and the staging (= the input type)
   uint32_t signature;           // plan signature (fused_frame.cuh)
+  TileTimelineRecord* timeline;  // optional (diagnostics), one record per tile
 };
 static_assert(sizeof(ReduceGemmParams) <= 4096, "the reduce kernels' parameters must fit the classic 4 KiB limit");
 
@@ -242,7 +243,7 @@ __device__ __forceinline__ void reduce_gemm_body(const ReduceGemmParams& p, uint
   Scheduler sched(p.sched, epoch);
   Epilogue epi(p, epoch, ctx);
   const Fold fold(p, epoch);
-  const gemm::GemmOperands ops{&p.a, &p.b, p.m, p.n, p.k};
+  const gemm::GemmOperands ops{&p.a, &p.b, p.m, p.n, p.k, nullptr, 0, 0, p.timeline};
   const gemm::WorkItem exit =
       Role::run(smem, ops, sched, epi, roles.compute_index(blockIdx.x), gridDim.x, ctx, fold);
   if constexpr (kBroadcast) {

@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Summarises per-tile timelines written by `loom-bench <op> --timeline DIR` (standard library only).
+
+For each CSV (one launch of one kernel on one rank, loom/diagnostics.h TileTimelineRecord):
+  span       first claim to last epilogue, us (globaltimer)
+  GHz        mean SM clock over the tiles: (stored_clock - claimed_clock) / (stored_ns - claimed_ns)
+  period     per CTA, mainloop end to the next tile's mainloop end (cycles -> us at that tile's clock):
+             the steady rate at which a CTA finishes tiles, by the kind of the later tile
+  fold, epi  mainloop end -> partials added -> last box handed to TMA (us)
+  start, end when CTAs got their first tile and finished their last (us after the first claim):
+             spread = how unevenly the CTAs start and finish (the tail)
+Usage: timeline_summary.py DIR_OR_FILES...  (prints one block per file, fused next to gemm)
+"""
+import csv
+import glob
+import os
+import statistics
+import sys
+
+
+def load(path):
+    with open(path) as f:
+        header = f.readline().lstrip("# ").split()
+        meta = dict(kv.split("=", 1) for kv in header if "=" in kv)
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        for k in r:
+            r[k] = int(r[k])
+    return meta, rows
+
+
+def pct(values, q):
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))]
+
+
+def summarise(meta, rows):
+    t0 = min(r["claimed_ns"] for r in rows)
+    span = (max(r["stored_ns"] for r in rows) - t0) / 1e3
+    ghz = [(r["stored_clock"] - r["claimed_clock"]) / max(1, r["stored_ns"] - r["claimed_ns"]) for r in rows
+           if r["stored_ns"] > r["claimed_ns"]]
+    clock = statistics.median(ghz) if ghz else float("nan")
+    by_cta = {}
+    for r in rows:
+        by_cta.setdefault(r["cta"], []).append(r)
+    period = {}
+    for tiles in by_cta.values():
+        tiles.sort(key=lambda r: r["claimed_ns"])
+        for prev, cur in zip(tiles, tiles[1:]):
+            cycles = cur["mainloop_clock"] - prev["mainloop_clock"]
+            period.setdefault(cur["kind"], []).append(cycles / clock / 1e3)
+    fold = [(r["folded_clock"] - r["mainloop_clock"]) / clock / 1e3 for r in rows if r["kind"] == 4]
+    epi = {}
+    for r in rows:
+        epi.setdefault(r["kind"], []).append((r["stored_clock"] - r["folded_clock"]) / clock / 1e3)
+    starts = [(min(r["claimed_ns"] for r in t) - t0) / 1e3 for t in by_cta.values()]
+    ends = [(max(r["stored_ns"] for r in t) - t0) / 1e3 for t in by_cta.values()]
+    tiles_per_cta = [len(t) for t in by_cta.values()]
+    out = [f"{meta.get('op')} M={meta.get('M')} {meta.get('what'):5} rank {meta.get('rank')} tile {meta.get('tile')}: "
+           f"{len(rows)} tiles on {len(by_cta)} CTAs ({min(tiles_per_cta)}-{max(tiles_per_cta)} each), "
+           f"span {span:.1f} us, SM clock {clock:.3f} GHz (p10 {pct(ghz, 0.1):.3f}, p90 {pct(ghz, 0.9):.3f})"]
+    for kind, values in sorted(period.items()):
+        name = {0: "tile", 4: "fold tile"}.get(kind, str(kind))
+        out.append(f"    period {name:9}: median {statistics.median(values):7.2f} us  p90 {pct(values, 0.9):7.2f}  "
+                   f"max {max(values):7.2f}  (n={len(values)})")
+    for kind, values in sorted(epi.items()):
+        name = {0: "tile", 4: "fold tile"}.get(kind, str(kind))
+        out.append(f"    epilogue {name:9}: median {statistics.median(values):6.2f} us  p90 {pct(values, 0.9):6.2f}  max {max(values):6.2f}")
+    if fold:
+        out.append(f"    fold: median {statistics.median(fold):6.2f} us  p90 {pct(fold, 0.9):6.2f}  max {max(fold):6.2f}")
+    out.append(f"    CTA start: median {statistics.median(starts):6.1f}  max {max(starts):6.1f} us;"
+               f"  CTA end: min {min(ends):7.1f}  median {statistics.median(ends):7.1f}  max {max(ends):7.1f} us")
+    return "\n".join(out)
+
+
+def main(args):
+    paths = []
+    for a in args:
+        paths += sorted(glob.glob(os.path.join(a, "timeline_*.csv"))) if os.path.isdir(a) else [a]
+    if not paths:
+        print("timeline_summary.py: no timeline_*.csv found", file=sys.stderr)
+        return 1
+    for p in paths:
+        meta, rows = load(p)
+        if not rows:
+            print(f"{p}: no tiles")
+            continue
+        print(summarise(meta, rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

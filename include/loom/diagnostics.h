@@ -1,0 +1,30 @@
+// Diagnostics that a caller opts into per launch. Plain data, no CUDA types.
+#pragma once
+
+#include <cstdint>
+
+namespace loom {
+
+// Where one output tile's time went (GemmOptions::timeline, TpGemmOptions::timeline,
+// `loom-bench ... --timeline DIR`). The caller passes device memory for one record per output
+// tile of the launch's tile grid, index m_block * n_blocks + n_block (n_blocks = ceil(N /
+// BLOCK_N) of the tile that ran); the kernel overwrites the record of every tile it computes
+// and leaves the others alone. _ns fields are %globaltimer nanoseconds (one time base for all
+// SMs of a GPU, updated about every microsecond); _clock fields are the computing SM's %clock64
+// (cycle-exact, comparable only within one SM), so (stored_clock - claimed_clock) / (stored_ns -
+// claimed_ns) is the SM clock in GHz over the tile.
+struct TileTimelineRecord {
+  uint64_t claimed_ns;      // the producer got the tile from the scheduler (its input gate passed)
+  uint64_t stored_ns;       // the epilogue handed its last box to TMA
+  uint64_t claimed_clock;   // %clock64 at claimed_ns
+  uint64_t mainloop_clock;  // the consumers' last tensor-core instruction of the tile retired
+  uint64_t folded_clock;    // partial tiles of other ranks added (fused reduce-scatter; else = mainloop_clock)
+  uint64_t stored_clock;    // %clock64 at stored_ns
+  uint32_t cta;            // blockIdx.x of the computing CTA
+  uint32_t smid;           // the SM it ran on
+  uint32_t kind;           // 0: plain tile, 4: tile that folded partials in
+  uint32_t reserved;
+};
+static_assert(sizeof(TileTimelineRecord) == 64, "a timeline record is one 64-byte line");
+
+}  // namespace loom
