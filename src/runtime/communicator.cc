@@ -253,6 +253,8 @@ std::string barrier_text(uint32_t flag_index) {
     case BarrierWhat::kStageEmpty: name = "stage empty"; break;
     case BarrierWhat::kTileFull: name = "tile full"; break;
     case BarrierWhat::kTileEmpty: name = "tile empty"; break;
+    case BarrierWhat::kSignalFull: name = "signal full"; break;
+    case BarrierWhat::kSignalEmpty: name = "signal empty"; break;
   }
   return std::string(name) + " " + std::to_string(flag_index & 0xFFFFu);
 }

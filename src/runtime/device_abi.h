@@ -73,7 +73,15 @@ struct ErrorRecord {
 
 // What an intra-CTA barrier wait was for, in ErrorRecord::flag_index (flag_kind kNone) as
 // what << 16 | index (stage or tile slot). kCopyLoad: a bulk copy's load into shared memory.
-enum class BarrierWhat : uint32_t { kCopyLoad = 0, kStageFull = 1, kStageEmpty = 2, kTileFull = 3, kTileEmpty = 4 };
+enum class BarrierWhat : uint32_t {
+  kCopyLoad = 0,
+  kStageFull = 1,
+  kStageEmpty = 2,
+  kTileFull = 3,
+  kTileEmpty = 4,
+  kSignalFull = 5,   // the compute role's signaler waiting for a finished tile
+  kSignalEmpty = 6,  // a consumer warp waiting for a free signal slot
+};
 
 // Where a launch that never ends is stuck. Every loom wait is bounded and, when it gives up,
 // names itself in the ErrorRecord; a launch that outlives its deadline even after the abort is

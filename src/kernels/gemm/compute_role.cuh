@@ -6,18 +6,25 @@
 //   warpgroup 0            producer: thread 0 asks the scheduler for tiles (the scheduler gates
 //                          each tile on its arrival flags), publishes them in the tile ring and
 //                          issues the TMA loads of A and B into the kStages-deep ring of stages.
-//                          Registers drop to kProducerRegs. Threads 1..127 idle.
+//                          Thread 32 is the signaler (when the epilogue signals): it takes
+//                          finished tiles from the signal ring and calls Epilogue::signal (system
+//                          fence, flag stores into peers: microseconds that would otherwise stall
+//                          a consumer warpgroup every tile). Registers drop to kProducerRegs.
+//                          The other threads idle.
 //   warpgroups 1..C        consumers: read the tile ring, run the wgmma mainloop (warpgroup g
 //                          owns tile rows [64g, 64g + 64), m64nBNk16 per 16-wide k step, one
 //                          k-block of wgmma in flight while the next stage is waited for), then
 //                          the epilogue: each warp stages its 16 rows x 128 bytes at a time
 //                          (converted to the output type, 128B-swizzled, double-buffered) and
-//                          hands the box to the epilogue object (TMA store or reduce-add). Tile
-//                          signals are deferred to the next tile's epilogue (or the exit), when
-//                          the bulk writes have long landed. Registers rise to kConsumerRegs.
+//                          hands the box to the epilogue object (TMA store or reduce-add). A
+//                          tile's signal is posted after the next tile's mainloop (or at the
+//                          exit), when the bulk writes have long landed: each warp waits for its
+//                          writes and arrives on signal_full. Registers rise to kConsumerRegs.
 // Synchronisation: full[s] (1 arrival + TMA bytes), empty[s] (one arrival per consumer warp),
-// tile_full[t] (producer), tile_empty[t] (one arrival per consumer warp); every wait is bounded
-// (sm90::mbarrier_wait, comm/wait.cuh's wait_flag for gates) and leaves cleanly on failure.
+// tile_full[t] (producer), tile_empty[t] (one arrival per consumer warp), signal_full[t] (one
+// arrival per consumer warp; the item is written by warpgroup 1's first warp), signal_empty[t]
+// (the signaler); every wait is bounded (sm90::mbarrier_wait, comm/wait.cuh's wait_flag for
+// gates) and leaves cleanly on failure. The consumers end the signaler with the exit item.
 //
 // Use from a kernel launched with Cfg::kThreads threads, __launch_bounds__(Cfg::kThreads, 1) and
 // Cfg::kSmemBytes of dynamic shared memory:
@@ -83,7 +90,9 @@ struct RoleState {
   uint32_t consumer_stage, consumer_phase, consumer_slot, consumer_slot_phase;
   WorkItem exit;
   uint32_t epi_parity;
-  uint32_t reserved[3];
+  uint32_t signal_post;  // consumers' next signal slot | phase << 16
+  uint32_t signal_take;  // the signaler's next signal slot | phase << 16
+  uint32_t reserved;
 };
 static_assert(sizeof(RoleState) == 64, "RoleState must fit its 64-byte slot");
 
@@ -102,6 +111,7 @@ class ComputeRole {
   static constexpr int BN = Cfg::kBlockN;
   static constexpr int kStages = Cfg::kStages;
   static constexpr int kAcc = BN / 2;  // fp32 accumulators per consumer thread
+  static constexpr int kSignalerThread = 32;  // lane 0 of the producer warpgroup's second warp
 
   // Every thread of the CTA, once per launch, before the first run().
   __device__ static void init(uint8_t* smem_raw) {
@@ -114,6 +124,8 @@ class ComputeRole {
       for (int t = 0; t < kTileSlots; ++t) {
         cuda::ptx::mbarrier_init(sm.tile_full(t), 1);
         cuda::ptx::mbarrier_init(sm.tile_empty(t), Cfg::kConsumers * 4);
+        cuda::ptx::mbarrier_init(sm.signal_full(t), Cfg::kConsumers * 4);
+        cuda::ptx::mbarrier_init(sm.signal_empty(t), 1);
       }
       RoleState* st = sm.state();
       *st = RoleState{};
@@ -137,6 +149,7 @@ class ComputeRole {
     if (warpgroup == 0) {
       if constexpr (kManageRegisters) sm90::setmaxnreg_dec<Cfg::kProducerRegs>();
       if (threadIdx.x == 0) producer(sm, ops, sched, fold, compute_index, num_compute, ctx);
+      if (threadIdx.x == kSignalerThread && epi.signals()) signaler(sm, ops, epi, ctx);
     } else {
       if constexpr (kManageRegisters) sm90::setmaxnreg_inc<Cfg::kConsumerRegs>();
       consumer(sm, ops, epi, fold, warpgroup - 1, ctx);
@@ -174,6 +187,15 @@ class ComputeRole {
       return reinterpret_cast<uint64_t*>(base + Cfg::kTileEmptyOffset) + t;
     }
     __device__ WorkItem* ring(int t) const { return reinterpret_cast<WorkItem*>(base + Cfg::kTileRingOffset) + t; }
+    __device__ uint64_t* signal_full(int t) const {
+      return reinterpret_cast<uint64_t*>(base + Cfg::kSignalFullOffset) + t;
+    }
+    __device__ uint64_t* signal_empty(int t) const {
+      return reinterpret_cast<uint64_t*>(base + Cfg::kSignalEmptyOffset) + t;
+    }
+    __device__ WorkItem* signal_ring(int t) const {
+      return reinterpret_cast<WorkItem*>(base + Cfg::kSignalRingOffset) + t;
+    }
     __device__ RoleState* state() const { return reinterpret_cast<RoleState*>(base + Cfg::kStateOffset); }
   };
 
@@ -304,9 +326,8 @@ class ComputeRole {
     uint32_t stage = st->consumer_stage, phase = st->consumer_phase;
     uint32_t slot = st->consumer_slot, slot_phase = st->consumer_slot_phase;
     uint32_t parity = st->epi_parity;
+    uint32_t signal_slot = st->signal_post & 0xFFFFu, signal_phase = st->signal_post >> 16;
     const uint32_t k_blocks = (ops.k + kBlockK - 1) / kBlockK;
-    const uint32_t m_blocks = (ops.m + BM - 1) / BM;
-    const uint32_t n_blocks = (ops.n + BN - 1) / BN;
     if (t == 0 && g == 0) epi.prefetch();
 
     float acc[kAcc];
@@ -377,7 +398,7 @@ class ComputeRole {
       // The previous tile's signal goes out before this tile may block in a fold: a fold waits
       // for other ranks' partials, and theirs may wait for this signal (deadlock otherwise).
       if (pending) {
-        flush_signal(epi, pending_item, g, t, lane, m_blocks, n_blocks);
+        if (!post_signal(sm, pending_item, g, warp, lane, signal_slot, signal_phase, ctx)) break;
         pending = false;
       }
       if constexpr (Fold::kEnabled) {
@@ -402,18 +423,23 @@ class ComputeRole {
       }
     }
 
-    // Leave: every staged box must be out of shared memory (and, for a signal, landed).
-    if (exit.kind != static_cast<uint32_t>(WorkKind::kFailed) && pending) {
-      flush_signal(epi, pending_item, g, t, lane, m_blocks, n_blocks);
-    } else if (lane == 0) {
-      cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
+    // Leave: the last signal and then the exit item (which ends the signaler) go to the
+    // signaler, unless the launch is failing (the signaler then leaves on the abort); every
+    // staged box must be out of shared memory.
+    if (exit.kind != static_cast<uint32_t>(WorkKind::kFailed) && epi.signals()) {
+      if ((pending && !post_signal(sm, pending_item, g, warp, lane, signal_slot, signal_phase, ctx)) ||
+          !post_signal(sm, exit, g, warp, lane, signal_slot, signal_phase, ctx)) {
+        exit = WorkItem{static_cast<uint32_t>(WorkKind::kFailed), 0, 0, 0};
+      }
     }
+    if (lane == 0) cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
     if (g == 0 && t == 0) {
       st->consumer_stage = stage;
       st->consumer_phase = phase;
       st->consumer_slot = slot;
       st->consumer_slot_phase = slot_phase;
       st->epi_parity = parity;
+      st->signal_post = signal_slot | (signal_phase << 16);
       st->exit = exit;
     }
   }
@@ -519,17 +545,54 @@ class ComputeRole {
     r.stored_clock = clock64();
   }
 
-  // Waits until this warp's bulk writes have completed, makes them visible to the generic proxy,
-  // meets the other consumer warps, and lets one thread signal the tile.
-  __device__ static void flush_signal(const Epilogue& epi, const WorkItem& item, uint32_t g, uint32_t t,
-                                      uint32_t lane, uint32_t m_blocks, uint32_t n_blocks) {
+  // A consumer warp hands a finished tile (or, at the exit, the exit item) to the signaler: lane 0
+  // waits until the warp's bulk writes have completed and makes them visible to the generic
+  // proxy, takes the next signal slot, and arrives; warpgroup 1's first warp also writes the
+  // item. Every consumer warp posts the same items in the same order. False after a failed wait.
+  __device__ static bool post_signal(const Smem& sm, const WorkItem& item, uint32_t g, uint32_t warp, uint32_t lane,
+                                     uint32_t& slot, uint32_t& phase, const WaitContext& ctx) {
+    bool ok = true;
     if (lane == 0) {
       cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
       cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
+      ok = sm90::mbarrier_wait(sm.signal_empty(slot), phase ^ 1, ctx,
+                               sm90::barrier_what(sm90::BarrierWhat::kSignalEmpty, slot));
+      if (ok) {
+        if (g == 0 && warp == 0) *sm.signal_ring(slot) = item;
+        cuda::ptx::mbarrier_arrive(sm.signal_full(slot));  // release: the item and the writes above
+      }
     }
-    __syncwarp();
-    sm90::named_barrier_sync(kConsumersBarrierId, Cfg::kConsumerThreads);
-    if (g == 0 && t == 0) epi.signal(item, m_blocks, n_blocks);
+    ok = __shfl_sync(0xFFFFFFFFu, ok ? 1 : 0, 0) != 0;
+    if (++slot == kTileSlots) {
+      slot = 0;
+      phase ^= 1;
+    }
+    return ok;
+  }
+
+  // ---- signaler (one thread of the producer warpgroup) ------------------------------------------
+  // Signals each tile the consumers post, in their order, until the exit item; leaves on a
+  // failed (aborted) wait, when the consumers post nothing more.
+  __device__ static void signaler(const Smem& sm, const GemmOperands& ops, const Epilogue& epi, const WaitContext& ctx) {
+    RoleState* st = sm.state();
+    uint32_t slot = st->signal_take & 0xFFFFu, phase = st->signal_take >> 16;
+    const uint32_t m_blocks = (ops.m + BM - 1) / BM;
+    const uint32_t n_blocks = (ops.n + BN - 1) / BN;
+    for (;;) {
+      if (!sm90::mbarrier_wait(sm.signal_full(slot), phase, ctx, sm90::barrier_what(sm90::BarrierWhat::kSignalFull, slot))) {
+        return;
+      }
+      const volatile WorkItem* posted = sm.signal_ring(slot);
+      const WorkItem item{posted->kind, posted->m_block, posted->n_block, posted->tile};
+      if (is_tile_kind(item.kind)) epi.signal(item, m_blocks, n_blocks);
+      cuda::ptx::mbarrier_arrive(sm.signal_empty(slot));
+      if (++slot == kTileSlots) {
+        slot = 0;
+        phase ^= 1;
+      }
+      if (!is_tile_kind(item.kind)) break;
+    }
+    st->signal_take = slot | (phase << 16);
   }
 
   template <class OutT>

@@ -10,8 +10,9 @@
 //   b[s]       kStages * kBBytes      kBBytes = BN * 64 * 2      (B tile; K-major: BN rows x 128 B;
 //                                                                N-major: BN/64 boxes of 64 K-rows x 128 B)
 //   epi[w][2]  kConsumers*4*2 * 2048  per consumer warp, two 16-row x 128-byte staging boxes (swizzled)
-//   control    kControlBytes          full[s], empty[s], tile_full[t], tile_empty[t] (8 B mbarriers),
-//                                     tile ring items (16 B each), persisted role state (64 B)
+//   control    kControlBytes          full[s], empty[s], tile_full[t], tile_empty[t], signal_full[t],
+//                                     signal_empty[t] (8 B mbarriers), tile ring and signal ring
+//                                     items (16 B each), persisted role state (64 B)
 #pragma once
 
 #include <cstdint>
@@ -20,12 +21,10 @@ namespace loom::kernels::gemm {
 
 constexpr int kBlockK = 64;       // 64 x 16-bit = 128 bytes: one 128B-swizzle row
 constexpr int kMaxDst = 8;        // epilogue destinations (row partition, e.g. one per rank)
-constexpr int kTileSlots = 4;     // tile ring depth between the producer and the consumers
+constexpr int kTileSlots = 4;     // tile ring depth between the producer and the consumers, and
+                                  // signal ring depth between the consumers and the signaler
 constexpr int kEpiRows = 16;      // rows per consumer warp
 constexpr int kEpiBoxBytes = kEpiRows * 128;
-
-// Named barrier ids used by the compute role (fused kernels must not reuse them while it runs).
-constexpr uint32_t kConsumersBarrierId = 1;
 
 template <int kBlockM_, int kBlockN_, int kStages_>
 struct TileConfig {
@@ -63,7 +62,10 @@ struct TileConfig {
   static constexpr uint32_t kTileFullOffset = kEmptyOffset + 8 * kStages;
   static constexpr uint32_t kTileEmptyOffset = kTileFullOffset + 8 * kTileSlots;
   static constexpr uint32_t kTileRingOffset = kTileEmptyOffset + 8 * kTileSlots;
-  static constexpr uint32_t kStateOffset = kTileRingOffset + 16 * kTileSlots;
+  static constexpr uint32_t kSignalFullOffset = kTileRingOffset + 16 * kTileSlots;
+  static constexpr uint32_t kSignalEmptyOffset = kSignalFullOffset + 8 * kTileSlots;
+  static constexpr uint32_t kSignalRingOffset = kSignalEmptyOffset + 8 * kTileSlots;
+  static constexpr uint32_t kStateOffset = kSignalRingOffset + 16 * kTileSlots;
   static constexpr uint32_t kControlBytes = kStateOffset + 64 - kControlOffset;
   static constexpr uint32_t kSmemBytes = 1024 + kControlOffset + kControlBytes;
 

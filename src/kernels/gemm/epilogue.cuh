@@ -50,8 +50,8 @@ class TileEpilogue {
     send(d, static_cast<int32_t>(col), local, box);
   }
 
-  // Called by one thread once every box of `tile` is visible (bulk groups waited, fences done,
-  // consumer barrier passed).
+  // Called by one thread (the compute role's signaler) once every box of `tile` is visible (each
+  // consumer warp waited for its bulk groups, fenced, and arrived on the signal slot).
   __device__ void signal(const WorkItem& tile, uint32_t m_blocks, uint32_t n_blocks) const {
     uint32_t d = 0;
     uint32_t local_m = tile.m_block;

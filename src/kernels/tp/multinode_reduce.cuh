@@ -212,7 +212,7 @@ class MnReduceEpilogue {
     }
   }
 
-  // One thread, once every box of `tile` has landed (ComputeRole::flush_signal).
+  // One thread (the compute role's signaler), once every box of `tile` has landed.
   __device__ void signal(const gemm::WorkItem& tile, uint32_t /*m_blocks*/, uint32_t /*n_blocks*/) const {
     // A failed entry wait skipped a box and raised the device abort: signal nothing then.
     if (ctx_.device_aborted()) return;

@@ -120,7 +120,7 @@ class ReduceEpilogue {
     send(&p_.stage_to[owner], col, slot * p_.rows_per_rank + row_in_owner, box);
   }
 
-  // One thread, once every box of `tile` has landed (ComputeRole::flush_signal).
+  // One thread (the compute role's signaler), once every box of `tile` has landed.
   __device__ void signal(const gemm::WorkItem& tile, uint32_t /*m_blocks*/, uint32_t n_blocks) const {
     // A failed entry wait (any warp) skipped a box and raised the device abort before the
     // consumers' barrier that precedes this call: signal nothing then. Only the device word is
