@@ -7,7 +7,8 @@
 #   torch     bench/torch_fused.py under torchrun (PyTorch's fused ag_gemm / gemm_rs)
 #   merge     joins both into $OUT/bench_tp_merged.json and prints the table; it also runs by itself,
 #             last, whenever tp or torch ran
-#   tp-tune   loom-bench tune, writes $OUT/tuning_cache.json (use it with LOOM_TUNING_CACHE)
+#   tp-tune   loom-bench tune (TUNE_OPS, TUNE_M: default every op and M), writes
+#             $OUT/tuning_cache.json; a later tp step in the same call plans from it
 #   timeline  per-tile timelines of the fused operators and loom's GEMM at TIMELINE_M (default
 #             4096,8192): $OUT/timeline_summary.txt, the CSVs in $OUT/timelines.tar.gz
 #   net       the inter-node path with the GPUs split into 2 emulated nodes (LOOM_EMULATE_NODES=2):
@@ -137,6 +138,8 @@ for step in "${steps[@]}"; do
       # ag_gemm, gemm_rs, gemm_ar at issue 4's shapes (M 1024..32768) beside cuBLAS and NCCL + cuBLAS.
       merge_wanted=1
       if t=$(budget 300 90); then
+        # After tp-tune in the same call, the operators plan from its cache (the plan column says so).
+        [[ -f $OUT/tuning_cache.json ]] && export LOOM_TUNING_CACHE="$OUT/tuning_cache.json"
         timeout $t $BIN/loom-bench tp --spawn "$ngpu" --iters 30 --json "$WORK/bench_tp.json" >> "$OUT/bench.log" 2>&1
         r=$?; grep -E "^(ag_gemm|gemm_rs|gemm_ar) " "$OUT/bench.log" | tail -20 | tee -a "$summary"
       else r=124; log "tp: skipped, not enough time left"; fi ;;
@@ -164,6 +167,7 @@ for step in "${steps[@]}"; do
     tp-tune)
       if t=$(budget 400 120); then
         timeout $t $BIN/loom-bench tune --spawn "$ngpu" --iters 20 --cache "$OUT/tuning_cache.json" \
+          --ops "${TUNE_OPS:-ag_gemm,gemm_rs,gemm_ar}" --m "${TUNE_M:-1024,2048,4096,8192,16384,32768}" \
           >> "$OUT/bench.log" 2>&1
         r=$?; grep -E "^tune .* -> |^tune: " "$OUT/bench.log" | tail -20 | tee -a "$summary"
       else r=124; log "tp-tune: skipped, not enough time left"; fi ;;
