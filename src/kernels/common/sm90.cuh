@@ -27,13 +27,6 @@ __device__ __forceinline__ void prefetch_tensormap(const TmaDescriptor* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 
-// Brings the box at (c0, c1) of a 2-D tensor map into L2 (no shared memory, no completion).
-__device__ __forceinline__ void prefetch_box_l2(const TmaDescriptor* map, int32_t c0, int32_t c1) {
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" ::"l"(reinterpret_cast<uint64_t>(map)),
-               "r"(c0), "r"(c1)
-               : "memory");
-}
-
 // ---- register reallocation (warpgroup-wide; needs __launch_bounds__(threads, 1)) -----------
 
 template <int kRegs>

@@ -112,10 +112,6 @@ class ComputeRole {
   static constexpr int kStages = Cfg::kStages;
   static constexpr int kAcc = BN / 2;  // fp32 accumulators per consumer thread
   static constexpr int kSignalerThread = 32;  // lane 0 of the producer warpgroup's second warp
-  // A fold tile's staged partials are prefetched into L2 this many k-blocks before its last one,
-  // so the loads after the mainloop (which wait for free stages) hit L2 rather than DRAM. L2 is
-  // where peers' NVLink writes land, so a prefetch ahead of the partial's flag is still coherent.
-  static constexpr uint32_t kFoldPrefetchBlocks = 8;
 
   // Every thread of the CTA, once per launch, before the first run().
   __device__ static void init(uint8_t* smem_raw) {
@@ -240,13 +236,7 @@ class ComputeRole {
         a_map = ops.a_local;
         a_row = m0 - static_cast<int32_t>(ops.local_row_begin);
       }
-      const uint32_t prefetch_kb = k_blocks > kFoldPrefetchBlocks ? k_blocks - kFoldPrefetchBlocks : 0;
       for (uint32_t kb = 0; kb < k_blocks; ++kb) {
-        if constexpr (Fold::kEnabled) {
-          if (kb == prefetch_kb && item.kind == static_cast<uint32_t>(WorkKind::kTileFold)) {
-            prefetch_partials(ops, fold, item, n0);
-          }
-        }
         if (!sm90::mbarrier_wait(sm.empty(stage), phase ^ 1, ctx,
                                  sm90::barrier_what(sm90::BarrierWhat::kStageEmpty, stage))) {
           return;
@@ -288,21 +278,6 @@ class ComputeRole {
     st->producer_phase = phase;
     st->producer_slot = slot;
     st->producer_slot_phase = slot_phase;
-  }
-
-  // L2 prefetch of every box load_partials will load for `item` (no wait, no completion).
-  __device__ static void prefetch_partials(const GemmOperands& ops, const Fold& fold, const WorkItem& item, int32_t n0) {
-    const uint32_t world = fold.world();
-    const uint32_t self = fold.self();
-#pragma unroll 1
-    for (int c = 0; c < BN / 64; ++c) {
-      const int32_t col = n0 + 64 * c;
-      if (static_cast<uint32_t>(col) >= ops.n) break;
-#pragma unroll 1
-      for (uint32_t s = 0; s < world; ++s) {
-        if (s != self) sm90::prefetch_box_l2(fold.map(), col, fold.source_row(item, s));
-      }
-    }
   }
 
   // After a fold tile's k-blocks: waits until every other rank has staged its partial of the tile,
