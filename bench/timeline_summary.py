@@ -6,7 +6,8 @@ For each CSV (one launch of one kernel on one rank, loom/diagnostics.h TileTimel
   GHz        mean SM clock over the tiles: (stored_clock - claimed_clock) / (stored_ns - claimed_ns)
   period     per CTA, mainloop end to the next tile's mainloop end (cycles -> us at that tile's clock):
              the steady rate at which a CTA finishes tiles, by the kind of the later tile
-  fold, epi  mainloop end -> partials added -> last box handed to TMA (us)
+  fold       time the consumers spent folding other ranks' partials in, inside the mainloop (us)
+  epilogue   mainloop end -> last box handed to TMA, including a plain tile's signal hand-off (us)
   start, end when CTAs got their first tile and finished their last (us after the first claim):
              spread = how unevenly the CTAs start and finish (the tail)
 Usage: timeline_summary.py DIR_OR_FILES...  (prints one block per file, fused next to gemm)
@@ -51,10 +52,10 @@ def summarise(meta, rows):
         for prev, cur in zip(tiles, tiles[1:]):
             cycles = cur["mainloop_clock"] - prev["mainloop_clock"]
             period.setdefault(cur["kind"], []).append(cycles / clock / 1e3)
-    fold = [(r["folded_clock"] - r["mainloop_clock"]) / clock / 1e3 for r in rows if r["kind"] == 4]
+    fold = [r["fold_cycles"] / clock / 1e3 for r in rows if r["kind"] == 4]
     epi = {}
     for r in rows:
-        epi.setdefault(r["kind"], []).append((r["stored_clock"] - r["folded_clock"]) / clock / 1e3)
+        epi.setdefault(r["kind"], []).append((r["stored_clock"] - r["mainloop_clock"]) / clock / 1e3)
     starts = [(min(r["claimed_ns"] for r in t) - t0) / 1e3 for t in by_cta.values()]
     ends = [(max(r["stored_ns"] for r in t) - t0) / 1e3 for t in by_cta.values()]
     tiles_per_cta = [len(t) for t in by_cta.values()]

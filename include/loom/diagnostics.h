@@ -18,12 +18,13 @@ struct TileTimelineRecord {
   uint64_t stored_ns;       // the epilogue handed its last box to TMA
   uint64_t claimed_clock;   // %clock64 at claimed_ns
   uint64_t mainloop_clock;  // the consumers' last tensor-core instruction of the tile retired
-  uint64_t folded_clock;    // partial tiles of other ranks added (fused reduce-scatter; else = mainloop_clock)
   uint64_t stored_clock;    // %clock64 at stored_ns
-  uint32_t cta;            // blockIdx.x of the computing CTA
-  uint32_t smid;           // the SM it ran on
-  uint32_t kind;           // 0: plain tile, 4: tile that folded partials in
-  uint32_t reserved;
+  uint32_t fold_cycles;     // cycles the consumers spent folding other ranks' partials in (in the
+                            // mainloop: waiting for them, adding them); 0 for a plain tile
+  uint32_t cta;             // blockIdx.x of the computing CTA
+  uint32_t smid;            // the SM it ran on
+  uint32_t kind;            // 0: plain tile, 4: tile that folded partials in
+  uint64_t reserved;
 };
 static_assert(sizeof(TileTimelineRecord) == 64, "a timeline record is one 64-byte line");
 

@@ -35,11 +35,12 @@
 // state persists in shared memory; the scheduler object must be the same).
 //
 // Fold (fused reduce-scatter): a kTileFold item also adds partial tiles that other ranks staged
-// for this tile, in rank order, into the fp32 accumulators before the epilogue rounds them once.
-// After the tile's k-blocks the producer waits for the partials (Fold::wait_sources) and loads
-// them through the same stage ring (one 64-column x BLOCK_M box per stage, into the A buffer,
-// 128B-swizzled like the epilogue's boxes); each consumer thread reads exactly the elements its
-// accumulators hold (conflict-free, the epilogue's addressing) and adds them. A Fold policy:
+// for this tile, in rank order, into its fp32 accumulators, which the epilogue rounds once. The
+// partials sit in the stage ring before the tile's last kStages k-blocks (fold_position): there
+// the producer waits for them (Fold::wait_sources) and loads them (one 64-column x BLOCK_M box
+// per stage, into the A buffer, 128B-swizzled like the epilogue's boxes); the consumers drain
+// their wgmma, each thread adds exactly the elements its accumulators hold (conflict-free, the
+// epilogue's addressing), and the remaining k-blocks accumulate on top. A Fold policy:
 //   static constexpr bool kEnabled;                                  // false: NoFold
 //   uint32_t world() const; uint32_t self() const;                   // ranks, this rank
 //   const sm90::TmaDescriptor* map() const;   // staged partials: input element type, box {64, BLOCK_M}
@@ -236,10 +237,11 @@ class ComputeRole {
         a_map = ops.a_local;
         a_row = m0 - static_cast<int32_t>(ops.local_row_begin);
       }
-      for (uint32_t kb = 0; kb < k_blocks; ++kb) {
+      // One k-block: wait for a free stage, then its A and B loads.
+      auto load_k_block = [&](uint32_t kb) -> bool {
         if (!sm90::mbarrier_wait(sm.empty(stage), phase ^ 1, ctx,
                                  sm90::barrier_what(sm90::BarrierWhat::kStageEmpty, stage))) {
-          return;
+          return false;
         }
         uint64_t* full = sm.full(stage);
         constexpr uint32_t kStageTxBytes = Cfg::kStageTxBytes;
@@ -266,11 +268,19 @@ class ComputeRole {
           stage = 0;
           phase ^= 1;
         }
+        return true;
+      };
+      const bool fold_tile = Fold::kEnabled && item.kind == static_cast<uint32_t>(WorkKind::kTileFold);
+      const uint32_t split = fold_tile ? fold_position(k_blocks) : k_blocks;
+      for (uint32_t kb = 0; kb < split; ++kb) {
+        if (!load_k_block(kb)) return;  // consumers leave on the abort this raised
       }
       if constexpr (Fold::kEnabled) {
-        if (item.kind == static_cast<uint32_t>(WorkKind::kTileFold) &&
-            !load_partials(sm, ops, fold, item, n0, stage, phase, ctx)) {
-          return;  // the failed wait raised the abort; the consumers leave on it
+        if (fold_tile) {
+          if (!load_partials(sm, ops, fold, item, n0, stage, phase, ctx)) return;
+          for (uint32_t kb = split; kb < k_blocks; ++kb) {
+            if (!load_k_block(kb)) return;
+          }
         }
       }
     }
@@ -280,7 +290,16 @@ class ComputeRole {
     st->producer_slot_phase = slot_phase;
   }
 
-  // After a fold tile's k-blocks: waits until every other rank has staged its partial of the tile,
+  // Where a fold tile's staged partials sit in the stage ring: before its last kStages k-blocks
+  // (after the last one for a short K). The producer loads them right behind the k-blocks
+  // before, about kStages k-blocks ahead of the consumers, so they have landed when the
+  // consumers get there. Placed after the last k-block, the fold took ~4 us per tile at 8192 x
+  // 8192 x 7168, W = 2 (timeline), of ~80 us.
+  __device__ static uint32_t fold_position(uint32_t k_blocks) {
+    return k_blocks > static_cast<uint32_t>(kStages) ? k_blocks - static_cast<uint32_t>(kStages) : k_blocks;
+  }
+
+  // At a fold tile's fold_position: waits until every other rank has staged its partial of the tile,
   // then loads them through the stage ring in the order the consumers add them: 64-column chunk
   // by chunk, sources in rank order within a chunk (this rank's own accumulators are not loaded).
   __device__ static bool load_partials(const Smem& sm, const GemmOperands& ops, const Fold& fold, const WorkItem& item,
@@ -353,10 +372,41 @@ class ComputeRole {
         break;
       }
 
-      // Mainloop: D = sum over k-blocks of A[64 rows of g, 64] * B[64, BN].
+      // Mainloop: D = sum over k-blocks of A[64 rows of g, 64] * B[64, BN]; a fold tile adds the
+      // staged partials where the producer put them in the ring (fold_position).
+      const bool timed = ops.timeline != nullptr && g == 0 && t == 0;
+      const uint32_t fold_at = Fold::kEnabled && item.kind == static_cast<uint32_t>(WorkKind::kTileFold)
+                                   ? fold_position(k_blocks)
+                                   : ~0u;
       bool ok = true;
+      bool in_flight = false;  // the previous k-block's wgmma may still read its stage
       uint32_t prev_stage = 0;
-      for (uint32_t kb = 0; kb < k_blocks; ++kb) {
+      for (uint32_t kb = 0; kb <= k_blocks; ++kb) {  // kb == k_blocks: only a fold after the last
+        if constexpr (Fold::kEnabled) {
+          if (kb == fold_at) {
+            const uint64_t fold_begin = timed ? clock64() : 0;
+            sm90::wgmma_wait<0>();  // the accumulators are read and written next
+            sm90::fence_operands(acc);
+            if (lane == 0) cuda::ptx::mbarrier_arrive(sm.empty(prev_stage));
+            in_flight = false;
+            // The previous tile's signal goes out before the fold may block: a fold waits for
+            // other ranks' partials, and theirs may wait for this signal (deadlock otherwise).
+            if (pending) {
+              pending = false;
+              if (!post_signal(sm, pending_item, g, warp, lane, signal_slot, signal_phase, ctx)) {
+                ok = false;
+                break;
+              }
+            }
+            using Pair = typename std::conditional<kBF16, __nv_bfloat162, __half2>::type;
+            if (!fold_partials<Pair>(sm, acc, item, ops, fold, g, warp, lane, stage, phase, ctx)) {
+              ok = false;
+              break;
+            }
+            if (timed) ops.timeline[item.tile].fold_cycles = static_cast<uint32_t>(clock64() - fold_begin);
+          }
+        }
+        if (kb == k_blocks) break;
         if (!sm90::mbarrier_wait(sm.full(stage), phase, ctx,
                                  sm90::barrier_what(sm90::BarrierWhat::kStageFull, stage))) {
           ok = false;
@@ -377,11 +427,12 @@ class ComputeRole {
         }
         sm90::wgmma_commit();
         sm90::fence_operands(acc);
-        if (kb > 0) {
+        if (in_flight) {
           sm90::wgmma_wait<1>();  // the previous k-block's wgmma are done: its stage is free
           sm90::fence_operands(acc);
           if (lane == 0) cuda::ptx::mbarrier_arrive(sm.empty(prev_stage));
         }
+        in_flight = true;
         prev_stage = stage;
         if (++stage == kStages) {
           stage = 0;
@@ -391,23 +442,12 @@ class ComputeRole {
       sm90::wgmma_wait<0>();
       sm90::fence_operands(acc);
       if (!ok) break;
-      if (lane == 0) cuda::ptx::mbarrier_arrive(sm.empty(prev_stage));
-      const bool timed = ops.timeline != nullptr && g == 0 && t == 0;
+      if (lane == 0 && in_flight) cuda::ptx::mbarrier_arrive(sm.empty(prev_stage));
       if (timed) ops.timeline[item.tile].mainloop_clock = clock64();
-
-      // The previous tile's signal goes out before this tile may block in a fold: a fold waits
-      // for other ranks' partials, and theirs may wait for this signal (deadlock otherwise).
-      if (pending) {
+      if (pending) {  // a plain tile: its mainloop never blocks on other ranks
         if (!post_signal(sm, pending_item, g, warp, lane, signal_slot, signal_phase, ctx)) break;
         pending = false;
       }
-      if constexpr (Fold::kEnabled) {
-        if (item.kind == static_cast<uint32_t>(WorkKind::kTileFold)) {
-          using Pair = typename std::conditional<kBF16, __nv_bfloat162, __half2>::type;
-          if (!fold_partials<Pair>(sm, acc, item, ops, fold, g, warp, lane, stage, phase, ctx)) break;
-        }
-      }
-      if (timed) ops.timeline[item.tile].folded_clock = clock64();
       const uint32_t out = epi.out_dtype();
       if (out == 2u) {
         epilogue<float, 32>(sm, acc, item, epi, ops, g, warp, lane, parity);
@@ -445,12 +485,13 @@ class ComputeRole {
   }
 
   // Adds the staged partials of a fold tile into the accumulators, one 64-column chunk at a time,
-  // in rank order: acc = ((p_0 + p_1) + ...) + p_{W-1} where p_self is this rank's fp32
-  // accumulator and the others are the staged (16-bit) partials; the epilogue then rounds once.
-  // Sources below `self` are summed in `below` first, so the order holds for every self. Chunk c
-  // of source s sits in stage order exactly as load_partials issued it. Thread addressing is the
-  // epilogue's: rows r and r + 8 of this warp's 16, the 16-byte chunk q of a 128-byte row stored
-  // at q ^ (row % 8) (TMA's 128B swizzle), so one load instruction touches 32 distinct banks.
+  // the other sources in increasing order: acc = ((a + p_s1) + p_s2) + ... with a this rank's
+  // fp32 accumulator so far (the k-blocks before fold_position) and p_s the staged 16-bit
+  // partials; the remaining k-blocks add to it and the epilogue rounds once. A fixed order, so
+  // launch after launch gives the same bits; every element is summed by one rank (its owner).
+  // Chunk c of source s sits in stage order exactly as load_partials issued it. Thread addressing
+  // is the epilogue's: rows r and r + 8 of this warp's 16, the 16-byte chunk q of a 128-byte row
+  // stored at q ^ (row % 8) (TMA's 128B swizzle), so one load instruction touches 32 banks.
   template <class Pair>
   __device__ static bool fold_partials(const Smem& sm, float (&acc)[kAcc], const WorkItem& item,
                                        const GemmOperands& ops, const Fold& fold, uint32_t g, uint32_t warp,
@@ -464,17 +505,9 @@ class ComputeRole {
 #pragma unroll
     for (int c = 0; c < BN / 64; ++c) {
       if (n0 + c * 64 >= ops.n) break;  // nothing was loaded past N (uniform over the CTA)
-      float below[32];
-      bool have_below = false;
 #pragma unroll 1
       for (uint32_t s = 0; s < world; ++s) {
-        if (s == self) {
-          if (have_below) {
-#pragma unroll
-            for (int i = 0; i < 32; ++i) acc[32 * c + i] = below[i] + acc[32 * c + i];
-          }
-          continue;
-        }
+        if (s == self) continue;
         if (!sm90::mbarrier_wait(sm.full(stage), phase, ctx, sm90::barrier_what(sm90::BarrierWhat::kStageFull, stage))) {
           return false;
         }
@@ -489,23 +522,10 @@ class ComputeRole {
           const float2 f_hi = unpack2<Pair>(hi);
           // acc[4j .. 4j+3] with j = 8c + q: (row, cols 2(l%4) + {0,1}), then (row + 8, same cols).
           float* a4 = acc + 32 * c + 4 * q;
-          float* b4 = below + 4 * q;
-          if (s > self) {
-            a4[0] += f_lo.x;
-            a4[1] += f_lo.y;
-            a4[2] += f_hi.x;
-            a4[3] += f_hi.y;
-          } else if (have_below) {
-            b4[0] += f_lo.x;
-            b4[1] += f_lo.y;
-            b4[2] += f_hi.x;
-            b4[3] += f_hi.y;
-          } else {
-            b4[0] = f_lo.x;
-            b4[1] = f_lo.y;
-            b4[2] = f_hi.x;
-            b4[3] = f_hi.y;
-          }
+          a4[0] += f_lo.x;
+          a4[1] += f_lo.y;
+          a4[2] += f_hi.x;
+          a4[3] += f_hi.y;
         }
         __syncwarp();
         if (lane == 0) cuda::ptx::mbarrier_arrive(sm.empty(stage));
@@ -513,7 +533,6 @@ class ComputeRole {
           stage = 0;
           phase ^= 1;
         }
-        if (s < self) have_below = true;
       }
     }
     return true;

@@ -205,10 +205,10 @@ struct ReduceLayout {
   }
 
   // Fold sources, in the order they are added: v < L the local GPUs (v = me is this rank's own
-  // fp32 accumulator), then v = L + i the node partials of the other nodes in increasing node
-  // order (i -> node i, or i + 1 from this node on). acc = (((p_0 + p_1) + ...) + p_{L-1}) +
-  // q_0 + ... : the node sum in local order, then the other nodes' sums in node order — fixed for
-  // each block, so the result is the same on every launch.
+  // fp32 accumulator, which the others are added to), then v = L + i the node partials of the
+  // other nodes in increasing node order (i -> node i, or i + 1 from this node on). acc = (((a +
+  // p_v1) + p_v2) + ...) + q_0 + ..., a this rank's accumulator (ComputeRole::fold_partials):
+  // fixed for each block, so the result is the same on every launch.
   LOOM_HOST_DEVICE uint32_t fold_sources() const { return g.local + g.nodes - 1; }
   LOOM_HOST_DEVICE uint32_t fold_source_node(uint32_t v) const {
     const uint32_t i = v - g.local;

@@ -9,11 +9,12 @@
 //   kPartial  block (n', l'), l' != l: the epilogue rounds the fp32 tile to the input type and
 //             TMA-stores it into GPU (n, l')'s fold source, local slot of this rank; then
 //             partial[...] = e on it (NVLink).
-//   kFold     block (n', l): after its k-blocks, the producer waits for the L - 1 local partials
-//             (and, for this rank's own block, the N - 1 node partials that arrived over the
-//             network) and the consumers add them into the fp32 accumulators in a fixed order
-//             (ReduceLayout::fold_sources: the node sum in local order, then the other nodes'
-//             sums in node order; other nodes' blocks read zeros in the network positions). Then:
+//   kFold     block (n', l): before its last kStages k-blocks, the producer waits for the L - 1
+//             local partials (and, for this rank's own block, the N - 1 node partials that
+//             arrived over the network) and the consumers add them into the fp32 accumulators
+//             in a fixed order (ReduceLayout::fold_sources: the local partials in local order,
+//             then the other nodes' sums in node order; other nodes' blocks read zeros in the
+//             network positions). Then:
 //               another node's block: round to the input type, store into the send buffer, mark
 //                                     the tile done (local flag);
 //               this rank's block:    round once and store: gemm_rs into out [R, N]; gemm_ar

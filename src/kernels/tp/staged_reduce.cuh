@@ -8,10 +8,12 @@
 //   tile owned by d != r   epilogue: TMA-store the rounded 16-bit partial into d's staging slot
 //                          for r, then (deferred to the next tile, when the writes have landed)
 //                          partial[slot(r, d)][t] = e on d
-//   own tile (kTileFold)   mainloop, then the producer waits for partial[*][t] from every peer and
-//                          loads the W-1 staged partials through the stage ring; the consumers add
-//                          them to the fp32 accumulators in rank order (ComputeRole::fold_partials),
-//                          the epilogue rounds once and stores: gemm_rs into out [M/W, N];
+//   own tile (kTileFold)   before the last kStages k-blocks the producer waits for partial[*][t]
+//                          from every peer and loads the W-1 staged partials through the stage
+//                          ring; the consumers add them to the fp32 accumulators in rank order
+//                          (ComputeRole::fold_partials: acc = ((a + p_s1) + p_s2) + ..., a the
+//                          accumulator so far), the last k-blocks follow, the epilogue
+//                          rounds once and stores: gemm_rs into out [M/W, N];
 //                          gemm_ar into every rank's out [M, N] (one TMA store per rank), then
 //                          final[tile] = e on every peer
 //   gemm_ar end            every CTA waits for its share of the final[] flags of tiles owned by
