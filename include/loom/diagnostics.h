@@ -6,13 +6,14 @@
 namespace loom {
 
 // Where one output tile's time went (GemmOptions::timeline, TpGemmOptions::timeline,
-// `loom-bench ... --timeline DIR`). The caller passes device memory for one record per output
-// tile of the launch's tile grid, index m_block * n_blocks + n_block (n_blocks = ceil(N /
-// BLOCK_N) of the tile that ran); the kernel overwrites the record of every tile it computes
-// and leaves the others alone. _ns fields are %globaltimer nanoseconds (one time base for all
-// SMs of a GPU, updated about every microsecond); _clock fields are the computing SM's %clock64
-// (cycle-exact, comparable only within one SM), so (stored_clock - claimed_clock) / (stored_ns -
-// claimed_ns) is the SM clock in GHz over the tile.
+// `loom-bench ... --timeline DIR`). The caller passes device memory for
+// tile_timeline_capacity(M, N) records; the record of output tile (m_block, n_block) is at index
+// m_block * n_blocks + n_block (n_blocks = ceil(N / BLOCK_N) of the tile that ran); the kernel
+// overwrites the record of every tile it computes and leaves the others alone. _ns fields are
+// %globaltimer nanoseconds (one time base for all SMs of a GPU, updated about every
+// microsecond); _clock fields are the computing SM's %clock64 (cycle-exact, comparable only
+// within one SM), so (stored_clock - claimed_clock) / (stored_ns - claimed_ns) is the SM clock in
+// GHz over the tile.
 struct TileTimelineRecord {
   uint64_t claimed_ns;      // the producer got the tile from the scheduler (its input gate passed)
   uint64_t stored_ns;       // the epilogue handed its last box to TMA
@@ -27,5 +28,10 @@ struct TileTimelineRecord {
   uint64_t reserved;
 };
 static_assert(sizeof(TileTimelineRecord) == 64, "a timeline record is one 64-byte line");
+
+// Records that are always enough for an M x N output, whatever tile the launch picks (the finest
+// tile grid any configuration has: 64 x 64). Size a timeline buffer with it: the kernel indexes
+// the records by its own tile grid and checks no bound.
+constexpr int64_t tile_timeline_capacity(int64_t m, int64_t n) { return ((m + 63) / 64) * ((n + 63) / 64); }
 
 }  // namespace loom

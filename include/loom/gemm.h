@@ -70,8 +70,8 @@ struct GemmOptions {
   GemmTile tile = GemmTile::kAuto;  // force a configuration
   int num_ctas = 0;                 // persistent CTAs; 0: min(tiles, SM count)
   int group_m = 0;                  // L2 raster group height in tile rows; 0: planner
-  TileTimelineRecord* timeline = nullptr;  // diagnostics (loom/diagnostics.h): device memory,
-                                           // one record per output tile of the chosen tile grid
+  TileTimelineRecord* timeline = nullptr;  // diagnostics (loom/diagnostics.h): device memory for
+                                           // tile_timeline_capacity(M, N) records
 };
 
 // Checks everything that can be checked without a GPU (no CUDA call is made).

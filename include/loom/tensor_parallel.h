@@ -50,8 +50,8 @@ struct TpGemmOptions {
   TpAlgorithm algorithm = TpAlgorithm::kAuto;
   int comm_ctas = -1;               // CTAs that start in the communication role; -1: planner
   GemmTile tile = GemmTile::kAuto;  // the compute role's tile; kAuto: planner
-  // Diagnostics (loom/diagnostics.h): device memory for one record per output tile of the fused
-  // kernel's tile grid (M x N of this rank's GEMM); ignored by the decomposed and plain paths.
+  // Diagnostics (loom/diagnostics.h): device memory for tile_timeline_capacity(M, N) records (M x
+  // N of this rank's GEMM); ignored by the decomposed and plain paths.
   TileTimelineRecord* timeline = nullptr;
 };
 

@@ -160,6 +160,22 @@ TEST(GemmTiles, NamesRoundTripAndInfoMatchesConfigs) {
   EXPECT_EQ(*parse_b_layout("kn"), BLayout::kKN);
 }
 
+// A timeline buffer of tile_timeline_capacity(M, N) records holds every tile of every
+// configuration's grid (the kernel indexes it by the grid it runs and checks no bound), so a
+// finer tile added later fails here instead of writing past the caller's buffer.
+TEST(GemmTiles, TimelineCapacityCoversEveryTileGrid) {
+  for (GemmTile tile : {GemmTile::k128x256, GemmTile::k128x128, GemmTile::k128x64, GemmTile::k64x128}) {
+    const GemmTileInfo info = gemm_tile_info(tile);
+    for (int64_t m : {1, 63, 64, 65, 1000, 4096, 32768}) {
+      for (int64_t n : {8, 64, 72, 1536, 14336}) {
+        const int64_t grid = ((m + info.block_m - 1) / info.block_m) * ((n + info.block_n - 1) / info.block_n);
+        EXPECT_LE(grid, tile_timeline_capacity(m, n)) << gemm_tile_name(tile) << " " << m << "x" << n;
+      }
+    }
+  }
+  EXPECT_EQ(tile_timeline_capacity(128, 256), 2 * 4);
+}
+
 // Shared-memory budgets: every configuration leaves room under the H100/H200 227 KiB limit, and
 // the stage buffers stay 1024-byte aligned for the 128B swizzle.
 TEST(GemmTiles, SharedMemoryLayout) {

@@ -339,6 +339,52 @@ TEST(Sm90Gemm, EveryTileConfiguration) {
   }
 }
 
+// GemmOptions::timeline: every tile of the grid gets one plausible record (claimed, mainloop end,
+// epilogue end in order on one SM, a CTA of the launch, plain kind, no fold), records past the
+// grid stay untouched, and the product is still right.
+TEST(Sm90Gemm, TimelineRecordsEveryTileOnce) {
+  REQUIRE_HOPPER();
+  uint64_t seed = 7600;
+  for (GemmTile tile : {GemmTile::k128x256, GemmTile::k64x128}) {
+    GemmOptions o;
+    o.tile = tile;
+    o.num_ctas = 5;  // several tiles per CTA
+    const int64_t m = 520, n = 776, k = 264;
+    Problem p(m, n, k, DType::kBF16, DType::kBF16, BLayout::kNK, ++seed);
+    const int64_t capacity = tile_timeline_capacity(m, n);
+    DevBuf records(static_cast<size_t>(capacity) * sizeof(TileTimelineRecord));
+    ASSERT_TRUE(p.a.p && p.b.p && p.d.p && records.p) << "allocation failed";
+    GT_CUDA(cudaMemset(records.p, 0, records.bytes));
+    o.timeline = static_cast<TileTimelineRecord*>(records.p);
+    auto plan = ops::plan_gemm_launch(p.args, o);
+    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    GT_OK(gemm(p.args, nullptr, o));
+    GT_CUDA(cudaDeviceSynchronize());
+    std::vector<TileTimelineRecord> r(static_cast<size_t>(capacity));
+    GT_CUDA(cudaMemcpy(r.data(), records.p, records.bytes, cudaMemcpyDeviceToHost));
+    const std::string what = describe(p.args, plan->tile, " timeline");
+    const int64_t tiles = plan->m_blocks * plan->n_blocks;
+    for (int64_t t = 0; t < capacity; ++t) {
+      const TileTimelineRecord& x = r[static_cast<size_t>(t)];
+      if (t >= tiles) {
+        ASSERT_EQ(x.claimed_ns, 0u) << what << ": record " << t << " lies past the " << tiles << "-tile grid";
+        continue;
+      }
+      ASSERT_NE(x.claimed_ns, 0u) << what << ": tile " << t << " has no record";
+      EXPECT_GE(x.stored_ns, x.claimed_ns) << what << " tile " << t;
+      EXPECT_LE(x.claimed_clock, x.mainloop_clock) << what << " tile " << t;
+      EXPECT_LE(x.mainloop_clock, x.stored_clock) << what << " tile " << t;
+      EXPECT_LT(x.cta, static_cast<uint32_t>(plan->num_ctas)) << what << " tile " << t;
+      EXPECT_EQ(x.kind, static_cast<uint32_t>(kg::WorkKind::kTile)) << what << " tile " << t;
+      EXPECT_EQ(x.fold_cycles, 0u) << what << " tile " << t;
+    }
+    const GemmTileInfo info = gemm_tile_info(plan->tile);
+    const Comparison c = compare(to_host_f32(p.d.p, DType::kBF16, m, n, n), reference(p.args), m, n, DType::kBF16,
+                                 info.block_m, info.block_n, what);
+    EXPECT_TRUE(c.ok) << c.report;
+  }
+}
+
 TEST(Sm90Gemm, LeadingDimensionsLargerThanRows) {
   REQUIRE_HOPPER();
   const int64_t m = 300, n = 392, k = 456, lda = 520, ldb = 464, ldd = 400;
@@ -868,8 +914,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 // launch must time out on it, kPartial naming the source, and leave the GPU usable).
 // !kFold: out = A_eff * B where A_eff takes tile row 1 from a second buffer while A holds NaN there.
 template <class Cfg, bool kFold>
-void run_fold_case(GemmTile tile, uint32_t world, uint32_t self, bool missing, uint64_t seed) {
-  const int64_t m = 256, n = 264, k = 200;  // two tile rows; N and K tails
+void run_fold_case(GemmTile tile, uint32_t world, uint32_t self, bool missing, uint64_t seed, int64_t k = 200) {
+  const int64_t m = 256, n = 264;  // two tile rows; an N tail (and a K tail for k = 200)
   const uint64_t epoch = 7;
   LaunchCase c(m, n, k, DType::kBF16, tile, seed, missing ? 300'000'000ull : 10'000'000'000ull);
   const GemmTileInfo info = gemm_tile_info(tile);
@@ -923,7 +969,7 @@ void run_fold_case(GemmTile tile, uint32_t world, uint32_t self, bool missing, u
   GT_CUDA(cudaGetLastError());
   GT_CUDA(cudaDeviceSynchronize());
   const std::string label = kFold ? " fold world=" + std::to_string(world) + " self=" + std::to_string(self) +
-                                        (missing ? " missing flag" : "")
+                                        " k=" + std::to_string(k) + (missing ? " missing flag" : "")
                                   : std::string(" second A source for tile row 1");
   const std::string what = describe(c.p.args, tile, label.c_str());
   if (missing) {
@@ -950,13 +996,17 @@ void run_fold_case(GemmTile tile, uint32_t world, uint32_t self, bool missing, u
   c.check_output(c.p.d.p, want, label.c_str());
 }
 
-// Every rank position (below-sum first, own accumulator first, last), both wide configurations.
+// Every rank position (own accumulator first, in the middle, last), both wide configurations,
+// the fold after the last k-block (K = 200: no more k-blocks than stages) and before the last
+// kStages k-blocks (K = 1000: 16 k-blocks).
 TEST(Sm90GemmFused, FoldAddsStagedPartialsInRankOrder) {
   REQUIRE_HOPPER();
   uint64_t seed = 8000;
-  for (uint32_t self = 0; self < 3; ++self) {
-    run_fold_case<kg::Tile128x256, true>(GemmTile::k128x256, 3, self, false, ++seed);
-    run_fold_case<kg::Tile128x128, true>(GemmTile::k128x128, 3, self, false, ++seed);
+  for (int64_t k : {200, 1000}) {
+    for (uint32_t self = 0; self < 3; ++self) {
+      run_fold_case<kg::Tile128x256, true>(GemmTile::k128x256, 3, self, false, ++seed, k);
+      run_fold_case<kg::Tile128x128, true>(GemmTile::k128x128, 3, self, false, ++seed, k);
+    }
   }
   run_fold_case<kg::Tile128x128, true>(GemmTile::k128x128, 2, 1, false, ++seed);
 }

@@ -641,6 +641,54 @@ TEST(TpOpsGatheredA, AgReturnsTheGatheredABitExact) {
   }
 }
 
+// TpGemmOptions::timeline reaches the fused kernels: gemm_rs and gemm_ar record every tile once,
+// this rank's own tile rows as fold tiles that spent time folding (K_r = 1024: the fold sits
+// before the last k-blocks), the others as plain tiles; the result stays right.
+TEST(TpOpsTimeline, FusedReduceKernelsRecordEveryTileAndTheirFolds) {
+  SKIP_UNLESS_MULTI_RANK();
+  Communicator& comm = shared_comm();
+  uint64_t seed = 950;
+  for (OpId op : {OpId::kGemmRs, OpId::kGemmAr}) {
+    const Shape s = make_shape(op, 1024, 768, 2048, BLayout::kNK);
+    SymmetricMem sym(comm);
+    Inputs in(s, ++seed);
+    Output out(s, sym);
+    const int64_t capacity = tile_timeline_capacity(s.m, s.n);
+    DeviceMem records(static_cast<size_t>(capacity) * sizeof(TileTimelineRecord));
+    const bool ready = in.ok() && out.p && records.p && cudaMemset(out.p, 0xFF, s.out_bytes()) == cudaSuccess &&
+                       cudaMemset(records.p, 0, records.bytes) == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess;
+    ASSERT_TRUE(agree(ready)) << "setting up " << s.text();
+    TpGemmOptions options;
+    options.algorithm = TpAlgorithm::kFused;
+    options.tile = GemmTile::k128x256;
+    options.timeline = static_cast<TileTimelineRecord*>(records.p);
+    const Status launched = op == OpId::kGemmRs ? gemm_rs(comm, args_for(s, in, out.p), nullptr, options)
+                                                : gemm_ar(comm, args_for(s, in, out.p), nullptr, options);
+    ASSERT_TRUE(agree(launched.ok())) << s.text() << ": " << launched.to_string();
+    const Status synced = comm.synchronize(nullptr);
+    ASSERT_TRUE(agree(synced.ok())) << s.text() << ": " << synced.to_string();
+    std::vector<TileTimelineRecord> r(static_cast<size_t>(capacity));
+    ASSERT_EQ(cudaMemcpy(r.data(), records.p, records.bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    const int64_t m_blocks = s.m / 128, n_blocks = (s.n + 255) / 256, own = m_blocks / s.world;
+    for (int64_t t = 0; t < m_blocks * n_blocks; ++t) {
+      const TileTimelineRecord& x = r[static_cast<size_t>(t)];
+      const bool fold = t / n_blocks >= s.me * own && t / n_blocks < (s.me + 1) * own;
+      ASSERT_NE(x.claimed_ns, 0u) << s.text() << ": tile " << t << " has no record on rank " << s.me;
+      EXPECT_LE(x.mainloop_clock, x.stored_clock) << s.text() << " tile " << t;
+      EXPECT_EQ(x.kind, fold ? 4u : 0u) << s.text() << " tile " << t << " on rank " << s.me;
+      if (fold) {
+        EXPECT_GT(x.fold_cycles, 0u) << s.text() << " tile " << t;
+      } else {
+        EXPECT_EQ(x.fold_cycles, 0u) << s.text() << " tile " << t;
+      }
+    }
+    const Reference ref(s, seed);
+    const Verdict v = compare_output(s, out.p, ref, s.text() + " with a timeline");
+    EXPECT_TRUE(v.ok) << v.report;
+    ASSERT_TRUE(agree(!HasFailure()));
+  }
+}
+
 // ---- repeatability and skew (reliability.md D4, H10b) ------------------------------------------------
 
 // Per op: the outputs of consecutive launches, all checked against the first and the first

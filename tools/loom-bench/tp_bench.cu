@@ -216,10 +216,12 @@ class TpCase {
   Status write_timelines(const std::string& dir, const planner::TpPlan& plan, int launches) {
     auto trace = [&](const char* what, GemmTile tile, int64_t m_blocks, int64_t n_blocks,
                      const std::function<Status(TileTimelineRecord*)>& launch) -> Status {
-      const size_t count = static_cast<size_t>(m_blocks * n_blocks);
+      // Room for the finest tile grid any configuration has, whatever tile the launch ends up with.
+      const size_t capacity = static_cast<size_t>(tile_timeline_capacity(s_.m, s_.n));
+      const size_t count = std::min(capacity, static_cast<size_t>(m_blocks * n_blocks));
       DeviceBuffer records;
-      LOOM_TRY(records.alloc(count * sizeof(TileTimelineRecord)));
-      LOOM_CUDA_TRY(cudaMemsetAsync(records.p, 0, count * sizeof(TileTimelineRecord), stream_));
+      LOOM_TRY(records.alloc(capacity * sizeof(TileTimelineRecord)));
+      LOOM_CUDA_TRY(cudaMemsetAsync(records.p, 0, capacity * sizeof(TileTimelineRecord), stream_));
       LOOM_TRY(comm_.synchronize(stream_));
       LOOM_TRY(comm_.barrier());
       for (int i = 0; i < launches; ++i) LOOM_TRY(launch(static_cast<TileTimelineRecord*>(records.p)));

@@ -385,7 +385,9 @@ class ComputeRole {
         if constexpr (Fold::kEnabled) {
           if (kb == fold_at) {
             const uint64_t fold_begin = timed ? clock64() : 0;
-            sm90::wgmma_wait<0>();  // the accumulators are read and written next
+            // fold_at >= 1, so the previous k-block is in flight: drain it (the accumulators are
+            // read and written next) and free its stage.
+            sm90::wgmma_wait<0>();
             sm90::fence_operands(acc);
             if (lane == 0) cuda::ptx::mbarrier_arrive(sm.empty(prev_stage));
             in_flight = false;
