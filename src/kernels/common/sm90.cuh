@@ -1,5 +1,5 @@
 // Hopper (sm_90a) primitives that CCCL's cuda::ptx does not provide: wgmma (issue, fences,
-// shared-memory matrix descriptors), setmaxnreg, named barriers, tensor-map prefetch, and the
+// shared-memory matrix descriptors), setmaxnreg, tensor-map prefetch, and the
 // bounded mbarrier wait every loom pipeline uses. Everything else (TMA, mbarrier init/arrive,
 // proxy fences, bulk groups) comes from <cuda/ptx>.
 #pragma once
@@ -38,12 +38,6 @@ template <int kRegs>
 __device__ __forceinline__ void setmaxnreg_dec() {
   static_assert(kRegs >= 24 && kRegs <= 256 && kRegs % 8 == 0, "setmaxnreg takes 24..256 in steps of 8");
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegs));
-}
-
-// ---- named barriers (id 0 is __syncthreads) -------------------------------------------------
-
-__device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
 // ---- wgmma -----------------------------------------------------------------------------------
