@@ -6,6 +6,7 @@ list(APPEND LOOM_CORE_SOURCES
   src/runtime/topology.cc)
 list(APPEND LOOM_CPU_TEST_SOURCES
   tests/cpu/status_env_test.cc
-  tests/cpu/topology_test.cc)
+  tests/cpu/topology_test.cc
+  tests/cpu/public_api_test.cc)
 list(APPEND LOOM_LIB_SOURCES
   src/runtime/cuda_check.cc)

@@ -3,5 +3,8 @@
 
 #include "loom/collectives.h"
 #include "loom/communicator.h"
+#include "loom/diagnostics.h"
+#include "loom/gemm.h"
 #include "loom/status.h"
+#include "loom/tensor_parallel.h"
 #include "loom/types.h"
