@@ -258,24 +258,13 @@ class Case {
 
 bool is_multinode_row(const Row& r) { return r.extra.contains("multinode"); }
 
-std::optional<double> hidden_fraction(const Row& r) {
-  auto get = [&](const char* key) -> double {
-    auto it = r.ms.find(key);
-    return it == r.ms.end() ? -1 : it->second;
-  };
-  const double loom = get("loom"), base = get("sequential"), gemm = get("gemm");
-  if (loom <= 0 || base <= 0 || gemm <= 0 || base - gemm <= 0) return std::nullopt;
-  return (base - loom) / (base - gemm);
-}
+std::optional<double> hidden_fraction(const Row& r) { return hidden_share(r, "loom", "sequential", "gemm"); }
 
+// h_max: what hiding all of the shorter part would give, (T_seq - max(T_gemm, T_net)) / (T_seq - T_gemm).
 std::optional<double> hidden_fraction_bound(const Row& r) {
-  auto get = [&](const char* key) -> double {
-    auto it = r.ms.find(key);
-    return it == r.ms.end() ? -1 : it->second;
-  };
-  const double base = get("sequential"), gemm = get("gemm"), net = get("net");
-  if (base <= 0 || gemm <= 0 || net <= 0 || base - gemm <= 0) return std::nullopt;
-  return std::min(1.0, (base - std::max(gemm, net)) / (base - gemm));
+  const std::optional<double> base = measured_ms(r, "sequential"), gemm = measured_ms(r, "gemm"), net = measured_ms(r, "net");
+  if (!base || !gemm || !net || *base <= *gemm) return std::nullopt;
+  return std::min(1.0, (*base - std::max(*gemm, *net)) / (*base - *gemm));
 }
 
 double timed_median(Communicator& comm, cudaStream_t stream, const MultiNodeBenchOptions& o, const std::function<Status()>& op,

@@ -97,4 +97,16 @@ void Report::print_table(std::FILE* out) const {
   std::fflush(out);
 }
 
+std::optional<double> measured_ms(const Row& r, const char* key) {
+  const auto it = r.ms.find(key);
+  if (it == r.ms.end() || !(it->second > 0)) return std::nullopt;
+  return it->second;
+}
+
+std::optional<double> hidden_share(const Row& r, const char* t, const char* base, const char* floor) {
+  const std::optional<double> x = measured_ms(r, t), b = measured_ms(r, base), f = measured_ms(r, floor);
+  if (!x || !b || !f || *b <= *f) return std::nullopt;
+  return (*b - *x) / (*b - *f);
+}
+
 }  // namespace loom::bench

@@ -22,6 +22,13 @@ struct Row {
   nlohmann::json extra = nlohmann::json::object();  // op-specific fields (busbw, ctas, config)
 };
 
+// r.ms[key] when it was measured (a positive time), else nullopt.
+std::optional<double> measured_ms(const Row& r, const char* key);
+// (base - t) / (base - floor) over r.ms keys: the share of the gap between `base` and `floor` that
+// `t` removes (the benches' hidden fraction h); nullopt unless all three were measured and
+// base > floor.
+std::optional<double> hidden_share(const Row& r, const char* t, const char* base, const char* floor);
+
 struct RunInfo {
   std::string gpu;
   int world = 1;

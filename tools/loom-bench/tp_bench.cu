@@ -433,15 +433,7 @@ Row base_row(const Shape& s, const TpBenchOptions& o) {
 
 bool is_tp_row(const Row& r) { return r.op == "ag_gemm" || r.op == "gemm_rs" || r.op == "gemm_ar"; }
 
-std::optional<double> hidden_fraction(const Row& r) {
-  auto get = [&](const char* key) -> double {
-    auto it = r.ms.find(key);
-    return it == r.ms.end() ? -1 : it->second;
-  };
-  const double loom = get("loom"), base = get("nccl_cublas"), gemm = get("cublas");
-  if (loom <= 0 || base <= 0 || gemm <= 0 || base - gemm <= 0) return std::nullopt;
-  return (base - loom) / (base - gemm);
-}
+std::optional<double> hidden_fraction(const Row& r) { return hidden_share(r, "loom", "nccl_cublas", "cublas"); }
 
 }  // namespace
 
@@ -550,9 +542,8 @@ Status run_tp_bench(Communicator& comm, ncclComm_t nccl, const TpBenchOptions& o
     row.extra["tflops"] = tflops;
     const std::optional<double> h = hidden_fraction(row);
     row.extra["h"] = h ? nlohmann::json(*h) : nlohmann::json(nullptr);
-    if (row.ms.count("loom") && row.ms.count("loom_gemm") && row.ms.count("nccl_cublas") &&
-        row.ms["nccl_cublas"] > row.ms["loom_gemm"]) {
-      row.extra["h_engine"] = (row.ms["nccl_cublas"] - row.ms["loom"]) / (row.ms["nccl_cublas"] - row.ms["loom_gemm"]);
+    if (const std::optional<double> h_engine = hidden_share(row, "loom", "nccl_cublas", "loom_gemm")) {
+      row.extra["h_engine"] = *h_engine;
     }
     nlohmann::json ratios = nlohmann::json::object();
     if (row.ms.count("loom") && row.ms.count("cublas")) ratios["loom_over_cublas"] = row.ms["loom"] / row.ms["cublas"];
