@@ -8,7 +8,10 @@ rows say, dtype and B layout. The table has, per tensor-parallel row: loom, cuBL
 limit), loom's GEMM engine alone, NCCL + cuBLAS (the baseline), torch fused, the ratios and the
 hidden fraction h = (T_nccl_cublas - T) / (T_nccl_cublas - T_cublas) for loom and for torch, and
 h_eng = (T_nccl_cublas - T_loom) / (T_nccl_cublas - T_loom_gemm): what fusing hides, apart from
-how the engine compares with cuBLAS.
+how the engine compares with cuBLAS. When torch_fused.py ran with --loom, its rows also carry loom's
+time measured in the same process in alternating rounds with torch's (ms.loom_beside_torch), and the
+table's `paired` column is torch / loom from those two: the fair ratio, since the separate runs of
+loom-bench and torch_fused.py can meet the GPU at different clocks.
 
 Exit status: 0 merged; 1 a file is malformed; 2 a file is missing or an argument is wrong.
 """
@@ -67,7 +70,7 @@ def cell(value, fmt):
 
 def print_table(rows, out=sys.stdout):
     header = (f"{'op':8s} {'M x N x K':20s} {'B':3s} {'loom':>9s} {'cuBLAS':>9s} {'loomGEMM':>9s} {'NCCL+cuB':>9s} "
-              f"{'torch':>9s} {'loom/cuB':>8s} {'base/loom':>9s} {'torch/loom':>10s} {'h loom':>7s} {'h_eng':>6s} "
+              f"{'torch':>9s} {'loom/cuB':>8s} {'base/loom':>9s} {'torch/loom':>10s} {'paired':>6s} {'h loom':>7s} {'h_eng':>6s} "
               f"{'h torch':>7s} {'rel_err':>8s}  plan")
     print("\n" + header, file=out)
     print("-" * len(header), file=out)
@@ -77,6 +80,7 @@ def print_table(rows, out=sys.stdout):
         ms = r.get("ms") or {}
         loom, cub, base, torch_ms = ms.get("loom"), ms.get("cublas"), ms.get("nccl_cublas"), ms.get("torch_fused")
         engine = ms.get("loom_gemm")
+        paired = ms.get("loom_beside_torch")
         plan = r.get("plan") or {}
         plan_text = (f"{plan.get('algorithm', '?')}/{plan.get('comm_ctas', '?')}/{plan.get('tile', '?')} "
                      f"{plan.get('source', '')}") if plan else "-"
@@ -88,11 +92,13 @@ def print_table(rows, out=sys.stdout):
               f"{cell(loom / cub if loom and cub else None, '8.3f')} "
               f"{cell(base / loom if base and loom else None, '9.3f')} "
               f"{cell(torch_ms / loom if torch_ms and loom else None, '10.3f')} "
+              f"{cell(torch_ms / paired if torch_ms and paired else None, '6.3f')} "
               f"{cell(hidden_fraction(base, cub, loom), '7.2f')} {cell(hidden_fraction(base, engine, loom), '6.2f')} "
               f"{cell(hidden_fraction(base, cub, torch_ms), '7.2f')} "
               f"{cell(r.get('rel_err'), '8.1e')}  {plan_text}", file=out)
     print("(ms: median, max over ranks; base = NCCL + cuBLAS in sequence; h = share of the communication "
-          "hidden: (base - t) / (base - cuBLAS); h_eng: the same against loom's GEMM alone)", file=out)
+          "hidden: (base - t) / (base - cuBLAS); h_eng: the same against loom's GEMM alone; paired: torch / loom "
+          "timed in alternating rounds of one process)", file=out)
     out.flush()
 
 
@@ -136,6 +142,9 @@ def main():
             row.setdefault("ms", {})["torch_fused"] = t["ms"]
             if "rel_err" in t:
                 row["rel_err_torch_fused"] = t["rel_err"]
+            if isinstance(t.get("loom_ms"), (int, float)):
+                row["ms"]["loom_beside_torch"] = t["loom_ms"]
+                row["rel_err_loom_beside_torch"] = t.get("rel_err_loom")
             merged += 1
     if unmatched:
         print(f"merge_results.py: {len(unmatched)} torch rows match no loom row (op, M, N, K): {unmatched}",

@@ -13,6 +13,12 @@ row), then CUDA-event timing of every call after warm-up; the median per rank, t
 (all_reduce MAX). Rank 0 writes {"rows": [{"op", "M", "N", "K", "ms", ...}]} where K is the global K
 (gemm_rs: each rank holds K/W), matching loom-bench's rows; bench/merge_results.py joins them.
 
+With --loom (needs the loom package, e.g. PYTHONPATH from scripts/device/build_python_ext.sh) loom's op
+runs in the same process on the same inputs, checked against the same reference, and the two are timed
+in alternating rounds (--rounds), so both see the same clocks and temperature: the row gains "loom_ms"
+and "rel_err_loom". A GPU under sustained load slows down by 10-15 %, so times taken minutes apart in
+different processes are not a fair ratio; these are.
+
 Never hangs silently: collectives get --timeout-s, and a watchdog ends the process (with every thread's
 stack) after --deadline-s. NVLink multicast stays off (DESIGN.md).
 """
@@ -61,6 +67,9 @@ def parse_args():
     p.add_argument("--timeout-s", type=float, default=120, help="timeout of every torch.distributed collective")
     p.add_argument("--deadline-s", type=float, default=540, help="watchdog: end the process after this long")
     p.add_argument("--max-rel-err", type=float, default=2e-2, help="fail when a result is further off than this")
+    p.add_argument("--loom", action="store_true",
+                   help="also time loom's op on the same inputs, alternating with torch's in every round")
+    p.add_argument("--rounds", type=int, default=5, help="with --loom: alternating rounds the timed calls split into")
     args = p.parse_args()
     args.ops = [o for o in args.ops.split(",") if o]
     for op in args.ops:
@@ -72,6 +81,8 @@ def parse_args():
         fail(f"--m expects integers, got '{args.m}'")
     if args.iters < 1 or args.warmup < 0:
         fail("--iters must be >= 1 and --warmup >= 0")
+    if args.rounds < 1:
+        fail("--rounds must be >= 1")
     return args
 
 
@@ -117,6 +128,18 @@ def main():
             warnings.simplefilter("ignore")
             symm_mem.enable_symm_mem_for_group(group_name)
 
+    comm = None
+    if args.loom:
+        try:
+            import loom
+        except ImportError as e:
+            fail(f"--loom: cannot import loom ({e}); build it with scripts/device/build_python_ext.sh and set PYTHONPATH")
+        # The symmetric heap holds loom's workspace: the gathered A (ag_gemm) or the staged
+        # partials (gemm_rs), at most M x K elements; twice that leaves room to grow it.
+        largest = max(m * (args.k or max(ks for _, ks in ISSUE_SHAPES.values())) for m in args.m)
+        heap_bytes = max(1 << 30, 2 * largest * 2 + (256 << 20))
+        comm = loom.Communicator.from_process_group(group, heap_bytes=heap_bytes)
+
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     rows = []
     failures = []
@@ -124,13 +147,15 @@ def main():
         n = args.n or ISSUE_SHAPES[op][0]
         k = args.k or ISSUE_SHAPES[op][1]
         for m in args.m:
-            row, error = run_shape(torch, dist, group, group_name, op, m, n, k, world, rank, device, dtype, args)
+            row, error = run_shape(torch, dist, group, group_name, op, m, n, k, world, rank, device, dtype, args, comm)
             rows.append(row)
             if error:
                 failures.append(error)
             if rank == 0:
+                paired = (f"  loom {row['loom_ms']:.4f} ms  rel_err {row['rel_err_loom']:.2e}  torch/loom "
+                          f"{row['ms'] / row['loom_ms']:.3f}" if "loom_ms" in row else "")
                 print(f"torch_fused {op:8s} {m}x{n}x{k} {args.layout}: {row['ms']:.4f} ms  rel_err {row['rel_err']:.2e}"
-                      + (f"  ERROR {error}" if error else ""), flush=True)
+                      + paired + (f"  ERROR {error}" if error else ""), flush=True)
 
     if rank == 0:
         doc = {
@@ -148,13 +173,15 @@ def main():
                 f.write("\n")
         print_table(rows)
     dist.barrier()
+    if comm is not None:
+        comm.close()
     dist.destroy_process_group()
     faulthandler.cancel_dump_traceback_later()
     if failures:
         fail("; ".join(failures), code=1)
 
 
-def run_shape(torch, dist, group, group_name, op, m, n, k, world, rank, device, dtype, args):
+def run_shape(torch, dist, group, group_name, op, m, n, k, world, rank, device, dtype, args, comm):
     if m % world:
         fail(f"{op}: M = {m} is not a multiple of the {world} ranks")
     if op == "gemm_rs" and k % world:
@@ -168,7 +195,9 @@ def run_shape(torch, dist, group, group_name, op, m, n, k, world, rank, device, 
     k_rank = k if op == "ag_gemm" else k // world
     a = uniform(m // world, k) if op == "ag_gemm" else uniform(m, k_rank)
     # nn.Linear weights are [N, K]; torch's ops take B as [K, N] and accept the transposed view.
-    b = uniform(n, k_rank).t() if args.layout == "nk" else uniform(k_rank, n)
+    # loom takes the stored matrix and its layout.
+    b_stored = uniform(n, k_rank) if args.layout == "nk" else uniform(k_rank, n)
+    b = b_stored.t() if args.layout == "nk" else b_stored
 
     if op == "ag_gemm":
         # Like loom's default, the gathered A is not returned (releases before return_A always return it).
@@ -190,50 +219,90 @@ def run_shape(torch, dist, group, group_name, op, m, n, k, world, rank, device, 
         dist.reduce_scatter_tensor(reference, partial, group=group)
         del partial
 
+    def checked_rel_err(out):
+        if tuple(out.shape) != tuple(reference.shape):
+            fail(f"{op} {m}x{n}x{k}: returned shape {tuple(out.shape)}, expected {tuple(reference.shape)}", code=1)
+        err = (out.float() - reference).norm().item() / max(reference.norm().item(), 1e-30)
+        # One verdict for all ranks, so no rank stops while the others wait in a collective.
+        err_t = torch.tensor([err if math.isfinite(err) else 1e30], device=device)
+        dist.all_reduce(err_t, op=dist.ReduceOp.MAX, group=group)
+        return err_t.item()
+
     out = call()
     torch.cuda.synchronize()
-    if tuple(out.shape) != tuple(reference.shape):
-        fail(f"{op} {m}x{n}x{k}: torch returned shape {tuple(out.shape)}, expected {tuple(reference.shape)}", code=1)
-    diff = (out.float() - reference).norm().item()
-    rel_err = diff / max(reference.norm().item(), 1e-30)
-    del out, reference
-    # One verdict for all ranks, so no rank stops while the others wait in a collective.
-    err_t = torch.tensor([rel_err if math.isfinite(rel_err) else 1e30], device=device)
-    dist.all_reduce(err_t, op=dist.ReduceOp.MAX, group=group)
-    rel_err = err_t.item()
+    rel_err = checked_rel_err(out)
+    del out
+    calls = [call]
+    rel_err_loom = None
+    if comm is not None:
+        import loom
+        rows_out = m if op == "ag_gemm" else m // world
+        loom_out = torch.full((rows_out, n), float("nan"), device=device, dtype=dtype)  # unwritten -> NaN -> fails
+        loom_fn = loom.ag_gemm if op == "ag_gemm" else loom.gemm_rs
 
-    for _ in range(args.warmup):
-        call()
+        def call_loom():
+            return loom_fn(comm, a, b_stored, loom_out, b_layout=args.layout)
+
+        call_loom()
+        torch.cuda.synchronize()
+        rel_err_loom = checked_rel_err(loom_out)
+        calls.append(call_loom)
+    del reference
+
+    for fn in calls:
+        for _ in range(args.warmup):
+            fn()
     torch.cuda.synchronize()
     dist.barrier(group=group)
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(args.iters)]
-    for start, end in events:
-        start.record()
-        call()
-        end.record()
-    torch.cuda.synchronize()
-    times = sorted(s.elapsed_time(e) for s, e in events)
-    median = times[len(times) // 2] if len(times) % 2 else 0.5 * (times[len(times) // 2 - 1] + times[len(times) // 2])
-    t = torch.tensor([median], device=device, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    # Alternating rounds (one round without --loom): torch's calls, then loom's, then torch's again...
+    rounds = min(args.rounds, args.iters) if len(calls) > 1 else 1
+    per_round = (args.iters + rounds - 1) // rounds
+    samples = [[] for _ in calls]
+    for _ in range(rounds):
+        for fn, times in zip(calls, samples):
+            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                      for _ in range(per_round)]
+            for start, end in events:
+                start.record()
+                fn()
+                end.record()
+            torch.cuda.synchronize()
+            times.extend(s.elapsed_time(e) for s, e in events)
+    medians = []
+    for times in samples:
+        times.sort()
+        median = times[len(times) // 2] if len(times) % 2 else 0.5 * (times[len(times) // 2 - 1] + times[len(times) // 2])
+        t = torch.tensor([median], device=device, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+        medians.append(t.item())
 
     row = {
         "op": op, "dtype": args.dtype, "M": m, "N": n, "K": k, "k_per_rank": k_rank, "b_layout": args.layout,
-        "ms": t.item(), "rel_err": rel_err, "iters": args.iters, "warmup": args.warmup,
+        "ms": medians[0], "rel_err": rel_err, "iters": len(samples[0]), "warmup": args.warmup,
         "impl": "torch.ops.symm_mem." + ("fused_all_gather_matmul(return_A=False)" if op == "ag_gemm"
                                          else "fused_matmul_reduce_scatter"),
     }
     error = None
     if not rel_err <= args.max_rel_err:
         error = f"{op} {m}x{n}x{k}: torch's result is off by rel_err {rel_err:.3g} (limit {args.max_rel_err})"
+    if comm is not None:
+        row.update({"loom_ms": medians[1], "rel_err_loom": rel_err_loom, "rounds": rounds})
+        if not rel_err_loom <= args.max_rel_err:
+            error = (error + "; " if error else "") + \
+                f"{op} {m}x{n}x{k}: loom's result is off by rel_err {rel_err_loom:.3g} (limit {args.max_rel_err})"
     return row, error
 
 
 def print_table(rows):
-    print(f"\n{'op':8s} {'M x N x K':22s} {'B':3s} {'torch fused ms':>14s} {'rel_err':>9s}")
+    paired = any("loom_ms" in r for r in rows)
+    print(f"\n{'op':8s} {'M x N x K':22s} {'B':3s} {'torch fused ms':>14s} {'rel_err':>9s}"
+          + (f" {'loom ms':>9s} {'rel_err':>9s} {'torch/loom':>10s}" if paired else ""))
     for r in rows:
         shape = f"{r['M']}x{r['N']}x{r['K']}"
-        print(f"{r['op']:8s} {shape:22s} {r['b_layout']:3s} {r['ms']:14.4f} {r['rel_err']:9.1e}")
+        line = f"{r['op']:8s} {shape:22s} {r['b_layout']:3s} {r['ms']:14.4f} {r['rel_err']:9.1e}"
+        if "loom_ms" in r:
+            line += f" {r['loom_ms']:9.4f} {r['rel_err_loom']:9.1e} {r['ms'] / r['loom_ms']:10.3f}"
+        print(line)
     sys.stdout.flush()
 
 

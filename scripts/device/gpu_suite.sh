@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # On the GPU machine, in one call: the GPU test suite and the benchmarks, with logs and JSON
 # under $OUT (at most 8 files come back, so logs are combined).
-#   scripts/device/gpu_suite.sh [tests] [tp-tests] [coll] [coll-tune] [gemm] [gemm-tune]
+#   scripts/device/gpu_suite.sh [tests] [tp-tests] [coll] [coll-tune] [gemm] [gemm-tune] [gemm-raster]
 #                               [tp] [torch] [tp-tune] [timeline] [merge]  (default: tests coll gemm)
 #   tp        loom-bench tp (ag_gemm, gemm_rs, gemm_ar at issue 4's shapes) vs cuBLAS, NCCL + cuBLAS
-#   torch     bench/torch_fused.py under torchrun (PyTorch's fused ag_gemm / gemm_rs)
+#   torch     bench/torch_fused.py under torchrun (PyTorch's fused ag_gemm / gemm_rs), with loom's op
+#             timed beside it in the same process when its Python extension builds here
 #   merge     joins both into $OUT/bench_tp_merged.json and prints the table; it also runs by itself,
 #             last, whenever tp or torch ran
 #   tp-tune   loom-bench tune (TUNE_OPS, TUNE_M: default every op and M), writes
@@ -125,6 +126,16 @@ for step in "${steps[@]}"; do
         timeout $t $BIN/loom-bench gemm --spawn 1 --json "$OUT/bench_gemm.json" >> "$OUT/bench.log" 2>&1
         r=$?; tail -30 "$OUT/bench.log" | tee -a "$summary"
       else r=124; log "gemm: skipped, not enough time left"; fi ;;
+    gemm-raster)
+      # loom's GEMM at ag_gemm's per-rank shape with the raster group height swept (both GPUs
+      # busy, as in the tp step): $OUT/bench_gemm_raster.log, one JSON per group height.
+      for g in ${RASTER_GROUPS:-0 1 2 4 8 16 32}; do
+        if t=$(budget 60 20); then
+          timeout $t $BIN/loom-bench gemm --spawn 2 --m ${RASTER_M:-2048,4096} --nk ${RASTER_NK:-14336x8192} \
+            --group-m $g --iters 40 --json "$OUT/bench_gemm_raster_g$g.json" >> "$OUT/bench_gemm_raster.log" 2>&1 || r=$?
+        else r=124; log "gemm-raster g=$g: skipped, not enough time left"; fi
+      done
+      tail -150 "$OUT/bench_gemm_raster.log" | tee -a "$summary" ;;
     gemm-tune)
       # Small-M shapes with every tile forced, to check the heuristic's choice.
       for tile in 128x256 128x128 128x64 64x128; do
@@ -157,10 +168,17 @@ for step in "${steps[@]}"; do
       else r=124; log "timeline: skipped, not enough time left"; fi ;;
     torch)
       # PyTorch's fused ag_gemm / gemm_rs at the same shapes, with PyTorch's own libraries.
+      # With loom's Python extension built here, loom's op is timed beside torch's in the same
+      # process (alternating rounds, same inputs): the `paired` column of the merged table.
       merge_wanted=1
-      if t=$(budget 240 90); then
-        LD_LIBRARY_PATH="$ORIG_LD_LIBRARY_PATH" timeout $t python3 -m torch.distributed.run --standalone \
-          --nproc-per-node "$ngpu" bench/torch_fused.py --json "$WORK/torch_fused.json" --iters 30 \
+      paired=()
+      if WORK="$WORK" scripts/device/build_python_ext.sh "$OUT/bench.log"; then
+        paired=(--loom)
+      else log "torch: loom's Python extension did not build (bench.log); torch timed alone"; fi
+      if t=$(budget 300 90); then
+        LD_LIBRARY_PATH="$ORIG_LD_LIBRARY_PATH" PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}" \
+          timeout $t python3 -m torch.distributed.run --standalone \
+          --nproc-per-node "$ngpu" bench/torch_fused.py --json "$WORK/torch_fused.json" --iters 30 "${paired[@]}" \
           --deadline-s $((t - 15)) --timeout-s 120 >> "$OUT/bench.log" 2>&1
         r=$?; grep -E "^torch_fused|torch_fused.py:" "$OUT/bench.log" | tail -14 | tee -a "$summary"
       else r=124; log "torch: skipped, not enough time left"; fi ;;

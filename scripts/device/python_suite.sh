@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine (no network): the Python package's GPU suite, in one call of ~4 minutes.
 #   1. builds only the extension loom._C against the carried .device-carry/bin/libloom.so
-#      (scripts/device/stage.sh builds it here) and the repo's include/: python/CMakeLists.txt,
-#      no CUDA compiler needed, into $WORK/pkg/loom (PYTHONPATH=$WORK/pkg)
+#      (scripts/device/build_python_ext.sh) into $WORK/pkg/loom (PYTHONPATH=$WORK/pkg)
 #   2. the GPU pytest suite (tests/python, marker gpu) as every rank under torchrun, including the
 #      CUDA-graph test and the per-call overhead measurement (-> $OUT/python_overhead.json)
 #   3. examples/tp_mlp.py under torchrun (-> $OUT/tp_mlp.json)
@@ -27,21 +26,8 @@ log "git: $(cat .device-carry/GIT_SHA 2>/dev/null | tr '\n' ' ') gpus: $ngpu, ra
 $PY -c 'import sys, torch, nanobind; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "nanobind", nanobind.__version__)' 2>&1 | tee -a "$LOG"
 
 rc=0
-LIB=.device-carry/bin/libloom.so
-if [[ ! -f $LIB ]]; then
-  log "no $LIB: run scripts/device/stage.sh on the build machine and carry .device-carry"
-  exit 1
-fi
-# 1. extension only (nanobind from the image's Python, which must have its C headers)
-include=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
-if [[ ! -f $include/Python.h ]]; then
-  log "no Python.h under $include: the extension cannot be compiled with this Python (needs python3-dev)"; exit 1
-fi
-rm -rf "$WORK/ext" "$WORK/pkg"
-if timeout 150 cmake -S python -B "$WORK/ext" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-     -DPython_EXECUTABLE="$(command -v "$PY")" -DLOOM_PREBUILT_LIBRARY="$PWD/$LIB" >> "$LOG" 2>&1 &&
-   timeout 150 cmake --build "$WORK/ext" -j 16 >> "$LOG" 2>&1 &&
-   cmake --install "$WORK/ext" --prefix "$WORK/pkg" >> "$LOG" 2>&1; then
+# 1. extension only
+if WORK="$WORK" PYTHON="$PY" scripts/device/build_python_ext.sh "$LOG"; then
   log "extension built: $(ls "$WORK"/pkg/loom/*.so | tr '\n' ' ')"
 else
   log "EXTENSION BUILD FAILED"; tail -40 "$LOG"; exit 1

@@ -129,6 +129,7 @@ Result<std::vector<GemmBenchRow>> run_gemm_bench(const GemmBenchOptions& o) {
     GemmOptions gopt;
     gopt.tile = o.tile;
     gopt.num_ctas = o.num_ctas;
+    gopt.group_m = o.group_m;
 
     // Several input copies when one set fits in L2 twice over, so each timed launch reads inputs
     // that the previous one did not leave in L2.
@@ -158,7 +159,8 @@ Result<std::vector<GemmBenchRow>> run_gemm_bench(const GemmBenchOptions& o) {
     args.b = b[0].p;
     args.d = d.p;
     LOOM_ASSIGN_OR_RETURN(ops::GemmLaunchPlan plan, ops::plan_gemm_launch(args, gopt));
-    row.config = std::string(gemm_tile_name(plan.tile)) + "/" + std::to_string(plan.num_ctas);
+    row.config = std::string(gemm_tile_name(plan.tile)) + "/" + std::to_string(plan.num_ctas) + "/g" +
+                 std::to_string(plan.group_m);
 
     auto loom_op = [&](int i) -> Status {
       GemmArgs x = args;

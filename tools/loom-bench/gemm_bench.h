@@ -19,6 +19,7 @@ struct GemmBenchOptions {
   BLayout b_layout = BLayout::kNK;
   GemmTile tile = GemmTile::kAuto;  // force a loom configuration
   int num_ctas = 0;                 // loom's persistent grid (0: planner)
+  int group_m = 0;                  // loom's raster group height in tile rows (0: planner)
   int warmup = 10;
   int iters = 30;                   // timed iterations (median reported); at least 20 is sensible
   bool check = true;                // compare loom with an fp32 reference once per shape
@@ -30,7 +31,7 @@ struct GemmBenchRow {
   DType in_dtype = DType::kBF16;
   DType out_dtype = DType::kBF16;
   BLayout b_layout = BLayout::kNK;
-  std::string config;      // loom's tile, e.g. "128x256", and grid, e.g. "128x256/132"
+  std::string config;      // loom's tile, e.g. "128x256", grid and raster group, e.g. "128x256/132/g16"
   double rel_err = -1;     // ||loom - ref|| / ||ref|| over sampled rows (-1: not checked)
   double rel_err_cublas = -1;
   double ms_loom = 0;      // median of `iters` event-timed launches

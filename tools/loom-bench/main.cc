@@ -49,6 +49,7 @@ struct GemmCli {
   std::string out_dtype = "bf16";
   std::string tile = "auto";
   int ctas = 0;
+  int group_m = 0;
 };
 
 struct CollectiveCli {
@@ -124,6 +125,7 @@ Status run_gemm(loom::Communicator* comm, const GlobalOptions& g, const GemmCli&
   LOOM_ASSIGN_OR_RETURN(o.b_layout, loom::parse_b_layout(c.layout));
   LOOM_ASSIGN_OR_RETURN(o.tile, loom::parse_gemm_tile(c.tile));
   o.num_ctas = c.ctas;
+  o.group_m = c.group_m;
   o.warmup = g.warmup;
   o.iters = g.iters;
   LOOM_ASSIGN_OR_RETURN(std::vector<loom::bench::GemmBenchRow> rows, loom::bench::run_gemm_bench(o));
@@ -249,6 +251,8 @@ int main(int argc, char** argv) {
   gemm->add_option("--out-dtype", gemm_cli.out_dtype, "output type")->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
   gemm->add_option("--tile", gemm_cli.tile, "force a tile: 128x256, 128x128, 128x64, 64x128");
   gemm->add_option("--ctas", gemm_cli.ctas, "persistent CTAs (0: planner)");
+  gemm->add_option("--group-m", gemm_cli.group_m, "raster group height in tile rows (0: planner)")
+      ->check(CLI::NonNegativeNumber);
   TpCli tp_cli;
   std::vector<std::pair<CLI::App*, std::vector<std::string>>> tp_commands;
   for (const char* name : {"ag_gemm", "gemm_rs", "gemm_ar", "tp"}) {
