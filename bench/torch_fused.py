@@ -2,7 +2,7 @@
 """PyTorch's fused tensor-parallel ops, timed on the shapes loom-bench uses (the `torch_fused` baseline).
 
     torchrun --nproc-per-node 2 bench/torch_fused.py --json torch_fused.json
-    python3 -m torch.distributed.run --nproc-per-node 2 bench/torch_fused.py --m 4096,16384 --ops ag_gemm
+    python3 -m torch.distributed.run --nproc-per-node 2 bench/torch_fused.py --m-values 4096,16384 --ops ag_gemm
 
   ag_gemm  torch.ops.symm_mem.fused_all_gather_matmul(A_shard [M/W, K], [B [K, N]], 0, group, return_A=False)
   gemm_rs  torch.ops.symm_mem.fused_matmul_reduce_scatter(A [M, K/W], B [K/W, N], "sum", 0, group)
@@ -55,7 +55,9 @@ def fail(message, code=2):
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ops", default="ag_gemm,gemm_rs", help="comma-separated: ag_gemm, gemm_rs")
-    p.add_argument("--m", default=",".join(map(str, DEFAULT_M)), help="comma-separated global M values")
+    # Not --m alone: under torchrun, argparse would take it for an abbreviation of torchrun's --max-restarts.
+    p.add_argument("--m-values", "--m", dest="m", default=",".join(map(str, DEFAULT_M)),
+                   help="comma-separated global M values")
     p.add_argument("--n", type=int, default=0, help="N (default: the issue's per op)")
     p.add_argument("--k", type=int, default=0, help="global K (gemm_rs: split over the ranks; default: the issue's)")
     p.add_argument("--layout", choices=["nk", "kn"], default="nk",

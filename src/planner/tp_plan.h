@@ -19,7 +19,11 @@
 //   decomposed  bytes / nvlink + G + decomposed_overhead_s
 // ag_gemm's comm CTAs: the fewest (>= min_comm_ctas) whose transfer ends within
 // comm_finish_fraction of the window it hides behind (the (W-1)/W of the compute that does not
-// depend on it); if none can, enough to saturate NVLink. Fused is chosen when the fused kernels
+// depend on it), raised to as many as the last wave of tiles can spare without a wave more (at
+// most enough to saturate NVLink); if none can, enough to saturate NVLink. The fused tile is
+// the one with the smaller G, but 128x256 within fused_tile_tolerance of a faster 128x128 when
+// its last wave has more idle slots (they absorb the comm CTAs' late start and the first remote
+// tiles' waits). Fused is chosen when the fused kernels
 // can run the shape (W <= fused_max_local_world, M/W a multiple of fused_block_m, a 128x256 or
 // 128x128 tile) and it is modelled at least fused_min_gain faster than decomposed; one rank alone
 // is always decomposed (a plain GEMM).
@@ -75,15 +79,20 @@ struct TpCostModel {
   // order constrained by data arrival). An estimate until the fused kernels are measured.
   double fused_compute_efficiency = 0.98;
   // Fixed costs per call: the fused kernel's entry handshake and the latency of its first
-  // dependent chunk; the decomposed path's second launch and collective handshake.
+  // dependent chunk; the decomposed path's second launch and the collective's own fixed cost
+  // (loom all_gather on 2 x H200: 15 us at 1 MiB, 240 us at 64 MiB per rank, i.e. ~11 us plus
+  // the bytes at 294 GB/s; bench/results, Nov 2026).
   double fused_overhead_s = 10e-6;
-  double decomposed_overhead_s = 6e-6;
+  double decomposed_overhead_s = 12e-6;
   // The transfer should end within this fraction of the compute it hides behind, leaving slack
   // for arrival jitter and for the comm CTAs to join the compute early.
   double comm_finish_fraction = 0.5;
   // Fused must be modelled at least this much faster than decomposed (the model is rough, and
   // the fused op must never lose to collective + GEMM).
   double fused_min_gain = 0.02;
+  // The fused kernels take 128x256 over a modelled-faster 128x128 within this margin when its
+  // last wave has more idle slots to absorb the fused kernel's delays (tp_plan.cc).
+  double fused_tile_tolerance = 0.05;
   int min_comm_ctas = 2;
   int max_comm_ctas_sm_divisor = 4;  // at most sm_count / 4 comm CTAs
   // What the fused kernels run (ops/tp_common.h re-checks and falls back to decomposed): at most

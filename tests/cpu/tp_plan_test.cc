@@ -280,6 +280,31 @@ TEST(TpPlanModel, CommCtasAreTheFewestThatFinishEarlyEnough) {
   EXPECT_GT(fewer.comm_s, model.comm_finish_fraction * window(fewer)) << "comm_ctas " << p->comm_ctas << " is not the fewest";
 }
 
+TEST(TpPlanModel, AgGemmAtSmallMTakesTheTileWhoseLastWaveHasRoomAndFillsItWithCommCtas) {
+  // M = 1024: 128x128 is modelled ~3% faster as a plain GEMM (896 tiles, 7 waves, 28 idle slots)
+  // but 128x256 (448 tiles, 4 waves, 80 idle slots) absorbs the fused kernel's delays; measured
+  // on 2 x H200 (Nov 2026) 128x256 with 14-16 comm CTAs beat 128x128 with 5 by 2-4%.
+  const TpCostModel model;
+  const TpRequest r = issue_request(OpId::kAgGemm, 1024);
+  ASSERT_LT(gemm_model_seconds(GemmTile::k128x128, r.m, r.n, r.k, kSms),
+            gemm_model_seconds(GemmTile::k128x256, r.m, r.n, r.k, kSms));
+  Result<TpPlan> p = plan_tp(r, {}, nullptr, model);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->tile, GemmTile::k128x256);
+  // 448 tiles in 4 waves need 112 CTAs: 20 could go; capped at what saturates NVLink.
+  const int saturating = static_cast<int>(std::ceil(model.nvlink_bytes_per_s / model.comm_cta_bytes_per_s));
+  EXPECT_EQ(p->comm_ctas, std::min(20, saturating));
+  // Without the tolerance the faster plain GEMM's tile is kept.
+  TpCostModel strict = model;
+  strict.fused_tile_tolerance = 0;
+  EXPECT_EQ(plan_tp(r, {}, nullptr, strict)->tile, GemmTile::k128x128);
+  // Where the last wave is full the spare-CTA rule adds nothing: M = 16384 keeps the fewest.
+  const TpRequest big = issue_request(OpId::kAgGemm, 16384);
+  const TpPlan pb = *plan_tp(big, {}, nullptr, model);
+  const TpEstimate fewer = estimate_tp(big, pb.comm_ctas - 1, pb.tile);
+  EXPECT_GT(fewer.comm_s, model.comm_finish_fraction * fewer.gemm_s / model.fused_compute_efficiency / 2);
+}
+
 TEST(TpPlanModel, AllReduceMovesTwiceTheBytesOfReduceScatter) {
   for (int64_t m : kIssueMs) {
     const TpRequest rs = issue_request(OpId::kGemmRs, m);
