@@ -71,7 +71,7 @@ def parse_args():
     p.add_argument("--max-rel-err", type=float, default=2e-2, help="fail when a result is further off than this")
     p.add_argument("--loom", action="store_true",
                    help="also time loom's op on the same inputs, alternating with torch's in every round")
-    p.add_argument("--rounds", type=int, default=5, help="with --loom: alternating rounds the timed calls split into")
+    p.add_argument("--rounds", type=int, default=10, help="with --loom: alternating rounds the timed calls split into")
     args = p.parse_args()
     args.ops = [o for o in args.ops.split(",") if o]
     for op in args.ops:
