@@ -175,7 +175,7 @@ for step in "${steps[@]}"; do
       if WORK="$WORK" scripts/device/build_python_ext.sh "$OUT/bench.log"; then
         paired=(--loom)
       else log "torch: loom's Python extension did not build (bench.log); torch timed alone"; fi
-      if t=$(budget 300 90); then
+      if t=$(budget 150 90); then
         LD_LIBRARY_PATH="$ORIG_LD_LIBRARY_PATH" PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}" \
           timeout $t python3 -m torch.distributed.run --standalone \
           --nproc-per-node "$ngpu" bench/torch_fused.py --json "$WORK/torch_fused.json" --iters 60 --rounds 10 "${paired[@]}" \
