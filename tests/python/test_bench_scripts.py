@@ -1,0 +1,83 @@
+"""The benchmark scripts' plumbing (CPU): bench/merge_results.py joins torch_fused.py's rows, its
+paired loom time included, and bench/torch_fused.py parses the options the device script passes."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+
+def write(path, doc):
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+LOOM_ROW = {"op": "ag_gemm", "M": 4096, "N": 14336, "K": 8192, "dtype": "bf16", "b_layout": "nk",
+            "ms": {"loom": 1.40, "cublas": 1.37, "loom_gemm": 1.41, "nccl_cublas": 1.56}, "rel_err": 1.7e-3}
+
+
+def merge(tmp_path, torch_rows):
+    loom = write(tmp_path / "loom.json", {"rows": [dict(LOOM_ROW, ms=dict(LOOM_ROW["ms"]))]})
+    torch = write(tmp_path / "torch.json", {"rows": torch_rows})
+    out = tmp_path / "merged.json"
+    run = subprocess.run([sys.executable, str(REPO / "bench/merge_results.py"), "--loom", loom, "--torch", torch,
+                          "--out", str(out)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    return json.loads(out.read_text())["rows"][0], run.stdout
+
+
+def table_cell(stdout, label):
+    """The ag_gemm row's cell under `label` (cells are right-aligned to their header's width)."""
+    lines = stdout.splitlines()
+    header = next(line for line in lines if line.startswith("op "))
+    row = next(line for line in lines if line.startswith("ag_gemm"))
+    start = header.index(" " + label + " ") + 1
+    return row[start:start + len(label)].strip()
+
+
+def test_merge_adds_the_paired_loom_time_and_its_ratio(tmp_path):
+    torch_row = {"op": "ag_gemm", "M": 4096, "N": 14336, "K": 8192, "dtype": "bf16", "b_layout": "nk",
+                 "ms": 1.30, "rel_err": 1.6e-3, "loom_ms": 1.25, "rel_err_loom": 1.7e-3}
+    row, stdout = merge(tmp_path, [torch_row])
+    assert row["ms"]["torch_fused"] == pytest.approx(1.30)
+    assert row["ms"]["loom_beside_torch"] == pytest.approx(1.25)
+    assert row["rel_err_loom_beside_torch"] == pytest.approx(1.7e-3)
+    assert float(table_cell(stdout, "torch/loom")) == pytest.approx(1.30 / 1.40, abs=1e-3)
+    assert float(table_cell(stdout, "paired")) == pytest.approx(1.30 / 1.25, abs=1e-3)
+
+
+def test_merge_without_a_paired_time_leaves_the_column_empty(tmp_path):
+    torch_row = {"op": "ag_gemm", "M": 4096, "N": 14336, "K": 8192, "dtype": "bf16", "b_layout": "nk",
+                 "ms": 1.30, "rel_err": 1.6e-3}
+    row, stdout = merge(tmp_path, [torch_row])
+    assert "loom_beside_torch" not in row["ms"]
+    assert table_cell(stdout, "paired") == "-"
+
+
+def load_torch_fused():
+    spec = importlib.util.spec_from_file_location("torch_fused", REPO / "bench/torch_fused.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # imports no torch: that happens in main()
+    return module
+
+
+@pytest.mark.parametrize("flag", ["--m-values", "--m"])
+def test_torch_fused_takes_m_values_under_either_name(monkeypatch, flag):
+    module = load_torch_fused()
+    monkeypatch.setattr(sys, "argv", ["torch_fused.py", flag, "2048,4096", "--loom", "--rounds", "3"])
+    args = module.parse_args()
+    assert args.m == [2048, 4096]
+    assert args.loom and args.rounds == 3
+
+
+def test_torch_fused_refuses_zero_rounds(monkeypatch, capsys):
+    module = load_torch_fused()
+    monkeypatch.setattr(sys, "argv", ["torch_fused.py", "--rounds", "0"])
+    with pytest.raises(SystemExit) as exit_info:
+        module.parse_args()
+    assert exit_info.value.code == 2
+    assert "--rounds must be >= 1" in capsys.readouterr().err
