@@ -114,7 +114,7 @@ double last_wave_idle(const TpRequest& r, GemmTile tile) {
 
 // The fused tile: the smaller modelled GEMM time (ties to 128x256), except that 128x256 also
 // wins within fused_tile_tolerance when its last wave has more idle slots (2 x H200, ag_gemm
-// M = 1024: 128x256 with 14-16 comm CTAs 0.357-0.365 ms, 128x128 0.371-0.374 ms, while the
+// M = 1024: 128x256 with 14-16 comm CTAs 0.351-0.365 ms, 128x128 0.371-0.374 ms, while the
 // plain GEMM is 3% faster with 128x128).
 GemmTile fused_tile_for(const TpRequest& r, const TpCostModel& model) {
   const double wide = gemm_model_seconds(GemmTile::k128x256, r.m, r.n, r.k, r.sm_count);
