@@ -8,6 +8,9 @@ For each CSV (one launch of one kernel on one rank, loom/diagnostics.h TileTimel
              the steady rate at which a CTA finishes tiles, by the kind of the later tile
   fold       time the consumers spent folding other ranks' partials in, inside the mainloop (us)
   epilogue   mainloop end -> last box handed to TMA, including a plain tile's signal hand-off (us)
+  slow epi   epilogues over 3x the kernel's median epilogue, and when they ran (mainloop end, us
+             after the first claim, in quarters of the span): bursts of stores show up as one
+             crowded quarter
   start, end when CTAs got their first tile and finished their last (us after the first claim):
              spread = how unevenly the CTAs start and finish (the tail)
 Usage: timeline_summary.py DIR_OR_FILES...  (prints one block per file, fused next to gemm)
@@ -69,6 +72,16 @@ def summarise(meta, rows):
     for kind, values in sorted(epi.items()):
         name = {0: "tile", 4: "fold tile"}.get(kind, str(kind))
         out.append(f"    epilogue {name:9}: median {statistics.median(values):6.2f} us  p90 {pct(values, 0.9):6.2f}  max {max(values):6.2f}")
+    all_epi = [v for values in epi.values() for v in values]
+    slow_at = []
+    for r in rows:
+        if (r["stored_clock"] - r["mainloop_clock"]) / clock / 1e3 > 3 * statistics.median(all_epi):
+            slow_at.append((r["claimed_ns"] - t0) / 1e3 + (r["mainloop_clock"] - r["claimed_clock"]) / clock / 1e3)
+    if slow_at:
+        quarters = [sum(1 for t in slow_at if q * span / 4 <= t < (q + 1) * span / 4) for q in range(4)]
+        quarters[3] += sum(1 for t in slow_at if t >= span)
+        out.append(f"    slow epilogues (> {3 * statistics.median(all_epi):.1f} us): {len(slow_at)} of {len(rows)}, "
+                   f"by quarter of the span {quarters}")
     if fold:
         out.append(f"    fold: median {statistics.median(fold):6.2f} us  p90 {pct(fold, 0.9):6.2f}  max {max(fold):6.2f}")
     out.append(f"    CTA start: median {statistics.median(starts):6.1f}  max {max(starts):6.1f} us;"
