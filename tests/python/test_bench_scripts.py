@@ -81,3 +81,26 @@ def test_torch_fused_refuses_zero_rounds(monkeypatch, capsys):
         module.parse_args()
     assert exit_info.value.code == 2
     assert "--rounds must be >= 1" in capsys.readouterr().err
+
+
+def test_timeline_summary_places_slow_epilogues_in_their_quarter(tmp_path):
+    # 8 tiles on 2 CTAs at 1 GHz (1 cycle per ns), 100 us each: mainloop 98 us, epilogue 2 us,
+    # except the first tile of each CTA, whose epilogue takes 20 us (a burst at the start).
+    header = "tile,m_block,n_block,kind,cta,smid,claimed_ns,stored_ns,claimed_clock,mainloop_clock,stored_clock,fold_cycles"
+    lines = ["# op=gemm_rs M=512 N=512 K_rank=64 what=fused tile=128x256 rank=0 world=2", header]
+    tile = 0
+    for cta in range(2):
+        t = 0
+        for i in range(4):
+            epi = 20_000 if i == 0 else 2_000
+            main_end = t + 98_000
+            lines.append(f"{tile},{i},{cta},0,{cta},{cta},{t},{main_end + epi},{t},{main_end},{main_end + epi},0")
+            t = main_end + epi
+            tile += 1
+    path = tmp_path / "timeline_gemm_rs_512_fused_rank0.csv"
+    path.write_text("\n".join(lines) + "\n")
+    run = subprocess.run([sys.executable, str(REPO / "bench/timeline_summary.py"), str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert "8 tiles on 2 CTAs" in run.stdout
+    assert "slow epilogues (> 6.0 us): 2 of 8, by quarter of the span [2, 0, 0, 0]" in run.stdout, run.stdout
