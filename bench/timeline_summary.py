@@ -56,9 +56,10 @@ def summarise(meta, rows):
             cycles = cur["mainloop_clock"] - prev["mainloop_clock"]
             period.setdefault(cur["kind"], []).append(cycles / clock / 1e3)
     fold = [r["fold_cycles"] / clock / 1e3 for r in rows if r["kind"] == 4]
+    epi_us = [(r["stored_clock"] - r["mainloop_clock"]) / clock / 1e3 for r in rows]
     epi = {}
-    for r in rows:
-        epi.setdefault(r["kind"], []).append((r["stored_clock"] - r["mainloop_clock"]) / clock / 1e3)
+    for r, e in zip(rows, epi_us):
+        epi.setdefault(r["kind"], []).append(e)
     starts = [(min(r["claimed_ns"] for r in t) - t0) / 1e3 for t in by_cta.values()]
     ends = [(max(r["stored_ns"] for r in t) - t0) / 1e3 for t in by_cta.values()]
     tiles_per_cta = [len(t) for t in by_cta.values()]
@@ -72,15 +73,14 @@ def summarise(meta, rows):
     for kind, values in sorted(epi.items()):
         name = {0: "tile", 4: "fold tile"}.get(kind, str(kind))
         out.append(f"    epilogue {name:9}: median {statistics.median(values):6.2f} us  p90 {pct(values, 0.9):6.2f}  max {max(values):6.2f}")
-    all_epi = [v for values in epi.values() for v in values]
-    slow_at = []
-    for r in rows:
-        if (r["stored_clock"] - r["mainloop_clock"]) / clock / 1e3 > 3 * statistics.median(all_epi):
-            slow_at.append((r["claimed_ns"] - t0) / 1e3 + (r["mainloop_clock"] - r["claimed_clock"]) / clock / 1e3)
+    slow_us = 3 * statistics.median(epi_us)
+    slow_at = [(r["claimed_ns"] - t0) / 1e3 + (r["mainloop_clock"] - r["claimed_clock"]) / clock / 1e3
+               for r, e in zip(rows, epi_us) if e > slow_us]
     if slow_at:
-        quarters = [sum(1 for t in slow_at if q * span / 4 <= t < (q + 1) * span / 4) for q in range(4)]
-        quarters[3] += sum(1 for t in slow_at if t >= span)
-        out.append(f"    slow epilogues (> {3 * statistics.median(all_epi):.1f} us): {len(slow_at)} of {len(rows)}, "
+        quarters = [0, 0, 0, 0]
+        for t in slow_at:
+            quarters[min(3, max(0, int(4 * t / span)))] += 1
+        out.append(f"    slow epilogues (> {slow_us:.1f} us): {len(slow_at)} of {len(rows)}, "
                    f"by quarter of the span {quarters}")
     if fold:
         out.append(f"    fold: median {statistics.median(fold):6.2f} us  p90 {pct(fold, 0.9):6.2f}  max {max(fold):6.2f}")

@@ -92,15 +92,17 @@ double comm_bytes_of(const TpRequest& r) {
   }
 }
 
-// Tiles of `tile` over the output and the waves `ctas` CTAs take for them.
+// Tiles of `tile` over the output and the waves `ctas` CTAs take for them (at least one; no
+// tiles for a tile without a shape, e.g. kAuto).
 struct TileWaves {
-  int64_t tiles = 0, waves = 0;
+  int64_t tiles = 0, waves = 1;
 };
 TileWaves tile_waves(const TpRequest& r, GemmTile tile, int ctas) {
   const GemmTileInfo info = gemm_tile_info(tile);
   TileWaves w;
+  if (info.block_m <= 0 || info.block_n <= 0) return w;
   w.tiles = ((r.m + info.block_m - 1) / info.block_m) * ((r.n + info.block_n - 1) / info.block_n);
-  w.waves = (w.tiles + std::max(1, ctas) - 1) / std::max(1, ctas);
+  w.waves = std::max<int64_t>(1, (w.tiles + std::max(1, ctas) - 1) / std::max(1, ctas));
   return w;
 }
 
@@ -322,12 +324,7 @@ TpEstimate estimate_tp(const TpRequest& r, int comm_ctas, GemmTile tile, const T
   const double bandwidth =
       comm_ctas_move_data ? std::min(model.nvlink_bytes_per_s, c * model.comm_cta_bytes_per_s) : model.nvlink_bytes_per_s;
   e.comm_s = e.comm_bytes / bandwidth;
-  const GemmTileInfo info = gemm_tile_info(tile);
-  double waves = 1;
-  if (info.block_m > 0) {
-    const int64_t tiles = ((r.m + info.block_m - 1) / info.block_m) * ((r.n + info.block_n - 1) / info.block_n);
-    waves = static_cast<double>(std::max<int64_t>(1, (tiles + sm - 1) / sm));
-  }
+  const double waves = static_cast<double>(tile_waves(r, tile, sm).waves);
   if (r.local_world == 1) {
     e.fused_s = fused_gemm_s + model.fused_overhead_s;
     e.decomposed_s = e.gemm_s;
