@@ -47,13 +47,12 @@ struct TpTunables {
   static constexpr uint32_t kBandWaves = 2;
   // gemm_rs / gemm_ar relay CTAs (tile_relay.cuh) copy tiles through a ring of kRelaySlots
   // 64-column x BLOCK_M boxes; loads run at most kRelayLoadAhead boxes ahead of the stores, so
-  // up to kRelaySlots - kRelayLoadAhead boxes' stores are being read out; a tile's flags go out
-  // once at most kRelayFlagLag newer boxes' writes are incomplete. The lag bounds the bytes in
-  // flight to the peers: a remote write completes ~10 us after it is issued under load, and a
-  // lag of 4 boxes (64 KiB) held a relay CTA to ~7 GB/s (2 x H200, Nov 2026).
+  // up to kRelaySlots - kRelayLoadAhead boxes' stores are in flight (the epilogue-style pusher
+  // with one store in flight moved ~22 GB/s per CTA); a tile's flags go out once at most
+  // kRelayFlagLag newer boxes are pending.
   static constexpr int kRelaySlots = 12;
   static constexpr int kRelayLoadAhead = 4;
-  static constexpr int kRelayFlagLag = 32;
+  static constexpr int kRelayFlagLag = 4;
 };
 
 // Roles a CTA takes in a fused kernel, from the role table (never from bare index arithmetic).

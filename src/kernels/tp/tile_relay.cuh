@@ -69,7 +69,7 @@ class TileRelay {
   static constexpr uint32_t kItemOffset = kFullOffset + kSlots * 8;
   static constexpr uint32_t kSmemBytes = kItemOffset + kItems * sizeof(RelayItem);
   static_assert(kLoadAhead >= 1 && kLoadAhead < kSlots, "loads run ahead of the stores by at least one slot and leave some in flight");
-  static_assert(kSlots - kLoadAhead <= 32 && kFlagLag >= 0 && kFlagLag <= 32, "wait_group takes a small immediate");
+  static_assert(kSlots - kLoadAhead <= 8 && kFlagLag >= 0 && kFlagLag <= 8, "wait_group takes a small immediate");
   static_assert(kSlotBytes % 1024 == 0, "ring slots must keep the 128B swizzle's 1024-byte alignment");
 
   __device__ TileRelay(uint8_t* base, const ReduceGemmParams& p, uint64_t epoch, const WaitContext& ctx)
