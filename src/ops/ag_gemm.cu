@@ -164,7 +164,7 @@ Status ag_gemm(Communicator& comm, const TpGemmArgs& args, cudaStream_t stream, 
   Communicator::Impl& impl = comm.impl();
   LOOM_TRY(ops::tp::check_common(impl, OpId::kAgGemm, args));
   const int world = impl.topology.local_world_size;
-  auto fused_check = [&](GemmTile tile, int grid, int /*comm_ctas*/) -> std::string {
+  auto fused_check = [&](GemmTile tile, int grid) -> std::string {
     if (options.comm_ctas == 0) return "comm_ctas = 0: the fused ag_gemm needs a communication CTA to push the shard";
     if (grid < 2) return "the GPU has fewer than 2 SMs";
     const int64_t rows = args.m / world;

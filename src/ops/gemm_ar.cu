@@ -53,8 +53,8 @@ Status gemm_ar(Communicator& comm, const TpGemmArgs& args, cudaStream_t stream, 
   Communicator::Impl& impl = comm.impl();
   LOOM_TRY(ops::tp::check_common(impl, OpId::kGemmAr, args));
   const int world = impl.topology.local_world_size;
-  auto fused_check = [&](GemmTile tile, int /*grid*/, int relay_ctas) -> std::string {
-    return ops::tp::check_flag_capacity(impl, ops::tp::reduce_flags_for(args.m, args.n, world, tile, true, relay_ctas > 0));
+  auto fused_check = [&](GemmTile tile, int /*grid*/) -> std::string {
+    return ops::tp::check_flag_capacity(impl, ops::tp::reduce_flags_for(args.m, args.n, world, tile, true));
   };
   LOOM_ASSIGN_OR_RETURN(TpDecision d, ops::tp::decide(impl, OpId::kGemmAr, args, options, fused_check));
   LOOM_TRY(check_buffers(impl, args));
@@ -62,9 +62,7 @@ Status gemm_ar(Communicator& comm, const TpGemmArgs& args, cudaStream_t stream, 
     case TpPath::kPlainGemm: return gemm(ops::tp::local_gemm(args.a, args.b, args.out, args.m, args), stream,
                                          ops::tp::gemm_options_for(d));
     case TpPath::kDecomposed: return run_decomposed(comm, args, d, stream);
-    case TpPath::kFused:
-      d.comm_ctas = ops::tp::reduce_relay_ctas(d);
-      return run_fused(comm, args, d, stream);
+    case TpPath::kFused: return run_fused(comm, args, d, stream);
   }
   return Status::internal("gemm_ar: no path");
 }

@@ -94,8 +94,7 @@ enum class TpPath : uint8_t {
 struct TpDecision {
   TpPath path = TpPath::kDecomposed;
   GemmTile tile = GemmTile::k128x128;
-  int comm_ctas = 0;  // fused: CTAs that start in the communication role (ag_gemm: shard pushers,
-                      // at least 1; gemm_rs / gemm_ar: tile relays, 0 = the epilogues push)
+  int comm_ctas = 0;  // ag_gemm fused: CTAs that start in the communication role
   int grid = 0;       // fused: persistent CTAs (the SM count of this GPU)
   planner::TpPlan plan;
   TileTimelineRecord* timeline = nullptr;  // fused: TpGemmOptions::timeline (diagnostics)
@@ -103,7 +102,7 @@ struct TpDecision {
 
 // The fused kernel's own rules for this call, beyond the common ones: "" when it can run, else
 // the reason (shown when fused was forced, logged when the planner's choice falls back).
-using FusedCheck = std::function<std::string(GemmTile tile, int grid, int comm_ctas)>;
+using FusedCheck = std::function<std::string(GemmTile tile, int grid)>;
 
 // Plans the call (options, tuning cache, cost model: planner/tp_plan.h), then applies what the
 // fused kernels can run. Every rank reaches the same decision from the same arguments.
@@ -154,7 +153,7 @@ inline Result<TpDecision> decide(Communicator::Impl& impl, OpId op, const TpGemm
     why = "each rank's M/W = " + std::to_string(a.m / world) + " rows must be a multiple of " +
           std::to_string(kFusedBlockM) + " (BLOCK_M: a tile row never spans two ranks)";
   }
-  if (why.empty()) why = fused_check(d.tile, d.grid, plan.comm_ctas);
+  if (why.empty()) why = fused_check(d.tile, d.grid);
   if (why.empty()) {
     d.path = TpPath::kFused;
     return d;
@@ -317,23 +316,16 @@ inline int64_t band_m_blocks_for(int64_t rank_blocks, int64_t n_blocks, int grid
   return rank_blocks;
 }
 
-// Flags a fused gemm_rs (broadcast = false) or gemm_ar launch uses after the entry words
-// (staged_reduce.cuh): partial[], final[] (gemm_ar) and, with relay CTAs, ready[].
-inline uint64_t reduce_flags_for(int64_t m, int64_t n, int world, GemmTile tile, bool broadcast, bool relay) {
+// Flags a fused gemm_rs (broadcast = false) or gemm_ar launch uses after the entry words.
+inline uint64_t reduce_flags_for(int64_t m, int64_t n, int world, GemmTile tile, bool broadcast) {
   const GemmTileInfo info = gemm_tile_info(tile);
   const uint64_t n_blocks = static_cast<uint64_t>((n + info.block_n - 1) / info.block_n);
   const uint64_t m_blocks = static_cast<uint64_t>(m / info.block_m);
   const uint64_t own_tiles = m_blocks / static_cast<uint64_t>(world) * n_blocks;
-  return static_cast<uint64_t>(world - 1) * own_tiles + (broadcast ? m_blocks * n_blocks : 0) +
-         (relay ? m_blocks * n_blocks : 0);
+  return static_cast<uint64_t>(world - 1) * own_tiles + (broadcast ? m_blocks * n_blocks : 0);
 }
 
-// Relay CTAs a fused gemm_rs / gemm_ar launch runs with (TpDecision::comm_ctas): the plan's,
-// leaving a compute CTA.
-inline int reduce_relay_ctas(const TpDecision& d) { return std::clamp(d.plan.comm_ctas, 0, std::max(0, d.grid - 1)); }
-
-// Bytes of staged partials a fused gemm_rs / gemm_ar needs in every rank's workspace (times two
-// with relays: the outbox follows the staging).
+// Bytes of staged partials a fused gemm_rs / gemm_ar needs in every rank's workspace.
 inline size_t reduce_staging_bytes(const TpGemmArgs& a, int world) {
   return static_cast<size_t>(world - 1) * static_cast<size_t>(a.m / world) * static_cast<size_t>(a.n) * dtype_size(a.dtype);
 }
@@ -350,17 +342,9 @@ inline Status build_reduce_params(Communicator::Impl& impl, const TpGemmArgs& a,
   const int64_t rows = a.m / world;
   const int64_t staging_rows = static_cast<int64_t>(world - 1) * rows;
   const uint64_t staging_offset = impl.heap->offset_of(staging);
-  const int relays = d.comm_ctas;
 
   LOOM_TRY(encode_gemm_operand_maps(local_gemm(a.a, a.b, a.out, a.m, a), d.tile, &p.a, &p.b));
   LOOM_TRY(encode_gemm_rows_map(staging, staging_rows, a.n, a.n, a.dtype, info.block_m, &p.staged));
-  if (relays > 0) {
-    void* outbox = static_cast<char*>(staging) + reduce_staging_bytes(a, world);
-    LOOM_TRY(encode_gemm_output_map(outbox, staging_rows, a.n, a.n, a.dtype, &p.outbox));
-    LOOM_TRY(encode_gemm_rows_map(outbox, staging_rows, a.n, a.n, a.dtype, info.block_m, &p.outbox_rows));
-    if (broadcast) LOOM_TRY(encode_gemm_rows_map(a.out, a.m, a.n, a.n, a.dtype, info.block_m, &p.out_rows));
-  }
-  p.relay_ctas = static_cast<uint32_t>(relays);
   if (broadcast) {
     const uint64_t out_offset = impl.heap->offset_of(a.out);
     for (int r = 0; r < world; ++r) {
@@ -408,11 +392,10 @@ inline Status build_reduce_params(Communicator::Impl& impl, const TpGemmArgs& a,
   // their own offsets.
   const int64_t out_offset = broadcast ? static_cast<int64_t>(impl.heap->offset_of(a.out)) : 0;
   p.signature = plan_signature(broadcast ? OpId::kGemmAr : OpId::kGemmRs, d.tile, world,
-                               {a.m, a.n, static_cast<int64_t>(a.dtype), static_cast<int64_t>(staging_offset), out_offset,
-                                relays});
-  LOOM_DEBUG("%s fused %s: tile %s, %d CTAs (%d relaying), bands of %lld tile rows, plan from %s",
-             broadcast ? "gemm_ar" : "gemm_rs", shape_text(a, world).c_str(), std::string(gemm_tile_name(d.tile)).c_str(),
-             d.grid, relays, static_cast<long long>(band), d.plan.source.c_str());
+                               {a.m, a.n, static_cast<int64_t>(a.dtype), static_cast<int64_t>(staging_offset), out_offset});
+  LOOM_DEBUG("%s fused %s: tile %s, %d CTAs, bands of %lld tile rows, plan from %s", broadcast ? "gemm_ar" : "gemm_rs",
+             shape_text(a, world).c_str(), std::string(gemm_tile_name(d.tile)).c_str(), d.grid,
+             static_cast<long long>(band), d.plan.source.c_str());
   return {};
 }
 
@@ -423,8 +406,7 @@ Status launch_reduce_fused(Communicator& comm, const TpGemmArgs& a, const TpDeci
                            bool broadcast, const char* op, KernelOf kernel_of) {
   Communicator::Impl& impl = comm.impl();
   const int world = impl.topology.local_world_size;
-  const size_t staging_bytes = reduce_staging_bytes(a, world) * (d.comm_ctas > 0 ? 2 : 1);
-  LOOM_ASSIGN_OR_RETURN(void* staging, ensure_workspace(comm, staging_bytes, stream, op));
+  LOOM_ASSIGN_OR_RETURN(void* staging, ensure_workspace(comm, reduce_staging_bytes(a, world), stream, op));
   kernels::tp::ReduceGemmParams p{};
   LOOM_TRY(build_reduce_params(impl, a, d, staging, broadcast, &p));
   return dispatch_fused(d.tile, a.dtype, a.b_layout, [&]<class Cfg, bool kBF16, bool kBNMajor>() -> Status {

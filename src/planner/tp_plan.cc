@@ -145,18 +145,6 @@ int ag_comm_ctas(const TpRequest& r, GemmTile tile, const TpCostModel& model) {
   return saturating;
 }
 
-// gemm_rs / gemm_ar: relay CTAs take SMs the last wave of tiles leaves idle anyway (the compute
-// CTAs join them when the tiles run out), so only spare ones are used.
-int relay_ctas(const TpRequest& r, GemmTile tile, const TpCostModel& model) {
-  const TileWaves w = tile_waves(r, tile, r.sm_count);
-  const int64_t needed = (w.tiles + w.waves - 1) / w.waves;  // fewest CTAs that keep w.waves
-  const int relays = static_cast<int>(std::min<int64_t>(r.sm_count - needed, model.max_relay_ctas));
-  if (relays < std::max(1, model.min_relay_ctas)) return 0;
-  const TpEstimate e = estimate_tp(r, 0, tile, model);
-  if (e.comm_bytes > relays * model.relay_cta_bytes_per_s * e.gemm_s) return 0;
-  return relays;
-}
-
 // The model's plan for each algorithm; `choose` picks between them.
 struct ModelPlans {
   TpPlan fused, decomposed;
@@ -177,7 +165,7 @@ ModelPlans model_plans(const TpRequest& r, const TpCostModel& model) {
   p.decomposed.source = "model";
   p.fused.algorithm = TpAlgorithm::kFused;
   p.fused.tile = fused_tile_for(r, model);
-  p.fused.comm_ctas = r.op == OpId::kAgGemm ? ag_comm_ctas(r, p.fused.tile, model) : relay_ctas(r, p.fused.tile, model);
+  p.fused.comm_ctas = r.op == OpId::kAgGemm ? ag_comm_ctas(r, p.fused.tile, model) : 0;
   p.fused.source = "model";
   return p;
 }

@@ -11,13 +11,12 @@
 //   bytes    what each rank sends (= receives) over NVLink: ag (W-1)/W*M*K, rs (W-1)/W*M*N,
 //            ar 2(W-1)/W*M*N elements
 //   C        the transfer: ag_gemm's comm CTAs push the shard, C(c) = bytes / min(nvlink, c * per
-//            CTA rate); gemm_rs / gemm_ar's tiles leave from the compute CTAs' epilogues or
-//            through relay CTAs on otherwise idle SMs, C = bytes / nvlink (modelled without comm CTAs)
+//            CTA rate); gemm_rs / gemm_ar push partial tiles from the compute CTAs' epilogues
+//            (TMA stores), C = bytes / nvlink, and use no comm CTAs
 //   fused    max(G + C*c/SMs, C + G/waves) + fused_overhead_s: comm CTAs are lost to the compute
 //            while they move data (c = 0 for rs / ar); and when the transfer is the longer part, one
 //            wave of tiles still runs after the last byte (ag) or before the first (rs, ar)
 //   decomposed  bytes / nvlink + G + decomposed_overhead_s
-// gemm_rs / gemm_ar's relay CTAs: the CTAs the last wave can spare (TpCostModel says when).
 // ag_gemm's comm CTAs: the fewest (>= min_comm_ctas) whose transfer ends within
 // comm_finish_fraction of the window it hides behind (the (W-1)/W of the compute that does not
 // depend on it), raised to as many as the last wave of tiles can spare without a wave more (at
@@ -63,9 +62,8 @@ struct TpRequest {
 
 struct TpPlan {
   TpAlgorithm algorithm = TpAlgorithm::kFused;  // never kAuto
-  int comm_ctas = 0;                            // CTAs starting in the communication role: ag_gemm's
-                                                // shard pushers; gemm_rs / gemm_ar's tile relays
-                                                // (0: their epilogues push into the peers)
+  int comm_ctas = 0;                            // CTAs starting in the communication role (ag_gemm;
+                                                // gemm_rs / gemm_ar push from their epilogues: 0)
   GemmTile tile = GemmTile::kAuto;              // never kAuto
   std::string source;                           // "options", "cache" or "model": for logs and benches
 };
@@ -97,13 +95,6 @@ struct TpCostModel {
   double fused_tile_tolerance = 0.05;
   int min_comm_ctas = 2;
   int max_comm_ctas_sm_divisor = 4;  // at most sm_count / 4 comm CTAs
-  // gemm_rs / gemm_ar relay CTAs (kernels/tp/tile_relay.cuh): as many as the grid can spare
-  // without a wave of tiles more, at most max_relay_ctas; none (the epilogues push) when fewer
-  // than min_relay_ctas are spare, or when they could not move the op's bytes within the GEMM's
-  // time at relay_cta_bytes_per_s each.
-  int min_relay_ctas = 2;
-  int max_relay_ctas = 8;
-  double relay_cta_bytes_per_s = 40e9;
   // What the fused kernels run (ops/tp_common.h re-checks and falls back to decomposed): at most
   // this many local ranks, each owning whole BLOCK_M tile rows, with a 128x256 or 128x128 tile.
   int fused_max_local_world = 8;

@@ -238,7 +238,6 @@ const char* flag_kind_name(FlagKind kind) {
     case FlagKind::kNetEntry: return "network entry";
     case FlagKind::kNetChunk: return "network chunk";
     case FlagKind::kProxyDone: return "proxy completion";
-    case FlagKind::kRelayTile: return "tile stored for the relays";
   }
   return "unknown";
 }

@@ -45,7 +45,6 @@ enum class FlagKind : uint32_t {
   kNetEntry,   // "rank s (another node) has entered epoch e: my network writes into it may start"
   kNetChunk,   // "chunk `index` that rank s sends over the network has landed in my memory"
   kProxyDone,  // "the proxy has completed every command I pushed into ring `index`" (waited_on -1)
-  kRelayTile,  // "my own compute CTA has stored tile `index` for the relays" (fused gemm_rs / gemm_ar)
 };
 // Whether an error record's waited_on is a global rank (network kinds) rather than a local one.
 LOOM_HOST_DEVICE constexpr bool flag_kind_names_global_rank(FlagKind kind) {
@@ -168,10 +167,9 @@ LOOM_HOST_DEVICE ControlLayout make_control_layout(uint32_t local_world, uint32_
 // CTA to leave a launch zeroes both words, so every launch (also inside a CUDA graph) starts at 0
 // without a memset. Its own 64-byte line keeps it away from other hot words.
 struct TpDeviceState {
-  uint32_t tile_queue;   // next position in the launch's tile order
-  uint32_t ctas_done;    // CTAs of the running launch that no longer touch tile_queue or relay_queue
-  uint32_t relay_queue;  // gemm_rs / gemm_ar relays: next position of the tile order to relay
-  uint32_t pad[13];
+  uint32_t tile_queue;  // next position in the launch's tile order
+  uint32_t ctas_done;   // CTAs of the running launch that no longer touch tile_queue
+  uint32_t pad[14];
 };
 static_assert(sizeof(TpDeviceState) == 64, "TpDeviceState fills one 64-byte line");
 

@@ -225,35 +225,9 @@ TEST(TpPlanModel, IssueShapesOnTwoH200sAreFusedWithAFewCommCtas) {
         EXPECT_GE(p->comm_ctas, TpCostModel{}.min_comm_ctas);
         EXPECT_LE(p->comm_ctas, kSms / TpCostModel{}.max_comm_ctas_sm_divisor);
       } else {
-        EXPECT_LE(p->comm_ctas, TpCostModel{}.max_relay_ctas) << "gemm_rs / gemm_ar relay CTAs use spare SMs only";
+        EXPECT_EQ(p->comm_ctas, 0) << "gemm_rs / gemm_ar move data from the compute CTAs' epilogues";
       }
     }
-  }
-}
-
-TEST(TpPlanModel, ReduceOpsRelayOnTheSmsTheLastWaveLeavesIdle) {
-  // gemm_ar / gemm_rs (M, 8192, 7168 per rank), 128x256 tiles on 132 SMs: M = 8192 has 2048
-  // tiles, 16 waves that 128 CTAs fill as well as 132, so 4 CTAs relay; M = 32768 (8192 tiles,
-  // 63 waves) spares one, too few: its epilogues push.
-  const TpCostModel model;
-  for (OpId op : {OpId::kGemmRs, OpId::kGemmAr}) {
-    const TpRequest r = issue_request(op, 8192);
-    const TpPlan p = *plan_tp(r, {}, nullptr, model);
-    ASSERT_EQ(p.tile, GemmTile::k128x256);
-    EXPECT_EQ(p.comm_ctas, 4) << tp_op_name(op);
-    EXPECT_EQ(plan_tp(issue_request(op, 32768), {}, nullptr, model)->comm_ctas, 0) << tp_op_name(op);
-    // A grid the tiles fill exactly spares nothing.
-    TpRequest exact = r;
-    exact.sm_count = 128;
-    EXPECT_EQ(plan_tp(exact, {}, nullptr, model)->comm_ctas, 0) << tp_op_name(op);
-    // Relays that could not move the bytes within the GEMM's time are not used.
-    TpCostModel slow = model;
-    slow.relay_cta_bytes_per_s = 1e9;
-    EXPECT_EQ(plan_tp(r, {}, nullptr, slow)->comm_ctas, 0) << tp_op_name(op);
-    // At most max_relay_ctas, however many are spare.
-    TpCostModel few = model;
-    few.max_relay_ctas = 3;
-    EXPECT_EQ(plan_tp(r, {}, nullptr, few)->comm_ctas, 3) << tp_op_name(op);
   }
 }
 

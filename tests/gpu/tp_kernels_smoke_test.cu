@@ -4,8 +4,7 @@
 // For each operator: bf16, a small shape (M = 128 W: one tile row per rank; N and K with tails)
 // and a medium one (M = 512 W), both B layouts; forced fused (the planner's tile on the small
 // shape, 128x256 and 128x128 on the medium one, one ag_gemm case with a single communication
-// CTA, gemm_rs / gemm_ar cases wide enough for two bands of the rank-banded order, with 0, 1 and
-// 8 relay CTAs and the planner's number) and
+// CTA, one gemm_rs / gemm_ar case wide enough for two bands of the rank-banded order) and
 // forced decomposed. Every rank fills its operands from seeds (case, rank) and rebuilds
 // every peer's from the same seeds, so it computes an fp32 reference of its own output on the
 // GPU's CUDA cores (kernels/gemm/reference.cuh). Outputs start as NaN bytes. Also checked:
@@ -384,12 +383,8 @@ void run_operator(OpId op) {
     cases.push_back({op, 512 * world, 1032, 1096, BLayout::kNK, TpAlgorithm::kFused, GemmTile::k128x128, 1});
   } else {
     // Wide N: 128 tile columns make a band of 4 tile rows hold two waves of 132 SMs, so each
-    // owner's 8 tile rows form two bands of the rank-banded order (own tiles mid-run). Moved by
-    // the epilogues, by one relay CTA (every tile through one ring, flag lag across items), by
-    // 8, and by the planner's choice.
-    for (int relays : {0, 1, 8, -1}) {
-      cases.push_back({op, 1024 * world, 16384, 256, BLayout::kNK, TpAlgorithm::kFused, GemmTile::k128x128, relays});
-    }
+    // owner's 8 tile rows form two bands of the rank-banded order (own tiles mid-run).
+    cases.push_back({op, 1024 * world, 16384, 256, BLayout::kNK, TpAlgorithm::kFused, GemmTile::k128x128});
   }
   for (Case& c : cases) {
     c.id = ++id;

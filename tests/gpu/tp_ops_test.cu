@@ -598,10 +598,6 @@ TEST_P(TpOpsOptions, EveryAlgorithmAndRoleSplitIsCorrect) {
   std::vector<Variant> variants;
   variants.push_back({"planner", {}});
   variants.push_back({"decomposed", {TpAlgorithm::kDecomposed, -1, GemmTile::kAuto}});
-  if (GetParam() != OpId::kAgGemm) {
-    // gemm_rs / gemm_ar: no relay CTAs (the epilogues push into the peers).
-    variants.push_back({"fused, epilogues push (0 relay CTAs)", {TpAlgorithm::kFused, 0, GemmTile::kAuto}});
-  }
   variants.push_back({"fused, 1 comm CTA", {TpAlgorithm::kFused, 1, GemmTile::kAuto}});
   variants.push_back({"fused, 8 comm CTAs", {TpAlgorithm::kFused, 8, GemmTile::kAuto}});
   variants.push_back({"fused, half the SMs communicate", {TpAlgorithm::kFused, sms / 2, GemmTile::kAuto}});

@@ -602,8 +602,8 @@ Status run_tp_tune(Communicator& comm, const TpTuneOptions& options, Report& rep
     TpGemmOptions model_options;
     model_options.tile = o.loom.tile;
     candidates.push_back({"model", model_options});
-    // Fused with each tile the fused kernels have (or the one forced) and each comm CTA count:
-    // ag_gemm's shard pushers (at least one), gemm_rs / gemm_ar's relays (0: the epilogues push).
+    // Fused with each tile the fused kernels have (or the one forced); ag_gemm also with each
+    // comm CTA count (gemm_rs / gemm_ar move data from the epilogues and have no comm CTAs).
     std::vector<GemmTile> tiles = {GemmTile::k128x256, GemmTile::k128x128};
     if (o.loom.tile != GemmTile::kAuto) tiles = {o.loom.tile};
     for (GemmTile tile : tiles) {
@@ -611,13 +611,12 @@ Status run_tp_tune(Communicator& comm, const TpTuneOptions& options, Report& rep
       x.algorithm = TpAlgorithm::kFused;
       x.tile = tile;
       const std::string label = "fused/" + std::string(gemm_tile_name(tile));
-      const int min_ctas = shape.op == OpId::kAgGemm ? 1 : 0;
-      if (min_ctas == 0) {
-        x.comm_ctas = 0;
-        candidates.push_back({label + "/0", x});
+      if (shape.op != OpId::kAgGemm) {
+        candidates.push_back({label, x});
+        continue;
       }
       for (int ctas : options.comm_ctas) {
-        if (ctas < std::max(1, min_ctas) || ctas >= request.sm_count) continue;
+        if (ctas < 1 || ctas >= request.sm_count) continue;
         x.comm_ctas = ctas;
         candidates.push_back({label + "/" + std::to_string(ctas), x});
       }

@@ -28,9 +28,8 @@ __device__ __forceinline__ void finish_launch(EpochState* state, uint64_t epoch)
 }
 
 // For kernels whose CTAs take tiles from a launch-wide queue (`State` has uint32_t tile_queue
-// and ctas_done, and maybe relay_queue: TpDeviceState, MultiNodeDeviceState): thread 0 of every
-// CTA, after all of the CTA's work (also after a failure). The CTA that leaves last resets the
-// queues before it counts
+// and ctas_done: TpDeviceState, MultiNodeDeviceState): thread 0 of every CTA, after all of the
+// CTA's work (also after a failure). The CTA that leaves last resets the queue before it counts
 // itself in finish_launch; the next launch runs after this one completes (stream order), so it
 // sees the zeros.
 template <class State>
@@ -39,7 +38,6 @@ __device__ __forceinline__ void finish_queued_launch(State* state, EpochState* e
   const uint32_t done = atomicAdd(&state->ctas_done, 1u) + 1;
   if (done == gridDim.x * gridDim.y * gridDim.z) {
     state->tile_queue = 0;
-    if constexpr (requires { state->relay_queue; }) state->relay_queue = 0;
     state->ctas_done = 0;
     __threadfence();
   }

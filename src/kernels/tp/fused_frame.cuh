@@ -45,14 +45,6 @@ struct TpTunables {
   // waves of tiles, so the partials a band owes are computed (and flown) a wave before the
   // owner needs them.
   static constexpr uint32_t kBandWaves = 2;
-  // gemm_rs / gemm_ar relay CTAs (tile_relay.cuh) copy tiles through a ring of kRelaySlots
-  // 64-column x BLOCK_M boxes; loads run at most kRelayLoadAhead boxes ahead of the stores, so
-  // up to kRelaySlots - kRelayLoadAhead boxes' stores are in flight (the epilogue-style pusher
-  // with one store in flight moved ~22 GB/s per CTA); a tile's flags go out once at most
-  // kRelayFlagLag newer boxes are pending.
-  static constexpr int kRelaySlots = 12;
-  static constexpr int kRelayLoadAhead = 4;
-  static constexpr int kRelayFlagLag = 4;
 };
 
 // Roles a CTA takes in a fused kernel, from the role table (never from bare index arithmetic).

@@ -5,39 +5,28 @@
 // [d*M/W, (d+1)*M/W) belong to rank d. Tile order (SchedulerParams' rank-banded order, offset 1):
 // band by band, the other ranks' rows first (r+1, r+2, ...) and its own last, so what it owes
 // leaves early and what it is owed has arrived when its own tiles come.
-//   tile owned by d != r   epilogue: the rounded 16-bit partial goes to d's staging slot for r,
-//                          then partial[slot(r, d)][t] = e on d
+//   tile owned by d != r   epilogue: TMA-store the rounded 16-bit partial into d's staging slot
+//                          for r, then (deferred to the next tile, when the writes have landed)
+//                          partial[slot(r, d)][t] = e on d
 //   own tile (kTileFold)   before the last kStages k-blocks the producer waits for partial[*][t]
 //                          from every peer and loads the W-1 staged partials through the stage
 //                          ring; the consumers add them to the fp32 accumulators in rank order
 //                          (ComputeRole::fold_partials: acc = ((a + p_s1) + p_s2) + ..., a the
 //                          accumulator so far), the last k-blocks follow, the epilogue
-//                          rounds once and stores: gemm_rs into out [M/W, N]; gemm_ar into
-//                          every rank's out [M, N], then final[tile] = e on every peer
+//                          rounds once and stores: gemm_rs into out [M/W, N];
+//                          gemm_ar into every rank's out [M, N] (one TMA store per rank), then
+//                          final[tile] = e on every peer
 //   gemm_ar end            every CTA waits for its share of the final[] flags of tiles owned by
 //                          others, so the launch ends with the whole of out in place.
-// Who moves the tiles into the peers (relay_ctas, from the plan):
-//   0      the epilogues: TMA stores from the staged boxes straight into d's staging (gemm_ar:
-//          one store per rank's out), the flags deferred to the next tile, when the writes have
-//          landed. Before a CTA's first write into a peer it waits for the peer's entry.
-//   R > 0  CTAs [0, R) relay (tile_relay.cuh) and the compute CTAs join them when the tile queue
-//          is empty: epilogues store locally only (partials into this rank's outbox, gemm_ar's
-//          own tiles into its own out) and set ready[tile] = e here; a relay copies the tile
-//          into the peers and sets their partial[] / final[] flags.
-//
-// Roles (TpRoleTable with comm_ctas = R): kCommunication = relay, kCompute = the GEMM engine's
-// compute role with this file's epilogue and fold policies.
+// Before a CTA's first write into a peer it waits for the peer's entry (fused_frame.cuh).
 //
 // Buffers (heap offsets equal on all ranks; element = the input type, bf16 or fp16):
 //   staging   [(W-1) * M/W, N] in the TP workspace: slot(s, d) = (s - d - 1) mod W holds rank s's
 //             partial of d's rows, rows [slot * M/W, (slot+1) * M/W)
-//   outbox    R > 0: [(W-1) * M/W, N] after the staging: the partials this rank owes, in the
-//             rows they take in their owner's staging (slot(r, d) * M/W + row in d's rows)
 //   out       gemm_rs: [M/W, N] local; gemm_ar: [M, N] symmetric
-// Flags (op_flags, after the W entry words), own_tiles = (M/W/BM) * n_blocks, tiles = M/BM * n_blocks:
+// Flags (op_flags of the owner, after the W entry words), own_tiles = (M/W/BM) * n_blocks:
 //   partial[slot][t]   W + slot * own_tiles + t, t = (m_block - d*M/W/BM) * n_blocks + n_block
-//   final[tile]        W + (W-1) * own_tiles + tile                                  (gemm_ar)
-//   ready[tile]        after those: + tiles (gemm_ar) + tile                         (R > 0, local)
+//   final[tile]        W + (W-1) * own_tiles + m_block * n_blocks + n_block        (gemm_ar)
 #pragma once
 
 #include <cuda/ptx>
@@ -49,10 +38,43 @@
 #include "kernels/gemm/params.h"
 #include "kernels/gemm/scheduler.cuh"
 #include "kernels/tp/fused_frame.cuh"
-#include "kernels/tp/reduce_params.cuh"
-#include "kernels/tp/tile_relay.cuh"
 
 namespace loom::kernels::tp {
+
+struct ReduceGemmParams {
+  sm90::TmaDescriptor a;       // [M, K_r]
+  sm90::TmaDescriptor b;
+  sm90::TmaDescriptor staged;  // this rank's staging [(W-1) * M/W, N], box {64, BLOCK_M}: fold loads
+  sm90::TmaDescriptor out[TpTunables::kMaxLocalWorld];       // gemm_rs: [0] = out [M/W, N];
+                                                             // gemm_ar: [d] = rank d's out [M, N]; box {64, 16}
+  sm90::TmaDescriptor stage_to[TpTunables::kMaxLocalWorld];  // [d] = rank d's staging (d != me), box {64, 16}
+  DeviceComm comm;
+  TpDeviceState* tp;
+  uint32_t m, n, k;
+  gemm::SchedulerParams sched;  // queue, rank-banded order (offset 1), fold range = our tile rows
+  uint32_t rows_per_rank;       // M / W, a multiple of BLOCK_M
+  uint32_t m_blocks_per_rank;
+  uint32_t n_blocks;
+  uint32_t out_dtype;           // loom::DType of out and the staging (= the input type)
+  uint32_t signature;           // plan signature (fused_frame.cuh)
+  TileTimelineRecord* timeline;  // optional (diagnostics), one record per tile
+};
+static_assert(sizeof(ReduceGemmParams) <= 4096, "the reduce kernels' parameters must fit the classic 4 KiB limit");
+
+// Slot of rank `src`'s partial in rank `owner`'s staging (and in its partial flags).
+__device__ __forceinline__ uint32_t staging_slot(uint32_t src, uint32_t owner, uint32_t world) {
+  return (src + world - owner - 1) % world;
+}
+
+__device__ __forceinline__ uint64_t partial_flag_index(const ReduceGemmParams& p, uint32_t slot, uint32_t local_tile) {
+  const uint64_t own_tiles = static_cast<uint64_t>(p.m_blocks_per_rank) * p.n_blocks;
+  return static_cast<uint64_t>(p.comm.local_world) + slot * own_tiles + local_tile;
+}
+
+__device__ __forceinline__ uint64_t final_flag_index(const ReduceGemmParams& p, uint32_t tile) {
+  const uint64_t own_tiles = static_cast<uint64_t>(p.m_blocks_per_rank) * p.n_blocks;
+  return static_cast<uint64_t>(p.comm.local_world) + static_cast<uint64_t>(p.comm.local_world - 1) * own_tiles + tile;
+}
 
 // The compute role's epilogue policy (see TileEpilogue for the interface): routes each staged
 // box by the rank that owns its rows and signals that rank per tile.
@@ -67,11 +89,6 @@ class ReduceEpilogue {
 
   __device__ void prefetch() const {
     const int world = p_.comm.local_world;
-    if (p_.relay_ctas != 0) {
-      sm90::prefetch_tensormap(&p_.outbox);
-      sm90::prefetch_tensormap(&p_.out[kBroadcast ? p_.comm.local_rank : 0]);
-      return;
-    }
     if constexpr (kBroadcast) {
       for (int d = 0; d < world; ++d) sm90::prefetch_tensormap(&p_.out[d]);
     } else {
@@ -88,14 +105,6 @@ class ReduceEpilogue {
     const uint32_t world = static_cast<uint32_t>(p_.comm.local_world);
     const uint32_t owner = row / p_.rows_per_rank;
     const uint32_t row_in_owner = row - owner * p_.rows_per_rank;
-    if (p_.relay_ctas != 0) {  // local stores only; the relays move the tile
-      if (owner == me) {
-        send(&p_.out[kBroadcast ? me : 0], col, kBroadcast ? row : row_in_owner, box);
-      } else {
-        send(&p_.outbox, col, staging_slot(me, owner, world) * p_.rows_per_rank + row_in_owner, box);
-      }
-      return;
-    }
     if (owner == me) {
       if constexpr (kBroadcast) {
         for (uint32_t i = 0; i < world; ++i) {
@@ -123,13 +132,6 @@ class ReduceEpilogue {
     const uint32_t me = static_cast<uint32_t>(c.local_rank);
     const uint32_t world = static_cast<uint32_t>(c.local_world);
     const uint32_t owner = tile.m_block / p_.m_blocks_per_rank;
-    if (p_.relay_ctas != 0) {
-      if (kBroadcast || owner != me) {
-        __threadfence();
-        flag_store_release(op_flag(c, static_cast<int>(me), ready_flag_index<kBroadcast>(p_, tile.tile)), epoch_);
-      }
-      return;
-    }
     if (owner != me) {
       const uint32_t local_tile = (tile.m_block - owner * p_.m_blocks_per_rank) * n_blocks + tile.n_block;
       __threadfence_system();
@@ -225,8 +227,8 @@ __device__ __forceinline__ bool wait_final_tiles(const ReduceGemmParams& p, uint
   return true;
 }
 
-// The kernel body of both operators: compute CTAs (partial and final tiles leave from their
-// epilogues, or through the relays), and relay_ctas relaying CTAs.
+// The kernel body of both operators: every CTA computes (there is no separate communication
+// role: the partial and final tiles leave from the epilogues, at the rate tiles finish).
 template <class Cfg, bool kBF16, bool kBNMajor, bool kBroadcast>
 __device__ __forceinline__ void reduce_gemm_body(const ReduceGemmParams& p, uint8_t* smem) {
   using Scheduler = gemm::TileScheduler<Cfg::kBlockM>;
@@ -239,24 +241,15 @@ __device__ __forceinline__ void reduce_gemm_body(const ReduceGemmParams& p, uint
   publish_entry(c, epoch, p.signature);
   Role::init(smem);
 
-  const TpRoleTable roles{p.relay_ctas};
-  bool ok = true;
-  if (roles.role_of(blockIdx.x) == TpRole::kCommunication) {
-    ok = relay_tiles<Cfg, kBroadcast>(smem, p, epoch, ctx);
-  } else {
-    Scheduler sched(p.sched, epoch);
-    Epilogue epi(p, epoch, ctx);
-    const Fold fold(p, epoch);
-    const gemm::GemmOperands ops{&p.a, &p.b, p.m, p.n, p.k, nullptr, 0, 0, p.timeline};
-    const gemm::WorkItem exit =
-        Role::run(smem, ops, sched, epi, roles.compute_index(blockIdx.x), gridDim.x - p.relay_ctas, ctx, fold);
-    ok = exit.kind == static_cast<uint32_t>(gemm::WorkKind::kDone);
-    // No tiles left: help relay the last ones (the last wave's tiles would otherwise wait for
-    // the few relay CTAs).
-    if (ok && p.relay_ctas != 0) ok = relay_tiles<Cfg, kBroadcast>(smem, p, epoch, ctx);
-  }
+  const TpRoleTable roles{0};
+  Scheduler sched(p.sched, epoch);
+  Epilogue epi(p, epoch, ctx);
+  const Fold fold(p, epoch);
+  const gemm::GemmOperands ops{&p.a, &p.b, p.m, p.n, p.k, nullptr, 0, 0, p.timeline};
+  const gemm::WorkItem exit =
+      Role::run(smem, ops, sched, epi, roles.compute_index(blockIdx.x), gridDim.x, ctx, fold);
   if constexpr (kBroadcast) {
-    if (threadIdx.x == 0 && ok) (void)wait_final_tiles(p, epoch, ctx);
+    if (threadIdx.x == 0 && exit.kind == static_cast<uint32_t>(gemm::WorkKind::kDone)) (void)wait_final_tiles(p, epoch, ctx);
   }
   __syncthreads();
   if (threadIdx.x == 0) finish_queued_launch(p.tp, c.epoch_state, epoch);
