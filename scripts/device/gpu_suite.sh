@@ -8,7 +8,8 @@
 #             timed beside it in the same process when its Python extension builds here
 #   merge     joins both into $OUT/bench_tp_merged.json and prints the table; it also runs by itself,
 #             last, whenever tp or torch ran
-#   tp-tune   loom-bench tune (TUNE_OPS, TUNE_M: default every op and M), writes
+#   tp-tune   loom-bench tune (TUNE_OPS, TUNE_M: default every op and M; TUNE_CTAS, TUNE_TILE and
+#             TUNE_NO_DECOMPOSED=1 narrow the candidates), writes
 #             $OUT/tuning_cache.json; a later tp step in the same call plans from it
 #   timeline  per-tile timelines of the fused operators and loom's GEMM at TIMELINE_M (default
 #             4096,8192): $OUT/timeline_summary.txt, the CSVs in $OUT/timelines.tar.gz
@@ -186,6 +187,7 @@ for step in "${steps[@]}"; do
       if t=$(budget 400 120); then
         timeout $t $BIN/loom-bench tune --spawn "$ngpu" --iters 20 --cache "$OUT/tuning_cache.json" \
           --ops "${TUNE_OPS:-ag_gemm,gemm_rs,gemm_ar}" --m "${TUNE_M:-1024,2048,4096,8192,16384,32768}" \
+          ${TUNE_CTAS:+--comm-ctas "$TUNE_CTAS"} ${TUNE_TILE:+--tile "$TUNE_TILE"} ${TUNE_NO_DECOMPOSED:+--no-decomposed} \
           >> "$OUT/bench.log" 2>&1
         r=$?; grep -E "^tune .* -> |^tune: " "$OUT/bench.log" | tail -20 | tee -a "$summary"
       else r=124; log "tp-tune: skipped, not enough time left"; fi ;;
