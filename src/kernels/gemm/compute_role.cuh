@@ -35,16 +35,12 @@
 // state persists in shared memory; the scheduler object must be the same).
 //
 // Fold (fused reduce-scatter): a kTileFold item also adds partial tiles that other ranks staged
-// for this tile, in rank order, into its fp32 accumulators, which the epilogue rounds once. From
-// fold_position (the tile's last kStages k-blocks) the partials' 64-column chunks alternate with
-// the k-blocks in the stage ring (chunk c before k-block fold_position + c; all after the last
-// k-block when K is that short): the producer waits for them once (Fold::wait_sources) and
-// loads each chunk as one 64-column x BLOCK_M box per source into a stage's A buffer
-// (128B-swizzled like the epilogue's boxes); before each chunk the consumers drain their wgmma
-// and each thread adds exactly the elements its accumulators hold (conflict-free, the epilogue's
-// addressing). Interleaved, every chunk's load is issued a k-block or more before it is added;
-// all chunks in a row left the last one's load to start only when the fold began (the fold took
-// ~2.5 us per 128x256 tile at 8192 x 8192 x 7168, W = 2). A Fold policy:
+// for this tile, in rank order, into its fp32 accumulators, which the epilogue rounds once. The
+// partials sit in the stage ring before the tile's last kStages k-blocks (fold_position): there
+// the producer waits for them (Fold::wait_sources) and loads them (one 64-column x BLOCK_M box
+// per stage, into the A buffer, 128B-swizzled like the epilogue's boxes); the consumers drain
+// their wgmma, each thread adds exactly the elements its accumulators hold (conflict-free, the
+// epilogue's addressing), and the remaining k-blocks accumulate on top. A Fold policy:
 //   static constexpr bool kEnabled;                                  // false: NoFold
 //   uint32_t world() const; uint32_t self() const;                   // ranks, this rank
 //   const sm90::TmaDescriptor* map() const;   // staged partials: input element type, box {64, BLOCK_M}
@@ -281,14 +277,9 @@ class ComputeRole {
       }
       if constexpr (Fold::kEnabled) {
         if (fold_tile) {
-          if (!fold.wait_sources(item, ctx)) return;
-          const uint32_t chunks = fold_chunks(ops, n0);
-          for (uint32_t kb = split; kb <= k_blocks; ++kb) {
-            const FoldRange r = fold_range(kb, split, k_blocks, chunks);
-            for (uint32_t c = r.begin; c < r.end; ++c) {
-              if (!load_partial_chunk(sm, fold, item, n0, c, stage, phase, ctx)) return;
-            }
-            if (kb < k_blocks && !load_k_block(kb)) return;
+          if (!load_partials(sm, ops, fold, item, n0, stage, phase, ctx)) return;
+          for (uint32_t kb = split; kb < k_blocks; ++kb) {
+            if (!load_k_block(kb)) return;
           }
         }
       }
@@ -299,54 +290,46 @@ class ComputeRole {
     st->producer_slot_phase = slot_phase;
   }
 
-  // Where a fold tile's partials start in the stage ring: before its last kStages k-blocks (after
-  // the last one for a short K). Placed after the last k-block, the fold took ~4 us per tile at
-  // 8192 x 8192 x 7168, W = 2 (timeline), of ~80 us.
+  // Where a fold tile's staged partials sit in the stage ring: before its last kStages k-blocks
+  // (after the last one for a short K). The producer loads them right behind the k-blocks
+  // before, about kStages k-blocks ahead of the consumers, so they have landed when the
+  // consumers get there. Placed after the last k-block, the fold took ~4 us per tile at 8192 x
+  // 8192 x 7168, W = 2 (timeline), of ~80 us.
   __device__ static uint32_t fold_position(uint32_t k_blocks) {
     return k_blocks > static_cast<uint32_t>(kStages) ? k_blocks - static_cast<uint32_t>(kStages) : k_blocks;
   }
-  static_assert(BN / 64 <= kStages, "a fold tile's chunks alternate with its last kStages k-blocks: at most kStages chunks");
 
-  // 64-column chunks of the tile inside N (the producer loads and the consumers fold only these).
-  __device__ static uint32_t fold_chunks(const GemmOperands& ops, uint32_t n0) {
-    return min(static_cast<uint32_t>(BN / 64), (ops.n - n0 + 63) / 64);
-  }
-
-  // The chunks folded right before k-block kb (kb == k_blocks: after the last one): chunk
-  // kb - split for kb in [split, split + chunks), and every chunk not yet folded after the last.
-  struct FoldRange {
-    uint32_t begin, end;
-  };
-  __device__ static FoldRange fold_range(uint32_t kb, uint32_t split, uint32_t k_blocks, uint32_t chunks) {
-    if (kb < split) return {0, 0};
-    const uint32_t begin = min(kb - split, chunks);
-    return {begin, kb < k_blocks ? min(begin + 1, chunks) : chunks};
-  }
-
-  // Loads chunk c of every other source's staged partial (sources in increasing order, the order
-  // the consumers add them) into the next stages; the sources' flags were waited for already.
-  __device__ static bool load_partial_chunk(const Smem& sm, const Fold& fold, const WorkItem& item, uint32_t n0,
-                                            uint32_t c, uint32_t& stage, uint32_t& phase, const WaitContext& ctx) {
+  // At a fold tile's fold_position: waits until every other rank has staged its partial of the tile,
+  // then loads them through the stage ring in the order the consumers add them: 64-column chunk
+  // by chunk, sources in rank order within a chunk (this rank's own accumulators are not loaded).
+  __device__ static bool load_partials(const Smem& sm, const GemmOperands& ops, const Fold& fold, const WorkItem& item,
+                                       int32_t n0, uint32_t& stage, uint32_t& phase, const WaitContext& ctx) {
     static_assert(Cfg::kABytes == BM * 64 * 2, "a staged 64-column x BLOCK_M box of 16-bit elements fills an A buffer");
+    if (!fold.wait_sources(item, ctx)) return false;
     const uint32_t world = fold.world();
     const uint32_t self = fold.self();
-    const int32_t col = static_cast<int32_t>(n0 + 64 * c);
 #pragma unroll 1
-    for (uint32_t s = 0; s < world; ++s) {
-      if (s == self) continue;
-      if (!sm90::mbarrier_wait(sm.empty(stage), phase ^ 1, ctx, sm90::barrier_what(sm90::BarrierWhat::kStageEmpty, stage))) {
-        return false;
-      }
-      uint64_t* full = sm.full(stage);
-      constexpr uint32_t kBoxBytes = Cfg::kABytes;  // a local copy: the PTX wrapper takes a reference
-      cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, full,
-                                           kBoxBytes);
-      const int32_t coords[2] = {col, fold.source_row(item, s)};
-      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, sm.a(stage), fold.map(), coords,
-                                      full);
-      if (++stage == kStages) {
-        stage = 0;
-        phase ^= 1;
+    for (int c = 0; c < BN / 64; ++c) {
+      const int32_t col = n0 + 64 * c;
+      if (static_cast<uint32_t>(col) >= ops.n) break;  // the consumers skip these chunks too
+#pragma unroll 1
+      for (uint32_t s = 0; s < world; ++s) {
+        if (s == self) continue;
+        if (!sm90::mbarrier_wait(sm.empty(stage), phase ^ 1, ctx,
+                                 sm90::barrier_what(sm90::BarrierWhat::kStageEmpty, stage))) {
+          return false;
+        }
+        uint64_t* full = sm.full(stage);
+        constexpr uint32_t kBoxBytes = Cfg::kABytes;  // a local copy: the PTX wrapper takes a reference
+        cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                             full, kBoxBytes);
+        const int32_t coords[2] = {col, fold.source_row(item, s)};
+        cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, sm.a(stage), fold.map(),
+                                        coords, full);
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
       }
     }
     return true;
@@ -390,27 +373,23 @@ class ComputeRole {
       }
 
       // Mainloop: D = sum over k-blocks of A[64 rows of g, 64] * B[64, BN]; a fold tile adds the
-      // staged partials' chunks where the producer put them in the ring (fold_range).
+      // staged partials where the producer put them in the ring (fold_position).
       const bool timed = ops.timeline != nullptr && g == 0 && t == 0;
       const uint32_t fold_at = Fold::kEnabled && item.kind == static_cast<uint32_t>(WorkKind::kTileFold)
                                    ? fold_position(k_blocks)
-                                   : ~0u;  // no fold
-      uint32_t fold_cycles = 0;
+                                   : ~0u;
       bool ok = true;
       bool in_flight = false;  // the previous k-block's wgmma may still read its stage
       uint32_t prev_stage = 0;
       for (uint32_t kb = 0; kb <= k_blocks; ++kb) {  // kb == k_blocks: only a fold after the last
         if constexpr (Fold::kEnabled) {
-          const FoldRange r = kb < fold_at ? FoldRange{0, 0}
-                                           : fold_range(kb, fold_at, k_blocks, fold_chunks(ops, item.n_block * BN));
-          if (r.begin < r.end) {
+          if (kb == fold_at) {
             const uint64_t fold_begin = timed ? clock64() : 0;
-            // Drain the previous k-block (the accumulators are read and written next) and free
-            // its stage. The wait is unconditional: ptxas must see no wgmma in flight here, or it
-            // serializes every wgmma of the kernel.
+            // fold_at >= 1, so the previous k-block is in flight: drain it (the accumulators are
+            // read and written next) and free its stage.
             sm90::wgmma_wait<0>();
             sm90::fence_operands(acc);
-            if (in_flight && lane == 0) cuda::ptx::mbarrier_arrive(sm.empty(prev_stage));
+            if (lane == 0) cuda::ptx::mbarrier_arrive(sm.empty(prev_stage));
             in_flight = false;
             // The previous tile's signal goes out before the fold may block: a fold waits for
             // other ranks' partials, and theirs may wait for this signal (deadlock otherwise).
@@ -422,11 +401,11 @@ class ComputeRole {
               }
             }
             using Pair = typename std::conditional<kBF16, __nv_bfloat162, __half2>::type;
-            for (uint32_t c = r.begin; c < r.end && ok; ++c) {
-              ok = fold_chunk<Pair>(sm, acc, fold, c, g, warp, lane, stage, phase, ctx);
+            if (!fold_partials<Pair>(sm, acc, item, ops, fold, g, warp, lane, stage, phase, ctx)) {
+              ok = false;
+              break;
             }
-            if (!ok) break;
-            if (timed) fold_cycles += static_cast<uint32_t>(clock64() - fold_begin);
+            if (timed) ops.timeline[item.tile].fold_cycles = static_cast<uint32_t>(clock64() - fold_begin);
           }
         }
         if (kb == k_blocks) break;
@@ -466,10 +445,7 @@ class ComputeRole {
       sm90::fence_operands(acc);
       if (!ok) break;
       if (lane == 0 && in_flight) cuda::ptx::mbarrier_arrive(sm.empty(prev_stage));
-      if (timed) {
-        ops.timeline[item.tile].mainloop_clock = clock64();
-        if (fold_at != ~0u) ops.timeline[item.tile].fold_cycles = fold_cycles;
-      }
+      if (timed) ops.timeline[item.tile].mainloop_clock = clock64();
       if (pending) {  // a plain tile: its mainloop never blocks on other ranks
         if (!post_signal(sm, pending_item, g, warp, lane, signal_slot, signal_phase, ctx)) break;
         pending = false;
@@ -510,35 +486,34 @@ class ComputeRole {
     }
   }
 
-  // Adds chunk c (64 columns) of the other sources' staged partials into the accumulators, the
-  // sources in increasing order: over the whole tile acc = ((a + p_s1) + p_s2) + ... with a this
-  // rank's fp32 accumulator so far and p_s the staged 16-bit partials; the remaining k-blocks add
-  // to it and the epilogue rounds once. A fixed order, so launch after launch gives the same
-  // bits; every element is summed by one rank (its owner). The chunk's boxes sit in stage order
-  // exactly as load_partial_chunk issued them. Thread addressing is the epilogue's: rows r and
-  // r + 8 of this warp's 16, the 16-byte chunk q of a 128-byte row stored at q ^ (row % 8)
-  // (TMA's 128B swizzle), so one load instruction touches 32 banks.
+  // Adds the staged partials of a fold tile into the accumulators, one 64-column chunk at a time,
+  // the other sources in increasing order: acc = ((a + p_s1) + p_s2) + ... with a this rank's
+  // fp32 accumulator so far (the k-blocks before fold_position) and p_s the staged 16-bit
+  // partials; the remaining k-blocks add to it and the epilogue rounds once. A fixed order, so
+  // launch after launch gives the same bits; every element is summed by one rank (its owner).
+  // Chunk c of source s sits in stage order exactly as load_partials issued it. Thread addressing
+  // is the epilogue's: rows r and r + 8 of this warp's 16, the 16-byte chunk q of a 128-byte row
+  // stored at q ^ (row % 8) (TMA's 128B swizzle), so one load instruction touches 32 banks.
   template <class Pair>
-  __device__ static bool fold_chunk(const Smem& sm, float (&acc)[kAcc], const Fold& fold, uint32_t c, uint32_t g,
-                                    uint32_t warp, uint32_t lane, uint32_t& stage, uint32_t& phase, const WaitContext& ctx) {
+  __device__ static bool fold_partials(const Smem& sm, float (&acc)[kAcc], const WorkItem& item,
+                                       const GemmOperands& ops, const Fold& fold, uint32_t g, uint32_t warp,
+                                       uint32_t lane, uint32_t& stage, uint32_t& phase, const WaitContext& ctx) {
     const uint32_t world = fold.world();
     const uint32_t self = fold.self();
     const uint32_t r = lane / 4;
     const uint32_t row = g * 64 + warp * 16 + r;  // this thread's first row in the BLOCK_M-row box
     const uint32_t col_bytes = (lane % 4) * 4;
-#pragma unroll 1
-    for (uint32_t s = 0; s < world; ++s) {
-      if (s == self) continue;
-      if (!sm90::mbarrier_wait(sm.full(stage), phase, ctx, sm90::barrier_what(sm90::BarrierWhat::kStageFull, stage))) {
-        return false;
-      }
-      const uint32_t box = sm90::smem_u32(sm.a(stage));
-      // acc[4j .. 4j+3] with j = 8c + q: (row, cols 2(l%4) + {0,1}), then (row + 8, same cols).
-      // c is a run-time value; the accumulators must stay in registers, so each chunk is its own
-      // unrolled copy.
+    const uint32_t n0 = item.n_block * BN;
 #pragma unroll
-      for (int cc = 0; cc < BN / 64; ++cc) {
-        if (static_cast<uint32_t>(cc) != c) continue;
+    for (int c = 0; c < BN / 64; ++c) {
+      if (n0 + c * 64 >= ops.n) break;  // nothing was loaded past N (uniform over the CTA)
+#pragma unroll 1
+      for (uint32_t s = 0; s < world; ++s) {
+        if (s == self) continue;
+        if (!sm90::mbarrier_wait(sm.full(stage), phase, ctx, sm90::barrier_what(sm90::BarrierWhat::kStageFull, stage))) {
+          return false;
+        }
+        const uint32_t box = sm90::smem_u32(sm.a(stage));
 #pragma unroll
         for (int q = 0; q < 8; ++q) {
           const uint32_t off = ((static_cast<uint32_t>(q) ^ r) << 4) + col_bytes;
@@ -547,18 +522,19 @@ class ComputeRole {
           asm volatile("ld.shared.b32 %0, [%1];" : "=r"(hi) : "r"(box + (row + 8) * 128 + off) : "memory");
           const float2 f_lo = unpack2<Pair>(lo);
           const float2 f_hi = unpack2<Pair>(hi);
-          float* a4 = acc + 32 * cc + 4 * q;
+          // acc[4j .. 4j+3] with j = 8c + q: (row, cols 2(l%4) + {0,1}), then (row + 8, same cols).
+          float* a4 = acc + 32 * c + 4 * q;
           a4[0] += f_lo.x;
           a4[1] += f_lo.y;
           a4[2] += f_hi.x;
           a4[3] += f_hi.y;
         }
-      }
-      __syncwarp();
-      if (lane == 0) cuda::ptx::mbarrier_arrive(sm.empty(stage));
-      if (++stage == kStages) {
-        stage = 0;
-        phase ^= 1;
+        __syncwarp();
+        if (lane == 0) cuda::ptx::mbarrier_arrive(sm.empty(stage));
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
       }
     }
     return true;

@@ -10,10 +10,9 @@
 //                          partial[slot(r, d)][t] = e on d
 //   own tile (kTileFold)   before the last kStages k-blocks the producer waits for partial[*][t]
 //                          from every peer and loads the W-1 staged partials through the stage
-//                          ring, 64-column chunk by chunk between the last k-blocks; the
-//                          consumers add each chunk to the fp32 accumulators in rank order
-//                          (ComputeRole::fold_chunk: acc = ((a + p_s1) + p_s2) + ..., a the
-//                          accumulator so far), the last k-blocks go on, the epilogue
+//                          ring; the consumers add them to the fp32 accumulators in rank order
+//                          (ComputeRole::fold_partials: acc = ((a + p_s1) + p_s2) + ..., a the
+//                          accumulator so far), the last k-blocks follow, the epilogue
 //                          rounds once and stores: gemm_rs into out [M/W, N];
 //                          gemm_ar into every rank's out [M, N] (one TMA store per rank), then
 //                          final[tile] = e on every peer
