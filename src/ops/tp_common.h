@@ -265,7 +265,7 @@ inline uint32_t group_m_for(int grid, GemmTile tile, int64_t unit) {
 }
 
 // Calls fn.template operator()<Cfg, kBF16, kBNMajor>() for the fused configuration of the call
-// (kReduce: gemm_rs / gemm_ar, whose epilogues hand their remote stores to a store warp).
+// (kReduce: gemm_rs / gemm_ar, whose epilogues hand their remote stores to a store thread).
 template <bool kReduce, class Fn>
 Status dispatch_fused(GemmTile tile, DType dtype, BLayout layout, Fn&& fn) {
   namespace kg = kernels::gemm;
@@ -361,19 +361,15 @@ inline Status build_reduce_params(Communicator::Impl& impl, const TpGemmArgs& a,
     for (int r = 0; r < world; ++r) {
       void* out_r = static_cast<char*>(impl.heap->peer_base(r)) + out_offset;
       LOOM_TRY(encode_gemm_output_map(out_r, a.m, a.n, a.n, a.dtype, &p.out[r]));
-      p.out_ptr[r] = static_cast<char*>(out_r);
     }
   } else {
     LOOM_TRY(encode_gemm_output_map(a.out, rows, a.n, a.n, a.dtype, &p.out[0]));
-    p.out_ptr[0] = static_cast<char*>(a.out);
   }
   for (int r = 0; r < world; ++r) {
     if (r == me) continue;
     void* staging_r = static_cast<char*>(impl.heap->peer_base(r)) + staging_offset;
     LOOM_TRY(encode_gemm_output_map(staging_r, staging_rows, a.n, a.n, a.dtype, &p.stage_to[r]));
-    p.stage_ptr[r] = static_cast<char*>(staging_r);
   }
-  p.row_bytes = static_cast<uint64_t>(a.n) * dtype_size(a.dtype);
   p.comm = impl.device_comm();
   p.tp = impl.tp_state;
   p.m = static_cast<uint32_t>(a.m);

@@ -997,7 +997,7 @@ void run_fold_case(GemmTile tile, uint32_t world, uint32_t self, bool missing, u
 }
 
 // Every rank position (own accumulator first, in the middle, last), the wide configurations
-// (also gemm_rs / gemm_ar's, whose store warp issues the epilogue's stores; their 128x256 has
+// (also gemm_rs / gemm_ar's, whose store thread issues the epilogue's stores; their 128x256 has
 // 3 stages, so a fold's 4 chunks x 2 sources pass a ring shorter than them), the fold after the
 // last k-block (K = 200: no more k-blocks than stages) and before the last kStages k-blocks
 // (K = 1000: 16 k-blocks).

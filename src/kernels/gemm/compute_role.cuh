@@ -9,9 +9,9 @@
 //                          Thread 32 is the signaler (when the epilogue signals): it takes
 //                          finished tiles from the signal ring and calls Epilogue::signal (system
 //                          fence, flag stores into peers: microseconds that would otherwise stall
-//                          a consumer warpgroup every tile). With Cfg::kStoreWarp its warp is
-//                          the store warp instead: it also stores the staged tiles
-//                          (store_warp()). Registers drop to kProducerRegs. The other threads
+//                          a consumer warpgroup every tile). With Cfg::kStoreThread it is the
+//                          store thread instead: it also issues the staged tiles' TMA stores
+//                          (store_thread()). Registers drop to kProducerRegs. The other threads
 //                          idle.
 //   warpgroups 1..C        consumers: read the tile ring, run the wgmma mainloop (warpgroup g
 //                          owns tile rows [64g, 64g + 64), m64nBNk16 per 16-wide k step, one
@@ -21,9 +21,9 @@
 //                          hands the box to the epilogue object (TMA store or reduce-add). A
 //                          tile's signal is posted after the next tile's mainloop (or at the
 //                          exit), when the bulk writes have long landed: each warp waits for its
-//                          writes and arrives on signal_full. With Cfg::kStoreWarp each warp
+//                          writes and arrives on signal_full. With Cfg::kStoreThread each warp
 //                          stages its whole share of the tile (box c = 64-column chunk c) and
-//                          hands the tile to the store warp, which stores and signals it
+//                          hands the tile to the store thread, which stores and signals it
 //                          while the consumers go on (stage_tile). Registers rise to
 //                          kConsumerRegs.
 // Synchronisation: full[s] (1 arrival + TMA bytes), empty[s] (one arrival per consumer warp),
@@ -156,10 +156,12 @@ class ComputeRole {
     if (warpgroup == 0) {
       if constexpr (kManageRegisters) sm90::setmaxnreg_dec<Cfg::kProducerRegs>();
       if (threadIdx.x == 0) producer(sm, ops, sched, fold, compute_index, num_compute, ctx);
-      if constexpr (Cfg::kStoreWarp) {
-        if (threadIdx.x / 32 == kSignalerThread / 32) store_warp(sm, ops, epi, ctx);
-      } else if (threadIdx.x == kSignalerThread && epi.signals()) {
-        signaler(sm, ops, epi, ctx);
+      if (threadIdx.x == kSignalerThread) {
+        if constexpr (Cfg::kStoreThread) {
+          store_thread(sm, ops, epi, ctx);
+        } else if (epi.signals()) {
+          signaler(sm, ops, epi, ctx);
+        }
       }
     } else {
       if constexpr (kManageRegisters) sm90::setmaxnreg_inc<Cfg::kConsumerRegs>();
@@ -457,8 +459,8 @@ class ComputeRole {
       if (lane == 0 && in_flight) cuda::ptx::mbarrier_arrive(sm.empty(prev_stage));
       if (timed) ops.timeline[item.tile].mainloop_clock = clock64();
       const uint32_t out = epi.out_dtype();
-      if constexpr (Cfg::kStoreWarp) {
-        // Stage the tile and hand it to the store warp (16-bit outputs only: the fused
+      if constexpr (Cfg::kStoreThread) {
+        // Stage the tile and hand it to the store thread (16-bit outputs only: the fused
         // kernels that use it store their input type).
         const bool staged = out == 1u ? stage_tile<__half>(sm, acc, item, ops, g, warp, lane, signal_phase, ctx)
                                       : stage_tile<__nv_bfloat16>(sm, acc, item, ops, g, warp, lane, signal_phase, ctx);
@@ -487,8 +489,8 @@ class ComputeRole {
     // Leave: the last signal and then the exit item (which ends the signaler) go to the
     // signaler, unless the launch is failing (the signaler then leaves on the abort); every
     // staged box must be out of shared memory.
-    if constexpr (Cfg::kStoreWarp) {
-      // The exit item ends the store warp (which leaves on the abort when the launch fails).
+    if constexpr (Cfg::kStoreThread) {
+      // The exit item ends the store thread (which leaves on the abort when the launch fails).
       if (exit.kind != static_cast<uint32_t>(WorkKind::kFailed) && !hand_off(sm, exit, g, warp, lane, signal_phase, ctx)) {
         exit = WorkItem{static_cast<uint32_t>(WorkKind::kFailed), 0, 0, 0};
       }
@@ -640,29 +642,24 @@ class ComputeRole {
     st->signal_take = slot | (phase << 16);
   }
 
-  // ---- store warp (kStoreWarp: the signaler's warp) --------------------------------------------
+  // ---- store thread (kStoreThread: the signaler's thread) ---------------------------------------
   // Slot 0 of the signal ring carries one staged tile at a time: the consumers wait for
-  // signal_empty (the previous tile's boxes are free), stage the tile and arrive on signal_full;
-  // this warp stores the tile, frees the boxes, and once the writes are visible signals the tile,
-  // before it waits for the next one (a peer's fold may wait for that signal while our consumers
-  // wait in a fold for the peer). An epilogue with store_box() is stored with ordinary 16-byte
-  // stores from all 32 lanes: stores into a peer stall at the SM's NVLink pace, and as TMA stores
-  // they held up the TMA unit and with it the mainloop's loads (fused tiles 5 us longer at 8192 x
-  // 8192 x 7168, W = 2); other epilogues get TMA stores from lane 0. Ends with the exit item;
-  // leaves on a failed (aborted) wait.
-  __device__ static void store_warp(const Smem& sm, const GemmOperands& ops, Epilogue& epi, const WaitContext& ctx) {
-    constexpr bool kGenericStores = requires(Epilogue& e, const uint8_t* box) { e.store_box(0u, box, 0u, 0u); };
-    const uint32_t lane = threadIdx.x % 32;
+  // signal_empty (the previous tile's boxes have been read out), stage the tile and arrive on
+  // signal_full; this thread issues the tile's TMA stores (stalling at the SM's NVLink pace when
+  // they go to a peer, instead of the consumers), frees the boxes once TMA has read them, and
+  // once the writes are complete signals the tile, before it waits for the next one (a peer's
+  // fold may wait for that signal while our consumers wait in a fold for the peer). Ends with
+  // the exit item; leaves on a failed (aborted) wait.
+  __device__ static void store_thread(const Smem& sm, const GemmOperands& ops, const Epilogue& epi,
+                                      const WaitContext& ctx) {
     RoleState* st = sm.state();
     uint32_t phase = st->signal_take >> 16;
     const uint32_t m_blocks = (ops.m + BM - 1) / BM;
     const uint32_t n_blocks = (ops.n + BN - 1) / BN;
     for (;;) {
-      bool ok = true;
-      if (lane == 0) {
-        ok = sm90::mbarrier_wait(sm.signal_full(0), phase, ctx, sm90::barrier_what(sm90::BarrierWhat::kSignalFull, 0));
+      if (!sm90::mbarrier_wait(sm.signal_full(0), phase, ctx, sm90::barrier_what(sm90::BarrierWhat::kSignalFull, 0))) {
+        return;
       }
-      if (__shfl_sync(0xFFFFFFFFu, ok ? 1 : 0, 0) == 0) return;
       const volatile WorkItem* posted = sm.signal_ring(0);
       const WorkItem item{posted->kind, posted->m_block, posted->n_block, posted->tile};
       const bool tile = is_tile_kind(item.kind);
@@ -675,43 +672,26 @@ class ComputeRole {
 #pragma unroll 1
           for (int c = 0; c < BN / 64; ++c) {
             if (col0 + c * 64 >= ops.n) break;
-            const uint8_t* box = sm.epi(b / 4, b % 4, static_cast<uint32_t>(c));
-            if constexpr (kGenericStores) {
-              if (!epi.store_box(lane, box, row0, col0 + c * 64)) return;  // aborting
-            } else if (lane == 0) {
-              epi.issue(box, row0, col0 + c * 64);
-            }
+            epi.issue(sm.epi(b / 4, b % 4, static_cast<uint32_t>(c)), row0, col0 + c * 64);
           }
         }
-        if constexpr (!kGenericStores) {
-          if (lane == 0) {
-            cuda::ptx::cp_async_bulk_commit_group();
-            cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
-          }
-        }
+        cuda::ptx::cp_async_bulk_commit_group();
+        cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
       }
-      __syncwarp();  // every lane has read its share of the boxes
-      if (lane == 0) cuda::ptx::mbarrier_arrive(sm.signal_empty(0));  // the boxes may be rewritten
+      cuda::ptx::mbarrier_arrive(sm.signal_empty(0));  // the boxes may be rewritten
       phase ^= 1;
       if (!tile) break;
       if (epi.signals()) {
-        if constexpr (kGenericStores) {
-          __threadfence_system();  // each lane's stores, before lane 0's flags
-        } else if (lane == 0) {
-          cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
-          cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
-        }
-        __syncwarp();
-        if (lane == 0) epi.signal(item, m_blocks, n_blocks);
+        cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
+        cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
+        epi.signal(item, m_blocks, n_blocks);
       }
     }
-    if (lane == 0) {
-      cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
-      st->signal_take = phase << 16;
-    }
+    cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
+    st->signal_take = phase << 16;
   }
 
-  // A consumer warp hands an item to the store warp through slot 0 once the previous one's
+  // A consumer warp hands an item to the store thread through slot 0 once the previous one's
   // boxes are free (lane 0 waits; warpgroup 1's first warp writes the item). False after a failed
   // wait. Every consumer warp hands over the same items in the same order.
   __device__ static bool hand_off(const Smem& sm, const WorkItem& item, uint32_t g, uint32_t warp, uint32_t lane,
@@ -738,12 +718,12 @@ class ComputeRole {
     return __shfl_sync(0xFFFFFFFFu, ok ? 1 : 0, 0) != 0;
   }
 
-  // kStoreWarp's epilogue: this warp's 16 rows of the tile, one box per 64-column chunk, then
+  // kStoreThread's epilogue: this warp's 16 rows of the tile, one box per 64-column chunk, then
   // the hand-off (which every warp makes, also one whose rows lie past M).
   template <class OutT>
   __device__ static bool stage_tile(const Smem& sm, float (&acc)[kAcc], const WorkItem& item, const GemmOperands& ops,
                                     uint32_t g, uint32_t warp, uint32_t lane, uint32_t& phase, const WaitContext& ctx) {
-    static_assert(sizeof(OutT) == 2, "the store warp's boxes hold 64 16-bit columns");
+    static_assert(sizeof(OutT) == 2, "the store thread's boxes hold 64 16-bit columns");
     if (!boxes_free(sm, lane, phase, ctx)) return false;
     const uint32_t row0 = item.m_block * BM + g * 64 + warp * 16;
     const uint32_t col0 = item.n_block * BN;

@@ -48,11 +48,6 @@ struct ReduceGemmParams {
   sm90::TmaDescriptor out[TpTunables::kMaxLocalWorld];       // gemm_rs: [0] = out [M/W, N];
                                                              // gemm_ar: [d] = rank d's out [M, N]; box {64, 16}
   sm90::TmaDescriptor stage_to[TpTunables::kMaxLocalWorld];  // [d] = rank d's staging (d != me), box {64, 16}
-  // The same destinations as plain pointers, for the store warp's ordinary stores (which keep the
-  // SM's TMA unit free for the mainloop's loads): out_ptr[d] as out[d], stage_ptr[d] as stage_to[d].
-  char* out_ptr[TpTunables::kMaxLocalWorld];
-  char* stage_ptr[TpTunables::kMaxLocalWorld];
-  uint64_t row_bytes;           // N * element size: the row pitch of out and the staging
   DeviceComm comm;
   TpDeviceState* tp;
   uint32_t m, n, k;
@@ -127,32 +122,6 @@ class ReduceEpilogue {
     send(&p_.stage_to[owner], col, slot * p_.rows_per_rank + row_in_owner, box);
   }
 
-  // The compute role's store warp (every lane): the 16-row x 64-column box staged at `box`
-  // (128B-swizzled: 16-byte chunk q of row r at q ^ (r % 8)) whose top-left element is (row, col),
-  // to the same destinations as issue(), with ordinary 16-byte stores. Lane 0 waits for a peer's
-  // entry before the first store into it; false once a wait failed (the launch is aborting).
-  __device__ bool store_box(uint32_t lane, const uint8_t* box, uint32_t row, uint32_t col) {
-    const uint32_t me = static_cast<uint32_t>(p_.comm.local_rank);
-    const uint32_t world = static_cast<uint32_t>(p_.comm.local_world);
-    const uint32_t owner = row / p_.rows_per_rank;
-    const uint32_t row_in_owner = row - owner * p_.rows_per_rank;
-    if (owner == me) {
-      if constexpr (kBroadcast) {
-        for (uint32_t i = 0; i < world; ++i) {
-          const uint32_t d = (me + i) % world;  // ours first, then the peers
-          if (d != me && !warp_entered(lane, d)) return false;
-          copy_box(lane, box, p_.out_ptr[d], row, col);
-        }
-      } else {
-        copy_box(lane, box, p_.out_ptr[0], row_in_owner, col);
-      }
-      return true;
-    }
-    if (!warp_entered(lane, owner)) return false;
-    copy_box(lane, box, p_.stage_ptr[owner], staging_slot(me, owner, world) * p_.rows_per_rank + row_in_owner, col);
-    return true;
-  }
-
   // One thread (the compute role's signaler), once every box of `tile` has landed.
   __device__ void signal(const gemm::WorkItem& tile, uint32_t /*m_blocks*/, uint32_t n_blocks) const {
     // A failed entry wait (any warp) skipped a box and raised the device abort before the
@@ -186,27 +155,6 @@ class ReduceEpilogue {
     if (!wait_entry(p_.comm, static_cast<int>(peer), epoch_, p_.signature, ctx_)) return false;
     entered_mask_ |= bit;
     return true;
-  }
-
-  __device__ bool warp_entered(uint32_t lane, uint32_t peer) {
-    const bool ok = lane == 0 ? entered(peer) : true;
-    return __shfl_sync(0xFFFFFFFFu, ok ? 1 : 0, 0) != 0;
-  }
-
-  // 16 rows x 8 chunks of 16 bytes, 4 per lane; chunks at or past N are skipped (N is a multiple
-  // of 8 elements, so a chunk is all in or all out).
-  __device__ void copy_box(uint32_t lane, const uint8_t* box, char* dst, uint32_t row, uint32_t col) const {
-    const uint32_t elem = p_.out_dtype == 2u ? 4u : 2u;  // 16-bit here; fp32 would be 4
-#pragma unroll
-    for (uint32_t i = 0; i < 4; ++i) {
-      const uint32_t piece = lane + 32 * i;
-      const uint32_t r = piece / 8;
-      const uint32_t q = piece % 8;
-      const uint32_t c = col + q * (16 / elem);
-      if (c >= p_.n) continue;
-      const uint4 v = *reinterpret_cast<const uint4*>(box + r * 128 + ((q ^ (r % 8)) << 4));
-      *reinterpret_cast<uint4*>(dst + static_cast<uint64_t>(row + r) * p_.row_bytes + static_cast<uint64_t>(c) * elem) = v;
-    }
   }
 
   __device__ static void send(const sm90::TmaDescriptor* map, uint32_t col, uint32_t row, const void* box) {
