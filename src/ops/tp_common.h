@@ -265,7 +265,7 @@ inline uint32_t group_m_for(int grid, GemmTile tile, int64_t unit) {
 }
 
 // Calls fn.template operator()<Cfg, kBF16, kBNMajor>() for the fused configuration of the call
-// (kReduce: gemm_rs / gemm_ar, whose epilogues hand their remote stores to a store thread).
+// (kReduce: gemm_rs / gemm_ar, whose 128x256 stages a whole tile for its remote stores).
 template <bool kReduce, class Fn>
 Status dispatch_fused(GemmTile tile, DType dtype, BLayout layout, Fn&& fn) {
   namespace kg = kernels::gemm;
@@ -284,12 +284,7 @@ Status dispatch_fused(GemmTile tile, DType dtype, BLayout layout, Fn&& fn) {
       } else {
         return by_dtype.template operator()<kg::Tile128x256>();
       }
-    case GemmTile::k128x128:
-      if constexpr (kReduce) {
-        return by_dtype.template operator()<kg::Tile128x128Reduce>();
-      } else {
-        return by_dtype.template operator()<kg::Tile128x128>();
-      }
+    case GemmTile::k128x128: return by_dtype.template operator()<kg::Tile128x128>();
     default: break;
   }
   return Status::internal("tensor-parallel dispatch: no fused kernel for tile " + std::string(gemm_tile_name(tile)));

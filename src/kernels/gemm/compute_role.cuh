@@ -9,23 +9,18 @@
 //                          Thread 32 is the signaler (when the epilogue signals): it takes
 //                          finished tiles from the signal ring and calls Epilogue::signal (system
 //                          fence, flag stores into peers: microseconds that would otherwise stall
-//                          a consumer warpgroup every tile). With Cfg::kStoreThread it is the
-//                          store thread instead: it also issues the staged tiles' TMA stores
-//                          (store_thread()). Registers drop to kProducerRegs. The other threads
-//                          idle.
+//                          a consumer warpgroup every tile). Registers drop to kProducerRegs.
+//                          The other threads idle.
 //   warpgroups 1..C        consumers: read the tile ring, run the wgmma mainloop (warpgroup g
 //                          owns tile rows [64g, 64g + 64), m64nBNk16 per 16-wide k step, one
 //                          k-block of wgmma in flight while the next stage is waited for), then
 //                          the epilogue: each warp stages its 16 rows x 128 bytes at a time
-//                          (converted to the output type, 128B-swizzled, double-buffered) and
+//                          (converted to the output type, 128B-swizzled, double-buffered, or one
+//                          box per chunk with Cfg::kEpiBoxes = BLOCK_N / 64) and
 //                          hands the box to the epilogue object (TMA store or reduce-add). A
 //                          tile's signal is posted after the next tile's mainloop (or at the
 //                          exit), when the bulk writes have long landed: each warp waits for its
-//                          writes and arrives on signal_full. With Cfg::kStoreThread each warp
-//                          stages its whole share of the tile (box c = 64-column chunk c) and
-//                          hands the tile to the store thread, which stores and signals it
-//                          while the consumers go on (stage_tile). Registers rise to
-//                          kConsumerRegs.
+//                          writes and arrives on signal_full. Registers rise to kConsumerRegs.
 // Synchronisation: full[s] (1 arrival + TMA bytes), empty[s] (one arrival per consumer warp),
 // tile_full[t] (producer), tile_empty[t] (one arrival per consumer warp), signal_full[t] (one
 // arrival per consumer warp; the item is written by warpgroup 1's first warp), signal_empty[t]
@@ -156,13 +151,7 @@ class ComputeRole {
     if (warpgroup == 0) {
       if constexpr (kManageRegisters) sm90::setmaxnreg_dec<Cfg::kProducerRegs>();
       if (threadIdx.x == 0) producer(sm, ops, sched, fold, compute_index, num_compute, ctx);
-      if (threadIdx.x == kSignalerThread) {
-        if constexpr (Cfg::kStoreThread) {
-          store_thread(sm, ops, epi, ctx);
-        } else if (epi.signals()) {
-          signaler(sm, ops, epi, ctx);
-        }
-      }
+      if (threadIdx.x == kSignalerThread && epi.signals()) signaler(sm, ops, epi, ctx);
     } else {
       if constexpr (kManageRegisters) sm90::setmaxnreg_inc<Cfg::kConsumerRegs>();
       consumer(sm, ops, epi, fold, warpgroup - 1, ctx);
@@ -458,20 +447,11 @@ class ComputeRole {
       if (!ok) break;
       if (lane == 0 && in_flight) cuda::ptx::mbarrier_arrive(sm.empty(prev_stage));
       if (timed) ops.timeline[item.tile].mainloop_clock = clock64();
-      const uint32_t out = epi.out_dtype();
-      if constexpr (Cfg::kStoreThread) {
-        // Stage the tile and hand it to the store thread (16-bit outputs only: the fused
-        // kernels that use it store their input type).
-        const bool staged = out == 1u ? stage_tile<__half>(sm, acc, item, ops, g, warp, lane, signal_phase, ctx)
-                                      : stage_tile<__nv_bfloat16>(sm, acc, item, ops, g, warp, lane, signal_phase, ctx);
-        if (!staged) break;
-        if (timed) record_stored(ops.timeline[item.tile]);
-        continue;
-      }
       if (pending) {  // a plain tile: its mainloop never blocks on other ranks
         if (!post_signal(sm, pending_item, g, warp, lane, signal_slot, signal_phase, ctx)) break;
         pending = false;
       }
+      const uint32_t out = epi.out_dtype();
       if (out == 2u) {
         epilogue<float, 32>(sm, acc, item, epi, ops, g, warp, lane, parity);
       } else if (out == 1u) {
@@ -489,12 +469,7 @@ class ComputeRole {
     // Leave: the last signal and then the exit item (which ends the signaler) go to the
     // signaler, unless the launch is failing (the signaler then leaves on the abort); every
     // staged box must be out of shared memory.
-    if constexpr (Cfg::kStoreThread) {
-      // The exit item ends the store thread (which leaves on the abort when the launch fails).
-      if (exit.kind != static_cast<uint32_t>(WorkKind::kFailed) && !hand_off(sm, exit, g, warp, lane, signal_phase, ctx)) {
-        exit = WorkItem{static_cast<uint32_t>(WorkKind::kFailed), 0, 0, 0};
-      }
-    } else if (exit.kind != static_cast<uint32_t>(WorkKind::kFailed) && epi.signals()) {
+    if (exit.kind != static_cast<uint32_t>(WorkKind::kFailed) && epi.signals()) {
       if ((pending && !post_signal(sm, pending_item, g, warp, lane, signal_slot, signal_phase, ctx)) ||
           !post_signal(sm, exit, g, warp, lane, signal_slot, signal_phase, ctx)) {
         exit = WorkItem{static_cast<uint32_t>(WorkKind::kFailed), 0, 0, 0};
@@ -642,105 +617,6 @@ class ComputeRole {
     st->signal_take = slot | (phase << 16);
   }
 
-  // ---- store thread (kStoreThread: the signaler's thread) ---------------------------------------
-  // Slot 0 of the signal ring carries one staged tile at a time: the consumers wait for
-  // signal_empty (the previous tile's boxes have been read out), stage the tile and arrive on
-  // signal_full; this thread issues the tile's TMA stores (stalling at the SM's NVLink pace when
-  // they go to a peer, instead of the consumers), frees the boxes once TMA has read them, and
-  // once the writes are complete signals the tile, before it waits for the next one (a peer's
-  // fold may wait for that signal while our consumers wait in a fold for the peer). Ends with
-  // the exit item; leaves on a failed (aborted) wait.
-  __device__ static void store_thread(const Smem& sm, const GemmOperands& ops, const Epilogue& epi,
-                                      const WaitContext& ctx) {
-    RoleState* st = sm.state();
-    uint32_t phase = st->signal_take >> 16;
-    const uint32_t m_blocks = (ops.m + BM - 1) / BM;
-    const uint32_t n_blocks = (ops.n + BN - 1) / BN;
-    for (;;) {
-      if (!sm90::mbarrier_wait(sm.signal_full(0), phase, ctx, sm90::barrier_what(sm90::BarrierWhat::kSignalFull, 0))) {
-        return;
-      }
-      const volatile WorkItem* posted = sm.signal_ring(0);
-      const WorkItem item{posted->kind, posted->m_block, posted->n_block, posted->tile};
-      const bool tile = is_tile_kind(item.kind);
-      if (tile) {
-        const uint32_t col0 = item.n_block * BN;
-#pragma unroll 1
-        for (int b = 0; b < Cfg::kConsumers * 4; ++b) {  // consumer warp b = 4g + w
-          const uint32_t row0 = item.m_block * BM + static_cast<uint32_t>(b) * 16;
-          if (row0 >= ops.m) break;
-#pragma unroll 1
-          for (int c = 0; c < BN / 64; ++c) {
-            if (col0 + c * 64 >= ops.n) break;
-            epi.issue(sm.epi(b / 4, b % 4, static_cast<uint32_t>(c)), row0, col0 + c * 64);
-          }
-        }
-        cuda::ptx::cp_async_bulk_commit_group();
-        cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
-      }
-      cuda::ptx::mbarrier_arrive(sm.signal_empty(0));  // the boxes may be rewritten
-      phase ^= 1;
-      if (!tile) break;
-      if (epi.signals()) {
-        cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
-        cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
-        epi.signal(item, m_blocks, n_blocks);
-      }
-    }
-    cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
-    st->signal_take = phase << 16;
-  }
-
-  // A consumer warp hands an item to the store thread through slot 0 once the previous one's
-  // boxes are free (lane 0 waits; warpgroup 1's first warp writes the item). False after a failed
-  // wait. Every consumer warp hands over the same items in the same order.
-  __device__ static bool hand_off(const Smem& sm, const WorkItem& item, uint32_t g, uint32_t warp, uint32_t lane,
-                                  uint32_t& phase, const WaitContext& ctx) {
-    if (!boxes_free(sm, lane, phase, ctx)) return false;
-    post_item(sm, item, g, warp, lane, phase);
-    return true;
-  }
-
-  __device__ static void post_item(const Smem& sm, const WorkItem& item, uint32_t g, uint32_t warp, uint32_t lane,
-                                   uint32_t& phase) {
-    if (lane == 0) {
-      if (g == 0 && warp == 0) *sm.signal_ring(0) = item;
-      cuda::ptx::mbarrier_arrive(sm.signal_full(0));  // release: the item and the staged boxes
-    }
-    phase ^= 1;
-  }
-
-  __device__ static bool boxes_free(const Smem& sm, uint32_t lane, uint32_t phase, const WaitContext& ctx) {
-    bool ok = true;
-    if (lane == 0) {
-      ok = sm90::mbarrier_wait(sm.signal_empty(0), phase ^ 1, ctx, sm90::barrier_what(sm90::BarrierWhat::kSignalEmpty, 0));
-    }
-    return __shfl_sync(0xFFFFFFFFu, ok ? 1 : 0, 0) != 0;
-  }
-
-  // kStoreThread's epilogue: this warp's 16 rows of the tile, one box per 64-column chunk, then
-  // the hand-off (which every warp makes, also one whose rows lie past M).
-  template <class OutT>
-  __device__ static bool stage_tile(const Smem& sm, float (&acc)[kAcc], const WorkItem& item, const GemmOperands& ops,
-                                    uint32_t g, uint32_t warp, uint32_t lane, uint32_t& phase, const WaitContext& ctx) {
-    static_assert(sizeof(OutT) == 2, "the store thread's boxes hold 64 16-bit columns");
-    if (!boxes_free(sm, lane, phase, ctx)) return false;
-    const uint32_t row0 = item.m_block * BM + g * 64 + warp * 16;
-    const uint32_t col0 = item.n_block * BN;
-    if (row0 < ops.m) {
-#pragma unroll
-      for (int c = 0; c < BN / 64; ++c) {
-        if (col0 + c * 64 >= ops.n) break;  // past N (uniform across the warp)
-        stage_box<OutT, 64>(sm90::smem_u32(sm.epi(g, warp, static_cast<uint32_t>(c))), acc, c, lane);
-      }
-    }
-    // Generic-proxy stores must be visible to the async proxy (TMA) that reads the boxes.
-    cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
-    __syncwarp();
-    post_item(sm, item, g, warp, lane, phase);
-    return true;
-  }
-
   template <class OutT>
   __device__ static uint32_t pack2(float lo, float hi) {
     if constexpr (sizeof(OutT) == 2 && __is_same(OutT, __half)) {
@@ -749,37 +625,6 @@ class ComputeRole {
     } else {
       const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
       return *reinterpret_cast<const uint32_t*>(&v);
-    }
-  }
-
-  // One chunk (kCols columns) of this warp's 16 accumulator rows, converted and swizzled into the
-  // box at box_addr (lane l: rows l/4 and l/4 + 8).
-  template <class OutT, int kCols>
-  __device__ static void stage_box(uint32_t box_addr, const float (&acc)[kAcc], int c, uint32_t lane) {
-    const uint32_t r = lane / 4;
-    if constexpr (sizeof(OutT) == 2) {
-#pragma unroll
-      for (int q = 0; q < 8; ++q) {
-        const int j = c * 8 + q;
-        const uint32_t lo = pack2<OutT>(acc[4 * j], acc[4 * j + 1]);
-        const uint32_t hi = pack2<OutT>(acc[4 * j + 2], acc[4 * j + 3]);
-        const uint32_t off = ((static_cast<uint32_t>(q) ^ r) << 4) + (lane % 4) * 4;
-        asm volatile("st.shared.b32 [%0], %1;" ::"r"(box_addr + r * 128 + off), "r"(lo) : "memory");
-        asm volatile("st.shared.b32 [%0], %1;" ::"r"(box_addr + (r + 8) * 128 + off), "r"(hi) : "memory");
-      }
-    } else {
-#pragma unroll
-      for (int jj = 0; jj < 4; ++jj) {
-        const int j = c * 4 + jj;
-        const uint32_t q = 2 * jj + (lane % 4) / 2;
-        const uint32_t off = ((q ^ r) << 4) + (lane % 2) * 8;
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(box_addr + r * 128 + off), "f"(acc[4 * j]),
-                     "f"(acc[4 * j + 1])
-                     : "memory");
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(box_addr + (r + 8) * 128 + off),
-                     "f"(acc[4 * j + 2]), "f"(acc[4 * j + 3])
-                     : "memory");
-      }
     }
   }
 
@@ -796,14 +641,47 @@ class ComputeRole {
     const uint32_t row0 = item.m_block * BM + g * 64 + warp * 16;
     const uint32_t col0 = item.n_block * BN;
     if (row0 >= ops.m) return;  // all 16 rows of this warp lie past M
+    const uint32_t r = lane / 4;
+    // With a box per chunk (kWholeTile) a chunk's box was last used by the previous tile, whose
+    // reads ended long ago; with two, the box written two chunks ago must have been read out.
+    constexpr bool kWholeTile = Cfg::kEpiBoxes >= BN / kCols;
 #pragma unroll
     for (int c = 0; c < BN / kCols; ++c) {
       if (col0 + c * kCols >= ops.n) break;  // past N (uniform across the warp)
-      uint8_t* box = sm.epi(g, warp, parity);
-      // The box written two chunks ago (same buffer) must have been read out by TMA.
-      if (lane == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<1>{});
+      uint8_t* box = sm.epi(g, warp, kWholeTile ? static_cast<uint32_t>(c) : parity);
+      if (lane == 0) {
+        if constexpr (kWholeTile) {
+          if (c == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+        } else {
+          cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<1>{});
+        }
+      }
       __syncwarp();
-      stage_box<OutT, kCols>(sm90::smem_u32(box), acc, c, lane);
+      const uint32_t box_addr = sm90::smem_u32(box);
+      if constexpr (sizeof(OutT) == 2) {
+#pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          const int j = c * 8 + q;
+          const uint32_t lo = pack2<OutT>(acc[4 * j], acc[4 * j + 1]);
+          const uint32_t hi = pack2<OutT>(acc[4 * j + 2], acc[4 * j + 3]);
+          const uint32_t off = ((static_cast<uint32_t>(q) ^ r) << 4) + (lane % 4) * 4;
+          asm volatile("st.shared.b32 [%0], %1;" ::"r"(box_addr + r * 128 + off), "r"(lo) : "memory");
+          asm volatile("st.shared.b32 [%0], %1;" ::"r"(box_addr + (r + 8) * 128 + off), "r"(hi) : "memory");
+        }
+      } else {
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+          const int j = c * 4 + jj;
+          const uint32_t q = 2 * jj + (lane % 4) / 2;
+          const uint32_t off = ((q ^ r) << 4) + (lane % 2) * 8;
+          asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(box_addr + r * 128 + off), "f"(acc[4 * j]),
+                       "f"(acc[4 * j + 1])
+                       : "memory");
+          asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(box_addr + (r + 8) * 128 + off),
+                       "f"(acc[4 * j + 2]), "f"(acc[4 * j + 3])
+                       : "memory");
+        }
+      }
       // Generic-proxy stores must be visible to the async proxy (TMA) that reads the box.
       cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
       __syncwarp();
