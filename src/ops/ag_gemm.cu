@@ -148,7 +148,7 @@ Status run_fused(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, c
   LOOM_DEBUG("ag_gemm fused %s: tile %s, %d CTAs (%d communicate first), %lld rows per flag, plan from %s",
              ops::tp::shape_text(a, world).c_str(), std::string(gemm_tile_name(d.tile)).c_str(), d.grid, d.comm_ctas,
              static_cast<long long>(rows_per_flag), d.plan.source.c_str());
-  return ops::tp::dispatch_fused</*kReduce=*/false>(d.tile, a.dtype, a.b_layout, [&]<class Cfg, bool kBF16, bool kBNMajor>() -> Status {
+  return ops::tp::dispatch_fused(d.tile, a.dtype, a.b_layout, [&]<class Cfg, bool kBF16, bool kBNMajor>() -> Status {
     auto* kernel = &kt::ag_gemm_kernel<Cfg, kBF16, kBNMajor>;
     LOOM_TRY(ops::tp::prepare_kernel(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes));
     kernel<<<d.grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);

@@ -173,7 +173,7 @@ using tp::prepare_kernel;
 // Calls fn.template operator()<Cfg, kBF16, kBNMajor>() for the configuration of the call.
 template <class Fn>
 Status dispatch(GemmTile tile, DType dtype, BLayout layout, Fn&& fn) {
-  return tp::dispatch_fused</*kReduce=*/false>(tile, dtype, layout, std::forward<Fn>(fn));
+  return tp::dispatch_fused(tile, dtype, layout, std::forward<Fn>(fn));
 }
 
 inline GemmArgs gemm_args(const void* a, const void* b, void* d, int64_t m, const TpGemmArgs& args) {

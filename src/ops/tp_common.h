@@ -264,9 +264,8 @@ inline uint32_t group_m_for(int grid, GemmTile tile, int64_t unit) {
   return static_cast<uint32_t>(best);
 }
 
-// Calls fn.template operator()<Cfg, kBF16, kBNMajor>() for the fused configuration of the call
-// (kReduce: gemm_rs / gemm_ar, whose 128x256 stages a whole tile for its remote stores).
-template <bool kReduce, class Fn>
+// Calls fn.template operator()<Cfg, kBF16, kBNMajor>() for the fused configuration of the call.
+template <class Fn>
 Status dispatch_fused(GemmTile tile, DType dtype, BLayout layout, Fn&& fn) {
   namespace kg = kernels::gemm;
   const bool bf16 = dtype == DType::kBF16;
@@ -278,12 +277,7 @@ Status dispatch_fused(GemmTile tile, DType dtype, BLayout layout, Fn&& fn) {
     return bf16 ? by_layout.template operator()<Cfg, true>() : by_layout.template operator()<Cfg, false>();
   };
   switch (tile) {
-    case GemmTile::k128x256:
-      if constexpr (kReduce) {
-        return by_dtype.template operator()<kg::Tile128x256Reduce>();
-      } else {
-        return by_dtype.template operator()<kg::Tile128x256>();
-      }
+    case GemmTile::k128x256: return by_dtype.template operator()<kg::Tile128x256>();
     case GemmTile::k128x128: return by_dtype.template operator()<kg::Tile128x128>();
     default: break;
   }
@@ -415,7 +409,7 @@ Status launch_reduce_fused(Communicator& comm, const TpGemmArgs& a, const TpDeci
   LOOM_ASSIGN_OR_RETURN(void* staging, ensure_workspace(comm, reduce_staging_bytes(a, world), stream, op));
   kernels::tp::ReduceGemmParams p{};
   LOOM_TRY(build_reduce_params(impl, a, d, staging, broadcast, &p));
-  return dispatch_fused<true>(d.tile, a.dtype, a.b_layout, [&]<class Cfg, bool kBF16, bool kBNMajor>() -> Status {
+  return dispatch_fused(d.tile, a.dtype, a.b_layout, [&]<class Cfg, bool kBF16, bool kBNMajor>() -> Status {
     auto* kernel = kernel_of.template operator()<Cfg, kBF16, kBNMajor>();
     LOOM_TRY(prepare_kernel(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes));
     kernel<<<d.grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);

@@ -183,10 +183,6 @@ TEST(GemmTiles, SharedMemoryLayout) {
   EXPECT_EQ(Tile128x256::kStageTxBytes, (128 + 256) * 64 * 2u);
   EXPECT_EQ(Tile128x256::kEpiBytes, 2 * 4 * 2 * 2048u);
   EXPECT_EQ(Tile64x128::kEpiBytes, 1 * 4 * 2 * 2048u);
-  // gemm_rs / gemm_ar's 128x256: a whole 16-bit tile of boxes (4 per warp) for a stage less.
-  EXPECT_EQ(Tile128x256Reduce::kEpiBytes, 2 * 4 * 4 * 2048u);
-  EXPECT_EQ(Tile128x256Reduce::kStages, 3);
-  EXPECT_LE(Tile128x256Reduce::kSmemBytes, 232448u);
   EXPECT_EQ(Tile128x256::kEntryRegs, 168);
   EXPECT_EQ(Tile64x128::kEntryRegs, 255);
   EXPECT_LE(128 * Tile128x256::kProducerRegs + 256 * Tile128x256::kConsumerRegs, 65536);

@@ -15,8 +15,7 @@
 //                          owns tile rows [64g, 64g + 64), m64nBNk16 per 16-wide k step, one
 //                          k-block of wgmma in flight while the next stage is waited for), then
 //                          the epilogue: each warp stages its 16 rows x 128 bytes at a time
-//                          (converted to the output type, 128B-swizzled, double-buffered, or one
-//                          box per chunk with Cfg::kEpiBoxes = BLOCK_N / 64) and
+//                          (converted to the output type, 128B-swizzled, double-buffered) and
 //                          hands the box to the epilogue object (TMA store or reduce-add). A
 //                          tile's signal is posted after the next tile's mainloop (or at the
 //                          exit), when the bulk writes have long landed: each warp waits for its
@@ -177,8 +176,8 @@ class ComputeRole {
         : base(reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023})) {}
     __device__ uint8_t* a(int s) const { return base + Cfg::kAOffset + s * Cfg::kABytes; }
     __device__ uint8_t* b(int s) const { return base + Cfg::kBOffset + s * Cfg::kBBytes; }
-    __device__ uint8_t* epi(int g, int w, uint32_t box) const {
-      return base + Cfg::kEpiOffset + ((g * 4 + w) * Cfg::kEpiBoxes + box) * kEpiBoxBytes;
+    __device__ uint8_t* epi(int g, int w, uint32_t parity) const {
+      return base + Cfg::kEpiOffset + ((g * 4 + w) * 2 + parity) * kEpiBoxBytes;
     }
     __device__ uint64_t* full(int s) const { return reinterpret_cast<uint64_t*>(base + Cfg::kFullOffset) + s; }
     __device__ uint64_t* empty(int s) const { return reinterpret_cast<uint64_t*>(base + Cfg::kEmptyOffset) + s; }
@@ -642,20 +641,12 @@ class ComputeRole {
     const uint32_t col0 = item.n_block * BN;
     if (row0 >= ops.m) return;  // all 16 rows of this warp lie past M
     const uint32_t r = lane / 4;
-    // With a box per chunk (kWholeTile) a chunk's box was last used by the previous tile, whose
-    // reads ended long ago; with two, the box written two chunks ago must have been read out.
-    constexpr bool kWholeTile = Cfg::kEpiBoxes >= BN / kCols;
 #pragma unroll
     for (int c = 0; c < BN / kCols; ++c) {
       if (col0 + c * kCols >= ops.n) break;  // past N (uniform across the warp)
-      uint8_t* box = sm.epi(g, warp, kWholeTile ? static_cast<uint32_t>(c) : parity);
-      if (lane == 0) {
-        if constexpr (kWholeTile) {
-          if (c == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
-        } else {
-          cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<1>{});
-        }
-      }
+      uint8_t* box = sm.epi(g, warp, parity);
+      // The box written two chunks ago (same buffer) must have been read out by TMA.
+      if (lane == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<1>{});
       __syncwarp();
       const uint32_t box_addr = sm90::smem_u32(box);
       if constexpr (sizeof(OutT) == 2) {

@@ -9,9 +9,7 @@
 //   a[s]       kStages * kABytes      kABytes = BM * 64 * 2      (A tile, K-major, 128B swizzle)
 //   b[s]       kStages * kBBytes      kBBytes = BN * 64 * 2      (B tile; K-major: BN rows x 128 B;
 //                                                                N-major: BN/64 boxes of 64 K-rows x 128 B)
-//   epi[w][E]  kConsumers*4*E * 2048  per consumer warp, E = kEpiBoxes 16-row x 128-byte staging
-//                                     boxes (swizzled): 2 double-buffer them; BLOCK_N / 64 hold a
-//                                     whole 16-bit tile, so its stores never wait for the TMA reads
+//   epi[w][2]  kConsumers*4*2 * 2048  per consumer warp, two 16-row x 128-byte staging boxes (swizzled)
 //   control    kControlBytes          full[s], empty[s], tile_full[t], tile_empty[t], signal_full[t],
 //                                     signal_empty[t] (8 B mbarriers), tile ring and signal ring
 //                                     items (16 B each), persisted role state (64 B)
@@ -28,13 +26,12 @@ constexpr int kTileSlots = 4;     // tile ring depth between the producer and th
 constexpr int kEpiRows = 16;      // rows per consumer warp
 constexpr int kEpiBoxBytes = kEpiRows * 128;
 
-template <int kBlockM_, int kBlockN_, int kStages_, int kEpiBoxes_ = 2>
+template <int kBlockM_, int kBlockN_, int kStages_>
 struct TileConfig {
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kBlockK = gemm::kBlockK;
   static constexpr int kStages = kStages_;
-  static constexpr int kEpiBoxes = kEpiBoxes_;
   static constexpr int kConsumers = kBlockM / 64;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kConsumerThreads = 128 * kConsumers;
@@ -42,7 +39,6 @@ struct TileConfig {
   static_assert(kBlockM == 64 || kBlockM == 128, "BLOCK_M is 64 (one consumer warpgroup) or 128 (two)");
   static_assert(kBlockN == 64 || kBlockN == 128 || kBlockN == 256, "BLOCK_N must be a wgmma N: 64, 128 or 256");
   static_assert(kStages >= 2, "the pipeline needs at least two stages");
-  static_assert(kEpiBoxes >= 2, "the epilogue double-buffers its staging boxes at least");
 
   // Register budgets: with two consumer warpgroups the producer gives registers to the consumers
   // (128*40 + 256*232 = 64512 <= 65536). With one, every thread already gets 255 (256 threads).
@@ -59,7 +55,7 @@ struct TileConfig {
   static constexpr uint32_t kAOffset = 0;
   static constexpr uint32_t kBOffset = kAOffset + kStages * kABytes;
   static constexpr uint32_t kEpiOffset = kBOffset + kStages * kBBytes;
-  static constexpr uint32_t kEpiBytes = kConsumers * 4 * kEpiBoxes * kEpiBoxBytes;
+  static constexpr uint32_t kEpiBytes = kConsumers * 4 * 2 * kEpiBoxBytes;
   static constexpr uint32_t kControlOffset = kEpiOffset + kEpiBytes;
   static constexpr uint32_t kFullOffset = kControlOffset;
   static constexpr uint32_t kEmptyOffset = kFullOffset + 8 * kStages;
@@ -85,10 +81,5 @@ using Tile128x256 = TileConfig<128, 256, 4>;  // large M: 2 consumers x m64n256
 using Tile128x128 = TileConfig<128, 128, 6>;  // medium
 using Tile128x64 = TileConfig<128, 64, 8>;    // M around 128..1024 with N too small for enough 128x128 tiles
 using Tile64x128 = TileConfig<64, 128, 8>;    // M <= 64: one consumer
-// The fused gemm_rs / gemm_ar kernels' 128x256: a stage less buys staging for a whole 16-bit
-// tile (4 boxes per warp), so an epilogue whose stores go over NVLink to a peer (at an SM's
-// NVLink pace: +1-2 us per tile and 10-20 us stalls in the first wave with two boxes) hands
-// them to TMA and returns to the mainloop at once.
-using Tile128x256Reduce = TileConfig<128, 256, 3, 4>;
 
 }  // namespace loom::kernels::gemm
