@@ -6,7 +6,9 @@ For each CSV (one launch of one kernel on one rank, loom/diagnostics.h TileTimel
   GHz        mean SM clock over the tiles: (stored_clock - claimed_clock) / (stored_ns - claimed_ns)
   period     per CTA, mainloop end to the next tile's mainloop end (cycles -> us at that tile's clock):
              the steady rate at which a CTA finishes tiles, by the kind of the later tile
-  fold       time the consumers spent folding other ranks' partials in, inside the mainloop (us)
+  fold       time the consumers spent folding other ranks' partials in, inside the mainloop (us),
+             and of it (in CSVs that have them) draining the last k-block, posting the previous
+             tile's signal, and the rest (waiting for the staged partials and adding them)
   epilogue   mainloop end -> last box handed to TMA, including a plain tile's signal hand-off (us)
   slow epi   epilogues over 3x the kernel's median epilogue, and when they ran (mainloop end, us
              after the first claim, in quarters of the span): bursts of stores show up as one
@@ -84,6 +86,13 @@ def summarise(meta, rows):
                    f"by quarter of the span {quarters}")
     if fold:
         out.append(f"    fold: median {statistics.median(fold):6.2f} us  p90 {pct(fold, 0.9):6.2f}  max {max(fold):6.2f}")
+        folds = [r for r in rows if r["kind"] == 4]
+        if folds and "fold_drain_cycles" in folds[0]:
+            drain = [r["fold_drain_cycles"] / clock / 1e3 for r in folds]
+            signal = [r["fold_signal_cycles"] / clock / 1e3 for r in folds]
+            rest = [(r["fold_cycles"] - r["fold_drain_cycles"] - r["fold_signal_cycles"]) / clock / 1e3 for r in folds]
+            out.append(f"      of it (medians): drain {statistics.median(drain):5.2f} us, previous signal "
+                       f"{statistics.median(signal):5.2f} us, partials {statistics.median(rest):5.2f} us")
     out.append(f"    CTA start: median {statistics.median(starts):6.1f}  max {max(starts):6.1f} us;"
                f"  CTA end: min {min(ends):7.1f}  median {statistics.median(ends):7.1f}  max {max(ends):7.1f} us")
     return "\n".join(out)

@@ -25,7 +25,8 @@ struct TileTimelineRecord {
   uint32_t cta;             // blockIdx.x of the computing CTA
   uint32_t smid;            // the SM it ran on
   uint32_t kind;            // 0: plain tile, 4: tile that folded partials in
-  uint64_t reserved;
+  uint32_t fold_drain_cycles;   // of fold_cycles: draining the tensor cores' last k-block
+  uint32_t fold_signal_cycles;  // of fold_cycles: posting the previous tile's signal
 };
 static_assert(sizeof(TileTimelineRecord) == 64, "a timeline record is one 64-byte line");
 

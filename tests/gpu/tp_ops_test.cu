@@ -678,8 +678,10 @@ TEST(TpOpsTimeline, FusedReduceKernelsRecordEveryTileAndTheirFolds) {
       EXPECT_EQ(x.kind, fold ? 4u : 0u) << s.text() << " tile " << t << " on rank " << s.me;
       if (fold) {
         EXPECT_GT(x.fold_cycles, 0u) << s.text() << " tile " << t;
+        EXPECT_LE(uint64_t{x.fold_drain_cycles} + x.fold_signal_cycles, x.fold_cycles) << s.text() << " tile " << t;
       } else {
         EXPECT_EQ(x.fold_cycles, 0u) << s.text() << " tile " << t;
+        EXPECT_EQ(x.fold_drain_cycles + x.fold_signal_cycles, 0u) << s.text() << " tile " << t;
       }
     }
     const Reference ref(s, seed);

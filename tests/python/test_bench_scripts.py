@@ -104,3 +104,21 @@ def test_timeline_summary_places_slow_epilogues_in_their_quarter(tmp_path):
     assert run.returncode == 0, run.stderr
     assert "8 tiles on 2 CTAs" in run.stdout
     assert "slow epilogues (> 6.0 us): 2 of 8, by quarter of the span [2, 0, 0, 0]" in run.stdout, run.stdout
+
+
+def test_timeline_summary_splits_the_fold_when_the_csv_has_its_parts(tmp_path):
+    # 4 fold tiles on one CTA at 1 GHz: fold 2500 cycles = drain 800 + previous signal 200 + 1500.
+    header = ("tile,m_block,n_block,kind,cta,smid,claimed_ns,stored_ns,claimed_clock,mainloop_clock,stored_clock,"
+              "fold_cycles,fold_drain_cycles,fold_signal_cycles")
+    lines = ["# op=gemm_ar M=512 N=256 K_rank=64 what=fused tile=128x256 rank=0 world=2", header]
+    t = 0
+    for i in range(4):
+        main_end = t + 98_000
+        lines.append(f"{i},{i},0,4,0,0,{t},{main_end + 2_000},{t},{main_end},{main_end + 2_000},2500,800,200")
+        t = main_end + 2_000
+    (tmp_path / "timeline_gemm_ar_512_fused_rank0.csv").write_text("\n".join(lines) + "\n")
+    run = subprocess.run([sys.executable, str(REPO / "bench/timeline_summary.py"), str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert "fold: median   2.50 us" in run.stdout, run.stdout
+    assert "drain  0.80 us, previous signal  0.20 us, partials  1.50 us" in run.stdout, run.stdout

@@ -235,13 +235,15 @@ class TpCase {
       f << "# op=" << tp_op_name(s_.op) << " M=" << s_.m << " N=" << s_.n << " K_rank=" << s_.k_rank << " what=" << what
         << " tile=" << gemm_tile_name(tile) << " m_blocks=" << m_blocks << " n_blocks=" << n_blocks << " rank=" << s_.me
         << " world=" << s_.world << " launches=" << launches << " sha=" << git_sha() << "\n";
-      f << "tile,m_block,n_block,kind,cta,smid,claimed_ns,stored_ns,claimed_clock,mainloop_clock,stored_clock,fold_cycles\n";
+      f << "tile,m_block,n_block,kind,cta,smid,claimed_ns,stored_ns,claimed_clock,mainloop_clock,stored_clock,fold_cycles,"
+           "fold_drain_cycles,fold_signal_cycles\n";
       for (size_t t = 0; t < count; ++t) {
         const TileTimelineRecord& r = host[t];
         if (r.claimed_ns == 0) continue;  // not computed by this launch
         f << t << ',' << t / static_cast<size_t>(n_blocks) << ',' << t % static_cast<size_t>(n_blocks) << ',' << r.kind << ','
           << r.cta << ',' << r.smid << ',' << r.claimed_ns << ',' << r.stored_ns << ',' << r.claimed_clock << ','
-          << r.mainloop_clock << ',' << r.stored_clock << ',' << r.fold_cycles << '\n';
+          << r.mainloop_clock << ',' << r.stored_clock << ',' << r.fold_cycles << ',' << r.fold_drain_cycles << ','
+          << r.fold_signal_cycles << '\n';
       }
       return f ? Status{} : Status::internal("--timeline: writing " + path + " failed");
     };

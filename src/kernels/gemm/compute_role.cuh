@@ -391,6 +391,7 @@ class ComputeRole {
             sm90::fence_operands(acc);
             if (lane == 0) cuda::ptx::mbarrier_arrive(sm.empty(prev_stage));
             in_flight = false;
+            const uint64_t drained = timed ? clock64() : 0;
             // The previous tile's signal goes out before the fold may block: a fold waits for
             // other ranks' partials, and theirs may wait for this signal (deadlock otherwise).
             if (pending) {
@@ -400,12 +401,18 @@ class ComputeRole {
                 break;
               }
             }
+            const uint64_t signalled = timed ? clock64() : 0;
             using Pair = typename std::conditional<kBF16, __nv_bfloat162, __half2>::type;
             if (!fold_partials<Pair>(sm, acc, item, ops, fold, g, warp, lane, stage, phase, ctx)) {
               ok = false;
               break;
             }
-            if (timed) ops.timeline[item.tile].fold_cycles = static_cast<uint32_t>(clock64() - fold_begin);
+            if (timed) {
+              TileTimelineRecord& rec = ops.timeline[item.tile];
+              rec.fold_cycles = static_cast<uint32_t>(clock64() - fold_begin);
+              rec.fold_drain_cycles = static_cast<uint32_t>(drained - fold_begin);
+              rec.fold_signal_cycles = static_cast<uint32_t>(signalled - drained);
+            }
           }
         }
         if (kb == k_blocks) break;
