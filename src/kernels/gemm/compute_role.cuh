@@ -521,20 +521,14 @@ class ComputeRole {
           return false;
         }
         const uint32_t box = sm90::smem_u32(sm.a(stage));
-        // All 16 loads first, then the adds: one load waited for at a time took ~0.4 us a box
-        // (timeline: 1.7 us of a 128x256 fold's 2.4). The loads stay after the barrier wait and
-        // before the arrive below (volatile asm keeps its order), and read nothing else.
-        uint32_t lo[8], hi[8];
 #pragma unroll
         for (int q = 0; q < 8; ++q) {
           const uint32_t off = ((static_cast<uint32_t>(q) ^ r) << 4) + col_bytes;
-          asm volatile("ld.shared.b32 %0, [%1];" : "=r"(lo[q]) : "r"(box + row * 128 + off));
-          asm volatile("ld.shared.b32 %0, [%1];" : "=r"(hi[q]) : "r"(box + (row + 8) * 128 + off));
-        }
-#pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          const float2 f_lo = unpack2<Pair>(lo[q]);
-          const float2 f_hi = unpack2<Pair>(hi[q]);
+          uint32_t lo, hi;
+          asm volatile("ld.shared.b32 %0, [%1];" : "=r"(lo) : "r"(box + row * 128 + off) : "memory");
+          asm volatile("ld.shared.b32 %0, [%1];" : "=r"(hi) : "r"(box + (row + 8) * 128 + off) : "memory");
+          const float2 f_lo = unpack2<Pair>(lo);
+          const float2 f_hi = unpack2<Pair>(hi);
           // acc[4j .. 4j+3] with j = 8c + q: (row, cols 2(l%4) + {0,1}), then (row + 8, same cols).
           float* a4 = acc + 32 * c + 4 * q;
           a4[0] += f_lo.x;
