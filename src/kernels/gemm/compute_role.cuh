@@ -313,7 +313,8 @@ class ComputeRole {
   // one in its A buffer, the others in its B buffer. Packed, a 128x256 fold tile's 4 boxes (W = 2)
   // take 2 stages instead of 4, so the last one's load no longer waits for the k-block right
   // before it to leave the ring (it did, and its latency stalled every fold: ~2.5 us per tile).
-  static constexpr uint32_t kFoldBoxesPerStage = 1 + Cfg::kBBytes / Cfg::kABytes;  // whole boxes only
+  static constexpr uint32_t kFoldBoxesPerStage = 1 + Cfg::kBBytes / Cfg::kABytes;
+  static_assert(Cfg::kBBytes % Cfg::kABytes == 0, "a stage's B buffer holds whole staged boxes");
   __device__ static uint8_t* fold_box(const Smem& sm, uint32_t stage, uint32_t slot) {
     return slot == 0 ? sm.a(static_cast<int>(stage)) : sm.b(static_cast<int>(stage)) + (slot - 1) * Cfg::kABytes;
   }
