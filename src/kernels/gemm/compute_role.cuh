@@ -37,11 +37,10 @@
 // Fold (fused reduce-scatter): a kTileFold item also adds partial tiles that other ranks staged
 // for this tile, in rank order, into its fp32 accumulators, which the epilogue rounds once. The
 // partials sit in the stage ring before the tile's last kStages k-blocks (fold_position): there
-// the producer waits for them (Fold::wait_sources) and loads them (64-column x BLOCK_M boxes,
-// kFoldBoxesPerStage per stage in its A and B buffers, 128B-swizzled like the epilogue's
-// boxes); the consumers drain their wgmma, each thread adds exactly the elements its
-// accumulators hold (conflict-free, the epilogue's addressing), and the remaining k-blocks
-// accumulate on top. A Fold policy:
+// the producer waits for them (Fold::wait_sources) and loads them (one 64-column x BLOCK_M box
+// per stage, into the A buffer, 128B-swizzled like the epilogue's boxes); the consumers drain
+// their wgmma, each thread adds exactly the elements its accumulators hold (conflict-free, the
+// epilogue's addressing), and the remaining k-blocks accumulate on top. A Fold policy:
 //   static constexpr bool kEnabled;                                  // false: NoFold
 //   uint32_t world() const; uint32_t self() const;                   // ranks, this rank
 //   const sm90::TmaDescriptor* map() const;   // staged partials: input element type, box {64, BLOCK_M}
@@ -309,61 +308,42 @@ class ComputeRole {
     return k_blocks > static_cast<uint32_t>(kStages) ? k_blocks - static_cast<uint32_t>(kStages) : k_blocks;
   }
 
-  // A stage holds kFoldBoxesPerStage staged boxes (64 columns x BLOCK_M rows of 16-bit elements):
-  // one in its A buffer, the others in its B buffer. Packed, a 128x256 fold tile's 4 boxes (W = 2)
-  // take 2 stages instead of 4, so the last one's load no longer waits for the k-block right
-  // before it to leave the ring (it did, and its latency stalled every fold: ~2.5 us per tile).
-  static constexpr uint32_t kFoldBoxesPerStage = 1 + Cfg::kBBytes / Cfg::kABytes;
-  static_assert(Cfg::kBBytes % Cfg::kABytes == 0, "a stage's B buffer holds whole staged boxes");
-  __device__ static uint8_t* fold_box(const Smem& sm, uint32_t stage, uint32_t slot) {
-    return slot == 0 ? sm.a(static_cast<int>(stage)) : sm.b(static_cast<int>(stage)) + (slot - 1) * Cfg::kABytes;
-  }
-
-  // 64-column chunks of a tile inside N: the producer loads and the consumers add only these.
-  __device__ static uint32_t fold_chunks(const GemmOperands& ops, uint32_t n0) {
-    return min(static_cast<uint32_t>(BN / 64), (ops.n - n0 + 63) / 64);
-  }
-
   // At a fold tile's fold_position: waits until every other rank has staged its partial of the tile,
   // then loads them through the stage ring in the order the consumers add them: 64-column chunk
-  // by chunk, sources in rank order within a chunk (this rank's own accumulators are not loaded),
-  // kFoldBoxesPerStage boxes per stage.
+  // by chunk, sources in rank order within a chunk (this rank's own accumulators are not loaded).
   __device__ static bool load_partials(const Smem& sm, const GemmOperands& ops, const Fold& fold, const WorkItem& item,
                                        int32_t n0, bool sources_ready, uint32_t& stage, uint32_t& phase,
                                        const WaitContext& ctx) {
     static_assert(Cfg::kABytes == BM * 64 * 2, "a staged 64-column x BLOCK_M box of 16-bit elements fills an A buffer");
     if (!sources_ready && !fold.wait_sources(item, ctx)) return false;
+    const uint32_t world = fold.world();
     const uint32_t self = fold.self();
-    const uint32_t sources = fold.world() - 1;
-    const uint32_t boxes = fold_chunks(ops, static_cast<uint32_t>(n0)) * sources;
 #pragma unroll 1
-    for (uint32_t first = 0; first < boxes; first += kFoldBoxesPerStage) {
-      const uint32_t in_stage = min(kFoldBoxesPerStage, boxes - first);
-      if (!sm90::mbarrier_wait(sm.empty(stage), phase ^ 1, ctx,
-                               sm90::barrier_what(sm90::BarrierWhat::kStageEmpty, stage))) {
-        return false;
-      }
-      uint64_t* full = sm.full(stage);
-      const uint32_t bytes = in_stage * Cfg::kABytes;
-      cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, full,
-                                           bytes);
+    for (int c = 0; c < BN / 64; ++c) {
+      const int32_t col = n0 + 64 * c;
+      if (static_cast<uint32_t>(col) >= ops.n) break;  // the consumers skip these chunks too
 #pragma unroll 1
-      for (uint32_t slot = 0; slot < in_stage; ++slot) {
-        const uint32_t i = first + slot;
-        const uint32_t source_index = i % sources;
-        const uint32_t source = source_index >= self ? source_index + 1 : source_index;  // skip ourselves
-        const int32_t coords[2] = {n0 + 64 * static_cast<int32_t>(i / sources), fold.source_row(item, source)};
-        cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, fold_box(sm, stage, slot),
-                                        fold.map(), coords, full);
-      }
-      if (++stage == kStages) {
-        stage = 0;
-        phase ^= 1;
+      for (uint32_t s = 0; s < world; ++s) {
+        if (s == self) continue;
+        if (!sm90::mbarrier_wait(sm.empty(stage), phase ^ 1, ctx,
+                                 sm90::barrier_what(sm90::BarrierWhat::kStageEmpty, stage))) {
+          return false;
+        }
+        uint64_t* full = sm.full(stage);
+        constexpr uint32_t kBoxBytes = Cfg::kABytes;  // a local copy: the PTX wrapper takes a reference
+        cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                             full, kBoxBytes);
+        const int32_t coords[2] = {col, fold.source_row(item, s)};
+        cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, sm.a(stage), fold.map(),
+                                        coords, full);
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
       }
     }
     return true;
   }
-
 
   // ---- consumers -------------------------------------------------------------------------------
   __device__ static void consumer(const Smem& sm, const GemmOperands& ops, Epilogue& epi, const Fold& fold, uint32_t g,
@@ -528,32 +508,29 @@ class ComputeRole {
   // fp32 accumulator so far (the k-blocks before fold_position) and p_s the staged 16-bit
   // partials; the remaining k-blocks add to it and the epilogue rounds once. A fixed order, so
   // launch after launch gives the same bits; every element is summed by one rank (its owner).
-  // Box (c, s) sits in the stage ring where load_partials put it (kFoldBoxesPerStage a stage).
-  // Thread addressing is the epilogue's: rows r and r + 8 of this warp's 16, the 16-byte chunk q
-  // of a 128-byte row stored at q ^ (row % 8) (TMA's 128B swizzle), so one load instruction
-  // touches 32 banks.
+  // Chunk c of source s sits in stage order exactly as load_partials issued it. Thread addressing
+  // is the epilogue's: rows r and r + 8 of this warp's 16, the 16-byte chunk q of a 128-byte row
+  // stored at q ^ (row % 8) (TMA's 128B swizzle), so one load instruction touches 32 banks.
   template <class Pair>
   __device__ static bool fold_partials(const Smem& sm, float (&acc)[kAcc], const WorkItem& item,
                                        const GemmOperands& ops, const Fold& fold, uint32_t g, uint32_t warp,
                                        uint32_t lane, uint32_t& stage, uint32_t& phase, const WaitContext& ctx) {
-    const uint32_t sources = fold.world() - 1;
+    const uint32_t world = fold.world();
+    const uint32_t self = fold.self();
     const uint32_t r = lane / 4;
     const uint32_t row = g * 64 + warp * 16 + r;  // this thread's first row in the BLOCK_M-row box
     const uint32_t col_bytes = (lane % 4) * 4;
     const uint32_t n0 = item.n_block * BN;
-    const uint32_t boxes = fold_chunks(ops, n0) * sources;
-    uint32_t i = 0;  // box index, in load_partials' order
 #pragma unroll
     for (int c = 0; c < BN / 64; ++c) {
       if (n0 + c * 64 >= ops.n) break;  // nothing was loaded past N (uniform over the CTA)
 #pragma unroll 1
-      for (uint32_t s = 0; s < sources; ++s, ++i) {
-        const uint32_t slot = i % kFoldBoxesPerStage;
-        if (slot == 0 &&
-            !sm90::mbarrier_wait(sm.full(stage), phase, ctx, sm90::barrier_what(sm90::BarrierWhat::kStageFull, stage))) {
+      for (uint32_t s = 0; s < world; ++s) {
+        if (s == self) continue;
+        if (!sm90::mbarrier_wait(sm.full(stage), phase, ctx, sm90::barrier_what(sm90::BarrierWhat::kStageFull, stage))) {
           return false;
         }
-        const uint32_t box = sm90::smem_u32(fold_box(sm, stage, slot));
+        const uint32_t box = sm90::smem_u32(sm.a(stage));
 #pragma unroll
         for (int q = 0; q < 8; ++q) {
           const uint32_t off = ((static_cast<uint32_t>(q) ^ r) << 4) + col_bytes;
@@ -569,13 +546,11 @@ class ComputeRole {
           a4[2] += f_hi.x;
           a4[3] += f_hi.y;
         }
-        if (slot + 1 == kFoldBoxesPerStage || i + 1 == boxes) {  // the stage's last box
-          __syncwarp();
-          if (lane == 0) cuda::ptx::mbarrier_arrive(sm.empty(stage));
-          if (++stage == kStages) {
-            stage = 0;
-            phase ^= 1;
-          }
+        __syncwarp();
+        if (lane == 0) cuda::ptx::mbarrier_arrive(sm.empty(stage));
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
         }
       }
     }
