@@ -885,16 +885,6 @@ struct TestFold {
     cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
     return true;
   }
-  // The early look the role takes at a fold tile's claim (the flags here are set before the
-  // launch, except the `missing` one, whose tile then waits at the fold and times out).
-  __device__ bool try_sources(const kg::WorkItem& t) const {
-    for (uint32_t s = 0; s < f.world; ++s) {
-      if (s == f.self) continue;
-      if (!epoch_reached(kernels::flag_load_acquire(f.flags + slot(s) * f.tiles + t.tile), f.epoch)) return false;
-    }
-    cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
-    return true;
-  }
 };
 
 // kFold: the role folds the staged partials (A from one map); otherwise it folds nothing and

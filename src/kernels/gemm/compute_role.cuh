@@ -46,8 +46,6 @@
 //   const sm90::TmaDescriptor* map() const;   // staged partials: input element type, box {64, BLOCK_M}
 //   int32_t source_row(const WorkItem& tile, uint32_t source) const; // map row of the tile's row 0
 //   bool wait_sources(const WorkItem& tile, const WaitContext&) const;  // producer thread, bounded
-//   bool try_sources(const WorkItem& tile) const;  // optional: one look, true (and ready for TMA)
-//                                                  // if every source is in place; at the tile's claim
 #pragma once
 
 #include <cuda/ptx>
@@ -274,19 +272,12 @@ class ComputeRole {
       };
       const bool fold_tile = Fold::kEnabled && item.kind == static_cast<uint32_t>(WorkKind::kTileFold);
       const uint32_t split = fold_tile ? fold_position(k_blocks) : k_blocks;
-      // A fold tile's partials have usually arrived long before: look now, while the consumers
-      // still work through the stages loaded for the previous tile, so that the flag reads and
-      // the proxy fence (~0.9 us, timeline) do not delay the partials' loads at the fold.
-      bool sources_ready = false;
-      if constexpr (requires { fold.try_sources(item); }) {
-        if (fold_tile) sources_ready = fold.try_sources(item);
-      }
       for (uint32_t kb = 0; kb < split; ++kb) {
         if (!load_k_block(kb)) return;  // consumers leave on the abort this raised
       }
       if constexpr (Fold::kEnabled) {
         if (fold_tile) {
-          if (!load_partials(sm, ops, fold, item, n0, sources_ready, stage, phase, ctx)) return;
+          if (!load_partials(sm, ops, fold, item, n0, stage, phase, ctx)) return;
           for (uint32_t kb = split; kb < k_blocks; ++kb) {
             if (!load_k_block(kb)) return;
           }
@@ -312,10 +303,9 @@ class ComputeRole {
   // then loads them through the stage ring in the order the consumers add them: 64-column chunk
   // by chunk, sources in rank order within a chunk (this rank's own accumulators are not loaded).
   __device__ static bool load_partials(const Smem& sm, const GemmOperands& ops, const Fold& fold, const WorkItem& item,
-                                       int32_t n0, bool sources_ready, uint32_t& stage, uint32_t& phase,
-                                       const WaitContext& ctx) {
+                                       int32_t n0, uint32_t& stage, uint32_t& phase, const WaitContext& ctx) {
     static_assert(Cfg::kABytes == BM * 64 * 2, "a staged 64-column x BLOCK_M box of 16-bit elements fills an A buffer");
-    if (!sources_ready && !fold.wait_sources(item, ctx)) return false;
+    if (!fold.wait_sources(item, ctx)) return false;
     const uint32_t world = fold.world();
     const uint32_t self = fold.self();
 #pragma unroll 1

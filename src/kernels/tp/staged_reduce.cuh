@@ -204,20 +204,6 @@ class StagedFold {
     return true;
   }
 
-  // Producer thread: wait_sources without waiting (one read of each flag).
-  __device__ bool try_sources(const gemm::WorkItem& tile) const {
-    const DeviceComm& c = p_.comm;
-    const uint32_t me = self();
-    const uint32_t local_tile = (tile.m_block - me * p_.m_blocks_per_rank) * p_.n_blocks + tile.n_block;
-    for (uint32_t s = 0; s < world(); ++s) {
-      if (s == me) continue;
-      const uint64_t index = partial_flag_index(p_, staging_slot(s, me, world()), local_tile);
-      if (!epoch_reached(flag_load_acquire(op_flag(c, static_cast<int>(me), index)), epoch_)) return false;
-    }
-    cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
-    return true;
-  }
-
  private:
   const ReduceGemmParams& p_;
   uint64_t epoch_;
