@@ -57,7 +57,8 @@ def summarise(meta, rows):
         for prev, cur in zip(tiles, tiles[1:]):
             cycles = cur["mainloop_clock"] - prev["mainloop_clock"]
             period.setdefault(cur["kind"], []).append(cycles / clock / 1e3)
-    fold = [r["fold_cycles"] / clock / 1e3 for r in rows if r["kind"] == 4]
+    folds = [r for r in rows if r["kind"] == 4]
+    fold = [r["fold_cycles"] / clock / 1e3 for r in folds]
     epi_us = [(r["stored_clock"] - r["mainloop_clock"]) / clock / 1e3 for r in rows]
     epi = {}
     for r, e in zip(rows, epi_us):
@@ -86,8 +87,7 @@ def summarise(meta, rows):
                    f"by quarter of the span {quarters}")
     if fold:
         out.append(f"    fold: median {statistics.median(fold):6.2f} us  p90 {pct(fold, 0.9):6.2f}  max {max(fold):6.2f}")
-        folds = [r for r in rows if r["kind"] == 4]
-        if folds and "fold_drain_cycles" in folds[0]:
+        if "fold_drain_cycles" in folds[0]:
             drain = [r["fold_drain_cycles"] / clock / 1e3 for r in folds]
             signal = [r["fold_signal_cycles"] / clock / 1e3 for r in folds]
             rest = [(r["fold_cycles"] - r["fold_drain_cycles"] - r["fold_signal_cycles"]) / clock / 1e3 for r in folds]
