@@ -2,7 +2,7 @@
 # On the GPU machine, in one call: the GPU test suite and the benchmarks, with logs and JSON
 # under $OUT (at most 8 files come back, so logs are combined).
 #   scripts/device/gpu_suite.sh [tests] [tp-tests] [coll] [coll-tune] [gemm] [gemm-tune] [gemm-raster]
-#                               [tp] [torch] [tp-tune] [timeline] [merge]  (default: tests coll gemm)
+#                               [tp] [torch] [tp-tune] [tail-ab] [timeline] [merge]  (default: tests coll gemm)
 #   tp        loom-bench tp (ag_gemm, gemm_rs, gemm_ar at issue 4's shapes) vs cuBLAS, NCCL + cuBLAS
 #   torch     bench/torch_fused.py under torchrun (PyTorch's fused ag_gemm / gemm_rs), with loom's op
 #             timed beside it in the same process when its Python extension builds here
@@ -11,6 +11,7 @@
 #   tp-tune   loom-bench tune (TUNE_OPS, TUNE_M: default every op and M; TUNE_CTAS, TUNE_TILE and
 #             TUNE_NO_DECOMPOSED=1 narrow the candidates), writes
 #             $OUT/tuning_cache.json; a later tp step in the same call plans from it
+#   tail-ab   gemm_rs / gemm_ar with and without the tail split, alternating (TAIL_M, TAIL_ROUNDS)
 #   timeline  per-tile timelines of the fused operators and loom's GEMM at TIMELINE_M (default
 #             4096,8192): $OUT/timeline_summary.txt, the CSVs in $OUT/timelines.tar.gz
 #   net       the inter-node path with the GPUs split into 2 emulated nodes (LOOM_EMULATE_NODES=2):
@@ -155,6 +156,23 @@ for step in "${steps[@]}"; do
         timeout $t $BIN/loom-bench tp --spawn "$ngpu" --iters 30 --json "$WORK/bench_tp.json" >> "$OUT/bench.log" 2>&1
         r=$?; grep -E "^(ag_gemm|gemm_rs|gemm_ar) " "$OUT/bench.log" | tail -20 | tee -a "$summary"
       else r=124; log "tp: skipped, not enough time left"; fi ;;
+    tail-ab)
+      # gemm_rs / gemm_ar with the planner's tail split and without it (--tail-pieces 1), in
+      # alternating rounds (TAIL_ROUNDS, default 2) at TAIL_M (default 8192,16384,32768):
+      # $OUT/tail_ab.log, the JSONs in $OUT/tail_ab_json.tar.gz.
+      rm -rf "$WORK/tail_ab" && mkdir -p "$WORK/tail_ab"
+      for round in $(seq 1 "${TAIL_ROUNDS:-2}"); do
+        for op in gemm_rs gemm_ar; do
+          for pieces in -1 1; do
+            if t=$(budget 60 25); then
+              timeout $t $BIN/loom-bench $op --spawn "$ngpu" --m "${TAIL_M:-8192,16384,32768}" --iters 30 \
+                --tail-pieces $pieces --json "$WORK/tail_ab/${op}_pieces${pieces}_round$round.json" >> "$OUT/tail_ab.log" 2>&1 || r=$?
+            else r=124; log "tail-ab $op $pieces round $round: skipped, not enough time left"; fi
+          done
+        done
+      done
+      tar -C "$WORK" -czf "$OUT/tail_ab_json.tar.gz" tail_ab
+      grep -E "^(gemm_rs|gemm_ar) +[0-9]" "$OUT/tail_ab.log" | tee -a "$summary" ;;
     timeline)
       # Per-tile timelines of the fused operators and of loom's GEMM alone (loom-bench --timeline),
       # summarised by bench/timeline_summary.py; the CSVs come back as one archive.

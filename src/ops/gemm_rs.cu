@@ -55,8 +55,9 @@ Status gemm_rs(Communicator& comm, const TpGemmArgs& args, cudaStream_t stream, 
   Communicator::Impl& impl = comm.impl();
   LOOM_TRY(ops::tp::check_common(impl, OpId::kGemmRs, args));
   const int world = impl.topology.local_world_size;
-  auto fused_check = [&](GemmTile tile, int /*grid*/) -> std::string {
-    return ops::tp::check_flag_capacity(impl, ops::tp::reduce_flags_for(args.m, args.n, world, tile, false));
+  auto fused_check = [&](GemmTile tile, int grid) -> std::string {
+    const int64_t pieces = ops::tp::piece_slots_of(ops::tp::reduce_tail_split(args, tile, grid, world, options.tail_pieces));
+    return ops::tp::check_flag_capacity(impl, ops::tp::reduce_flags_for(args.m, args.n, world, tile, false, pieces));
   };
   LOOM_ASSIGN_OR_RETURN(TpDecision d, ops::tp::decide(impl, OpId::kGemmRs, args, options, fused_check));
   LOOM_TRY(check_buffers(impl, args));

@@ -98,6 +98,7 @@ struct TpDecision {
   int grid = 0;       // fused: persistent CTAs (the SM count of this GPU)
   planner::TpPlan plan;
   TileTimelineRecord* timeline = nullptr;  // fused: TpGemmOptions::timeline (diagnostics)
+  int tail_pieces = -1;                    // gemm_rs / gemm_ar fused: TpGemmOptions::tail_pieces
 };
 
 // The fused kernel's own rules for this call, beyond the common ones: "" when it can run, else
@@ -128,6 +129,7 @@ inline Result<TpDecision> decide(Communicator::Impl& impl, OpId op, const TpGemm
   d.tile = plan.tile;
   d.grid = impl.sm_count;
   d.timeline = options.timeline;
+  d.tail_pieces = options.tail_pieces;
   if (world == 1) {
     d.path = TpPath::kPlainGemm;
     return d;
@@ -316,24 +318,50 @@ inline int64_t band_m_blocks_for(int64_t rank_blocks, int64_t n_blocks, int grid
   return rank_blocks;
 }
 
+// The tail split of a fused gemm_rs / gemm_ar launch (planner::plan_tail_split): the order's
+// last band (own tiles) may be split.
+inline planner::TailSplit reduce_tail_split(const TpGemmArgs& a, GemmTile tile, int grid, int world, int requested) {
+  const GemmTileInfo info = gemm_tile_info(tile);
+  const int64_t n_blocks = (a.n + info.block_n - 1) / info.block_n;
+  const int64_t m_blocks = a.m / info.block_m;
+  const int64_t band = band_m_blocks_for(m_blocks / world, n_blocks, grid);
+  const int64_t k_blocks = (a.k + info.block_k - 1) / info.block_k;
+  return planner::plan_tail_split(m_blocks * n_blocks, grid, k_blocks, info.stages, band * n_blocks, requested);
+}
+
+// Staged piece slots of a tail split: (pieces - 1) per split tile.
+inline int64_t piece_slots_of(const planner::TailSplit& split) {
+  return split.pieces >= 2 ? split.tiles * (split.pieces - 1) : 0;
+}
+
 // Flags a fused gemm_rs (broadcast = false) or gemm_ar launch uses after the entry words.
-inline uint64_t reduce_flags_for(int64_t m, int64_t n, int world, GemmTile tile, bool broadcast) {
+inline uint64_t reduce_flags_for(int64_t m, int64_t n, int world, GemmTile tile, bool broadcast, int64_t piece_slots) {
   const GemmTileInfo info = gemm_tile_info(tile);
   const uint64_t n_blocks = static_cast<uint64_t>((n + info.block_n - 1) / info.block_n);
   const uint64_t m_blocks = static_cast<uint64_t>(m / info.block_m);
   const uint64_t own_tiles = m_blocks / static_cast<uint64_t>(world) * n_blocks;
-  return static_cast<uint64_t>(world - 1) * own_tiles + (broadcast ? m_blocks * n_blocks : 0);
+  return static_cast<uint64_t>(world - 1) * own_tiles + (broadcast ? m_blocks * n_blocks : 0) +
+         static_cast<uint64_t>(piece_slots);
 }
 
-// Bytes of staged partials a fused gemm_rs / gemm_ar needs in every rank's workspace.
-inline size_t reduce_staging_bytes(const TpGemmArgs& a, int world) {
-  return static_cast<size_t>(world - 1) * static_cast<size_t>(a.m / world) * static_cast<size_t>(a.n) * dtype_size(a.dtype);
+// Bytes of staged partials a fused gemm_rs / gemm_ar needs in every rank's workspace: the other
+// ranks' partials of this rank's rows, then (1 KiB aligned) the piece slots of a tail split.
+inline size_t reduce_peer_staging_bytes(const TpGemmArgs& a, int world) {
+  const size_t bytes = static_cast<size_t>(world - 1) * static_cast<size_t>(a.m / world) * static_cast<size_t>(a.n) *
+                       dtype_size(a.dtype);
+  return (bytes + 1023) / 1024 * 1024;
+}
+inline size_t reduce_staging_bytes(const TpGemmArgs& a, int world, GemmTile tile, int64_t piece_slots) {
+  const GemmTileInfo info = gemm_tile_info(tile);
+  return reduce_peer_staging_bytes(a, world) + static_cast<size_t>(piece_slots) * static_cast<size_t>(info.block_m) *
+                                                   static_cast<size_t>(info.block_n) * dtype_size(a.dtype);
 }
 
 // Fills the kernel parameters of a fused gemm_rs / gemm_ar launch. `staging` is this rank's TP
 // workspace (equal offset on every rank); gemm_ar's out is symmetric.
 inline Status build_reduce_params(Communicator::Impl& impl, const TpGemmArgs& a, const TpDecision& d, void* staging,
-                                  bool broadcast, kernels::tp::ReduceGemmParams* out_params) {
+                                  const planner::TailSplit& split, bool broadcast,
+                                  kernels::tp::ReduceGemmParams* out_params) {
   namespace kg = kernels::gemm;
   kernels::tp::ReduceGemmParams& p = *out_params;
   const int world = impl.topology.local_world_size;
@@ -382,6 +410,18 @@ inline Status build_reduce_params(Communicator::Impl& impl, const TpGemmArgs& a,
   s.order_band_m_blocks = static_cast<uint32_t>(band);
   s.fold_m_begin = static_cast<uint32_t>(me * rank_blocks);
   s.fold_m_end = static_cast<uint32_t>((me + 1) * rank_blocks);
+  s.k_blocks = static_cast<uint32_t>((a.k + info.block_k - 1) / info.block_k);
+  const int64_t piece_slots = piece_slots_of(split);
+  p.piece_flag_base = static_cast<uint32_t>(world + reduce_flags_for(a.m, a.n, world, d.tile, broadcast, 0));
+  if (piece_slots > 0) {
+    s.split_tiles = static_cast<uint32_t>(split.tiles);
+    s.split_pieces = static_cast<uint32_t>(split.pieces);
+    // Local only: pieces are staged and folded by this rank (peers never address them).
+    void* pieces = static_cast<char*>(staging) + reduce_peer_staging_bytes(a, world);
+    const int64_t piece_rows = piece_slots * info.block_m;
+    LOOM_TRY(encode_gemm_output_map(pieces, piece_rows, info.block_n, info.block_n, a.dtype, &p.piece_store));
+    LOOM_TRY(encode_gemm_rows_map(pieces, piece_rows, info.block_n, info.block_n, a.dtype, info.block_m, &p.piece_load));
+  }
 
   p.rows_per_rank = static_cast<uint32_t>(rows);
   p.m_blocks_per_rank = static_cast<uint32_t>(rank_blocks);
@@ -393,9 +433,10 @@ inline Status build_reduce_params(Communicator::Impl& impl, const TpGemmArgs& a,
   const int64_t out_offset = broadcast ? static_cast<int64_t>(impl.heap->offset_of(a.out)) : 0;
   p.signature = plan_signature(broadcast ? OpId::kGemmAr : OpId::kGemmRs, d.tile, world,
                                {a.m, a.n, static_cast<int64_t>(a.dtype), static_cast<int64_t>(staging_offset), out_offset});
-  LOOM_DEBUG("%s fused %s: tile %s, %d CTAs, bands of %lld tile rows, plan from %s", broadcast ? "gemm_ar" : "gemm_rs",
-             shape_text(a, world).c_str(), std::string(gemm_tile_name(d.tile)).c_str(), d.grid,
-             static_cast<long long>(band), d.plan.source.c_str());
+  LOOM_DEBUG("%s fused %s: tile %s, %d CTAs, bands of %lld tile rows, last %lld tiles in %d K pieces, plan from %s",
+             broadcast ? "gemm_ar" : "gemm_rs", shape_text(a, world).c_str(), std::string(gemm_tile_name(d.tile)).c_str(),
+             d.grid, static_cast<long long>(band), static_cast<long long>(piece_slots > 0 ? split.tiles : 0),
+             piece_slots > 0 ? split.pieces : 1, d.plan.source.c_str());
   return {};
 }
 
@@ -406,9 +447,11 @@ Status launch_reduce_fused(Communicator& comm, const TpGemmArgs& a, const TpDeci
                            bool broadcast, const char* op, KernelOf kernel_of) {
   Communicator::Impl& impl = comm.impl();
   const int world = impl.topology.local_world_size;
-  LOOM_ASSIGN_OR_RETURN(void* staging, ensure_workspace(comm, reduce_staging_bytes(a, world), stream, op));
+  const planner::TailSplit split = reduce_tail_split(a, d.tile, d.grid, world, d.tail_pieces);
+  LOOM_ASSIGN_OR_RETURN(void* staging,
+                        ensure_workspace(comm, reduce_staging_bytes(a, world, d.tile, piece_slots_of(split)), stream, op));
   kernels::tp::ReduceGemmParams p{};
-  LOOM_TRY(build_reduce_params(impl, a, d, staging, broadcast, &p));
+  LOOM_TRY(build_reduce_params(impl, a, d, staging, split, broadcast, &p));
   return dispatch_fused(d.tile, a.dtype, a.b_layout, [&]<class Cfg, bool kBF16, bool kBNMajor>() -> Status {
     auto* kernel = kernel_of.template operator()<Cfg, kBF16, kBNMajor>();
     LOOM_TRY(prepare_kernel(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes));

@@ -73,6 +73,10 @@ Status check_options(const TpRequest& r, const TpGemmOptions& options) {
     return Status::invalid_argument(op + ": comm_ctas " + std::to_string(options.comm_ctas) +
                                     " leaves no compute CTA on " + std::to_string(r.sm_count) + " SMs");
   }
+  if (options.tail_pieces < -1 || options.tail_pieces > TpGemmOptions::kMaxTailPieces) {
+    return Status::invalid_argument(op + ": tail_pieces " + std::to_string(options.tail_pieces) + " is outside -1.." +
+                                    std::to_string(TpGemmOptions::kMaxTailPieces) + " (-1: planner, 0 or 1: none)");
+  }
   if (static_cast<int>(options.tile) > static_cast<int>(GemmTile::k64x128)) {
     return Status::invalid_argument(op + ": unknown GemmTile value " + std::to_string(static_cast<int>(options.tile)));
   }
@@ -335,6 +339,30 @@ TpEstimate estimate_tp(const TpRequest& r, int comm_ctas, GemmTile tile, const T
   e.fused_s = std::max(sm_bound, transfer_bound) + model.fused_overhead_s;
   e.decomposed_s = e.comm_bytes / model.nvlink_bytes_per_s + e.gemm_s + model.decomposed_overhead_s;
   return e;
+}
+
+TailSplit plan_tail_split(int64_t total_tiles, int grid, int64_t k_blocks, int stages, int64_t splittable, int requested,
+                          const TpCostModel& model) {
+  if (grid <= 0 || total_tiles <= 0 || requested == 0 || requested == 1) return {};
+  const int64_t r = total_tiles % grid;
+  if (r == 0 || r > splittable) return {};
+  if (requested >= 2) {
+    if (requested > k_blocks) return {};  // every piece needs a k-block
+    return TailSplit{r, requested};
+  }
+  // Tail length in tile times with p pieces per tile, all CTAs starting it together.
+  auto tail = [&](int64_t p) { return static_cast<double>((r * p + grid - 1) / grid) / static_cast<double>(p); };
+  TailSplit best;
+  double best_tail = 1.0;
+  for (int p = 2; p <= model.max_tail_pieces; ++p) {
+    if (k_blocks / p < 2 * static_cast<int64_t>(stages)) break;
+    if (tail(p) < best_tail - 1e-9) {
+      best_tail = tail(p);
+      best = TailSplit{r, p};
+    }
+  }
+  if (1.0 - best_tail < model.min_tail_gain) return {};
+  return best;
 }
 
 // ---- planner ---------------------------------------------------------------------------------

@@ -103,6 +103,11 @@ struct TpCostModel {
   // or the tuning cache say fused). On 2 x H200 (Nov 2026) the fused gemm_rs / gemm_ar beat
   // NCCL + cuBLAS by 1.06-1.26x at M = 1024..32768 once the waits stopped polling host memory.
   bool fused_by_default = true;
+  // gemm_rs / gemm_ar tail split (plan_tail_split): the most K pieces a tile is cut into (the
+  // fold item adds one staged box per piece and 64-column chunk), and the least share of a
+  // tile's time it must save to be used.
+  int max_tail_pieces = 4;
+  double min_tail_gain = 0.2;
 };
 
 // True for the tiles the fused kernels are built for (128x256, 128x128).
@@ -122,6 +127,21 @@ struct TpEstimate {
 // Estimates one configuration; for ag_gemm `comm_ctas` below 1 is modelled as 1 (gemm_rs and
 // gemm_ar ignore it).
 TpEstimate estimate_tp(const TpRequest& request, int comm_ctas, GemmTile tile, const TpCostModel& model = {});
+
+// The fused gemm_rs / gemm_ar tail split (kernels/tp/staged_reduce.cuh): the last `tiles` of the
+// order are each handed out as `pieces` K ranges. Whole tiles leave the last partial wave's
+// idle SMs idle for a tile's time; the model takes the pieces count that ends the tail soonest,
+// ceil(r * pieces / grid) / pieces tile times for r = tiles % grid tiles (fewest pieces on a
+// tie), if that saves at least min_tail_gain of a tile.
+struct TailSplit {
+  int64_t tiles = 0;  // 0: no split
+  int pieces = 0;
+};
+// total_tiles on `grid` persistent CTAs; k_blocks per tile; `stages` of the tile's pipeline (a
+// model-chosen piece keeps at least 2 * stages k-blocks); at most `splittable` tiles may be
+// split (the order's last band: own tiles); requested = TpGemmOptions::tail_pieces.
+TailSplit plan_tail_split(int64_t total_tiles, int grid, int64_t k_blocks, int stages, int64_t splittable, int requested,
+                          const TpCostModel& model = {});
 
 // The key a tuning-cache entry is stored under: op, M, N, K, W, dtype, layout.
 struct TpKey {

@@ -238,6 +238,7 @@ const char* flag_kind_name(FlagKind kind) {
     case FlagKind::kNetEntry: return "network entry";
     case FlagKind::kNetChunk: return "network chunk";
     case FlagKind::kProxyDone: return "proxy completion";
+    case FlagKind::kPiece: return "split-tile piece";
   }
   return "unknown";
 }

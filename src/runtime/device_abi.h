@@ -45,6 +45,7 @@ enum class FlagKind : uint32_t {
   kNetEntry,   // "rank s (another node) has entered epoch e: my network writes into it may start"
   kNetChunk,   // "chunk `index` that rank s sends over the network has landed in my memory"
   kProxyDone,  // "the proxy has completed every command I pushed into ring `index`" (waited_on -1)
+  kPiece,      // "another CTA of mine has staged piece slot `index` of a split tile" (fused gemm_rs / gemm_ar)
 };
 // Whether an error record's waited_on is a global rank (network kinds) rather than a local one.
 LOOM_HOST_DEVICE constexpr bool flag_kind_names_global_rank(FlagKind kind) {

@@ -190,6 +190,66 @@ TEST(TpPlanOptions, OutOfRangeOptionsAreInvalidWithTheReason) {
   o = {};
   o.tile = static_cast<GemmTile>(9);
   EXPECT_EQ(plan_tp(r, o, nullptr).status().code(), StatusCode::kInvalidArgument);
+  for (int bad : {-2, TpGemmOptions::kMaxTailPieces + 1}) {
+    o = {};
+    o.tail_pieces = bad;
+    p = plan_tp(r, o, nullptr);
+    EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_TRUE(contains(p.status().message(), "tail_pieces " + std::to_string(bad))) << p.status().message();
+  }
+}
+
+// ---- tail split ----------------------------------------------------------------------------------
+
+// gemm_rs / gemm_ar, 128x256 tiles (4 stages), 132 SMs, K per rank 7168 (112 k-blocks).
+constexpr int kStages128x256 = 4;
+constexpr int64_t kIssueKBlocks = 14336 / 2 / 64;
+
+TEST(TpTailSplit, IssueShapesSplitWhereTheLastWaveSaves) {
+  // M = 8192: 2048 tiles = 15 waves + 68; in 3 pieces 204 items end in 2 rounds of a third of a
+  // tile (2 pieces: 2 rounds of halves, no gain; 4: 3 rounds of quarters).
+  TailSplit t = plan_tail_split(2048, kSms, kIssueKBlocks, kStages128x256, 512, -1);
+  EXPECT_EQ(t.tiles, 68);
+  EXPECT_EQ(t.pieces, 3);
+  // M = 16384 and 32768: 4 and 8 tiles left over: quarters in one round.
+  t = plan_tail_split(4096, kSms, kIssueKBlocks, kStages128x256, 512, -1);
+  EXPECT_EQ(t.tiles, 4);
+  EXPECT_EQ(t.pieces, 4);
+  EXPECT_EQ(plan_tail_split(8192, kSms, kIssueKBlocks, kStages128x256, 1024, -1).pieces, 4);
+  // M = 1024 .. 4096: 124, 116, 100 tiles left: no pieces count up to 4 ends sooner than whole tiles.
+  for (int64_t tiles : {256, 512, 1024}) {
+    EXPECT_EQ(plan_tail_split(tiles, kSms, kIssueKBlocks, kStages128x256, 512, -1).pieces, 0) << tiles;
+  }
+  // Whole waves: nothing to split.
+  EXPECT_EQ(plan_tail_split(4 * kSms, kSms, kIssueKBlocks, kStages128x256, 1024, -1).pieces, 0);
+}
+
+TEST(TpTailSplit, LimitsAndRequests) {
+  // The leftover must fit in the splittable tiles (the order's last band).
+  EXPECT_EQ(plan_tail_split(2048, kSms, kIssueKBlocks, kStages128x256, 67, -1).pieces, 0);
+  // The model keeps 2 * stages k-blocks per piece: 24 k-blocks allow 3, 16 only 2 (halves of 68
+  // tiles gain nothing), 15 none.
+  EXPECT_EQ(plan_tail_split(2048, kSms, 24, kStages128x256, 512, -1).pieces, 3);
+  EXPECT_EQ(plan_tail_split(2048, kSms, 16, kStages128x256, 512, -1).pieces, 0);
+  EXPECT_EQ(plan_tail_split(4096, kSms, 16, kStages128x256, 512, -1).pieces, 2);
+  EXPECT_EQ(plan_tail_split(4096, kSms, 15, kStages128x256, 512, -1).pieces, 0);
+  // min_tail_gain: 0.333 of a tile is not enough when 0.4 is asked for.
+  TpCostModel strict;
+  strict.min_tail_gain = 0.4;
+  EXPECT_EQ(plan_tail_split(2048, kSms, kIssueKBlocks, kStages128x256, 512, -1, strict).pieces, 0);
+  // Requests: 0 and 1 mean none; a count is taken as given while every piece keeps a k-block.
+  EXPECT_EQ(plan_tail_split(2048, kSms, kIssueKBlocks, kStages128x256, 512, 1).pieces, 0);
+  EXPECT_EQ(plan_tail_split(2048, kSms, kIssueKBlocks, kStages128x256, 512, 0).pieces, 0);
+  TailSplit t = plan_tail_split(2048, kSms, kIssueKBlocks, kStages128x256, 512, 2);
+  EXPECT_EQ(t.tiles, 68);
+  EXPECT_EQ(t.pieces, 2);
+  EXPECT_EQ(plan_tail_split(2048, kSms, 16, kStages128x256, 512, 16).pieces, 16);
+  EXPECT_EQ(plan_tail_split(2048, kSms, 15, kStages128x256, 512, 16).pieces, 0);
+  // Fewer tiles than SMs: all of them are the last wave.
+  EXPECT_EQ(plan_tail_split(60, kSms, 16, kStages128x256, 96, -1).tiles, 60);
+  EXPECT_EQ(plan_tail_split(60, kSms, 16, kStages128x256, 96, -1).pieces, 2);
+  // Nonsense grids split nothing.
+  EXPECT_EQ(plan_tail_split(2048, 0, kIssueKBlocks, kStages128x256, 512, 3).pieces, 0);
 }
 
 // ---- cost model ----------------------------------------------------------------------------------

@@ -602,6 +602,12 @@ TEST_P(TpOpsOptions, EveryAlgorithmAndRoleSplitIsCorrect) {
   variants.push_back({"fused, 8 comm CTAs", {TpAlgorithm::kFused, 8, GemmTile::kAuto}});
   variants.push_back({"fused, half the SMs communicate", {TpAlgorithm::kFused, sms / 2, GemmTile::kAuto}});
   variants.push_back({"fused, 128x128 tiles", {TpAlgorithm::kFused, -1, GemmTile::k128x128}});
+  // gemm_rs / gemm_ar: the last partial wave's tiles (192 tiles of 128x256 on the grid) whole,
+  // in 3 K pieces, and in one k-block each; 128x128 in 2 pieces. ag_gemm ignores tail_pieces.
+  variants.push_back({"fused, no tail split", {TpAlgorithm::kFused, -1, GemmTile::k128x256, 1}});
+  variants.push_back({"fused, tail in 3 K pieces", {TpAlgorithm::kFused, -1, GemmTile::k128x256, 3}});
+  variants.push_back({"fused, tail in 16 K pieces", {TpAlgorithm::kFused, -1, GemmTile::k128x256, 16}});
+  variants.push_back({"fused, 128x128 tail in 2 K pieces", {TpAlgorithm::kFused, -1, GemmTile::k128x128, 2}});
   uint64_t seed = 500;
   for (const Variant& v : variants) {
     EXPECT_EQ(run_and_check(s, ++seed, v.options, v.label), Outcome::kCorrect) << v.label;
@@ -769,6 +775,38 @@ TEST(TpOpsStress, TwoHundredBackToBackLaunchesAreBitIdentical) {
   cudaStreamDestroy(stream);
   ASSERT_TRUE(agree(launched.ok() && synced.ok())) << "rank " << process().rank << ": " << synced.to_string();
   for (auto& s : series) s->check(seed, std::to_string(kLaunches) + " launches without host sync");
+}
+
+// Split tail tiles: the pieces are claimed by whichever CTAs come first, yet the fold adds them
+// in a fixed order, so launch after launch gives the same bits (and gemm_ar the same on all ranks,
+// checked by the reference comparison of every rank).
+TEST(TpOpsTailSplit, PiecesFoldBitIdenticallyLaunchAfterLaunch) {
+  SKIP_UNLESS_MULTI_RANK();
+  Communicator& comm = shared_comm();
+  constexpr int kLaunches = 20;
+  const uint64_t seed = 1300;
+  for (OpId op : {OpId::kGemmRs, OpId::kGemmAr}) {
+    for (int pieces : {2, 3, 4}) {
+      SymmetricMem sym(comm);
+      Series series(make_shape(op, 4096, 1536, 2048, BLayout::kNK), seed + static_cast<uint64_t>(pieces), kLaunches, sym);
+      ASSERT_TRUE(agree(series.ready())) << "setting up " << kLaunches << " outputs";
+      TpGemmOptions options;
+      options.algorithm = TpAlgorithm::kFused;
+      options.tile = GemmTile::k128x256;
+      options.tail_pieces = pieces;
+      Status launched;
+      for (int i = 0; i < kLaunches && launched.ok(); ++i) {
+        const Status st = launch(comm, op, args_for(series.shape, series.inputs, series.outs[static_cast<size_t>(i)]), nullptr, options);
+        if (!st.ok()) launched = st;
+      }
+      const Status synced = comm.synchronize(nullptr);
+      ASSERT_TRUE(agree(launched.ok() && synced.ok()))
+          << "rank " << process().rank << ": " << launched.to_string() << " / " << synced.to_string();
+      series.check(seed + static_cast<uint64_t>(pieces), std::to_string(pieces) + " tail pieces, " +
+                                                             std::to_string(kLaunches) + " launches");
+      if (!agree(!HasFailure())) return;
+    }
+  }
 }
 
 TEST(TpOpsStress, OneRankDelayedBeforeEachLaunch) {

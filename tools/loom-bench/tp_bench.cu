@@ -463,6 +463,7 @@ Status run_tp_bench(Communicator& comm, ncclComm_t nccl, const TpBenchOptions& o
     Result<planner::TpPlan> plan = planner::plan_tp(request, o.loom, cache);
     if (plan.ok()) {
       row.extra["plan"] = plan_json(*plan);
+      if (o.loom.tail_pieces >= 0) row.extra["plan"]["tail_pieces"] = o.loom.tail_pieces;  // forced (else the planner's)
       const planner::TpEstimate e = planner::estimate_tp(request, plan->comm_ctas, plan->tile);
       row.extra["model_ms"] = {{"loom", (plan->algorithm == TpAlgorithm::kFused ? e.fused_s : e.decomposed_s) * 1e3},
                                {"fused", e.fused_s * 1e3},

@@ -45,7 +45,13 @@
 //   uint32_t world() const; uint32_t self() const;                   // ranks, this rank
 //   const sm90::TmaDescriptor* map() const;   // staged partials: input element type, box {64, BLOCK_M}
 //   int32_t source_row(const WorkItem& tile, uint32_t source) const; // map row of the tile's row 0
-//   bool wait_sources(const WorkItem& tile, const WaitContext&) const;  // producer thread, bounded
+//   bool wait_sources(const WorkItem& tile, const WaitContext&) const;  // producer thread, bounded:
+//                                                    // the other ranks' partials and the tile's pieces
+// Tail split (SchedulerParams): a kTilePiece item computes part of a tile's K range and stages
+// its partial through the epilogue like any tile; the tile's kTileFold item (which computes K
+// range 0) then also adds its item.split_count pieces, after the other ranks' partials, from
+//   const sm90::TmaDescriptor* piece_map() const;    // pieces [slots * BLOCK_M, BLOCK_N], box {64, BLOCK_M}
+// (a Fold policy without piece_map() folds no pieces; its scheduler must not split).
 #pragma once
 
 #include <cuda/ptx>
@@ -85,7 +91,7 @@ struct NoFold {
   static constexpr bool kEnabled = false;
 };
 
-// Per-call pipeline state kept in shared memory between run() calls (64 bytes).
+// Per-call pipeline state kept in shared memory between run() calls.
 struct RoleState {
   uint32_t producer_stage, producer_phase, producer_slot, producer_slot_phase;
   uint32_t consumer_stage, consumer_phase, consumer_slot, consumer_slot_phase;
@@ -93,9 +99,31 @@ struct RoleState {
   uint32_t epi_parity;
   uint32_t signal_post;  // consumers' next signal slot | phase << 16
   uint32_t signal_take;  // the signaler's next signal slot | phase << 16
-  uint32_t reserved;
 };
-static_assert(sizeof(RoleState) == 64, "RoleState must fit its 64-byte slot");
+static_assert(sizeof(RoleState) <= kRoleStateBytes, "RoleState must fit its kRoleStateBytes slot");
+
+// A ring item written by another thread of the CTA (the ring's mbarrier ordered it).
+__device__ __forceinline__ WorkItem load_item(const WorkItem* slot) {
+  const volatile WorkItem* v = slot;
+  WorkItem w;
+  w.kind = v->kind;
+  w.m_block = v->m_block;
+  w.n_block = v->n_block;
+  w.tile = v->tile;
+  w.k_begin = v->k_begin;
+  w.k_end = v->k_end;
+  w.split_slot = v->split_slot;
+  w.split_count = v->split_count;
+  return w;
+}
+
+// A tile's k-block range: [begin, end).
+struct KRange {
+  uint32_t begin, end;
+};
+__device__ __forceinline__ KRange k_range_of(const WorkItem& item, uint32_t k_blocks) {
+  return KRange{item.k_begin, min(item.k_end, k_blocks)};
+}
 
 // kManageRegisters: run() moves registers from the producer to the consumers (setmaxnreg) on
 // entry and back on exit. ptxas (CUDA 13.0) handles that when run() is called once per launch;
@@ -226,7 +254,8 @@ class ComputeRole {
         slot_phase ^= 1;
       }
       if (!is_tile_kind(item.kind)) break;
-      if (ops.timeline != nullptr) record_claim(ops.timeline[item.tile], item);
+      const bool piece = item.kind == static_cast<uint32_t>(WorkKind::kTilePiece);
+      if (ops.timeline != nullptr && !piece) record_claim(ops.timeline[item.tile], item);  // the tile's own record
 
       const int32_t m0 = static_cast<int32_t>(item.m_block * BM);
       const int32_t n0 = static_cast<int32_t>(item.n_block * BN);
@@ -270,15 +299,16 @@ class ComputeRole {
         }
         return true;
       };
+      const KRange range = k_range_of(item, k_blocks);
       const bool fold_tile = Fold::kEnabled && item.kind == static_cast<uint32_t>(WorkKind::kTileFold);
-      const uint32_t split = fold_tile ? fold_position(k_blocks) : k_blocks;
-      for (uint32_t kb = 0; kb < split; ++kb) {
+      const uint32_t split = fold_tile ? fold_position(range) : range.end;
+      for (uint32_t kb = range.begin; kb < split; ++kb) {
         if (!load_k_block(kb)) return;  // consumers leave on the abort this raised
       }
       if constexpr (Fold::kEnabled) {
         if (fold_tile) {
           if (!load_partials(sm, ops, fold, item, n0, stage, phase, ctx)) return;
-          for (uint32_t kb = split; kb < k_blocks; ++kb) {
+          for (uint32_t kb = split; kb < range.end; ++kb) {
             if (!load_k_block(kb)) return;
           }
         }
@@ -291,21 +321,48 @@ class ComputeRole {
   }
 
   // Where a fold tile's staged partials sit in the stage ring: before its last kStages k-blocks
-  // (after the last one for a short K). The producer loads them right behind the k-blocks
+  // (after the last one for a short range). The producer loads them right behind the k-blocks
   // before, about kStages k-blocks ahead of the consumers, so they have landed when the
   // consumers get there. Placed after the last k-block, the fold took ~4 us per tile at 8192 x
   // 8192 x 7168, W = 2 (timeline), of ~80 us.
-  __device__ static uint32_t fold_position(uint32_t k_blocks) {
-    return k_blocks > static_cast<uint32_t>(kStages) ? k_blocks - static_cast<uint32_t>(kStages) : k_blocks;
+  __device__ static uint32_t fold_position(KRange r) {
+    return r.end - r.begin > static_cast<uint32_t>(kStages) ? r.end - static_cast<uint32_t>(kStages) : r.end;
   }
 
-  // At a fold tile's fold_position: waits until every other rank has staged its partial of the tile,
-  // then loads them through the stage ring in the order the consumers add them: 64-column chunk
-  // by chunk, sources in rank order within a chunk (this rank's own accumulators are not loaded).
+  // Staged partials a fold item adds, per 64-column chunk: the other ranks', then its pieces'.
+  __device__ static uint32_t pieces_of(const Fold& fold, const WorkItem& item) {
+    if constexpr (requires { fold.piece_map(); }) {
+      return item.split_count;
+    } else {
+      return 0;
+    }
+  }
+
+  // At a fold tile's fold_position: waits until every other rank has staged its partial of the
+  // tile (and every piece of a split tile is staged), then loads them through the stage ring in
+  // the order the consumers add them: 64-column chunk by chunk; within a chunk the other ranks in
+  // rank order (this rank's own accumulators are not loaded), then the pieces in slot order.
   __device__ static bool load_partials(const Smem& sm, const GemmOperands& ops, const Fold& fold, const WorkItem& item,
                                        int32_t n0, uint32_t& stage, uint32_t& phase, const WaitContext& ctx) {
     static_assert(Cfg::kABytes == BM * 64 * 2, "a staged 64-column x BLOCK_M box of 16-bit elements fills an A buffer");
     if (!fold.wait_sources(item, ctx)) return false;
+    auto load_box = [&](const sm90::TmaDescriptor* map, int32_t col, int32_t row) -> bool {
+      if (!sm90::mbarrier_wait(sm.empty(stage), phase ^ 1, ctx,
+                               sm90::barrier_what(sm90::BarrierWhat::kStageEmpty, stage))) {
+        return false;
+      }
+      uint64_t* full = sm.full(stage);
+      constexpr uint32_t kBoxBytes = Cfg::kABytes;  // a local copy: the PTX wrapper takes a reference
+      cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, full,
+                                           kBoxBytes);
+      const int32_t coords[2] = {col, row};
+      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, sm.a(stage), map, coords, full);
+      if (++stage == kStages) {
+        stage = 0;
+        phase ^= 1;
+      }
+      return true;
+    };
     const uint32_t world = fold.world();
     const uint32_t self = fold.self();
 #pragma unroll 1
@@ -314,21 +371,12 @@ class ComputeRole {
       if (static_cast<uint32_t>(col) >= ops.n) break;  // the consumers skip these chunks too
 #pragma unroll 1
       for (uint32_t s = 0; s < world; ++s) {
-        if (s == self) continue;
-        if (!sm90::mbarrier_wait(sm.empty(stage), phase ^ 1, ctx,
-                                 sm90::barrier_what(sm90::BarrierWhat::kStageEmpty, stage))) {
-          return false;
-        }
-        uint64_t* full = sm.full(stage);
-        constexpr uint32_t kBoxBytes = Cfg::kABytes;  // a local copy: the PTX wrapper takes a reference
-        cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
-                                             full, kBoxBytes);
-        const int32_t coords[2] = {col, fold.source_row(item, s)};
-        cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, sm.a(stage), fold.map(),
-                                        coords, full);
-        if (++stage == kStages) {
-          stage = 0;
-          phase ^= 1;
+        if (s != self && !load_box(fold.map(), col, fold.source_row(item, s))) return false;
+      }
+      if constexpr (requires { fold.piece_map(); }) {
+#pragma unroll 1
+        for (uint32_t i = 0; i < item.split_count; ++i) {
+          if (!load_box(fold.piece_map(), 64 * c, static_cast<int32_t>((item.split_slot + i) * BM))) return false;
         }
       }
     }
@@ -359,8 +407,7 @@ class ComputeRole {
                                sm90::barrier_what(sm90::BarrierWhat::kTileFull, slot))) {
         break;
       }
-      const volatile WorkItem* ring = sm.ring(slot);
-      const WorkItem item{ring->kind, ring->m_block, ring->n_block, ring->tile};
+      const WorkItem item = load_item(sm.ring(slot));
       __syncwarp();
       if (lane == 0) cuda::ptx::mbarrier_arrive(sm.tile_empty(slot));
       if (++slot == kTileSlots) {
@@ -374,19 +421,21 @@ class ComputeRole {
 
       // Mainloop: D = sum over k-blocks of A[64 rows of g, 64] * B[64, BN]; a fold tile adds the
       // staged partials where the producer put them in the ring (fold_position).
-      const bool timed = ops.timeline != nullptr && g == 0 && t == 0;
+      const bool piece = item.kind == static_cast<uint32_t>(WorkKind::kTilePiece);
+      const bool timed = ops.timeline != nullptr && g == 0 && t == 0 && !piece;  // pieces: no record
+      const KRange range = k_range_of(item, k_blocks);
       const uint32_t fold_at = Fold::kEnabled && item.kind == static_cast<uint32_t>(WorkKind::kTileFold)
-                                   ? fold_position(k_blocks)
+                                   ? fold_position(range)
                                    : ~0u;
       bool ok = true;
       bool in_flight = false;  // the previous k-block's wgmma may still read its stage
       uint32_t prev_stage = 0;
-      for (uint32_t kb = 0; kb <= k_blocks; ++kb) {  // kb == k_blocks: only a fold after the last
+      for (uint32_t kb = range.begin; kb <= range.end; ++kb) {  // kb == end: only a fold after the last
         if constexpr (Fold::kEnabled) {
           if (kb == fold_at) {
             const uint64_t fold_begin = timed ? clock64() : 0;
-            // fold_at >= 1, so the previous k-block is in flight: drain it (the accumulators are
-            // read and written next) and free its stage.
+            // fold_at > range.begin, so the previous k-block is in flight: drain it (the
+            // accumulators are read and written next) and free its stage.
             sm90::wgmma_wait<0>();
             sm90::fence_operands(acc);
             if (lane == 0) cuda::ptx::mbarrier_arrive(sm.empty(prev_stage));
@@ -415,7 +464,7 @@ class ComputeRole {
             }
           }
         }
-        if (kb == k_blocks) break;
+        if (kb == range.end) break;
         if (!sm90::mbarrier_wait(sm.full(stage), phase, ctx,
                                  sm90::barrier_what(sm90::BarrierWhat::kStageFull, stage))) {
           ok = false;
@@ -432,7 +481,7 @@ class ComputeRole {
           // N-major B: the next 16 K-rows are 16 * 128 bytes further.
           const uint64_t a_k = desc_a + static_cast<uint64_t>((k * 32) >> 4);
           const uint64_t b_k = desc_b + static_cast<uint64_t>(kBNMajor ? (k * 16 * 128) >> 4 : (k * 32) >> 4);
-          sm90::wgmma_m64k16<BN, kBF16, kBNMajor ? 1 : 0>(acc, a_k, b_k, (kb > 0 || k > 0) ? 1u : 0u);
+          sm90::wgmma_m64k16<BN, kBF16, kBNMajor ? 1 : 0>(acc, a_k, b_k, (kb > range.begin || k > 0) ? 1u : 0u);
         }
         sm90::wgmma_commit();
         sm90::fence_operands(acc);
@@ -467,8 +516,14 @@ class ComputeRole {
       }
       if (timed) record_stored(ops.timeline[item.tile]);
       if (epi.signals()) {
-        pending = true;
-        pending_item = item;
+        if (piece) {
+          // The tile's fold item (on another CTA, maybe already waiting) needs this piece now;
+          // its writes are local, so waiting for them costs little.
+          if (!post_signal(sm, item, g, warp, lane, signal_slot, signal_phase, ctx)) break;
+        } else {
+          pending = true;
+          pending_item = item;
+        }
       }
     }
 
@@ -494,9 +549,10 @@ class ComputeRole {
   }
 
   // Adds the staged partials of a fold tile into the accumulators, one 64-column chunk at a time,
-  // the other sources in increasing order: acc = ((a + p_s1) + p_s2) + ... with a this rank's
-  // fp32 accumulator so far (the k-blocks before fold_position) and p_s the staged 16-bit
-  // partials; the remaining k-blocks add to it and the epilogue rounds once. A fixed order, so
+  // the other sources in increasing order, then the tile's pieces in slot order:
+  // acc = ((a + p_s1) + p_s2) + ... with a this rank's fp32 accumulator so far (the k-blocks of
+  // its range before fold_position) and p_s the staged 16-bit partials; the remaining k-blocks
+  // add to it and the epilogue rounds once. A fixed order, so
   // launch after launch gives the same bits; every element is summed by one rank (its owner).
   // Chunk c of source s sits in stage order exactly as load_partials issued it. Thread addressing
   // is the epilogue's: rows r and r + 8 of this warp's 16, the 16-byte chunk q of a 128-byte row
@@ -505,8 +561,7 @@ class ComputeRole {
   __device__ static bool fold_partials(const Smem& sm, float (&acc)[kAcc], const WorkItem& item,
                                        const GemmOperands& ops, const Fold& fold, uint32_t g, uint32_t warp,
                                        uint32_t lane, uint32_t& stage, uint32_t& phase, const WaitContext& ctx) {
-    const uint32_t world = fold.world();
-    const uint32_t self = fold.self();
+    const uint32_t boxes = fold.world() - 1 + pieces_of(fold, item);  // per chunk
     const uint32_t r = lane / 4;
     const uint32_t row = g * 64 + warp * 16 + r;  // this thread's first row in the BLOCK_M-row box
     const uint32_t col_bytes = (lane % 4) * 4;
@@ -515,34 +570,44 @@ class ComputeRole {
     for (int c = 0; c < BN / 64; ++c) {
       if (n0 + c * 64 >= ops.n) break;  // nothing was loaded past N (uniform over the CTA)
 #pragma unroll 1
-      for (uint32_t s = 0; s < world; ++s) {
-        if (s == self) continue;
-        if (!sm90::mbarrier_wait(sm.full(stage), phase, ctx, sm90::barrier_what(sm90::BarrierWhat::kStageFull, stage))) {
-          return false;
-        }
-        const uint32_t box = sm90::smem_u32(sm.a(stage));
-#pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          const uint32_t off = ((static_cast<uint32_t>(q) ^ r) << 4) + col_bytes;
-          uint32_t lo, hi;
-          asm volatile("ld.shared.b32 %0, [%1];" : "=r"(lo) : "r"(box + row * 128 + off) : "memory");
-          asm volatile("ld.shared.b32 %0, [%1];" : "=r"(hi) : "r"(box + (row + 8) * 128 + off) : "memory");
-          const float2 f_lo = unpack2<Pair>(lo);
-          const float2 f_hi = unpack2<Pair>(hi);
-          // acc[4j .. 4j+3] with j = 8c + q: (row, cols 2(l%4) + {0,1}), then (row + 8, same cols).
-          float* a4 = acc + 32 * c + 4 * q;
-          a4[0] += f_lo.x;
-          a4[1] += f_lo.y;
-          a4[2] += f_hi.x;
-          a4[3] += f_hi.y;
-        }
-        __syncwarp();
-        if (lane == 0) cuda::ptx::mbarrier_arrive(sm.empty(stage));
-        if (++stage == kStages) {
-          stage = 0;
-          phase ^= 1;
-        }
+      for (uint32_t i = 0; i < boxes; ++i) {
+        if (!add_staged_box<Pair>(sm, acc, c, row, r, col_bytes, lane, stage, phase, ctx)) return false;
       }
+    }
+    return true;
+  }
+
+  // One staged 64-column x BLOCK_M box (chunk c of the tile) from the stage ring into the
+  // accumulators, then its stage is freed. Inlined into the unrolled chunk loop: c must be a
+  // constant there, or the accumulators would be indexed at run time (local memory).
+  template <class Pair>
+  __device__ __forceinline__ static bool add_staged_box(const Smem& sm, float (&acc)[kAcc], int c, uint32_t row,
+                                                        uint32_t r, uint32_t col_bytes, uint32_t lane, uint32_t& stage,
+                                                        uint32_t& phase, const WaitContext& ctx) {
+    if (!sm90::mbarrier_wait(sm.full(stage), phase, ctx, sm90::barrier_what(sm90::BarrierWhat::kStageFull, stage))) {
+      return false;
+    }
+    const uint32_t box = sm90::smem_u32(sm.a(stage));
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      const uint32_t off = ((static_cast<uint32_t>(q) ^ r) << 4) + col_bytes;
+      uint32_t lo, hi;
+      asm volatile("ld.shared.b32 %0, [%1];" : "=r"(lo) : "r"(box + row * 128 + off) : "memory");
+      asm volatile("ld.shared.b32 %0, [%1];" : "=r"(hi) : "r"(box + (row + 8) * 128 + off) : "memory");
+      const float2 f_lo = unpack2<Pair>(lo);
+      const float2 f_hi = unpack2<Pair>(hi);
+      // acc[4j .. 4j+3] with j = 8c + q: (row, cols 2(l%4) + {0,1}), then (row + 8, same cols).
+      float* a4 = acc + 32 * c + 4 * q;
+      a4[0] += f_lo.x;
+      a4[1] += f_lo.y;
+      a4[2] += f_hi.x;
+      a4[3] += f_hi.y;
+    }
+    __syncwarp();
+    if (lane == 0) cuda::ptx::mbarrier_arrive(sm.empty(stage));
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1;
     }
     return true;
   }
@@ -610,8 +675,7 @@ class ComputeRole {
       if (!sm90::mbarrier_wait(sm.signal_full(slot), phase, ctx, sm90::barrier_what(sm90::BarrierWhat::kSignalFull, slot))) {
         return;
       }
-      const volatile WorkItem* posted = sm.signal_ring(slot);
-      const WorkItem item{posted->kind, posted->m_block, posted->n_block, posted->tile};
+      const WorkItem item = load_item(sm.signal_ring(slot));
       if (is_tile_kind(item.kind)) epi.signal(item, m_blocks, n_blocks);
       cuda::ptx::mbarrier_arrive(sm.signal_empty(slot));
       if (++slot == kTileSlots) {
@@ -684,7 +748,7 @@ class ComputeRole {
       cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
       __syncwarp();
       if (lane == 0) {
-        epi.issue(box, row0, col0 + c * kCols);
+        epi.issue(box, item, row0, col0 + c * kCols);
         cuda::ptx::cp_async_bulk_commit_group();
       }
       parity ^= 1;

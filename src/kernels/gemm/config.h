@@ -12,7 +12,7 @@
 //   epi[w][2]  kConsumers*4*2 * 2048  per consumer warp, two 16-row x 128-byte staging boxes (swizzled)
 //   control    kControlBytes          full[s], empty[s], tile_full[t], tile_empty[t], signal_full[t],
 //                                     signal_empty[t] (8 B mbarriers), tile ring and signal ring
-//                                     items (16 B each), persisted role state (64 B)
+//                                     items (kWorkItemBytes each), persisted role state (kRoleStateBytes)
 #pragma once
 
 #include <cstdint>
@@ -23,6 +23,8 @@ constexpr int kBlockK = 64;       // 64 x 16-bit = 128 bytes: one 128B-swizzle r
 constexpr int kMaxDst = 8;        // epilogue destinations (row partition, e.g. one per rank)
 constexpr int kTileSlots = 4;     // tile ring depth between the producer and the consumers, and
                                   // signal ring depth between the consumers and the signaler
+constexpr int kWorkItemBytes = 32;  // a WorkItem (params.h) in the tile and signal rings
+constexpr int kRoleStateBytes = 128;  // the compute role's state persisted between run() calls
 constexpr int kEpiRows = 16;      // rows per consumer warp
 constexpr int kEpiBoxBytes = kEpiRows * 128;
 
@@ -62,11 +64,11 @@ struct TileConfig {
   static constexpr uint32_t kTileFullOffset = kEmptyOffset + 8 * kStages;
   static constexpr uint32_t kTileEmptyOffset = kTileFullOffset + 8 * kTileSlots;
   static constexpr uint32_t kTileRingOffset = kTileEmptyOffset + 8 * kTileSlots;
-  static constexpr uint32_t kSignalFullOffset = kTileRingOffset + 16 * kTileSlots;
+  static constexpr uint32_t kSignalFullOffset = kTileRingOffset + kWorkItemBytes * kTileSlots;
   static constexpr uint32_t kSignalEmptyOffset = kSignalFullOffset + 8 * kTileSlots;
   static constexpr uint32_t kSignalRingOffset = kSignalEmptyOffset + 8 * kTileSlots;
-  static constexpr uint32_t kStateOffset = kSignalRingOffset + 16 * kTileSlots;
-  static constexpr uint32_t kControlBytes = kStateOffset + 64 - kControlOffset;
+  static constexpr uint32_t kStateOffset = kSignalRingOffset + kWorkItemBytes * kTileSlots;
+  static constexpr uint32_t kControlBytes = kStateOffset + kRoleStateBytes - kControlOffset;
   static constexpr uint32_t kSmemBytes = 1024 + kControlOffset + kControlBytes;
 
   static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "stage buffers must keep 1024-byte swizzle alignment");

@@ -8,8 +8,9 @@
 // Interface any replacement must offer (the compute role is a template over it):
 //   uint32_t out_dtype() const;                       // loom::DType of the staged boxes
 //   void prefetch() const;                            // optional tensor-map prefetch (one thread)
-//   void issue(const void* box, uint32_t row, uint32_t col) const;  // lane 0 of a consumer warp:
-//                                                     // send the box whose top-left element is (row, col)
+//   void issue(const void* box, const WorkItem& tile, uint32_t row, uint32_t col) const;
+//                                                     // lane 0 of a consumer warp: send the box of
+//                                                     // `tile` whose top-left element is (row, col)
 //   bool signals() const;                             // does signal() need calling?
 //   void signal(const WorkItem& tile, uint32_t m_blocks, uint32_t n_blocks) const;  // one thread,
 //                                                     // after every box of the tile has landed
@@ -38,7 +39,7 @@ class TileEpilogue {
     for (uint32_t d = 0; d < p_.num_dst; ++d) sm90::prefetch_tensormap(maps_ + d);
   }
 
-  __device__ void issue(const void* box, uint32_t row, uint32_t col) const {
+  __device__ void issue(const void* box, const WorkItem& /*tile*/, uint32_t row, uint32_t col) const {
     uint32_t d = 0;
     int32_t local = static_cast<int32_t>(row);
     if (p_.num_dst > 1) {

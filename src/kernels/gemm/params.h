@@ -16,19 +16,31 @@ enum class WorkKind : uint32_t {
   kFailed = 3,    // a bounded wait failed (already recorded): leave
   kTileFold = 4,  // compute tile whose accumulators also receive partial tiles staged by other
                   // ranks (the role's Fold policy) before the epilogue: fused reduce-scatter
+  kTilePiece = 5,  // part of a split tile's K range (tail split, SchedulerParams): the epilogue
+                   // stages the partial for the tile's kTileFold item, which another CTA runs
 };
 
-// Both tile kinds run the mainloop and the epilogue; the others end run().
+// The tile kinds run the mainloop and the epilogue; the others end run().
 constexpr bool is_tile_kind(uint32_t kind) {
-  return kind == static_cast<uint32_t>(WorkKind::kTile) || kind == static_cast<uint32_t>(WorkKind::kTileFold);
+  return kind == static_cast<uint32_t>(WorkKind::kTile) || kind == static_cast<uint32_t>(WorkKind::kTileFold) ||
+         kind == static_cast<uint32_t>(WorkKind::kTilePiece);
 }
 
 struct WorkItem {
   uint32_t kind;     // WorkKind
   uint32_t m_block;
   uint32_t n_block;
-  uint32_t tile;     // m_block * n_blocks + n_block (kTile)
+  uint32_t tile;     // m_block * n_blocks + n_block
+  // k-blocks [k_begin, min(k_end, k_blocks)) of the tile: all of K unless the tile is split.
+  uint32_t k_begin = 0;
+  uint32_t k_end = ~0u;
+  // Split tiles: a kTilePiece stages its partial in piece slot `split_slot`; the tile's kTileFold
+  // item adds the `split_count` pieces in slots [split_slot, split_slot + split_count) after the
+  // other ranks' partials. 0 / 0 for a whole tile.
+  uint32_t split_slot = 0;
+  uint32_t split_count = 0;
 };
+static_assert(sizeof(WorkItem) == kWorkItemBytes, "the tile and signal rings hold kWorkItemBytes per item");
 
 // TileScheduler: which tile comes next, and whether its inputs have arrived.
 //
@@ -49,6 +61,11 @@ struct WorkItem {
 // leave early and the ones it is owed have arrived when its own rows come. Requires
 // m_blocks == order_world * order_m_blocks_per_rank, divisible into bands (the launcher checks).
 // Fold: tiles in tile rows [fold_m_begin, fold_m_end) are handed out as WorkKind::kTileFold.
+// Tail split (split_pieces >= 2): the last split_tiles tiles of the order, which must all lie in
+// the fold range, are each handed out as split_pieces items in a row: split_pieces - 1
+// kTilePiece items (K ranges 1, 2, ... of split_pieces equal ranges), then the kTileFold item
+// (K range 0) that adds the pieces' staged partials. The last partial wave of whole tiles
+// leaves SMs idle for a whole tile; pieces let every SM take a share of it.
 struct SchedulerParams {
   uint32_t m_rows = 0;             // M (filled by the launcher)
   uint32_t m_blocks = 0;           // ceil(M / BLOCK_M) (filled by the launcher)
@@ -72,6 +89,9 @@ struct SchedulerParams {
   uint32_t order_band_m_blocks = 0;
   uint32_t fold_m_begin = 0;       // tile rows handed out as kTileFold: [fold_m_begin, fold_m_end)
   uint32_t fold_m_end = 0;
+  uint32_t k_blocks = 0;           // ceil(K / kBlockK) (filled by the launcher; split ranges)
+  uint32_t split_tiles = 0;        // tail split (see above); 0: none
+  uint32_t split_pieces = 0;
 };
 
 enum class EpilogueOp : uint32_t {

@@ -4,8 +4,9 @@
 // A scheduler is called by exactly one thread per compute CTA: the producer's elected thread.
 // Interface any replacement must offer (the compute role is a template over it):
 //   WorkItem next(uint32_t compute_index, uint32_t num_compute, const WaitContext& ctx);
-// returning kTile (kTileFold in the fold range) only once the tile's inputs may be loaded (any
-// gate passed; a fold tile's staged partials are waited for by the role's Fold policy), kDone when no
+// returning kTile (kTileFold in the fold range; kTilePiece / kTileFold for the pieces of a split
+// tile) only once the tile's inputs may be loaded (any gate passed; a fold tile's staged partials
+// are waited for by the role's Fold policy), kDone when no
 // work is left, kYield to hand the CTA back to its caller between tiles, kFailed after a bounded
 // wait failed (the failure already recorded by the wait).
 #pragma once
@@ -34,14 +35,23 @@ class TileScheduler {
       if (compute_index >= limit) return WorkItem{static_cast<uint32_t>(WorkKind::kYield), 0, 0, 0};
     }
     const uint32_t total = p_.m_blocks * p_.n_blocks;
-    uint32_t t;
+    const uint32_t pieces = p_.split_pieces >= 2 ? p_.split_pieces : 1u;
+    const uint32_t whole = total - (pieces > 1 ? p_.split_tiles : 0u);  // tiles handed out whole
+    const uint32_t work = whole + (total - whole) * pieces;
+    uint32_t w;
     if (p_.queue != nullptr) {
-      t = atomicAdd(p_.queue, 1u);
+      w = atomicAdd(p_.queue, 1u);
     } else {
-      t = compute_index + claimed_ * num_compute;
-      if (t < total) ++claimed_;
+      w = compute_index + claimed_ * num_compute;
+      if (w < work) ++claimed_;
     }
-    if (t >= total) return WorkItem{static_cast<uint32_t>(WorkKind::kDone), 0, 0, 0};
+    if (w >= work) return WorkItem{static_cast<uint32_t>(WorkKind::kDone), 0, 0, 0};
+
+    // Work item w -> position t of the order (and the part of a split tile).
+    const bool split = w >= whole;
+    const uint32_t tail_index = split ? (w - whole) / pieces : 0;
+    const uint32_t part = split ? (w - whole) - tail_index * pieces : 0;
+    const uint32_t t = split ? whole + tail_index : w;
 
     uint32_t m_block, n_block;
     tile_at(t, m_block, n_block);
@@ -51,7 +61,19 @@ class TileScheduler {
     const uint32_t tile = m_block * p_.n_blocks + n_block;
     if (p_.trace != nullptr) p_.trace[tile] = global_timer_ns();
     const bool fold = m_block >= p_.fold_m_begin && m_block < p_.fold_m_end;
-    return WorkItem{static_cast<uint32_t>(fold ? WorkKind::kTileFold : WorkKind::kTile), m_block, n_block, tile};
+    WorkItem item{static_cast<uint32_t>(fold ? WorkKind::kTileFold : WorkKind::kTile), m_block, n_block, tile};
+    if (split) {
+      // Parts 0 .. pieces-2 are the pieces (K ranges 1 ..), claimed first so that they are staged
+      // by the time the last part, the fold item (K range 0), needs them.
+      const bool folds = part == pieces - 1;
+      const uint32_t range = folds ? 0 : part + 1;
+      item.k_begin = range * p_.k_blocks / pieces;
+      item.k_end = (range + 1) * p_.k_blocks / pieces;
+      item.split_slot = tail_index * (pieces - 1) + (folds ? 0 : part);
+      item.split_count = folds ? pieces - 1 : 0;
+      if (!folds) item.kind = static_cast<uint32_t>(WorkKind::kTilePiece);
+    }
+    return item;
   }
 
   // Position t of the order -> (m_block, n_block): grouped raster, rotated by m_block_start.

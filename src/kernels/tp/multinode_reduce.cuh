@@ -190,7 +190,7 @@ class MnReduceEpilogue {
   }
 
   // Lane 0 of a consumer warp: the 16-row box whose top-left element is (row, col).
-  __device__ void issue(const void* box, uint32_t row, uint32_t col) const {
+  __device__ void issue(const void* box, const gemm::WorkItem& /*tile*/, uint32_t row, uint32_t col) const {
     const ReduceLayout& L = p_.layout;
     const Grid& g = L.g;
     const uint32_t d = row / L.rows_per_block;

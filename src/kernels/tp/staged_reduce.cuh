@@ -18,15 +18,24 @@
 //                          final[tile] = e on every peer
 //   gemm_ar end            every CTA waits for its share of the final[] flags of tiles owned by
 //                          others, so the launch ends with the whole of out in place.
+//   tail split             the last partial wave of whole tiles would leave SMs idle for a tile's
+//                          time: its tiles (own tiles, the order's last) are cut into `pieces` K
+//                          ranges (SchedulerParams). Pieces (kTilePiece) TMA-store their rounded
+//                          16-bit partial into this rank's piece slots and set piece[slot] = e
+//                          right after their epilogue; the tile's fold item (K range 0, claimed
+//                          after its pieces) adds them after the other ranks' partials.
 // Before a CTA's first write into a peer it waits for the peer's entry (fused_frame.cuh).
 //
 // Buffers (heap offsets equal on all ranks; element = the input type, bf16 or fp16):
 //   staging   [(W-1) * M/W, N] in the TP workspace: slot(s, d) = (s - d - 1) mod W holds rank s's
 //             partial of d's rows, rows [slot * M/W, (slot+1) * M/W)
 //   out       gemm_rs: [M/W, N] local; gemm_ar: [M, N] symmetric
+//   pieces    [split_tiles * (pieces - 1) * BM, BN] in the TP workspace after the staging (local
+//             only): slot q * (pieces - 1) + i holds piece i + 1 of the q-th split tile
 // Flags (op_flags of the owner, after the W entry words), own_tiles = (M/W/BM) * n_blocks:
 //   partial[slot][t]   W + slot * own_tiles + t, t = (m_block - d*M/W/BM) * n_blocks + n_block
 //   final[tile]        W + (W-1) * own_tiles + m_block * n_blocks + n_block        (gemm_ar)
+//   piece[slot]        piece_flag_base + slot (after the final flags; set and read by this rank only)
 #pragma once
 
 #include <cuda/ptx>
@@ -48,6 +57,8 @@ struct ReduceGemmParams {
   sm90::TmaDescriptor out[TpTunables::kMaxLocalWorld];       // gemm_rs: [0] = out [M/W, N];
                                                              // gemm_ar: [d] = rank d's out [M, N]; box {64, 16}
   sm90::TmaDescriptor stage_to[TpTunables::kMaxLocalWorld];  // [d] = rank d's staging (d != me), box {64, 16}
+  sm90::TmaDescriptor piece_store;  // this rank's piece slots, box {64, 16}: piece epilogues
+  sm90::TmaDescriptor piece_load;   // the same, box {64, BLOCK_M}: fold loads
   DeviceComm comm;
   TpDeviceState* tp;
   uint32_t m, n, k;
@@ -57,6 +68,7 @@ struct ReduceGemmParams {
   uint32_t n_blocks;
   uint32_t out_dtype;           // loom::DType of out and the staging (= the input type)
   uint32_t signature;           // plan signature (fused_frame.cuh)
+  uint32_t piece_flag_base;     // op_flags index of piece[0] (used only with a tail split)
   TileTimelineRecord* timeline;  // optional (diagnostics), one record per tile
 };
 static_assert(sizeof(ReduceGemmParams) <= 4096, "the reduce kernels' parameters must fit the classic 4 KiB limit");
@@ -78,7 +90,7 @@ __device__ __forceinline__ uint64_t final_flag_index(const ReduceGemmParams& p, 
 
 // The compute role's epilogue policy (see TileEpilogue for the interface): routes each staged
 // box by the rank that owns its rows and signals that rank per tile.
-template <int kBlockM, bool kBroadcast>
+template <int kBlockM, int kBlockN, bool kBroadcast>
 class ReduceEpilogue {
  public:
   __device__ ReduceEpilogue(const ReduceGemmParams& p, uint64_t epoch, const WaitContext& ctx)
@@ -97,10 +109,15 @@ class ReduceEpilogue {
     for (int d = 0; d < world; ++d) {
       if (d != p_.comm.local_rank) sm90::prefetch_tensormap(&p_.stage_to[d]);
     }
+    if (p_.sched.split_pieces >= 2) sm90::prefetch_tensormap(&p_.piece_store);
   }
 
-  // Lane 0 of a consumer warp: the 16 x 64 box whose top-left element is (row, col).
-  __device__ void issue(const void* box, uint32_t row, uint32_t col) const {
+  // Lane 0 of a consumer warp: the 16 x 64 box of `tile` whose top-left element is (row, col).
+  __device__ void issue(const void* box, const gemm::WorkItem& tile, uint32_t row, uint32_t col) const {
+    if (tile.kind == static_cast<uint32_t>(gemm::WorkKind::kTilePiece)) {
+      send(&p_.piece_store, col - tile.n_block * kBlockN, tile.split_slot * kBlockM + (row - tile.m_block * kBlockM), box);
+      return;
+    }
     const uint32_t me = static_cast<uint32_t>(p_.comm.local_rank);
     const uint32_t world = static_cast<uint32_t>(p_.comm.local_world);
     const uint32_t owner = row / p_.rows_per_rank;
@@ -131,6 +148,11 @@ class ReduceEpilogue {
     const DeviceComm& c = p_.comm;
     const uint32_t me = static_cast<uint32_t>(c.local_rank);
     const uint32_t world = static_cast<uint32_t>(c.local_world);
+    if (tile.kind == static_cast<uint32_t>(gemm::WorkKind::kTilePiece)) {
+      __threadfence();  // a CTA of this GPU reads the piece next
+      flag_store_release(op_flag(c, static_cast<int>(me), p_.piece_flag_base + tile.split_slot), epoch_);
+      return;
+    }
     const uint32_t owner = tile.m_block / p_.m_blocks_per_rank;
     if (owner != me) {
       const uint32_t local_tile = (tile.m_block - owner * p_.m_blocks_per_rank) * n_blocks + tile.n_block;
@@ -179,6 +201,7 @@ class StagedFold {
   __device__ uint32_t world() const { return static_cast<uint32_t>(p_.comm.local_world); }
   __device__ uint32_t self() const { return static_cast<uint32_t>(p_.comm.local_rank); }
   __device__ const sm90::TmaDescriptor* map() const { return &p_.staged; }
+  __device__ const sm90::TmaDescriptor* piece_map() const { return &p_.piece_load; }
 
   __device__ int32_t source_row(const gemm::WorkItem& tile, uint32_t source) const {
     const uint32_t me = self();
@@ -186,7 +209,8 @@ class StagedFold {
     return static_cast<int32_t>(staging_slot(source, me, world()) * p_.rows_per_rank + row_in_owner);
   }
 
-  // Producer thread: every peer's partial of `tile` is staged here (bounded waits).
+  // Producer thread: every peer's partial of `tile`, and every piece of a split tile, is staged
+  // here (bounded waits).
   __device__ bool wait_sources(const gemm::WorkItem& tile, const WaitContext& ctx) const {
     const DeviceComm& c = p_.comm;
     const uint32_t me = self();
@@ -196,6 +220,13 @@ class StagedFold {
       const uint64_t index = partial_flag_index(p_, staging_slot(s, me, world()), local_tile);
       if (!wait_flag(op_flag(c, static_cast<int>(me), index), epoch_, ctx, static_cast<int>(s), FlagKind::kPartial,
                      local_tile)) {
+        return false;
+      }
+    }
+    for (uint32_t i = 0; i < tile.split_count; ++i) {
+      const uint32_t slot = tile.split_slot + i;
+      if (!wait_flag(op_flag(c, static_cast<int>(me), p_.piece_flag_base + slot), epoch_, ctx, static_cast<int>(me),
+                     FlagKind::kPiece, slot)) {
         return false;
       }
     }
@@ -232,7 +263,7 @@ __device__ __forceinline__ bool wait_final_tiles(const ReduceGemmParams& p, uint
 template <class Cfg, bool kBF16, bool kBNMajor, bool kBroadcast>
 __device__ __forceinline__ void reduce_gemm_body(const ReduceGemmParams& p, uint8_t* smem) {
   using Scheduler = gemm::TileScheduler<Cfg::kBlockM>;
-  using Epilogue = ReduceEpilogue<Cfg::kBlockM, kBroadcast>;
+  using Epilogue = ReduceEpilogue<Cfg::kBlockM, Cfg::kBlockN, kBroadcast>;
   using Fold = StagedFold<Cfg::kBlockM>;
   using Role = gemm::ComputeRole<Cfg, kBF16, kBNMajor, Scheduler, Epilogue, Cfg::kSetMaxNReg, Fold>;
   const DeviceComm& c = p.comm;
