@@ -67,14 +67,14 @@ def summarise(meta, rows):
     ends = [(max(r["stored_ns"] for r in t) - t0) / 1e3 for t in by_cta.values()]
     tiles_per_cta = [len(t) for t in by_cta.values()]
     out = [f"{meta.get('op')} M={meta.get('M')} {meta.get('what'):5} rank {meta.get('rank')} tile {meta.get('tile')}: "
-           f"{len(rows)} tiles on {len(by_cta)} CTAs ({min(tiles_per_cta)}-{max(tiles_per_cta)} each), "
+           f"{len(rows)} items on {len(by_cta)} CTAs ({min(tiles_per_cta)}-{max(tiles_per_cta)} each), "
            f"span {span:.1f} us, SM clock {clock:.3f} GHz (p10 {pct(ghz, 0.1):.3f}, p90 {pct(ghz, 0.9):.3f})"]
     for kind, values in sorted(period.items()):
-        name = {0: "tile", 4: "fold tile"}.get(kind, str(kind))
+        name = {0: "tile", 4: "fold tile", 5: "piece"}.get(kind, str(kind))
         out.append(f"    period {name:9}: median {statistics.median(values):7.2f} us  p90 {pct(values, 0.9):7.2f}  "
                    f"max {max(values):7.2f}  (n={len(values)})")
     for kind, values in sorted(epi.items()):
-        name = {0: "tile", 4: "fold tile"}.get(kind, str(kind))
+        name = {0: "tile", 4: "fold tile", 5: "piece"}.get(kind, str(kind))
         out.append(f"    epilogue {name:9}: median {statistics.median(values):6.2f} us  p90 {pct(values, 0.9):6.2f}  max {max(values):6.2f}")
     slow_us = 3 * statistics.median(epi_us)
     slow_at = [(r["claimed_ns"] - t0) / 1e3 + (r["mainloop_clock"] - r["claimed_clock"]) / clock / 1e3
@@ -93,6 +93,21 @@ def summarise(meta, rows):
             rest = [(r["fold_cycles"] - r["fold_drain_cycles"] - r["fold_signal_cycles"]) / clock / 1e3 for r in folds]
             out.append(f"      of it (medians): drain {statistics.median(drain):5.2f} us, previous signal "
                        f"{statistics.median(signal):5.2f} us, partials {statistics.median(rest):5.2f} us")
+    pieces = [r for r in rows if r["kind"] == 5]
+    if pieces:
+        # Tail split: the pieces, and the fold items claimed since the first piece (the split
+        # tiles' folds, which wait for their pieces).
+        first = min(r["claimed_ns"] for r in pieces)
+        piece_us = [(r["stored_ns"] - r["claimed_ns"]) / 1e3 for r in pieces]
+        split_folds = [r for r in folds if r["claimed_ns"] >= first]
+        line = (f"    tail split: {len(pieces)} pieces claimed from {(first - t0) / 1e3:.1f} us, claim to stored "
+                f"median {statistics.median(piece_us):.1f} us")
+        if split_folds:
+            f_us = [r["fold_cycles"] / clock / 1e3 for r in split_folds]
+            d_us = [(r["stored_ns"] - r["claimed_ns"]) / 1e3 for r in split_folds]
+            line += (f"; {len(split_folds)} folds since: claim to stored median {statistics.median(d_us):.1f} us, "
+                     f"fold median {statistics.median(f_us):.1f} max {max(f_us):.1f} us")
+        out.append(line)
     out.append(f"    CTA start: median {statistics.median(starts):6.1f}  max {max(starts):6.1f} us;"
                f"  CTA end: min {min(ends):7.1f}  median {statistics.median(ends):7.1f}  max {max(ends):7.1f} us")
     return "\n".join(out)

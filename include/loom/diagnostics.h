@@ -8,7 +8,10 @@ namespace loom {
 // Where one output tile's time went (GemmOptions::timeline, TpGemmOptions::timeline,
 // `loom-bench ... --timeline DIR`). The caller passes device memory for
 // tile_timeline_capacity(M, N) records; the record of output tile (m_block, n_block) is at index
-// m_block * n_blocks + n_block (n_blocks = ceil(N / BLOCK_N) of the tile that ran); the kernel
+// m_block * n_blocks + n_block (n_blocks = ceil(N / BLOCK_N) of the tile that ran), and the K
+// pieces of split tiles (fused gemm_rs / gemm_ar tail split, kind 5) follow at index
+// m_blocks * n_blocks + piece slot while that is within tile_timeline_capacity(M, N) (a piece's
+// record does not name its tile); the kernel
 // overwrites the record of every tile it computes and leaves the others alone. _ns fields are
 // %globaltimer nanoseconds (one time base for all SMs of a GPU, updated about every
 // microsecond); _clock fields are the computing SM's %clock64 (cycle-exact, comparable only
@@ -24,7 +27,7 @@ struct TileTimelineRecord {
                             // mainloop: waiting for them, adding them); 0 for a plain tile
   uint32_t cta;             // blockIdx.x of the computing CTA
   uint32_t smid;            // the SM it ran on
-  uint32_t kind;            // 0: plain tile, 4: tile that folded partials in
+  uint32_t kind;            // 0: plain tile, 4: tile that folded partials in, 5: K piece of a split tile
   uint32_t fold_drain_cycles;   // of fold_cycles: draining the tensor cores' last k-block
   uint32_t fold_signal_cycles;  // of fold_cycles: posting the previous tile's signal
 };
@@ -32,7 +35,7 @@ static_assert(sizeof(TileTimelineRecord) == 64, "a timeline record is one 64-byt
 
 // Records that are always enough for an M x N output, whatever tile the launch picks (the finest
 // tile grid any configuration has: 64 x 64). Size a timeline buffer with it: the kernel indexes
-// the records by its own tile grid and checks no bound.
+// the tiles' records by its own tile grid (and the pieces' after them, within this capacity).
 constexpr int64_t tile_timeline_capacity(int64_t m, int64_t n) { return ((m + 63) / 64) * ((n + 63) / 64); }
 
 }  // namespace loom

@@ -697,6 +697,53 @@ TEST(TpOpsTimeline, FusedReduceKernelsRecordEveryTileAndTheirFolds) {
   }
 }
 
+// A split tail: 192 tiles of 128x256 on the grid leave 192 % SMs in the last partial wave; in 3 K
+// pieces each, their 2 pieces per tile are recorded after the tiles (kind 5), nothing beyond.
+TEST(TpOpsTimeline, SplitTilesRecordTheirPieces) {
+  SKIP_UNLESS_MULTI_RANK();
+  Communicator& comm = shared_comm();
+  const int64_t sms = comm.impl().topology.min_sm_count > 0 ? comm.impl().topology.min_sm_count : comm.sm_count();
+  uint64_t seed = 970;
+  for (OpId op : {OpId::kGemmRs, OpId::kGemmAr}) {
+    const Shape s = make_shape(op, 4096, 1536, 2048, BLayout::kNK);
+    const int64_t tiles = (s.m / 128) * (s.n / 256);
+    const int64_t split_tiles = tiles % sms;
+    if (split_tiles == 0 || split_tiles > tiles / s.world) GTEST_SKIP() << tiles << " tiles on " << sms << " SMs leave no tail to split";
+    SymmetricMem sym(comm);
+    Inputs in(s, ++seed);
+    Output out(s, sym);
+    const int64_t capacity = tile_timeline_capacity(s.m, s.n);
+    DeviceMem records(static_cast<size_t>(capacity) * sizeof(TileTimelineRecord));
+    const bool ready = in.ok() && out.p && records.p && cudaMemset(out.p, 0xFF, s.out_bytes()) == cudaSuccess &&
+                       cudaMemset(records.p, 0, records.bytes) == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess;
+    ASSERT_TRUE(agree(ready)) << "setting up " << s.text();
+    TpGemmOptions options;
+    options.algorithm = TpAlgorithm::kFused;
+    options.tile = GemmTile::k128x256;
+    options.tail_pieces = 3;
+    options.timeline = static_cast<TileTimelineRecord*>(records.p);
+    const Status launched = launch(comm, op, args_for(s, in, out.p), nullptr, options);
+    ASSERT_TRUE(agree(launched.ok())) << s.text() << ": " << launched.to_string();
+    const Status synced = comm.synchronize(nullptr);
+    ASSERT_TRUE(agree(synced.ok())) << s.text() << ": " << synced.to_string();
+    std::vector<TileTimelineRecord> r(static_cast<size_t>(capacity));
+    ASSERT_EQ(cudaMemcpy(r.data(), records.p, records.bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    const int64_t pieces = split_tiles * 2;
+    ASSERT_LT(tiles + pieces, capacity);
+    for (int64_t t = 0; t < tiles + pieces; ++t) {
+      const TileTimelineRecord& x = r[static_cast<size_t>(t)];
+      ASSERT_NE(x.claimed_ns, 0u) << s.text() << ": record " << t << " is empty on rank " << s.me;
+      EXPECT_LE(x.mainloop_clock, x.stored_clock) << s.text() << " record " << t;
+      if (t >= tiles) EXPECT_EQ(x.kind, 5u) << s.text() << " record " << t << " (piece slot " << t - tiles << ")";
+    }
+    EXPECT_EQ(r[static_cast<size_t>(tiles + pieces)].claimed_ns, 0u) << s.text() << ": a record past the pieces was written";
+    const Reference ref(s, seed);
+    const Verdict v = compare_output(s, out.p, ref, s.text() + " split, with a timeline");
+    EXPECT_TRUE(v.ok) << v.report;
+    ASSERT_TRUE(agree(!HasFailure()));
+  }
+}
+
 // ---- repeatability and skew (reliability.md D4, H10b) ------------------------------------------------
 
 // Per op: the outputs of consecutive launches, all checked against the first and the first

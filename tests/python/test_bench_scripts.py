@@ -102,7 +102,7 @@ def test_timeline_summary_places_slow_epilogues_in_their_quarter(tmp_path):
     run = subprocess.run([sys.executable, str(REPO / "bench/timeline_summary.py"), str(tmp_path)],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
-    assert "8 tiles on 2 CTAs" in run.stdout
+    assert "8 items on 2 CTAs" in run.stdout
     assert "slow epilogues (> 6.0 us): 2 of 8, by quarter of the span [2, 0, 0, 0]" in run.stdout, run.stdout
 
 
@@ -122,3 +122,26 @@ def test_timeline_summary_splits_the_fold_when_the_csv_has_its_parts(tmp_path):
     assert run.returncode == 0, run.stderr
     assert "fold: median   2.50 us" in run.stdout, run.stdout
     assert "drain  0.80 us, previous signal  0.20 us, partials  1.50 us" in run.stdout, run.stdout
+
+
+def test_timeline_summary_reports_the_tail_split(tmp_path):
+    # At 1 GHz: two whole fold tiles (fold 2 us), then a split tile: two pieces claimed at 300 us
+    # (40 us each, records after the tiles, m_block -1) and its fold item claimed at 301 us,
+    # stored at 361 us after a 20 us fold (it waited for the pieces).
+    header = ("tile,m_block,n_block,kind,cta,smid,claimed_ns,stored_ns,claimed_clock,mainloop_clock,stored_clock,"
+              "fold_cycles,fold_drain_cycles,fold_signal_cycles")
+    lines = ["# op=gemm_ar M=512 N=256 K_rank=64 what=fused tile=128x256 rank=0 world=2", header]
+    for i in range(2):
+        t = i * 100_000
+        lines.append(f"{i},{i},0,4,0,0,{t},{t + 100_000},{t},{t + 98_000},{t + 100_000},2000,500,200")
+    for slot in range(2):
+        t = 300_000
+        lines.append(f"{4 + slot},-1,-1,5,{1 + slot},{1 + slot},{t},{t + 40_000},{t},{t + 39_000},{t + 40_000},0,0,0")
+    t = 301_000
+    lines.append(f"2,2,0,4,0,0,{t},{t + 60_000},{t},{t + 58_000},{t + 60_000},20000,500,200")
+    (tmp_path / "timeline_gemm_ar_512_fused_rank0.csv").write_text("\n".join(lines) + "\n")
+    run = subprocess.run([sys.executable, str(REPO / "bench/timeline_summary.py"), str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert ("tail split: 2 pieces claimed from 300.0 us, claim to stored median 40.0 us; 1 folds since: "
+            "claim to stored median 60.0 us, fold median 20.0 max 20.0 us") in run.stdout, run.stdout

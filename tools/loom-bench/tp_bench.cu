@@ -218,7 +218,8 @@ class TpCase {
                      const std::function<Status(TileTimelineRecord*)>& launch) -> Status {
       // Room for the finest tile grid any configuration has, whatever tile the launch ends up with.
       const size_t capacity = static_cast<size_t>(tile_timeline_capacity(s_.m, s_.n));
-      const size_t count = std::min(capacity, static_cast<size_t>(m_blocks * n_blocks));
+      const size_t tiles = static_cast<size_t>(m_blocks * n_blocks);
+      const size_t count = capacity;  // tiles, then the pieces of split tiles
       DeviceBuffer records;
       LOOM_TRY(records.alloc(capacity * sizeof(TileTimelineRecord)));
       LOOM_CUDA_TRY(cudaMemsetAsync(records.p, 0, capacity * sizeof(TileTimelineRecord), stream_));
@@ -240,7 +241,10 @@ class TpCase {
       for (size_t t = 0; t < count; ++t) {
         const TileTimelineRecord& r = host[t];
         if (r.claimed_ns == 0) continue;  // not computed by this launch
-        f << t << ',' << t / static_cast<size_t>(n_blocks) << ',' << t % static_cast<size_t>(n_blocks) << ',' << r.kind << ','
+        // A piece's record follows the tiles (its tile is not recorded: m_block, n_block = -1).
+        const long long m_block = t < tiles ? static_cast<long long>(t / static_cast<size_t>(n_blocks)) : -1;
+        const long long n_block = t < tiles ? static_cast<long long>(t % static_cast<size_t>(n_blocks)) : -1;
+        f << t << ',' << m_block << ',' << n_block << ',' << r.kind << ','
           << r.cta << ',' << r.smid << ',' << r.claimed_ns << ',' << r.stored_ns << ',' << r.claimed_clock << ','
           << r.mainloop_clock << ',' << r.stored_clock << ',' << r.fold_cycles << ',' << r.fold_drain_cycles << ','
           << r.fold_signal_cycles << '\n';

@@ -255,7 +255,9 @@ class ComputeRole {
       }
       if (!is_tile_kind(item.kind)) break;
       const bool piece = item.kind == static_cast<uint32_t>(WorkKind::kTilePiece);
-      if (ops.timeline != nullptr && !piece) record_claim(ops.timeline[item.tile], item);  // the tile's own record
+      if (ops.timeline != nullptr && record_index(ops, item) != kNoRecord) {
+        record_claim(ops.timeline[record_index(ops, item)], item);
+      }
 
       const int32_t m0 = static_cast<int32_t>(item.m_block * BM);
       const int32_t n0 = static_cast<int32_t>(item.n_block * BN);
@@ -422,7 +424,8 @@ class ComputeRole {
       // Mainloop: D = sum over k-blocks of A[64 rows of g, 64] * B[64, BN]; a fold tile adds the
       // staged partials where the producer put them in the ring (fold_position).
       const bool piece = item.kind == static_cast<uint32_t>(WorkKind::kTilePiece);
-      const bool timed = ops.timeline != nullptr && g == 0 && t == 0 && !piece;  // pieces: no record
+      const bool timed = ops.timeline != nullptr && g == 0 && t == 0 && record_index(ops, item) != kNoRecord;
+      TileTimelineRecord* const record = timed ? &ops.timeline[record_index(ops, item)] : nullptr;
       const KRange range = k_range_of(item, k_blocks);
       const uint32_t fold_at = Fold::kEnabled && item.kind == static_cast<uint32_t>(WorkKind::kTileFold)
                                    ? fold_position(range)
@@ -457,7 +460,7 @@ class ComputeRole {
               break;
             }
             if (timed) {
-              TileTimelineRecord& rec = ops.timeline[item.tile];
+              TileTimelineRecord& rec = *record;
               rec.fold_cycles = static_cast<uint32_t>(clock64() - fold_begin);
               rec.fold_drain_cycles = static_cast<uint32_t>(drained - fold_begin);
               rec.fold_signal_cycles = static_cast<uint32_t>(signalled - drained);
@@ -501,7 +504,7 @@ class ComputeRole {
       sm90::fence_operands(acc);
       if (!ok) break;
       if (lane == 0 && in_flight) cuda::ptx::mbarrier_arrive(sm.empty(prev_stage));
-      if (timed) ops.timeline[item.tile].mainloop_clock = clock64();
+      if (timed) record->mainloop_clock = clock64();
       if (pending) {  // a plain tile: its mainloop never blocks on other ranks
         if (!post_signal(sm, pending_item, g, warp, lane, signal_slot, signal_phase, ctx)) break;
         pending = false;
@@ -514,7 +517,7 @@ class ComputeRole {
       } else {
         epilogue<__nv_bfloat16, 64>(sm, acc, item, epi, ops, g, warp, lane, parity);
       }
-      if (timed) record_stored(ops.timeline[item.tile]);
+      if (timed) record_stored(*record);
       if (epi.signals()) {
         if (piece) {
           // The tile's fold item (on another CTA, maybe already waiting) needs this piece now;
@@ -624,6 +627,15 @@ class ComputeRole {
   }
 
   // Timeline records (diagnostics; the hot loops only test a pointer when none is given).
+  // A tile's record is at its tile index; a split tile's pieces follow all tiles, by piece slot,
+  // while they fit the buffer's tile_timeline_capacity (loom/diagnostics.h).
+  static constexpr uint32_t kNoRecord = ~0u;
+  __device__ static uint32_t record_index(const GemmOperands& ops, const WorkItem& item) {
+    if (item.kind != static_cast<uint32_t>(WorkKind::kTilePiece)) return item.tile;
+    const uint32_t index = ((ops.m + BM - 1) / BM) * ((ops.n + BN - 1) / BN) + item.split_slot;
+    const uint32_t capacity = ((ops.m + 63) / 64) * ((ops.n + 63) / 64);  // tile_timeline_capacity(M, N)
+    return index < capacity ? index : kNoRecord;
+  }
   __device__ static void record_claim(TileTimelineRecord& r, const WorkItem& item) {
     r.claimed_ns = global_timer_ns();
     r.claimed_clock = clock64();

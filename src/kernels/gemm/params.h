@@ -62,9 +62,10 @@ static_assert(sizeof(WorkItem) == kWorkItemBytes, "the tile and signal rings hol
 // m_blocks == order_world * order_m_blocks_per_rank, divisible into bands (the launcher checks).
 // Fold: tiles in tile rows [fold_m_begin, fold_m_end) are handed out as WorkKind::kTileFold.
 // Tail split (split_pieces >= 2): the last split_tiles tiles of the order, which must all lie in
-// the fold range, are each handed out as split_pieces items in a row: split_pieces - 1
-// kTilePiece items (K ranges 1, 2, ... of split_pieces equal ranges), then the kTileFold item
-// (K range 0) that adds the pieces' staged partials. The last partial wave of whole tiles
+// the fold range, are each handed out as split_pieces items: split_pieces - 1 kTilePiece items
+// (K ranges 1, 2, ... of split_pieces equal ranges), then the kTileFold item (K range 0) that
+// adds the pieces' staged partials; part by part over the split tiles (every tile's first piece,
+// then every tile's second, ..., then the fold items). The last partial wave of whole tiles
 // leaves SMs idle for a whole tile; pieces let every SM take a share of it.
 struct SchedulerParams {
   uint32_t m_rows = 0;             // M (filled by the launcher)

@@ -47,10 +47,14 @@ class TileScheduler {
     }
     if (w >= work) return WorkItem{static_cast<uint32_t>(WorkKind::kDone), 0, 0, 0};
 
-    // Work item w -> position t of the order (and the part of a split tile).
+    // Work item w -> position t of the order (and the part of a split tile). The split tiles go
+    // part by part: every tile's part 0, then every tile's part 1, ...: items running side by
+    // side read the same K range of neighbouring tiles (L2 reuse, as whole tiles in a raster
+    // group do), and a tile's fold item (its last part) comes a round after its pieces.
     const bool split = w >= whole;
-    const uint32_t tail_index = split ? (w - whole) / pieces : 0;
-    const uint32_t part = split ? (w - whole) - tail_index * pieces : 0;
+    const uint32_t split_tiles = total - whole;
+    const uint32_t part = split ? (w - whole) / split_tiles : 0;
+    const uint32_t tail_index = split ? (w - whole) - part * split_tiles : 0;
     const uint32_t t = split ? whole + tail_index : w;
 
     uint32_t m_block, n_block;
@@ -63,8 +67,8 @@ class TileScheduler {
     const bool fold = m_block >= p_.fold_m_begin && m_block < p_.fold_m_end;
     WorkItem item{static_cast<uint32_t>(fold ? WorkKind::kTileFold : WorkKind::kTile), m_block, n_block, tile};
     if (split) {
-      // Parts 0 .. pieces-2 are the pieces (K ranges 1 ..), claimed first so that they are staged
-      // by the time the last part, the fold item (K range 0), needs them.
+      // Parts 0 .. pieces-2 are the pieces (K ranges 1, 2, ...), the last part the fold item (K
+      // range 0), which adds them.
       const bool folds = part == pieces - 1;
       const uint32_t range = folds ? 0 : part + 1;
       item.k_begin = range * p_.k_blocks / pieces;
