@@ -11,7 +11,7 @@
 #   tp-tune   loom-bench tune (TUNE_OPS, TUNE_M: default every op and M; TUNE_CTAS, TUNE_TILE and
 #             TUNE_NO_DECOMPOSED=1 narrow the candidates), writes
 #             $OUT/tuning_cache.json; a later tp step in the same call plans from it
-#   tail-ab   gemm_rs / gemm_ar with and without the tail split, alternating (TAIL_M, TAIL_ROUNDS)
+#   tail-ab   gemm_rs / gemm_ar with and without the tail split, paired in one process (TAIL_M, TAIL_ROUNDS)
 #   timeline  per-tile timelines of the fused operators and loom's GEMM at TIMELINE_M (default
 #             4096,8192): $OUT/timeline_summary.txt, the CSVs in $OUT/timelines.tar.gz
 #   net       the inter-node path with the GPUs split into 2 emulated nodes (LOOM_EMULATE_NODES=2):
@@ -157,22 +157,22 @@ for step in "${steps[@]}"; do
         r=$?; grep -E "^(ag_gemm|gemm_rs|gemm_ar) " "$OUT/bench.log" | tail -20 | tee -a "$summary"
       else r=124; log "tp: skipped, not enough time left"; fi ;;
     tail-ab)
-      # gemm_rs / gemm_ar with the planner's tail split and without it (--tail-pieces 1), in
-      # alternating rounds (TAIL_ROUNDS, default 2) at TAIL_M (default 8192,16384,32768):
-      # $OUT/tail_ab.log, the JSONs in $OUT/tail_ab_json.tar.gz.
-      rm -rf "$WORK/tail_ab" && mkdir -p "$WORK/tail_ab"
+      # gemm_rs / gemm_ar with the planner's tail split (or --tail-pieces TAIL_PIECES), and with
+      # --tail-pieces TAIL_VARIANT (default 1: none) in the same alternating rounds, at TAIL_M
+      # (default 8192,16384,32768), TAIL_ROUNDS invocations (default 2): $OUT/tail_ab.log, the
+      # JSONs in $OUT/tail_ab_json.tar.gz.
+      mkdir -p "$WORK/tail_ab"  # kept across calls on one machine: every run of the step comes back
       for round in $(seq 1 "${TAIL_ROUNDS:-2}"); do
         for op in gemm_rs gemm_ar; do
-          for pieces in -1 1; do
-            if t=$(budget 60 25); then
-              timeout $t $BIN/loom-bench $op --spawn "$ngpu" --m "${TAIL_M:-8192,16384,32768}" --iters 30 \
-                --tail-pieces $pieces --json "$WORK/tail_ab/${op}_pieces${pieces}_round$round.json" >> "$OUT/tail_ab.log" 2>&1 || r=$?
-            else r=124; log "tail-ab $op $pieces round $round: skipped, not enough time left"; fi
-          done
+          if t=$(budget 90 30); then
+            timeout $t $BIN/loom-bench $op --spawn "$ngpu" --m "${TAIL_M:-8192,16384,32768}" --iters 30 \
+              --tail-pieces "${TAIL_PIECES:--1}" --variant-tail-pieces "${TAIL_VARIANT:-1}" \
+              --json "$WORK/tail_ab/${op}_p${TAIL_PIECES:--1}_v${TAIL_VARIANT:-1}_round$round.json" >> "$OUT/tail_ab.log" 2>&1 || r=$?
+          else r=124; log "tail-ab $op round $round: skipped, not enough time left"; fi
         done
       done
       tar -C "$WORK" -czf "$OUT/tail_ab_json.tar.gz" tail_ab
-      grep -E "^(gemm_rs|gemm_ar) +[0-9]" "$OUT/tail_ab.log" | tee -a "$summary" ;;
+      grep -E "variant / loom|^(gemm_rs|gemm_ar) +[0-9]" "$OUT/tail_ab.log" | tee -a "$summary" ;;
     timeline)
       # Per-tile timelines of the fused operators and of loom's GEMM alone (loom-bench --timeline),
       # summarised by bench/timeline_summary.py; the CSVs come back as one archive.

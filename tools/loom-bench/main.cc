@@ -68,6 +68,7 @@ struct TpCli {
   std::string tile = "auto";
   int comm_ctas = -1;
   int tail_pieces = -1;
+  int variant_tail_pieces = -2;  // -2: no variant
   bool no_baselines = false;
   std::string timeline_dir;
   // tune
@@ -171,6 +172,11 @@ loom::Result<loom::bench::TpBenchOptions> tp_options(const std::vector<std::stri
   LOOM_ASSIGN_OR_RETURN(o.loom.tile, loom::parse_gemm_tile(c.tile));
   o.loom.comm_ctas = c.comm_ctas;
   o.loom.tail_pieces = c.tail_pieces;
+  if (c.variant_tail_pieces >= -1) {
+    o.variant = o.loom;
+    o.variant->tail_pieces = c.variant_tail_pieces;
+    o.variant_label = "tail_pieces " + std::to_string(c.variant_tail_pieces);
+  }
   o.baselines = !c.no_baselines;
   o.timeline_dir = c.timeline_dir;
   o.warmup = g.warmup;
@@ -272,6 +278,8 @@ int main(int argc, char** argv) {
     sub->add_option("--tile", tp_cli.tile, "force the compute tile: 128x256, 128x128, 128x64, 64x128");
     sub->add_option("--tail-pieces", tp_cli.tail_pieces,
                     "gemm_rs / gemm_ar fused: K pieces per tile of the last partial wave (-1: planner, 1: none)");
+    sub->add_option("--variant-tail-pieces", tp_cli.variant_tail_pieces,
+                    "also time loom with this --tail-pieces in the same alternating rounds (ms key loom_variant)");
     sub->add_flag("--no-baselines", tp_cli.no_baselines, "time loom only");
     sub->add_option("--timeline", tp_cli.timeline_dir,
                     "write per-tile timelines of loom (fused) and loom's GEMM alone into this folder "

@@ -499,6 +499,26 @@ Status run_tp_bench(Communicator& comm, ncclComm_t nccl, const TpBenchOptions& o
       // (power, temperature) over the measurement falls on every column alike.
       std::vector<const char*> keys = {"loom"};
       std::vector<std::function<Status()>> ops = {[&] { return c.launch_loom(o.loom); }};
+      if (o.variant) {
+        // The variant must be right too before it is timed.
+        Result<Check> vc = c.check(*o.variant);
+        Status variant_status = vc.status();
+        if (vc.ok()) {
+          LOOM_ASSIGN_OR_RETURN(double variant_err, max_over_ranks(comm, vc->rel_err));
+          row.extra["rel_err_variant"] = variant_err;
+          if (!(variant_err <= o.max_rel_err)) {
+            variant_status = Status::internal(shape.text() + ": the variant (" + o.variant_label + ") is wrong: rel_err " +
+                                              fmt("%.3g", variant_err));
+          }
+        }
+        if (variant_status.ok()) {
+          row.extra["variant"] = o.variant_label;
+          keys.push_back("loom_variant");
+          ops.push_back([&] { return c.launch_loom(*o.variant); });
+        } else if (loom_status.ok()) {
+          loom_status = variant_status;
+        }
+      }
       if (o.baselines) {
         keys.insert(keys.end(), {"cublas", "loom_gemm", "nccl", "nccl_cublas"});
         ops.push_back([&] { return c.cublas_alone(); });
@@ -566,6 +586,11 @@ Status run_tp_bench(Communicator& comm, ncclComm_t nccl, const TpBenchOptions& o
                   plan.ok() ? plan_text(*plan).c_str() : plan.status().to_string().c_str(),
                   row.rel_err ? fmt("%.2e", *row.rel_err).c_str() : "-",
                   loom_status.ok() ? "" : ("  ERROR " + loom_status.to_string()).c_str());
+      if (row.ms.count("loom_variant")) {
+        std::printf("%-34s %-2s loom %s | loom with %s %s | variant / loom %.3f\n", shape.text().c_str(),
+                    std::string(b_layout_name(o.b_layout)).c_str(), ms("loom").c_str(), o.variant_label.c_str(),
+                    ms("loom_variant").c_str(), row.ms["loom_variant"] / row.ms["loom"]);
+      }
       std::fflush(stdout);
     }
     report.add(std::move(row));

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,10 @@ struct TpBenchOptions {
   DType dtype = DType::kBF16;
   BLayout b_layout = BLayout::kNK;
   TpGemmOptions loom;       // algorithm, comm_ctas, tile forced from the command line
+  // A second configuration of loom checked and timed in the same alternating rounds (ms key
+  // "loom_variant", described by row extra "variant"): a paired A/B, free of clock drift.
+  std::optional<TpGemmOptions> variant;
+  std::string variant_label;
   bool baselines = true;    // time cuBLAS, NCCL, NCCL + cuBLAS too
   std::string timeline_dir;  // non-empty: per-tile timelines (TileTimelineRecord) as CSV there
   int warmup = 5;
