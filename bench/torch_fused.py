@@ -256,12 +256,14 @@ def run_shape(torch, dist, group, group_name, op, m, n, k, world, rank, device, 
             fn()
     torch.cuda.synchronize()
     dist.barrier(group=group)
-    # Alternating rounds (one round without --loom): torch's calls, then loom's, then torch's again...
+    # Alternating rounds (one round without --loom): both calls each round, starting with each in turn.
     rounds = min(args.rounds, args.iters) if len(calls) > 1 else 1
     per_round = (args.iters + rounds - 1) // rounds
     samples = [[] for _ in calls]
-    for _ in range(rounds):
-        for fn, times in zip(calls, samples):
+    for r in range(rounds):
+        # Round r starts with call r mod the count: neither op always runs first after the gap.
+        order = [(r + j) % len(calls) for j in range(len(calls))]
+        for fn, times in ((calls[i], samples[i]) for i in order):
             events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                       for _ in range(per_round)]
             for start, end in events:

@@ -47,7 +47,11 @@ Result<std::vector<Timing>> time_interleaved(cudaStream_t stream, int warmup, in
                                              const std::vector<std::function<Status()>>& ops,
                                              const std::function<Status()>& sync,
                                              const std::function<Status()>& before_round, int rounds) {
+  // Whole turns of the rotation below (each op first in as many rounds as any other), if the
+  // iterations allow.
+  const int n = static_cast<int>(ops.size());
   rounds = std::max(1, std::min(rounds, iters));
+  if (n > 1 && rounds % n != 0 && (rounds / n + 1) * n <= iters) rounds = (rounds / n + 1) * n;
   const int per_round = std::max(1, (iters + rounds - 1) / rounds);
   for (const auto& op : ops) {
     for (int i = 0; i < warmup; ++i) LOOM_TRY_CTX(op(), "warm-up");
@@ -59,7 +63,10 @@ Result<std::vector<Timing>> time_interleaved(cudaStream_t stream, int warmup, in
   Status status;
   for (int r = 0; r < rounds && status.ok(); ++r) {
     status = before_round();
-    for (size_t k = 0; k < ops.size() && status.ok(); ++k) {
+    // Round r starts with op r mod n: the first op of a round follows the barrier's idle gap (a
+    // cooler GPU, higher clocks), which must not always favour the same op.
+    for (size_t j = 0; j < ops.size() && status.ok(); ++j) {
+      const size_t k = (j + static_cast<size_t>(r)) % ops.size();
       for (int i = 0; i < per_round && status.ok(); ++i) {
         if (cudaError_t e = cudaEventRecord(events[2 * i], stream); e != cudaSuccess) {
           status = Status::cuda_error(std::string("cudaEventRecord: ") + cudaGetErrorString(e));
