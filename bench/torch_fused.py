@@ -15,9 +15,10 @@ row), then CUDA-event timing of every call after warm-up; the median per rank, t
 
 With --loom (needs the loom package, e.g. PYTHONPATH from scripts/device/build_python_ext.sh) loom's op
 runs in the same process on the same inputs, checked against the same reference, and the two are timed
-in alternating rounds (--rounds), so both see the same clocks and temperature: the row gains "loom_ms"
-and "rel_err_loom". A GPU under sustained load slows down by 10-15 %, so times taken minutes apart in
-different processes are not a fair ratio; these are.
+in --iters rounds of one call each, back to back in a shuffled order (the same on every rank), so both
+see the same clocks and temperature and neither always follows the other: the row gains "loom_ms" and
+"rel_err_loom". A GPU under sustained load slows down by 10-15 %, and the call after a lighter one runs
+faster, so times taken minutes apart, or in a fixed order, are not a fair ratio; these are.
 
 Never hangs silently: collectives get --timeout-s, and a watchdog ends the process (with every thread's
 stack) after --deadline-s. NVLink multicast stays off (DESIGN.md).
@@ -36,6 +37,7 @@ import datetime
 import faulthandler
 import json
 import math
+import random
 import socket
 import sys
 import warnings
@@ -71,7 +73,6 @@ def parse_args():
     p.add_argument("--max-rel-err", type=float, default=2e-2, help="fail when a result is further off than this")
     p.add_argument("--loom", action="store_true",
                    help="also time loom's op on the same inputs, alternating with torch's in every round")
-    p.add_argument("--rounds", type=int, default=10, help="with --loom: alternating rounds the timed calls split into")
     args = p.parse_args()
     args.ops = [o for o in args.ops.split(",") if o]
     for op in args.ops:
@@ -83,8 +84,6 @@ def parse_args():
         fail(f"--m expects integers, got '{args.m}'")
     if args.iters < 1 or args.warmup < 0:
         fail("--iters must be >= 1 and --warmup >= 0")
-    if args.rounds < 1:
-        fail("--rounds must be >= 1")
     return args
 
 
@@ -256,22 +255,21 @@ def run_shape(torch, dist, group, group_name, op, m, n, k, world, rank, device, 
             fn()
     torch.cuda.synchronize()
     dist.barrier(group=group)
-    # Alternating rounds (one round without --loom): both calls each round, starting with each in turn.
-    rounds = min(args.rounds, args.iters) if len(calls) > 1 else 1
-    per_round = (args.iters + rounds - 1) // rounds
+    # --iters rounds of one call each, back to back in a shuffled order: the same seed on every rank
+    # (the calls are collective), and neither call always follows the other (the call after a
+    # lighter one finds a cooler GPU).
     samples = [[] for _ in calls]
-    for r in range(rounds):
-        # Round r starts with call r mod the count: neither op always runs first after the gap.
-        order = [(r + j) % len(calls) for j in range(len(calls))]
-        for fn, times in ((calls[i], samples[i]) for i in order):
-            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                      for _ in range(per_round)]
-            for start, end in events:
-                start.record()
-                fn()
-                end.record()
-            torch.cuda.synchronize()
-            times.extend(s.elapsed_time(e) for s, e in events)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in calls]
+    for r in range(args.iters):
+        order = list(range(len(calls)))
+        random.Random(0x6C6F6F6D + r).shuffle(order)
+        for i in order:
+            events[i][0].record()
+            calls[i]()
+            events[i][1].record()
+        torch.cuda.synchronize()
+        for (start, end), times in zip(events, samples):
+            times.append(start.elapsed_time(end))
     medians = []
     for times in samples:
         times.sort()
@@ -290,7 +288,7 @@ def run_shape(torch, dist, group, group_name, op, m, n, k, world, rank, device, 
     if not rel_err <= args.max_rel_err:
         error = f"{op} {m}x{n}x{k}: torch's result is off by rel_err {rel_err:.3g} (limit {args.max_rel_err})"
     if comm is not None:
-        row.update({"loom_ms": medians[1], "rel_err_loom": rel_err_loom, "rounds": rounds})
+        row.update({"loom_ms": medians[1], "rel_err_loom": rel_err_loom, "rounds": args.iters})
         if not rel_err_loom <= args.max_rel_err:
             error = (error + "; " if error else "") + \
                 f"{op} {m}x{n}x{k}: loom's result is off by rel_err {rel_err_loom:.3g} (limit {args.max_rel_err})"

@@ -197,7 +197,7 @@ for step in "${steps[@]}"; do
       if t=$(budget 150 90); then
         LD_LIBRARY_PATH="$ORIG_LD_LIBRARY_PATH" PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}" \
           timeout $t python3 -m torch.distributed.run --standalone \
-          --nproc-per-node "$ngpu" bench/torch_fused.py --json "$WORK/torch_fused.json" --iters 60 --rounds 10 "${paired[@]}" \
+          --nproc-per-node "$ngpu" bench/torch_fused.py --json "$WORK/torch_fused.json" --iters 60 "${paired[@]}" \
           --deadline-s $((t - 15)) --timeout-s 120 >> "$OUT/bench.log" 2>&1
         r=$?; grep -E "^torch_fused|torch_fused.py:" "$OUT/bench.log" | tail -14 | tee -a "$summary"
       else r=124; log "torch: skipped, not enough time left"; fi ;;

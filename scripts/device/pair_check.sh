@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: how much of a torch-vs-loom ratio is the GPU's state rather than the code.
 # Runs bench/torch_fused.py three times: torch alone, torch with loom beside it (--loom:
-# alternating rounds in one process, same inputs), torch alone again. Needs .device-carry
+# shuffled rounds in one process, same inputs), torch alone again. Needs .device-carry
 # (scripts/device/stage.sh); prints the rows (bench/results/*_torch_alone_vs_paired_*.txt).
 #   OUT=/tmp/out scripts/device/pair_check.sh
 set -uo pipefail

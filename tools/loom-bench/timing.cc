@@ -1,6 +1,7 @@
 #include "timing.h"
 
 #include <algorithm>
+#include <random>
 #include <string>
 
 #include "runtime/cuda_check.h"
@@ -46,46 +47,42 @@ Result<Timing> time_op(cudaStream_t stream, int warmup, int iters, const std::fu
 Result<std::vector<Timing>> time_interleaved(cudaStream_t stream, int warmup, int iters,
                                              const std::vector<std::function<Status()>>& ops,
                                              const std::function<Status()>& sync,
-                                             const std::function<Status()>& before_round, int rounds) {
-  // Whole turns of the rotation below (each op first in as many rounds as any other), if the
-  // iterations allow.
-  const int n = static_cast<int>(ops.size());
-  rounds = std::max(1, std::min(rounds, iters));
-  if (n > 1 && rounds % n != 0 && (rounds / n + 1) * n <= iters) rounds = (rounds / n + 1) * n;
-  const int per_round = std::max(1, (iters + rounds - 1) / rounds);
+                                             const std::function<Status()>& before_round) {
+  const size_t n = ops.size();
   for (const auto& op : ops) {
     for (int i = 0; i < warmup; ++i) LOOM_TRY_CTX(op(), "warm-up");
   }
   LOOM_TRY(sync());
-  std::vector<std::vector<double>> samples(ops.size());
-  std::vector<cudaEvent_t> events(2 * static_cast<size_t>(per_round));
+  std::vector<std::vector<double>> samples(n);
+  std::vector<cudaEvent_t> events(2 * n);
   for (cudaEvent_t& e : events) LOOM_CUDA_TRY(cudaEventCreate(&e));
+  std::vector<size_t> order(n);
   Status status;
-  for (int r = 0; r < rounds && status.ok(); ++r) {
+  for (int r = 0; r < iters && status.ok(); ++r) {
     status = before_round();
-    // Round r starts with op r mod n: the first op of a round follows the barrier's idle gap (a
-    // cooler GPU, higher clocks), which must not always favour the same op.
-    for (size_t j = 0; j < ops.size() && status.ok(); ++j) {
-      const size_t k = (j + static_cast<size_t>(r)) % ops.size();
-      for (int i = 0; i < per_round && status.ok(); ++i) {
-        if (cudaError_t e = cudaEventRecord(events[2 * i], stream); e != cudaSuccess) {
-          status = Status::cuda_error(std::string("cudaEventRecord: ") + cudaGetErrorString(e));
-          break;
-        }
-        status = ops[k]();
-        if (cudaError_t e = cudaEventRecord(events[2 * i + 1], stream); status.ok() && e != cudaSuccess) {
-          status = Status::cuda_error(std::string("cudaEventRecord: ") + cudaGetErrorString(e));
-        }
+    // The same order on every rank (a fixed seed per round: the ops may be collective).
+    for (size_t k = 0; k < n; ++k) order[k] = k;
+    std::mt19937 rng(0x6c6f6f6du + static_cast<uint32_t>(r));
+    std::shuffle(order.begin(), order.end(), rng);
+    for (size_t j = 0; j < n && status.ok(); ++j) {
+      const size_t k = order[j];
+      if (cudaError_t e = cudaEventRecord(events[2 * k], stream); e != cudaSuccess) {
+        status = Status::cuda_error(std::string("cudaEventRecord: ") + cudaGetErrorString(e));
+        break;
       }
-      if (status.ok()) status = sync();
-      for (int i = 0; i < per_round && status.ok(); ++i) {
-        float ms = 0;
-        if (cudaError_t e = cudaEventElapsedTime(&ms, events[2 * i], events[2 * i + 1]); e != cudaSuccess) {
-          status = Status::cuda_error(std::string("cudaEventElapsedTime: ") + cudaGetErrorString(e));
-          break;
-        }
-        samples[k].push_back(ms);
+      status = ops[k]();
+      if (cudaError_t e = cudaEventRecord(events[2 * k + 1], stream); status.ok() && e != cudaSuccess) {
+        status = Status::cuda_error(std::string("cudaEventRecord: ") + cudaGetErrorString(e));
       }
+    }
+    if (status.ok()) status = sync();
+    for (size_t k = 0; k < n && status.ok(); ++k) {
+      float ms = 0;
+      if (cudaError_t e = cudaEventElapsedTime(&ms, events[2 * k], events[2 * k + 1]); e != cudaSuccess) {
+        status = Status::cuda_error(std::string("cudaEventElapsedTime: ") + cudaGetErrorString(e));
+        break;
+      }
+      samples[k].push_back(ms);
     }
   }
   for (cudaEvent_t& e : events) cudaEventDestroy(e);
