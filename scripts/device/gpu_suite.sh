@@ -11,7 +11,8 @@
 #   tp-tune   loom-bench tune (TUNE_OPS, TUNE_M: default every op and M; TUNE_CTAS, TUNE_TILE and
 #             TUNE_NO_DECOMPOSED=1 narrow the candidates), writes
 #             $OUT/tuning_cache.json; a later tp step in the same call plans from it
-#   tail-ab   gemm_rs / gemm_ar with and without the tail split, paired in one process (TAIL_M, TAIL_ROUNDS)
+#   tail-ab   the fused operators with and without the tail split, paired in one process (TAIL_OPS, TAIL_M,
+#             TAIL_ROUNDS, TAIL_PIECES, TAIL_VARIANT)
 #   timeline  per-tile timelines of the fused operators and loom's GEMM at TIMELINE_M (default
 #             4096,8192): $OUT/timeline_summary.txt, the CSVs in $OUT/timelines.tar.gz
 #   net       the inter-node path with the GPUs split into 2 emulated nodes (LOOM_EMULATE_NODES=2):
@@ -157,13 +158,14 @@ for step in "${steps[@]}"; do
         r=$?; grep -E "^(ag_gemm|gemm_rs|gemm_ar) " "$OUT/bench.log" | tail -20 | tee -a "$summary"
       else r=124; log "tp: skipped, not enough time left"; fi ;;
     tail-ab)
-      # gemm_rs / gemm_ar with the planner's tail split (or --tail-pieces TAIL_PIECES), and with
+      # The fused operators (TAIL_OPS, default all three) with the planner's tail split (or
+      # --tail-pieces TAIL_PIECES), and with
       # --tail-pieces TAIL_VARIANT (default 1: none) in the same alternating rounds, at TAIL_M
       # (default 8192,16384,32768), TAIL_ROUNDS invocations (default 2): $OUT/tail_ab.log, the
       # JSONs in $OUT/tail_ab_json.tar.gz.
       mkdir -p "$WORK/tail_ab"  # kept across calls on one machine: every run of the step comes back
       for round in $(seq 1 "${TAIL_ROUNDS:-2}"); do
-        for op in gemm_rs gemm_ar; do
+        for op in ${TAIL_OPS:-ag_gemm gemm_rs gemm_ar}; do
           if t=$(budget 90 30); then
             timeout $t $BIN/loom-bench $op --spawn "$ngpu" --m "${TAIL_M:-8192,16384,32768}" --iters 30 \
               --tail-pieces "${TAIL_PIECES:--1}" --variant-tail-pieces "${TAIL_VARIANT:-1}" \
@@ -172,7 +174,7 @@ for step in "${steps[@]}"; do
         done
       done
       tar -C "$WORK" -czf "$OUT/tail_ab_json.tar.gz" tail_ab
-      grep -E "variant / loom|^(gemm_rs|gemm_ar) +[0-9]" "$OUT/tail_ab.log" | tee -a "$summary" ;;
+      grep -E "variant / loom|^(ag_gemm|gemm_rs|gemm_ar) +[0-9]" "$OUT/tail_ab.log" | tee -a "$summary" ;;
     timeline)
       # Per-tile timelines of the fused operators and of loom's GEMM alone (loom-bench --timeline),
       # summarised by bench/timeline_summary.py; the CSVs come back as one archive.

@@ -85,17 +85,33 @@ Status run_decomposed(Communicator& comm, const TpGemmArgs& a, const TpDecision&
   return gemm(ops::tp::local_gemm(gathered, a.b, a.out, a.m, a), stream, ops::tp::gemm_options_for(d));
 }
 
+// ag_gemm's tail split (planner::plan_tail_split): any tile may be split (the pieces are this
+// rank's own business; a piece waits for its rows like its tile would).
+planner::TailSplit ag_tail_split(const TpGemmArgs& a, GemmTile tile, int grid, int requested) {
+  const GemmTileInfo info = gemm_tile_info(tile);
+  const int64_t tiles = ((a.m + info.block_m - 1) / info.block_m) * ((a.n + info.block_n - 1) / info.block_n);
+  const int64_t k_blocks = (a.k + info.block_k - 1) / info.block_k;
+  return planner::plan_tail_split(tiles, grid, k_blocks, info.stages, tiles, requested);
+}
+
 Status run_fused(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, cudaStream_t stream) {
   Communicator::Impl& impl = comm.impl();
   const int world = impl.topology.local_world_size;
   const int me = impl.topology.local_rank;
   const size_t e = dtype_size(a.dtype);
   const int64_t rows = a.m / world;
-  void* gathered = a.gathered_a;
-  if (gathered == nullptr) {
-    LOOM_ASSIGN_OR_RETURN(gathered, ops::tp::ensure_workspace(comm, static_cast<size_t>(a.m * a.k) * e, stream, "ag_gemm"));
-  }
   const GemmTileInfo info = gemm_tile_info(d.tile);
+  // The TP workspace: the gathered A unless the caller gave one, then the piece slots of a tail
+  // split (1 KiB aligned).
+  const planner::TailSplit split = ag_tail_split(a, d.tile, d.grid, d.tail_pieces);
+  const int64_t piece_slots = ops::tp::piece_slots_of(split);
+  const size_t gathered_bytes = a.gathered_a == nullptr ? (static_cast<size_t>(a.m * a.k) * e + 1023) / 1024 * 1024 : 0;
+  const size_t piece_bytes = static_cast<size_t>(piece_slots) * static_cast<size_t>(info.block_m * info.block_n) * e;
+  void* workspace = nullptr;
+  if (gathered_bytes + piece_bytes > 0) {
+    LOOM_ASSIGN_OR_RETURN(workspace, ops::tp::ensure_workspace(comm, gathered_bytes + piece_bytes, stream, "ag_gemm"));
+  }
+  void* gathered = a.gathered_a != nullptr ? a.gathered_a : workspace;
   const uint64_t row_bytes = static_cast<uint64_t>(a.k) * e;
   const int64_t rows_per_flag = rows_per_flag_for(rows, row_bytes);
   const char* own_rows = static_cast<const char*>(gathered) + static_cast<size_t>(me) * rows * a.k * e;
@@ -105,6 +121,14 @@ Status run_fused(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, c
   LOOM_TRY(ops::encode_gemm_operand_maps(full, d.tile, &p.a_gathered, &p.b));
   LOOM_TRY(ops::encode_gemm_rows_map(a.a, rows, a.k, a.k, a.dtype, info.block_m, &p.a_local));
   LOOM_TRY(ops::encode_gemm_output_map(a.out, a.m, a.n, a.n, a.dtype, &p.out));
+  if (piece_slots > 0) {
+    void* pieces = static_cast<char*>(workspace) + gathered_bytes;
+    const int64_t piece_rows = piece_slots * info.block_m;
+    LOOM_TRY(ops::encode_gemm_output_map(pieces, piece_rows, info.block_n, info.block_n, a.dtype, &p.piece_store));
+    LOOM_TRY(ops::encode_gemm_rows_map(pieces, piece_rows, info.block_n, info.block_n, a.dtype, info.block_m, &p.piece_load));
+    p.sched.split_tiles = static_cast<uint32_t>(split.tiles);
+    p.sched.split_pieces = static_cast<uint32_t>(split.pieces);
+  }
   p.comm = impl.device_comm();
   p.tp = impl.tp_state;
   p.m = static_cast<uint32_t>(a.m);
@@ -127,6 +151,8 @@ Status run_fused(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, c
   s.rows_per_source = static_cast<uint32_t>(rows);
   s.ungated_begin = static_cast<uint32_t>(me * rows);
   s.ungated_end = static_cast<uint32_t>((me + 1) * rows);
+  s.k_blocks = static_cast<uint32_t>((a.k + info.block_k - 1) / info.block_k);
+  p.piece_flag_base = static_cast<uint32_t>(world + a.m / rows_per_flag);  // after the rows flags
   kg::EpilogueParams& epi = p.epi;
   epi.op = static_cast<uint32_t>(kg::EpilogueOp::kStore);
   epi.out_dtype = static_cast<uint32_t>(a.dtype);
@@ -145,9 +171,11 @@ Status run_fused(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, c
                                         {a.m, a.k, rows_per_flag, static_cast<int64_t>(a.dtype),
                                          static_cast<int64_t>(p.gathered_offset)});
 
-  LOOM_DEBUG("ag_gemm fused %s: tile %s, %d CTAs (%d communicate first), %lld rows per flag, plan from %s",
+  LOOM_DEBUG("ag_gemm fused %s: tile %s, %d CTAs (%d communicate first), %lld rows per flag, last %lld tiles in %d K "
+             "pieces, plan from %s",
              ops::tp::shape_text(a, world).c_str(), std::string(gemm_tile_name(d.tile)).c_str(), d.grid, d.comm_ctas,
-             static_cast<long long>(rows_per_flag), d.plan.source.c_str());
+             static_cast<long long>(rows_per_flag), static_cast<long long>(piece_slots > 0 ? split.tiles : 0),
+             piece_slots > 0 ? split.pieces : 1, d.plan.source.c_str());
   return ops::tp::dispatch_fused(d.tile, a.dtype, a.b_layout, [&]<class Cfg, bool kBF16, bool kBNMajor>() -> Status {
     auto* kernel = &kt::ag_gemm_kernel<Cfg, kBF16, kBNMajor>;
     LOOM_TRY(ops::tp::prepare_kernel(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes));
@@ -168,8 +196,8 @@ Status ag_gemm(Communicator& comm, const TpGemmArgs& args, cudaStream_t stream, 
     if (options.comm_ctas == 0) return "comm_ctas = 0: the fused ag_gemm needs a communication CTA to push the shard";
     if (grid < 2) return "the GPU has fewer than 2 SMs";
     const int64_t rows = args.m / world;
-    const int64_t flags = args.m / rows_per_flag_for(rows, static_cast<uint64_t>(args.k) * dtype_size(args.dtype));
-    (void)tile;
+    const int64_t flags = args.m / rows_per_flag_for(rows, static_cast<uint64_t>(args.k) * dtype_size(args.dtype)) +
+                          ops::tp::piece_slots_of(ag_tail_split(args, tile, grid, options.tail_pieces));
     return ops::tp::check_flag_capacity(impl, static_cast<uint64_t>(flags));
   };
   LOOM_ASSIGN_OR_RETURN(TpDecision d, ops::tp::decide(impl, OpId::kAgGemm, args, options, fused_check));

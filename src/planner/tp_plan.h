@@ -128,7 +128,7 @@ struct TpEstimate {
 // gemm_ar ignore it).
 TpEstimate estimate_tp(const TpRequest& request, int comm_ctas, GemmTile tile, const TpCostModel& model = {});
 
-// The fused gemm_rs / gemm_ar tail split (kernels/tp/staged_reduce.cuh): the last `tiles` of the
+// The fused kernels' tail split (kernels/gemm/params.h, SchedulerParams): the last `tiles` of the
 // order are each handed out as `pieces` K ranges. Whole tiles leave the last partial wave's
 // idle SMs idle for a tile's time; the model takes the pieces count that ends the tail soonest,
 // ceil(r * pieces / grid) / pieces tile times for r = tiles % grid tiles (fewest pieces on a
@@ -139,7 +139,8 @@ struct TailSplit {
 };
 // total_tiles on `grid` persistent CTAs; k_blocks per tile; `stages` of the tile's pipeline (a
 // model-chosen piece keeps at least 2 * stages k-blocks); at most `splittable` tiles may be
-// split (the order's last band: own tiles); requested = TpGemmOptions::tail_pieces.
+// split (gemm_rs / gemm_ar: the order's last band, own tiles; ag_gemm: any); requested =
+// TpGemmOptions::tail_pieces.
 TailSplit plan_tail_split(int64_t total_tiles, int grid, int64_t k_blocks, int stages, int64_t splittable, int requested,
                           const TpCostModel& model = {});
 

@@ -602,8 +602,8 @@ TEST_P(TpOpsOptions, EveryAlgorithmAndRoleSplitIsCorrect) {
   variants.push_back({"fused, 8 comm CTAs", {TpAlgorithm::kFused, 8, GemmTile::kAuto}});
   variants.push_back({"fused, half the SMs communicate", {TpAlgorithm::kFused, sms / 2, GemmTile::kAuto}});
   variants.push_back({"fused, 128x128 tiles", {TpAlgorithm::kFused, -1, GemmTile::k128x128}});
-  // gemm_rs / gemm_ar: the last partial wave's tiles (192 tiles of 128x256 on the grid) whole,
-  // in 3 K pieces, and in one k-block each; 128x128 in 2 pieces. ag_gemm ignores tail_pieces.
+  // The last partial wave's tiles (192 tiles of 128x256 on the grid) whole, in 3 K pieces, and
+  // in one k-block each (ag_gemm: 2, K = 2048); 128x128 in 2 pieces.
   variants.push_back({"fused, no tail split", {TpAlgorithm::kFused, -1, GemmTile::k128x256, 1}});
   variants.push_back({"fused, tail in 3 K pieces", {TpAlgorithm::kFused, -1, GemmTile::k128x256, 3}});
   variants.push_back({"fused, tail in 16 K pieces", {TpAlgorithm::kFused, -1, GemmTile::k128x256, 16}});
@@ -697,18 +697,21 @@ TEST(TpOpsTimeline, FusedReduceKernelsRecordEveryTileAndTheirFolds) {
   }
 }
 
-// A split tail: 192 tiles of 128x256 on the grid leave 192 % SMs in the last partial wave; in 3 K
-// pieces each, their 2 pieces per tile are recorded after the tiles (kind 5), nothing beyond.
+// A split tail (every fused operator): 192 tiles of 128x256 on the grid leave 192 % SMs in the
+// last partial wave; in 3 K pieces each, their 2 pieces per tile are recorded after the tiles
+// (kind 5), nothing beyond.
 TEST(TpOpsTimeline, SplitTilesRecordTheirPieces) {
   SKIP_UNLESS_MULTI_RANK();
   Communicator& comm = shared_comm();
   const int64_t sms = comm.impl().topology.min_sm_count > 0 ? comm.impl().topology.min_sm_count : comm.sm_count();
   uint64_t seed = 970;
-  for (OpId op : {OpId::kGemmRs, OpId::kGemmAr}) {
+  for (OpId op : kOps) {
     const Shape s = make_shape(op, 4096, 1536, 2048, BLayout::kNK);
     const int64_t tiles = (s.m / 128) * (s.n / 256);
     const int64_t split_tiles = tiles % sms;
-    if (split_tiles == 0 || split_tiles > tiles / s.world) GTEST_SKIP() << tiles << " tiles on " << sms << " SMs leave no tail to split";
+    // gemm_rs / gemm_ar split only own tiles (the order's last band: all own rows here).
+    const int64_t splittable = op == OpId::kAgGemm ? tiles : tiles / s.world;
+    if (split_tiles == 0 || split_tiles > splittable) GTEST_SKIP() << tiles << " tiles on " << sms << " SMs leave no tail to split";
     SymmetricMem sym(comm);
     Inputs in(s, ++seed);
     Output out(s, sym);
@@ -832,7 +835,7 @@ TEST(TpOpsTailSplit, PiecesFoldBitIdenticallyLaunchAfterLaunch) {
   Communicator& comm = shared_comm();
   constexpr int kLaunches = 20;
   const uint64_t seed = 1300;
-  for (OpId op : {OpId::kGemmRs, OpId::kGemmAr}) {
+  for (OpId op : kOps) {
     for (int pieces : {2, 3, 4}) {
       SymmetricMem sym(comm);
       Series series(make_shape(op, 4096, 1536, 2048, BLayout::kNK), seed + static_cast<uint64_t>(pieces), kLaunches, sym);

@@ -277,7 +277,7 @@ int main(int argc, char** argv) {
     sub->add_option("--comm-ctas", tp_cli.comm_ctas, "force the communication CTAs (-1: planner)");
     sub->add_option("--tile", tp_cli.tile, "force the compute tile: 128x256, 128x128, 128x64, 64x128");
     sub->add_option("--tail-pieces", tp_cli.tail_pieces,
-                    "gemm_rs / gemm_ar fused: K pieces per tile of the last partial wave (-1: planner, 1: none)");
+                    "fused kernels: K pieces per tile of the last partial wave (-1: planner, 1: none)");
     sub->add_option("--variant-tail-pieces", tp_cli.variant_tail_pieces,
                     "also time loom with this --tail-pieces in the same alternating rounds (ms key loom_variant)");
     sub->add_flag("--no-baselines", tp_cli.no_baselines, "time loom only");

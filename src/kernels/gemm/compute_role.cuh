@@ -254,7 +254,6 @@ class ComputeRole {
         slot_phase ^= 1;
       }
       if (!is_tile_kind(item.kind)) break;
-      const bool piece = item.kind == static_cast<uint32_t>(WorkKind::kTilePiece);
       if (ops.timeline != nullptr && record_index(ops, item) != kNoRecord) {
         record_claim(ops.timeline[record_index(ops, item)], item);
       }

@@ -61,8 +61,8 @@ static_assert(sizeof(WorkItem) == kWorkItemBytes, "the tile and signal rings hol
 // leave early and the ones it is owed have arrived when its own rows come. Requires
 // m_blocks == order_world * order_m_blocks_per_rank, divisible into bands (the launcher checks).
 // Fold: tiles in tile rows [fold_m_begin, fold_m_end) are handed out as WorkKind::kTileFold.
-// Tail split (split_pieces >= 2): the last split_tiles tiles of the order, which must all lie in
-// the fold range, are each handed out as split_pieces items: split_pieces - 1 kTilePiece items
+// Tail split (split_pieces >= 2; the role needs a Fold policy with piece_map()): the last
+// split_tiles tiles of the order are each handed out as split_pieces items: split_pieces - 1 kTilePiece items
 // (K ranges 1, 2, ... of split_pieces equal ranges), then the kTileFold item (K range 0) that
 // adds the pieces' staged partials; part by part over the split tiles (every tile's first piece,
 // then every tile's second, ..., then the fold items). The last partial wave of whole tiles

@@ -75,7 +75,7 @@ class TileScheduler {
       item.k_end = (range + 1) * p_.k_blocks / pieces;
       item.split_slot = tail_index * (pieces - 1) + (folds ? 0 : part);
       item.split_count = folds ? pieces - 1 : 0;
-      if (!folds) item.kind = static_cast<uint32_t>(WorkKind::kTilePiece);
+      item.kind = static_cast<uint32_t>(folds ? WorkKind::kTileFold : WorkKind::kTilePiece);
     }
     return item;
   }

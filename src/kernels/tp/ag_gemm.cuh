@@ -11,12 +11,17 @@
 //                  rotated to start at this rank's rows, which are read straight from the shard
 //                  (GemmOperands::a_local), so the first tiles wait for nothing. Every other tile
 //                  waits (bounded, TileScheduler's gate) for the row-chunk flags it covers.
+//                  Tail split (SchedulerParams): the last partial wave's tiles run as K pieces
+//                  staged in this rank's piece slots (local; piece[slot] = e after each piece's
+//                  epilogue) and folded by the tile's fold item (AgPieceFold), which stores out.
 //
 // Buffers (heap offsets equal on all ranks):
 //   gathered A   [M, K] symmetric (user's gathered_a or the TP workspace): rank s's rows
 //                [s*M/W, (s+1)*M/W) are written by rank s
 //   rows flags   op_flags[W + f], f < M / rows_per_flag: "rows [f*rpf, (f+1)*rpf) have arrived",
 //                written by the owner of those rows (f / (M/W/rpf)) into every peer
+//   pieces       [split_tiles * (pieces - 1) * BM, BN] in the TP workspace (after the gathered A
+//                when that lives there), local; flags piece[slot] at op_flags[piece_flag_base + slot]
 #pragma once
 
 #include <cuda/ptx>
@@ -38,6 +43,8 @@ struct AgGemmParams {
   sm90::TmaDescriptor a_local;     // [M/W, K] this rank's shard, box {64, BLOCK_M}
   sm90::TmaDescriptor b;
   sm90::TmaDescriptor out;         // [M, N], box {64, 16}
+  sm90::TmaDescriptor piece_store;  // this rank's piece slots, box {64, 16}: piece epilogues
+  sm90::TmaDescriptor piece_load;   // the same, box {64, BLOCK_M}: fold loads
   DeviceComm comm;
   TpDeviceState* tp;
   uint32_t m, n, k;
@@ -51,6 +58,7 @@ struct AgGemmParams {
   uint32_t comm_ctas;
   uint32_t copy_local;          // 1: also copy the shard into our own rows of the gathered A
   uint32_t signature;           // plan signature (fused_frame.cuh)
+  uint32_t piece_flag_base;     // op_flags index of piece[0] (used only with a tail split)
   TileTimelineRecord* timeline;  // optional (diagnostics), one record per tile
 };
 static_assert(sizeof(AgGemmParams) <= 4096, "ag_gemm's parameters must fit the classic 4 KiB limit");
@@ -241,6 +249,68 @@ struct ChunkPusher {
   }
 };
 
+// The compute role's epilogue: out through the GEMM engine's TileEpilogue, the pieces of split
+// tiles into this rank's piece slots (and their flags, from the signaler).
+template <int kBlockM, int kBlockN>
+class AgEpilogue {
+ public:
+  __device__ AgEpilogue(const AgGemmParams& p, uint64_t epoch) : p_(p), out_(p.epi, &p.out), epoch_(epoch) {}
+
+  __device__ uint32_t out_dtype() const { return out_.out_dtype(); }
+  __device__ bool signals() const { return p_.sched.split_pieces >= 2; }  // only pieces signal
+  __device__ void prefetch() const {
+    out_.prefetch();
+    if (signals()) sm90::prefetch_tensormap(&p_.piece_store);
+  }
+  __device__ void issue(const void* box, const gemm::WorkItem& tile, uint32_t row, uint32_t col) const {
+    if (tile.kind != static_cast<uint32_t>(gemm::WorkKind::kTilePiece)) {
+      out_.issue(box, tile, row, col);
+      return;
+    }
+    const int32_t coords[2] = {static_cast<int32_t>(col - tile.n_block * kBlockN),
+                               static_cast<int32_t>(tile.split_slot * kBlockM + (row - tile.m_block * kBlockM))};
+    cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, &p_.piece_store, coords, box);
+  }
+  __device__ void signal(const gemm::WorkItem& tile, uint32_t /*m_blocks*/, uint32_t /*n_blocks*/) const {
+    if (tile.kind != static_cast<uint32_t>(gemm::WorkKind::kTilePiece)) return;
+    __threadfence();  // a CTA of this GPU reads the piece next
+    flag_store_release(op_flag(p_.comm, p_.comm.local_rank, p_.piece_flag_base + tile.split_slot), epoch_);
+  }
+
+ private:
+  const AgGemmParams& p_;
+  gemm::TileEpilogue<kBlockM> out_;
+  uint64_t epoch_;
+};
+
+// The compute role's Fold policy: only the pieces of split tiles (no other rank's partials).
+struct AgPieceFold {
+  static constexpr bool kEnabled = true;
+  __device__ AgPieceFold(const AgGemmParams& p, uint64_t epoch) : p_(p), epoch_(epoch) {}
+  __device__ uint32_t world() const { return 1; }  // no other rank's partial is folded
+  __device__ uint32_t self() const { return 0; }
+  __device__ const sm90::TmaDescriptor* map() const { return &p_.piece_load; }
+  __device__ const sm90::TmaDescriptor* piece_map() const { return &p_.piece_load; }
+  __device__ int32_t source_row(const gemm::WorkItem& /*tile*/, uint32_t /*source*/) const { return 0; }  // none
+  // Producer thread: every piece of the split tile is staged (bounded waits).
+  __device__ bool wait_sources(const gemm::WorkItem& tile, const WaitContext& ctx) const {
+    const DeviceComm& c = p_.comm;
+    for (uint32_t i = 0; i < tile.split_count; ++i) {
+      const uint32_t slot = tile.split_slot + i;
+      if (!wait_flag(op_flag(c, c.local_rank, p_.piece_flag_base + slot), epoch_, ctx, c.local_rank, FlagKind::kPiece,
+                     slot)) {
+        return false;
+      }
+    }
+    cuda::ptx::fence_proxy_async(cuda::ptx::space_global);  // TMA reads the pieces next
+    return true;
+  }
+
+ private:
+  const AgGemmParams& p_;
+  uint64_t epoch_;
+};
+
 using AgPusher = ChunkPusher<TpTunables::kPushStages, TpTunables::kPushPieceBytes, TpTunables::kPushFlagLag>;
 
 // The communication role of one CTA (all threads call; thread 0 works). Returns, on every
@@ -276,8 +346,8 @@ template <class Cfg, bool kBF16, bool kBNMajor>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) ag_gemm_kernel(const __grid_constant__ AgGemmParams p) {
   extern __shared__ __align__(1024) uint8_t smem[];
   using Scheduler = gemm::TileScheduler<Cfg::kBlockM>;
-  using Epilogue = gemm::TileEpilogue<Cfg::kBlockM>;
-  using Role = gemm::ComputeRole<Cfg, kBF16, kBNMajor, Scheduler, Epilogue>;
+  using Epilogue = AgEpilogue<Cfg::kBlockM, Cfg::kBlockN>;
+  using Role = gemm::ComputeRole<Cfg, kBF16, kBNMajor, Scheduler, Epilogue, Cfg::kSetMaxNReg, AgPieceFold>;
   const DeviceComm& c = p.comm;
   const uint64_t epoch = launch_epoch(c.epoch_state);
   const WaitContext ctx = WaitContext::start(c.wait, OpId::kAgGemm, epoch);
@@ -291,12 +361,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ag_gemm_kernel(const __grid_
   }
   if (compute) {
     Scheduler sched(p.sched, epoch);
-    Epilogue epi(p.epi, &p.out);
+    Epilogue epi(p, epoch);
+    const AgPieceFold fold(p, epoch);
     const uint32_t own_begin = static_cast<uint32_t>(c.local_rank) * p.rows_per_rank;
     const gemm::GemmOperands ops{&p.a_gathered, &p.b,    p.m,       p.n,
                                  p.k,           &p.a_local, own_begin, own_begin + p.rows_per_rank,
                                  p.timeline};
-    (void)Role::run(smem, ops, sched, epi, roles.compute_index(blockIdx.x), gridDim.x, ctx);
+    (void)Role::run(smem, ops, sched, epi, roles.compute_index(blockIdx.x), gridDim.x, ctx, fold);
   }
   __syncthreads();
   if (threadIdx.x == 0) finish_queued_launch(p.tp, c.epoch_state, epoch);
