@@ -85,9 +85,13 @@ Status run_decomposed(Communicator& comm, const TpGemmArgs& a, const TpDecision&
   return gemm(ops::tp::local_gemm(gathered, a.b, a.out, a.m, a), stream, ops::tp::gemm_options_for(d));
 }
 
-// ag_gemm's tail split (planner::plan_tail_split): any tile may be split (the pieces are this
-// rank's own business; a piece waits for its rows like its tile would).
+// ag_gemm's tail split (planner::plan_tail_split), only when TpGemmOptions::tail_pieces asks for
+// it: measured beside the whole tiles on 2 x H200 (loom-bench --variant-tail-pieces 1) it gained
+// nothing at M = 1024, 4096, 8192 (-0.7 .. -0.1%; the communication CTAs join the compute late
+// and fill the last wave). Any tile may be split (the pieces are this rank's own business; a
+// piece waits for its rows like its tile would).
 planner::TailSplit ag_tail_split(const TpGemmArgs& a, GemmTile tile, int grid, int requested) {
+  if (requested < 0) return {};
   const GemmTileInfo info = gemm_tile_info(tile);
   const int64_t tiles = ((a.m + info.block_m - 1) / info.block_m) * ((a.n + info.block_n - 1) / info.block_n);
   const int64_t k_blocks = (a.k + info.block_k - 1) / info.block_k;
