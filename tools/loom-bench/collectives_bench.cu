@@ -107,15 +107,14 @@ Status run_one(Communicator& comm, ncclComm_t nccl, const std::string& op, uint6
   int64_t wrong = static_cast<int64_t>(m.wrong);
   LOOM_ASSIGN_OR_RETURN(double max_wrong, max_over_ranks(comm, static_cast<double>(wrong)));
 
+  // Side by side in shuffled rounds (timing.h: the op after a lighter one runs on a cooler GPU).
   LOOM_TRY(comm.barrier());
-  Result<Timing> loom_t = time_op(stream, o.warmup, o.iters, loom_op, sync);
-  LOOM_TRY(comm.barrier());
-  Result<Timing> nccl_t = time_op(stream, o.warmup, o.iters, nccl_op, sync);
+  Result<std::vector<Timing>> t =
+      time_interleaved(stream, o.warmup, o.iters, {loom_op, nccl_op}, sync, [&] { return comm.barrier(); });
   release();
-  LOOM_TRY(loom_t.status());
-  LOOM_TRY(nccl_t.status());
-  LOOM_ASSIGN_OR_RETURN(double loom_ms, max_over_ranks(comm, loom_t->median_ms));
-  LOOM_ASSIGN_OR_RETURN(double nccl_ms, max_over_ranks(comm, nccl_t->median_ms));
+  LOOM_TRY(t.status());
+  LOOM_ASSIGN_OR_RETURN(double loom_ms, max_over_ranks(comm, (*t)[0].median_ms));
+  LOOM_ASSIGN_OR_RETURN(double nccl_ms, max_over_ranks(comm, (*t)[1].median_ms));
 
   Row row;
   row.op = op;

@@ -15,6 +15,7 @@
 #include "kernels/gemm/reference.cuh"
 #include "ops/gemm_launch.h"
 #include "runtime/cuda_check.h"
+#include "timing.h"
 
 namespace loom::bench {
 
@@ -66,29 +67,6 @@ Result<double> sampled_rel_err(const GemmArgs& a, const std::vector<int>& rows) 
     }
   }
   return den > 0 ? std::sqrt(num / den) : 1e30;
-}
-
-// Median of per-iteration event times of `op(i)`.
-template <class Op>
-Result<double> time_median_ms(cudaStream_t s, int warmup, int iters, Op&& op) {
-  for (int i = 0; i < warmup; ++i) LOOM_TRY(op(i));
-  std::vector<cudaEvent_t> ev(2 * static_cast<size_t>(iters));
-  for (auto& e : ev) LOOM_CUDA_TRY(cudaEventCreate(&e));
-  for (int i = 0; i < iters; ++i) {
-    LOOM_CUDA_TRY(cudaEventRecord(ev[2 * i], s));
-    LOOM_TRY(op(warmup + i));
-    LOOM_CUDA_TRY(cudaEventRecord(ev[2 * i + 1], s));
-  }
-  LOOM_CUDA_TRY(cudaStreamSynchronize(s));
-  std::vector<double> ms(static_cast<size_t>(iters));
-  for (int i = 0; i < iters; ++i) {
-    float t = 0;
-    LOOM_CUDA_TRY(cudaEventElapsedTime(&t, ev[2 * i], ev[2 * i + 1]));
-    ms[static_cast<size_t>(i)] = t;
-  }
-  for (auto& e : ev) cudaEventDestroy(e);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
 }
 
 }  // namespace
@@ -190,8 +168,19 @@ Result<std::vector<GemmBenchRow>> run_gemm_bench(const GemmBenchOptions& o) {
       LOOM_CUDA_TRY(cudaStreamSynchronize(stream));
       LOOM_ASSIGN_OR_RETURN(row.rel_err_cublas, sampled_rel_err(x, sample));
     }
-    LOOM_ASSIGN_OR_RETURN(row.ms_loom, time_median_ms(stream, o.warmup, o.iters, loom_op));
-    LOOM_ASSIGN_OR_RETURN(row.ms_cublas, time_median_ms(stream, o.warmup, o.iters, cublas_op));
+    // Side by side in shuffled rounds (timing.h); op(i) rotates the input buffers.
+    int loom_i = 0, cublas_i = 0;
+    LOOM_ASSIGN_OR_RETURN(
+        std::vector<Timing> t,
+        time_interleaved(
+            stream, o.warmup, o.iters, {[&] { return loom_op(loom_i++); }, [&] { return cublas_op(cublas_i++); }},
+            [&]() -> Status {
+              LOOM_CUDA_TRY(cudaStreamSynchronize(stream));
+              return {};
+            },
+            [] { return Status{}; }));
+    row.ms_loom = t[0].median_ms;
+    row.ms_cublas = t[1].median_ms;
     const double flop = 2.0 * static_cast<double>(row.m) * row.n * row.k;
     row.tflops_loom = flop / (row.ms_loom * 1e-3) / 1e12;
     row.tflops_cublas = flop / (row.ms_cublas * 1e-3) / 1e12;
