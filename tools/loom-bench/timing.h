@@ -30,7 +30,9 @@ Result<Timing> time_op(cudaStream_t stream, int warmup, int iters, const std::fu
 // its power and temperature, which depend on what ran just before: a fixed order (or batches of
 // one op, even rotated) lets the op after the lightest one run on a cooler, faster GPU (measured
 // on 2 x H200 at M = 32768: 8-9% between two identical configurations). `before_round` runs at
-// the start of each round (a barrier keeps the ranks together). One Timing per op.
+// the start of each round (a barrier keeps the ranks together). The stream is held (a host
+// function) until the round is enqueued, so no op starts on an idle stream and pays the host's
+// launch latency. The ops must not synchronize the stream themselves. One Timing per op.
 Result<std::vector<Timing>> time_interleaved(cudaStream_t stream, int warmup, int iters,
                                              const std::vector<std::function<Status()>>& ops,
                                              const std::function<Status()>& sync,

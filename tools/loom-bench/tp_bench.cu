@@ -507,8 +507,9 @@ Status run_tp_bench(Communicator& comm, ncclComm_t nccl, const TpBenchOptions& o
           LOOM_ASSIGN_OR_RETURN(double variant_err, max_over_ranks(comm, vc->rel_err));
           row.extra["rel_err_variant"] = variant_err;
           if (!(variant_err <= o.max_rel_err)) {
-            variant_status = Status::internal(shape.text() + ": the variant (" + o.variant_label + ") is wrong: rel_err " +
-                                              fmt("%.3g", variant_err));
+            Status wrong = Status::internal(shape.text() + ": the variant (" + o.variant_label + ") is wrong: rel_err " +
+                                            fmt("%.3g", variant_err));
+            variant_status = wrong;
           }
         }
         if (variant_status.ok()) {
