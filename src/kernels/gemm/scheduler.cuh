@@ -50,7 +50,8 @@ class TileScheduler {
     // Work item w -> position t of the order (and the part of a split tile). The split tiles go
     // part by part: every tile's part 0, then every tile's part 1, ...: items running side by
     // side read the same K range of neighbouring tiles (L2 reuse, as whole tiles in a raster
-    // group do), and a tile's fold item (its last part) comes a round after its pieces.
+    // group do), and every fold item (a tile's last part) comes after every piece, so a fold
+    // never waits for a piece that is queued behind it (pieces wait for nothing).
     const bool split = w >= whole;
     const uint32_t split_tiles = total - whole;
     const uint32_t part = split ? (w - whole) / split_tiles : 0;
