@@ -647,34 +647,58 @@ TEST(TpOpsGatheredA, AgReturnsTheGatheredABitExact) {
   }
 }
 
+// One fused launch of `s` with a timeline buffer of tile_timeline_capacity(M, N) records (zeroed)
+// and a NaN-filled output, on every rank; run() reports a failure and returns false.
+struct TimelineRun {
+  Shape s;
+  SymmetricMem sym;
+  Inputs in;
+  Output out;
+  DeviceMem records;
+  std::vector<TileTimelineRecord> r;  // the records after run()
+
+  TimelineRun(const Shape& shape, uint64_t seed)
+      : s(shape), sym(shared_comm()), in(shape, seed), out(shape, sym),
+        records(static_cast<size_t>(tile_timeline_capacity(shape.m, shape.n)) * sizeof(TileTimelineRecord)) {}
+
+  bool run(TpGemmOptions options) {
+    Communicator& comm = shared_comm();
+    const bool ready = in.ok() && out.p && records.p && cudaMemset(out.p, 0xFF, s.out_bytes()) == cudaSuccess &&
+                       cudaMemset(records.p, 0, records.bytes) == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess;
+    if (!agree(ready)) {
+      ADD_FAILURE() << "setting up " << s.text();
+      return false;
+    }
+    options.timeline = static_cast<TileTimelineRecord*>(records.p);
+    const Status launched = launch(comm, s.op, args_for(s, in, out.p), nullptr, options);
+    if (!agree(launched.ok())) {
+      ADD_FAILURE() << s.text() << ": " << launched.to_string();
+      return false;
+    }
+    const Status synced = comm.synchronize(nullptr);
+    if (!agree(synced.ok())) {
+      ADD_FAILURE() << s.text() << ": " << synced.to_string();
+      return false;
+    }
+    r.resize(records.bytes / sizeof(TileTimelineRecord));
+    return cudaMemcpy(r.data(), records.p, records.bytes, cudaMemcpyDeviceToHost) == cudaSuccess;
+  }
+};
+
 // TpGemmOptions::timeline reaches the fused kernels: gemm_rs and gemm_ar record every tile once,
 // this rank's own tile rows as fold tiles that spent time folding (K_r = 1024: the fold sits
 // before the last k-blocks), the others as plain tiles; the result stays right.
 TEST(TpOpsTimeline, FusedReduceKernelsRecordEveryTileAndTheirFolds) {
   SKIP_UNLESS_MULTI_RANK();
-  Communicator& comm = shared_comm();
   uint64_t seed = 950;
   for (OpId op : {OpId::kGemmRs, OpId::kGemmAr}) {
     const Shape s = make_shape(op, 1024, 768, 2048, BLayout::kNK);
-    SymmetricMem sym(comm);
-    Inputs in(s, ++seed);
-    Output out(s, sym);
-    const int64_t capacity = tile_timeline_capacity(s.m, s.n);
-    DeviceMem records(static_cast<size_t>(capacity) * sizeof(TileTimelineRecord));
-    const bool ready = in.ok() && out.p && records.p && cudaMemset(out.p, 0xFF, s.out_bytes()) == cudaSuccess &&
-                       cudaMemset(records.p, 0, records.bytes) == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess;
-    ASSERT_TRUE(agree(ready)) << "setting up " << s.text();
+    TimelineRun run(s, ++seed);
     TpGemmOptions options;
     options.algorithm = TpAlgorithm::kFused;
     options.tile = GemmTile::k128x256;
-    options.timeline = static_cast<TileTimelineRecord*>(records.p);
-    const Status launched = op == OpId::kGemmRs ? gemm_rs(comm, args_for(s, in, out.p), nullptr, options)
-                                                : gemm_ar(comm, args_for(s, in, out.p), nullptr, options);
-    ASSERT_TRUE(agree(launched.ok())) << s.text() << ": " << launched.to_string();
-    const Status synced = comm.synchronize(nullptr);
-    ASSERT_TRUE(agree(synced.ok())) << s.text() << ": " << synced.to_string();
-    std::vector<TileTimelineRecord> r(static_cast<size_t>(capacity));
-    ASSERT_EQ(cudaMemcpy(r.data(), records.p, records.bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_TRUE(run.run(options));
+    const std::vector<TileTimelineRecord>& r = run.r;
     const int64_t m_blocks = s.m / 128, n_blocks = (s.n + 255) / 256, own = m_blocks / s.world;
     for (int64_t t = 0; t < m_blocks * n_blocks; ++t) {
       const TileTimelineRecord& x = r[static_cast<size_t>(t)];
@@ -691,7 +715,7 @@ TEST(TpOpsTimeline, FusedReduceKernelsRecordEveryTileAndTheirFolds) {
       }
     }
     const Reference ref(s, seed);
-    const Verdict v = compare_output(s, out.p, ref, s.text() + " with a timeline");
+    const Verdict v = compare_output(s, run.out.p, ref, s.text() + " with a timeline");
     EXPECT_TRUE(v.ok) << v.report;
     ASSERT_TRUE(agree(!HasFailure()));
   }
@@ -712,25 +736,14 @@ TEST(TpOpsTimeline, SplitTilesRecordTheirPieces) {
     // gemm_rs / gemm_ar split only own tiles (the order's last band: all own rows here).
     const int64_t splittable = op == OpId::kAgGemm ? tiles : tiles / s.world;
     if (split_tiles == 0 || split_tiles > splittable) GTEST_SKIP() << tiles << " tiles on " << sms << " SMs leave no tail to split";
-    SymmetricMem sym(comm);
-    Inputs in(s, ++seed);
-    Output out(s, sym);
-    const int64_t capacity = tile_timeline_capacity(s.m, s.n);
-    DeviceMem records(static_cast<size_t>(capacity) * sizeof(TileTimelineRecord));
-    const bool ready = in.ok() && out.p && records.p && cudaMemset(out.p, 0xFF, s.out_bytes()) == cudaSuccess &&
-                       cudaMemset(records.p, 0, records.bytes) == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess;
-    ASSERT_TRUE(agree(ready)) << "setting up " << s.text();
+    TimelineRun run(s, ++seed);
     TpGemmOptions options;
     options.algorithm = TpAlgorithm::kFused;
     options.tile = GemmTile::k128x256;
     options.tail_pieces = 3;
-    options.timeline = static_cast<TileTimelineRecord*>(records.p);
-    const Status launched = launch(comm, op, args_for(s, in, out.p), nullptr, options);
-    ASSERT_TRUE(agree(launched.ok())) << s.text() << ": " << launched.to_string();
-    const Status synced = comm.synchronize(nullptr);
-    ASSERT_TRUE(agree(synced.ok())) << s.text() << ": " << synced.to_string();
-    std::vector<TileTimelineRecord> r(static_cast<size_t>(capacity));
-    ASSERT_EQ(cudaMemcpy(r.data(), records.p, records.bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_TRUE(run.run(options));
+    const std::vector<TileTimelineRecord>& r = run.r;
+    const int64_t capacity = static_cast<int64_t>(r.size());
     const int64_t pieces = split_tiles * 2;
     ASSERT_LT(tiles + pieces, capacity);
     for (int64_t t = 0; t < tiles + pieces; ++t) {
@@ -741,7 +754,7 @@ TEST(TpOpsTimeline, SplitTilesRecordTheirPieces) {
     }
     EXPECT_EQ(r[static_cast<size_t>(tiles + pieces)].claimed_ns, 0u) << s.text() << ": a record past the pieces was written";
     const Reference ref(s, seed);
-    const Verdict v = compare_output(s, out.p, ref, s.text() + " split, with a timeline");
+    const Verdict v = compare_output(s, run.out.p, ref, s.text() + " split, with a timeline");
     EXPECT_TRUE(v.ok) << v.report;
     ASSERT_TRUE(agree(!HasFailure()));
   }
