@@ -98,7 +98,7 @@ struct TpDecision {
   int grid = 0;       // fused: persistent CTAs (the SM count of this GPU)
   planner::TpPlan plan;
   TileTimelineRecord* timeline = nullptr;  // fused: TpGemmOptions::timeline (diagnostics)
-  int tail_pieces = -1;                    // gemm_rs / gemm_ar fused: TpGemmOptions::tail_pieces
+  int tail_pieces = -1;                    // fused: TpGemmOptions::tail_pieces
 };
 
 // The fused kernel's own rules for this call, beyond the common ones: "" when it can run, else
