@@ -125,14 +125,6 @@ Status run_fused(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, c
   LOOM_TRY(ops::encode_gemm_operand_maps(full, d.tile, &p.a_gathered, &p.b));
   LOOM_TRY(ops::encode_gemm_rows_map(a.a, rows, a.k, a.k, a.dtype, info.block_m, &p.a_local));
   LOOM_TRY(ops::encode_gemm_output_map(a.out, a.m, a.n, a.n, a.dtype, &p.out));
-  if (piece_slots > 0) {
-    void* pieces = static_cast<char*>(workspace) + gathered_bytes;
-    const int64_t piece_rows = piece_slots * info.block_m;
-    LOOM_TRY(ops::encode_gemm_output_map(pieces, piece_rows, info.block_n, info.block_n, a.dtype, &p.piece_store));
-    LOOM_TRY(ops::encode_gemm_rows_map(pieces, piece_rows, info.block_n, info.block_n, a.dtype, info.block_m, &p.piece_load));
-    p.sched.split_tiles = static_cast<uint32_t>(split.tiles);
-    p.sched.split_pieces = static_cast<uint32_t>(split.pieces);
-  }
   p.comm = impl.device_comm();
   p.tp = impl.tp_state;
   p.m = static_cast<uint32_t>(a.m);
@@ -156,7 +148,8 @@ Status run_fused(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, c
   s.ungated_begin = static_cast<uint32_t>(me * rows);
   s.ungated_end = static_cast<uint32_t>((me + 1) * rows);
   s.k_blocks = static_cast<uint32_t>((a.k + info.block_k - 1) / info.block_k);
-  p.piece_flag_base = static_cast<uint32_t>(world + a.m / rows_per_flag);  // after the rows flags
+  LOOM_TRY(ops::tp::set_tail_split(split, piece_slots > 0 ? static_cast<char*>(workspace) + gathered_bytes : nullptr,
+                                    d.tile, a.dtype, world + a.m / rows_per_flag /* after the rows flags */, &s, &p.pieces));
   kg::EpilogueParams& epi = p.epi;
   epi.op = static_cast<uint32_t>(kg::EpilogueOp::kStore);
   epi.out_dtype = static_cast<uint32_t>(a.dtype);

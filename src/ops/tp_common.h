@@ -334,6 +334,22 @@ inline int64_t piece_slots_of(const planner::TailSplit& split) {
   return split.pieces >= 2 ? split.tiles * (split.pieces - 1) : 0;
 }
 
+// Fills a launch's tail split: the scheduler's split and, with pieces, the piece slots at `base`
+// (kernels/tp/tail_pieces.cuh) and their flags from op_flags[flag_base].
+inline Status set_tail_split(const planner::TailSplit& split, void* base, GemmTile tile, DType dtype, uint64_t flag_base,
+                             kernels::gemm::SchedulerParams* sched, kernels::tp::TailPieces* pieces) {
+  pieces->flag_base = static_cast<uint32_t>(flag_base);
+  const int64_t slots = piece_slots_of(split);
+  if (slots == 0) return {};
+  const GemmTileInfo info = gemm_tile_info(tile);
+  const int64_t rows = slots * info.block_m;
+  LOOM_TRY(encode_gemm_output_map(base, rows, info.block_n, info.block_n, dtype, &pieces->store));
+  LOOM_TRY(encode_gemm_rows_map(base, rows, info.block_n, info.block_n, dtype, info.block_m, &pieces->load));
+  sched->split_tiles = static_cast<uint32_t>(split.tiles);
+  sched->split_pieces = static_cast<uint32_t>(split.pieces);
+  return {};
+}
+
 // Flags a fused gemm_rs (broadcast = false) or gemm_ar launch uses after the entry words.
 inline uint64_t reduce_flags_for(int64_t m, int64_t n, int world, GemmTile tile, bool broadcast, int64_t piece_slots) {
   const GemmTileInfo info = gemm_tile_info(tile);
@@ -412,16 +428,9 @@ inline Status build_reduce_params(Communicator::Impl& impl, const TpGemmArgs& a,
   s.fold_m_end = static_cast<uint32_t>((me + 1) * rank_blocks);
   s.k_blocks = static_cast<uint32_t>((a.k + info.block_k - 1) / info.block_k);
   const int64_t piece_slots = piece_slots_of(split);
-  p.piece_flag_base = static_cast<uint32_t>(world + reduce_flags_for(a.m, a.n, world, d.tile, broadcast, 0));
-  if (piece_slots > 0) {
-    s.split_tiles = static_cast<uint32_t>(split.tiles);
-    s.split_pieces = static_cast<uint32_t>(split.pieces);
-    // Local only: pieces are staged and folded by this rank (peers never address them).
-    void* pieces = static_cast<char*>(staging) + reduce_peer_staging_bytes(a, world);
-    const int64_t piece_rows = piece_slots * info.block_m;
-    LOOM_TRY(encode_gemm_output_map(pieces, piece_rows, info.block_n, info.block_n, a.dtype, &p.piece_store));
-    LOOM_TRY(encode_gemm_rows_map(pieces, piece_rows, info.block_n, info.block_n, a.dtype, info.block_m, &p.piece_load));
-  }
+  // Local only: pieces are staged and folded by this rank (peers never address them).
+  LOOM_TRY(set_tail_split(split, static_cast<char*>(staging) + reduce_peer_staging_bytes(a, world), d.tile, a.dtype,
+                          world + reduce_flags_for(a.m, a.n, world, d.tile, broadcast, 0), &s, &p.pieces));
 
   p.rows_per_rank = static_cast<uint32_t>(rows);
   p.m_blocks_per_rank = static_cast<uint32_t>(rank_blocks);

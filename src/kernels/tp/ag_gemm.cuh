@@ -21,7 +21,7 @@
 //   rows flags   op_flags[W + f], f < M / rows_per_flag: "rows [f*rpf, (f+1)*rpf) have arrived",
 //                written by the owner of those rows (f / (M/W/rpf)) into every peer
 //   pieces       [split_tiles * (pieces - 1) * BM, BN] in the TP workspace (after the gathered A
-//                when that lives there), local; flags piece[slot] at op_flags[piece_flag_base + slot]
+//                when that lives there), local; flags piece[slot] after the rows flags (tail_pieces.cuh)
 #pragma once
 
 #include <cuda/ptx>
@@ -35,6 +35,7 @@
 #include "kernels/gemm/params.h"
 #include "kernels/gemm/scheduler.cuh"
 #include "kernels/tp/fused_frame.cuh"
+#include "kernels/tp/tail_pieces.cuh"
 
 namespace loom::kernels::tp {
 
@@ -43,8 +44,7 @@ struct AgGemmParams {
   sm90::TmaDescriptor a_local;     // [M/W, K] this rank's shard, box {64, BLOCK_M}
   sm90::TmaDescriptor b;
   sm90::TmaDescriptor out;         // [M, N], box {64, 16}
-  sm90::TmaDescriptor piece_store;  // this rank's piece slots, box {64, 16}: piece epilogues
-  sm90::TmaDescriptor piece_load;   // the same, box {64, BLOCK_M}: fold loads
+  TailPieces pieces;               // this rank's piece slots (tail split)
   DeviceComm comm;
   TpDeviceState* tp;
   uint32_t m, n, k;
@@ -58,7 +58,6 @@ struct AgGemmParams {
   uint32_t comm_ctas;
   uint32_t copy_local;          // 1: also copy the shard into our own rows of the gathered A
   uint32_t signature;           // plan signature (fused_frame.cuh)
-  uint32_t piece_flag_base;     // op_flags index of piece[0] (used only with a tail split)
   TileTimelineRecord* timeline;  // optional (diagnostics), one record per tile
 };
 static_assert(sizeof(AgGemmParams) <= 4096, "ag_gemm's parameters must fit the classic 4 KiB limit");
@@ -260,21 +259,17 @@ class AgEpilogue {
   __device__ bool signals() const { return p_.sched.split_pieces >= 2; }  // only pieces signal
   __device__ void prefetch() const {
     out_.prefetch();
-    if (signals()) sm90::prefetch_tensormap(&p_.piece_store);
+    if (signals()) sm90::prefetch_tensormap(&p_.pieces.store);
   }
   __device__ void issue(const void* box, const gemm::WorkItem& tile, uint32_t row, uint32_t col) const {
     if (tile.kind != static_cast<uint32_t>(gemm::WorkKind::kTilePiece)) {
       out_.issue(box, tile, row, col);
       return;
     }
-    const int32_t coords[2] = {static_cast<int32_t>(col - tile.n_block * kBlockN),
-                               static_cast<int32_t>(tile.split_slot * kBlockM + (row - tile.m_block * kBlockM))};
-    cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, &p_.piece_store, coords, box);
+    p_.pieces.store_box<kBlockM, kBlockN>(box, tile, row, col);
   }
   __device__ void signal(const gemm::WorkItem& tile, uint32_t /*m_blocks*/, uint32_t /*n_blocks*/) const {
-    if (tile.kind != static_cast<uint32_t>(gemm::WorkKind::kTilePiece)) return;
-    __threadfence();  // a CTA of this GPU reads the piece next
-    flag_store_release(op_flag(p_.comm, p_.comm.local_rank, p_.piece_flag_base + tile.split_slot), epoch_);
+    if (tile.kind == static_cast<uint32_t>(gemm::WorkKind::kTilePiece)) p_.pieces.signal(p_.comm, tile, epoch_);
   }
 
  private:
@@ -289,19 +284,12 @@ struct AgPieceFold {
   __device__ AgPieceFold(const AgGemmParams& p, uint64_t epoch) : p_(p), epoch_(epoch) {}
   __device__ uint32_t world() const { return 1; }  // no other rank's partial is folded
   __device__ uint32_t self() const { return 0; }
-  __device__ const sm90::TmaDescriptor* map() const { return &p_.piece_load; }
-  __device__ const sm90::TmaDescriptor* piece_map() const { return &p_.piece_load; }
+  __device__ const sm90::TmaDescriptor* map() const { return &p_.pieces.load; }
+  __device__ const sm90::TmaDescriptor* piece_map() const { return &p_.pieces.load; }
   __device__ int32_t source_row(const gemm::WorkItem& /*tile*/, uint32_t /*source*/) const { return 0; }  // none
   // Producer thread: every piece of the split tile is staged (bounded waits).
   __device__ bool wait_sources(const gemm::WorkItem& tile, const WaitContext& ctx) const {
-    const DeviceComm& c = p_.comm;
-    for (uint32_t i = 0; i < tile.split_count; ++i) {
-      const uint32_t slot = tile.split_slot + i;
-      if (!wait_flag(op_flag(c, c.local_rank, p_.piece_flag_base + slot), epoch_, ctx, c.local_rank, FlagKind::kPiece,
-                     slot)) {
-        return false;
-      }
-    }
+    if (!p_.pieces.wait(p_.comm, tile, epoch_, ctx)) return false;
     cuda::ptx::fence_proxy_async(cuda::ptx::space_global);  // TMA reads the pieces next
     return true;
   }

@@ -35,7 +35,7 @@
 // Flags (op_flags of the owner, after the W entry words), own_tiles = (M/W/BM) * n_blocks:
 //   partial[slot][t]   W + slot * own_tiles + t, t = (m_block - d*M/W/BM) * n_blocks + n_block
 //   final[tile]        W + (W-1) * own_tiles + m_block * n_blocks + n_block        (gemm_ar)
-//   piece[slot]        piece_flag_base + slot (after the final flags; set and read by this rank only)
+//   piece[slot]        pieces.flag_base + slot (after the final flags; tail_pieces.cuh)
 #pragma once
 
 #include <cuda/ptx>
@@ -47,6 +47,7 @@
 #include "kernels/gemm/params.h"
 #include "kernels/gemm/scheduler.cuh"
 #include "kernels/tp/fused_frame.cuh"
+#include "kernels/tp/tail_pieces.cuh"
 
 namespace loom::kernels::tp {
 
@@ -57,8 +58,7 @@ struct ReduceGemmParams {
   sm90::TmaDescriptor out[TpTunables::kMaxLocalWorld];       // gemm_rs: [0] = out [M/W, N];
                                                              // gemm_ar: [d] = rank d's out [M, N]; box {64, 16}
   sm90::TmaDescriptor stage_to[TpTunables::kMaxLocalWorld];  // [d] = rank d's staging (d != me), box {64, 16}
-  sm90::TmaDescriptor piece_store;  // this rank's piece slots, box {64, 16}: piece epilogues
-  sm90::TmaDescriptor piece_load;   // the same, box {64, BLOCK_M}: fold loads
+  TailPieces pieces;            // this rank's piece slots (tail split)
   DeviceComm comm;
   TpDeviceState* tp;
   uint32_t m, n, k;
@@ -68,7 +68,6 @@ struct ReduceGemmParams {
   uint32_t n_blocks;
   uint32_t out_dtype;           // loom::DType of out and the staging (= the input type)
   uint32_t signature;           // plan signature (fused_frame.cuh)
-  uint32_t piece_flag_base;     // op_flags index of piece[0] (used only with a tail split)
   TileTimelineRecord* timeline;  // optional (diagnostics), one record per tile
 };
 static_assert(sizeof(ReduceGemmParams) <= 4096, "the reduce kernels' parameters must fit the classic 4 KiB limit");
@@ -109,13 +108,13 @@ class ReduceEpilogue {
     for (int d = 0; d < world; ++d) {
       if (d != p_.comm.local_rank) sm90::prefetch_tensormap(&p_.stage_to[d]);
     }
-    if (p_.sched.split_pieces >= 2) sm90::prefetch_tensormap(&p_.piece_store);
+    if (p_.sched.split_pieces >= 2) sm90::prefetch_tensormap(&p_.pieces.store);
   }
 
   // Lane 0 of a consumer warp: the 16 x 64 box of `tile` whose top-left element is (row, col).
   __device__ void issue(const void* box, const gemm::WorkItem& tile, uint32_t row, uint32_t col) const {
     if (tile.kind == static_cast<uint32_t>(gemm::WorkKind::kTilePiece)) {
-      send(&p_.piece_store, col - tile.n_block * kBlockN, tile.split_slot * kBlockM + (row - tile.m_block * kBlockM), box);
+      p_.pieces.store_box<kBlockM, kBlockN>(box, tile, row, col);
       return;
     }
     const uint32_t me = static_cast<uint32_t>(p_.comm.local_rank);
@@ -149,8 +148,7 @@ class ReduceEpilogue {
     const uint32_t me = static_cast<uint32_t>(c.local_rank);
     const uint32_t world = static_cast<uint32_t>(c.local_world);
     if (tile.kind == static_cast<uint32_t>(gemm::WorkKind::kTilePiece)) {
-      __threadfence();  // a CTA of this GPU reads the piece next
-      flag_store_release(op_flag(c, static_cast<int>(me), p_.piece_flag_base + tile.split_slot), epoch_);
+      p_.pieces.signal(c, tile, epoch_);
       return;
     }
     const uint32_t owner = tile.m_block / p_.m_blocks_per_rank;
@@ -201,7 +199,7 @@ class StagedFold {
   __device__ uint32_t world() const { return static_cast<uint32_t>(p_.comm.local_world); }
   __device__ uint32_t self() const { return static_cast<uint32_t>(p_.comm.local_rank); }
   __device__ const sm90::TmaDescriptor* map() const { return &p_.staged; }
-  __device__ const sm90::TmaDescriptor* piece_map() const { return &p_.piece_load; }
+  __device__ const sm90::TmaDescriptor* piece_map() const { return &p_.pieces.load; }
 
   __device__ int32_t source_row(const gemm::WorkItem& tile, uint32_t source) const {
     const uint32_t me = self();
@@ -223,13 +221,7 @@ class StagedFold {
         return false;
       }
     }
-    for (uint32_t i = 0; i < tile.split_count; ++i) {
-      const uint32_t slot = tile.split_slot + i;
-      if (!wait_flag(op_flag(c, static_cast<int>(me), p_.piece_flag_base + slot), epoch_, ctx, static_cast<int>(me),
-                     FlagKind::kPiece, slot)) {
-        return false;
-      }
-    }
+    if (!p_.pieces.wait(c, tile, epoch_, ctx)) return false;
     // Peers wrote the staging (generic-proxy flags after async-proxy data); TMA reads it next.
     cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
     return true;
