@@ -24,19 +24,6 @@ using ops::tp::kFusedBlockM;
 using ops::tp::TpDecision;
 using ops::tp::TpPath;
 
-// Rows per arrival flag: whole tile rows, the most whose chunk stays within the target size,
-// dividing the rank's rows (a chunk never spans two ranks).
-int64_t rows_per_flag_for(int64_t rows_per_rank, uint64_t row_bytes) {
-  const int64_t tile_rows = rows_per_rank / kFusedBlockM;
-  const uint64_t tile_row_bytes = static_cast<uint64_t>(kFusedBlockM) * row_bytes;
-  const int64_t most = std::max<int64_t>(1, static_cast<int64_t>(kt::TpTunables::kTargetChunkBytes / tile_row_bytes));
-  int64_t best = 1;
-  for (int64_t c = 1; c <= std::min(most, tile_rows); ++c) {
-    if (tile_rows % c == 0) best = c;
-  }
-  return best * kFusedBlockM;
-}
-
 Status check_buffers(Communicator::Impl& impl, const TpGemmArgs& a) {
   const int world = impl.topology.local_world_size;
   const size_t e = dtype_size(a.dtype);
@@ -85,17 +72,27 @@ Status run_decomposed(Communicator& comm, const TpGemmArgs& a, const TpDecision&
   return gemm(ops::tp::local_gemm(gathered, a.b, a.out, a.m, a), stream, ops::tp::gemm_options_for(d));
 }
 
-// ag_gemm's tail split (planner::plan_tail_split), only when TpGemmOptions::tail_pieces asks for
-// it: measured beside the whole tiles on 2 x H200 (loom-bench --variant-tail-pieces 1) it gained
-// nothing at M = 1024, 4096, 8192 (-0.7 .. -0.1%; the communication CTAs join the compute late
-// and fill the last wave). Any tile may be split (the pieces are this rank's own business; a
-// piece waits for its rows like its tile would).
-planner::TailSplit ag_tail_split(const TpGemmArgs& a, GemmTile tile, int grid, int requested) {
-  if (requested < 0) return {};
+// ag_gemm's tail split (planner::plan_tail_split) with the tiles the pushing comm CTAs leave to
+// the last wave (planner::ag_late_claims). Any tile may be split (the pieces are this rank's own
+// business; a piece waits for its rows like its tile would). The chunking and the late claims
+// count only the peers as destinations: the copy into a user-visible gathered A may differ
+// between ranks, the plan (workspace size, flags) must not.
+planner::TailSplit ag_tail_split(const TpGemmArgs& a, int world, GemmTile tile, int grid, int comm_ctas,
+                                 int64_t rows_per_flag, int requested) {
   const GemmTileInfo info = gemm_tile_info(tile);
   const int64_t tiles = ((a.m + info.block_m - 1) / info.block_m) * ((a.n + info.block_n - 1) / info.block_n);
   const int64_t k_blocks = (a.k + info.block_k - 1) / info.block_k;
-  return planner::plan_tail_split(tiles, grid, k_blocks, info.stages, tiles, requested);
+  planner::TpRequest r;
+  r.op = OpId::kAgGemm;
+  r.m = a.m;
+  r.n = a.n;
+  r.k = a.k;
+  r.local_world = world;
+  r.dtype = a.dtype;
+  r.b_layout = a.b_layout;
+  r.sm_count = grid;
+  const int64_t late = planner::ag_late_claims(r, tile, comm_ctas, rows_per_flag, world - 1);
+  return planner::plan_tail_split(tiles, grid, k_blocks, info.stages, tiles, requested, late);
 }
 
 Status run_fused(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, cudaStream_t stream) {
@@ -107,7 +104,9 @@ Status run_fused(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, c
   const GemmTileInfo info = gemm_tile_info(d.tile);
   // The TP workspace: the gathered A unless the caller gave one, then the piece slots of a tail
   // split (1 KiB aligned).
-  const planner::TailSplit split = ag_tail_split(a, d.tile, d.grid, d.tail_pieces);
+  const uint64_t row_bytes = static_cast<uint64_t>(a.k) * e;
+  const int64_t rows_per_flag = planner::ag_rows_per_flag(rows, row_bytes, d.comm_ctas, world - 1);
+  const planner::TailSplit split = ag_tail_split(a, world, d.tile, d.grid, d.comm_ctas, rows_per_flag, d.tail_pieces);
   const int64_t piece_slots = ops::tp::piece_slots_of(split);
   const size_t gathered_bytes = a.gathered_a == nullptr ? (static_cast<size_t>(a.m * a.k) * e + 1023) / 1024 * 1024 : 0;
   const size_t piece_bytes = static_cast<size_t>(piece_slots) * static_cast<size_t>(info.block_m * info.block_n) * e;
@@ -116,9 +115,6 @@ Status run_fused(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, c
     LOOM_ASSIGN_OR_RETURN(workspace, ops::tp::ensure_workspace(comm, gathered_bytes + piece_bytes, stream, "ag_gemm"));
   }
   void* gathered = a.gathered_a != nullptr ? a.gathered_a : workspace;
-  const uint64_t row_bytes = static_cast<uint64_t>(a.k) * e;
-  const int64_t rows_per_flag = rows_per_flag_for(rows, row_bytes);
-  const char* own_rows = static_cast<const char*>(gathered) + static_cast<size_t>(me) * rows * a.k * e;
 
   kt::AgGemmParams p{};
   const GemmArgs full = ops::tp::local_gemm(gathered, a.b, a.out, a.m, a);
@@ -161,6 +157,7 @@ Status run_fused(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, c
   p.rows_per_rank = static_cast<uint32_t>(rows);
   p.rows_per_flag = static_cast<uint32_t>(rows_per_flag);
   p.comm_ctas = static_cast<uint32_t>(d.comm_ctas);
+  const char* own_rows = static_cast<const char*>(gathered) + static_cast<size_t>(me) * rows * a.k * e;
   p.copy_local = a.gathered_a != nullptr && a.a != own_rows ? 1u : 0u;
   p.timeline = d.timeline;
   // The gathered A's heap offset is part of the plan: peers push into it by their own offset.
@@ -192,9 +189,12 @@ Status ag_gemm(Communicator& comm, const TpGemmArgs& args, cudaStream_t stream, 
   auto fused_check = [&](GemmTile tile, int grid) -> std::string {
     if (options.comm_ctas == 0) return "comm_ctas = 0: the fused ag_gemm needs a communication CTA to push the shard";
     if (grid < 2) return "the GPU has fewer than 2 SMs";
+    // At most: the finest chunks (every CTA but one pushing to one destination), and the last
+    // wave of tiles split into the most pieces a plan can ask for.
     const int64_t rows = args.m / world;
-    const int64_t flags = args.m / rows_per_flag_for(rows, static_cast<uint64_t>(args.k) * dtype_size(args.dtype)) +
-                          ops::tp::piece_slots_of(ag_tail_split(args, tile, grid, options.tail_pieces));
+    const int64_t rows_per_flag = planner::ag_rows_per_flag(rows, static_cast<uint64_t>(args.k) * dtype_size(args.dtype), grid - 1, 1);
+    const int most_pieces = std::max(options.tail_pieces, planner::TpCostModel{}.max_tail_pieces);
+    const int64_t flags = args.m / rows_per_flag + static_cast<int64_t>(grid) * (most_pieces - 1);
     return ops::tp::check_flag_capacity(impl, static_cast<uint64_t>(flags));
   };
   LOOM_ASSIGN_OR_RETURN(TpDecision d, ops::tp::decide(impl, OpId::kAgGemm, args, options, fused_check));

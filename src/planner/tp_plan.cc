@@ -342,9 +342,9 @@ TpEstimate estimate_tp(const TpRequest& r, int comm_ctas, GemmTile tile, const T
 }
 
 TailSplit plan_tail_split(int64_t total_tiles, int grid, int64_t k_blocks, int stages, int64_t splittable, int requested,
-                          const TpCostModel& model) {
+                          int64_t late_claims, const TpCostModel& model) {
   if (grid <= 0 || total_tiles <= 0 || requested == 0 || requested == 1) return {};
-  const int64_t r = total_tiles % grid;
+  const int64_t r = std::min({total_tiles % grid + std::max<int64_t>(late_claims, 0), static_cast<int64_t>(grid), total_tiles});
   if (r == 0 || r > splittable) return {};
   if (requested >= 2) {
     if (requested > k_blocks) return {};  // every piece needs a k-block
@@ -363,6 +363,47 @@ TailSplit plan_tail_split(int64_t total_tiles, int grid, int64_t k_blocks, int s
   }
   if (1.0 - best_tail < model.min_tail_gain) return {};
   return best;
+}
+
+int64_t ag_rows_per_flag(int64_t rows_per_rank, uint64_t row_bytes, int comm_ctas, int destinations,
+                         const TpCostModel& model) {
+  if (rows_per_rank <= 1) return std::max<int64_t>(rows_per_rank, 1);
+  const int64_t wanted = (std::max(comm_ctas, 1) + std::max(destinations, 1) - 1) / std::max(destinations, 1);
+  const int64_t fit_rows = row_bytes == 0 ? rows_per_rank : static_cast<int64_t>(model.ag_chunk_bytes / row_bytes);
+  const int64_t block = model.fused_block_m;
+  // Whole tile rows, as many as fit the chunk size (at least one), when that makes enough chunks.
+  if (block > 0 && rows_per_rank % block == 0) {
+    int64_t whole = block;
+    for (int64_t d = block; d <= std::min(rows_per_rank, fit_rows); d += block) {
+      if (rows_per_rank % d == 0) whole = d;
+    }
+    if (rows_per_rank / whole >= wanted) return whole;
+  }
+  // Finer: the largest divisor with enough chunks that fits, else the finest allowed.
+  const int64_t floor_rows = std::clamp<int64_t>(model.ag_min_rows_per_flag, 1, rows_per_rank);
+  for (int64_t d = std::min(rows_per_rank / wanted, fit_rows); d >= floor_rows; --d) {
+    if (rows_per_rank % d == 0) return d;
+  }
+  for (int64_t d = floor_rows; d < rows_per_rank; ++d) {
+    if (rows_per_rank % d == 0) return d;
+  }
+  return rows_per_rank;
+}
+
+int64_t ag_late_claims(const TpRequest& r, GemmTile tile, int comm_ctas, int64_t rows_per_flag, int destinations,
+                       const TpCostModel& model) {
+  if (r.local_world <= 1 || comm_ctas <= 0 || rows_per_flag <= 0 || destinations <= 0 || r.sm_count <= 0) return 0;
+  const int64_t positions = static_cast<int64_t>(destinations) * (r.m / r.local_world / rows_per_flag);
+  const int64_t pushing = std::min<int64_t>(comm_ctas, positions);
+  if (pushing <= 0) return 0;
+  const int64_t busiest = (positions + comm_ctas - 1) / comm_ctas;  // chunks of the busiest comm CTA
+  const double rate = std::min(model.comm_cta_bytes_per_s, model.nvlink_bytes_per_s / static_cast<double>(pushing));
+  const double push_s = static_cast<double>(busiest * rows_per_flag * r.k) * static_cast<double>(dtype_size(r.dtype)) / rate;
+  const TileWaves w = tile_waves(r, tile, r.sm_count);
+  const double tile_s = gemm_model_seconds(tile, r.m, r.n, r.k, r.sm_count) / model.fused_compute_efficiency /
+                        static_cast<double>(w.waves);
+  if (!(tile_s > 0)) return 0;
+  return pushing * static_cast<int64_t>(std::ceil(push_s / tile_s));
 }
 
 // ---- planner ---------------------------------------------------------------------------------

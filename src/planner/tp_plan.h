@@ -108,6 +108,10 @@ struct TpCostModel {
   // tile's time it must save to be used.
   int max_tail_pieces = 4;
   double min_tail_gain = 0.2;
+  // ag_gemm's arrival flags (ag_rows_per_flag): a push chunk (the rows of one flag) aims at this
+  // many bytes, and is at least this many rows unless the shard is smaller.
+  uint64_t ag_chunk_bytes = uint64_t{1} << 20;
+  int64_t ag_min_rows_per_flag = 16;
 };
 
 // True for the tiles the fused kernels are built for (128x256, 128x128).
@@ -131,8 +135,12 @@ TpEstimate estimate_tp(const TpRequest& request, int comm_ctas, GemmTile tile, c
 // The fused kernels' tail split (kernels/gemm/params.h, SchedulerParams): the last `tiles` of the
 // order are each handed out as `pieces` K ranges. Whole tiles leave the last partial wave's
 // idle SMs idle for a tile's time; the model takes the pieces count that ends the tail soonest,
-// ceil(r * pieces / grid) / pieces tile times for r = tiles % grid tiles (fewest pieces on a
-// tie), if that saves at least min_tail_gain of a tile.
+// ceil(r * pieces / grid) / pieces tile times for r = min(tiles % grid + late_claims, grid)
+// tiles (fewest pieces on a tie), if that saves at least min_tail_gain of a tile.
+// late_claims: tiles the CTAs that start late (ag_gemm's pushing comm CTAs) do not claim before
+// the last wave; they leave that many more tiles to it, and a whole tile left there ends a
+// tile's time after the pieces (2 x H200, ag_gemm M = 1024: 4 such tiles ended at 356 us, the
+// pieces by 341).
 struct TailSplit {
   int64_t tiles = 0;  // 0: no split
   int pieces = 0;
@@ -142,7 +150,24 @@ struct TailSplit {
 // split (gemm_rs / gemm_ar: the order's last band, own tiles; ag_gemm: any); requested =
 // TpGemmOptions::tail_pieces.
 TailSplit plan_tail_split(int64_t total_tiles, int grid, int64_t k_blocks, int stages, int64_t splittable, int requested,
-                          const TpCostModel& model = {});
+                          int64_t late_claims = 0, const TpCostModel& model = {});
+
+// ag_gemm's arrival flags: rows of a rank's shard per flag, each flag's rows one push chunk
+// (kernels/tp/ag_gemm.cuh). The largest divisor of rows_per_rank whose chunk stays within
+// ag_chunk_bytes and that cuts the shard into enough chunks for every comm CTA to push one
+// (destinations * chunks >= comm_ctas), not below ag_min_rows_per_flag; when no divisor gives
+// enough chunks, the finest one allowed. Chunks of whole tile rows left most comm CTAs idle at
+// small M (2 x H200, M = 1024: 4 chunks of 2 MiB for 14 comm CTAs, the first other-rank tile
+// row arrived after 100 us, a tile's time).
+// destinations: where each chunk goes (W - 1 peers, + 1 when the rank's own rows are copied too).
+int64_t ag_rows_per_flag(int64_t rows_per_rank, uint64_t row_bytes, int comm_ctas, int destinations,
+                         const TpCostModel& model = {});
+
+// ag_gemm's late claims (plan_tail_split): the pushing comm CTAs join the compute after their
+// chunks, estimated at comm_cta_bytes_per_s; each misses ceil(push time / tile time) tiles
+// (rounded up: an extra split tile costs a fold, a whole tile left for the last wave costs a tile).
+int64_t ag_late_claims(const TpRequest& request, GemmTile tile, int comm_ctas, int64_t rows_per_flag, int destinations,
+                       const TpCostModel& model = {});
 
 // The key a tuning-cache entry is stored under: op, M, N, K, W, dtype, layout.
 struct TpKey {

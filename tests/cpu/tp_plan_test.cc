@@ -236,7 +236,7 @@ TEST(TpTailSplit, LimitsAndRequests) {
   // min_tail_gain: 0.333 of a tile is not enough when 0.4 is asked for.
   TpCostModel strict;
   strict.min_tail_gain = 0.4;
-  EXPECT_EQ(plan_tail_split(2048, kSms, kIssueKBlocks, kStages128x256, 512, -1, strict).pieces, 0);
+  EXPECT_EQ(plan_tail_split(2048, kSms, kIssueKBlocks, kStages128x256, 512, -1, 0, strict).pieces, 0);
   // Requests: 0 and 1 mean none; a count is taken as given while every piece keeps a k-block.
   EXPECT_EQ(plan_tail_split(2048, kSms, kIssueKBlocks, kStages128x256, 512, 1).pieces, 0);
   EXPECT_EQ(plan_tail_split(2048, kSms, kIssueKBlocks, kStages128x256, 512, 0).pieces, 0);
@@ -250,6 +250,69 @@ TEST(TpTailSplit, LimitsAndRequests) {
   EXPECT_EQ(plan_tail_split(60, kSms, 16, kStages128x256, 96, -1).pieces, 2);
   // Nonsense grids split nothing.
   EXPECT_EQ(plan_tail_split(2048, 0, kIssueKBlocks, kStages128x256, 512, 3).pieces, 0);
+}
+
+TEST(TpTailSplit, LateClaimsLeaveMoreTilesToTheLastWave) {
+  // ag_gemm M = 1024 (448 tiles of 128x256, 128 k-blocks): 52 tiles are left over on 132 CTAs,
+  // 14 more when 14 comm CTAs each miss a claim; both end soonest in halves.
+  EXPECT_EQ(plan_tail_split(448, kSms, 128, kStages128x256, 448, -1).tiles, 52);
+  TailSplit t = plan_tail_split(448, kSms, 128, kStages128x256, 448, -1, 14);
+  EXPECT_EQ(t.tiles, 66);
+  EXPECT_EQ(t.pieces, 2);
+  // A requested count splits the same tiles.
+  EXPECT_EQ(plan_tail_split(448, kSms, 128, kStages128x256, 448, 3, 14).tiles, 66);
+  // Whole waves plus late claims: the late claims are the tail.
+  EXPECT_EQ(plan_tail_split(4 * kSms, kSms, 128, kStages128x256, 1024, -1, 10).tiles, 10);
+  // Never more than one wave, nor more than the tiles; negative claims count as none.
+  EXPECT_EQ(plan_tail_split(448, kSms, 128, kStages128x256, 448, 2, 500).tiles, kSms);
+  EXPECT_EQ(plan_tail_split(60, kSms, 128, kStages128x256, 448, 2, 100).tiles, 60);
+  EXPECT_EQ(plan_tail_split(448, kSms, 128, kStages128x256, 448, 2, -5).tiles, 52);
+}
+
+TEST(AgRowsPerFlag, WholeTileRowsWhenTheyGiveEveryCommCtaAChunk) {
+  const uint64_t row = 8192 * 2;  // K = 8192, bf16: a 128-row tile row is 2 MiB
+  // M = 8192 on 2 ranks: 32 tile rows of 2 MiB each; 5 comm CTAs have a chunk each.
+  EXPECT_EQ(ag_rows_per_flag(4096, row, 5, 1), 128);
+  // Small rows: as many tile rows as fit 1 MiB (K = 1024: 4 tile rows = 1 MiB).
+  EXPECT_EQ(ag_rows_per_flag(4096, 1024 * 2, 5, 1), 512);
+  EXPECT_EQ(ag_rows_per_flag(4096, 1024 * 2, 8, 1), 512);
+}
+
+TEST(AgRowsPerFlag, FinerChunksWhenCommCtasWouldIdle) {
+  const uint64_t row = 8192 * 2;
+  // M = 1024 on 2 ranks: 4 tile rows for 14 comm CTAs; 32-row chunks (16 of 512 KiB) give each
+  // a chunk (the largest divisor of 512 with >= 14 chunks).
+  EXPECT_EQ(ag_rows_per_flag(512, row, 14, 1), 32);
+  // Two peers (W = 3) halve the chunks needed: 7 -> 64 rows (8 chunks, 1 MiB each).
+  EXPECT_EQ(ag_rows_per_flag(512, row, 14, 2), 64);
+  // More comm CTAs than the 16-row floor allows: the finest chunks, 16 rows.
+  EXPECT_EQ(ag_rows_per_flag(512, row, 100, 1), 16);
+  // Shards that are not whole tile rows (any divisor works for the flags).
+  EXPECT_EQ(ag_rows_per_flag(96, row, 4, 1), 24);
+  EXPECT_EQ(ag_rows_per_flag(8, row, 4, 1), 8);   // below the floor: the whole shard
+  EXPECT_EQ(ag_rows_per_flag(1, row, 4, 1), 1);
+  // A row over the chunk size: one tile row per flag when that is enough chunks, else the floor.
+  EXPECT_EQ(ag_rows_per_flag(1024, uint64_t{4} << 20, 8, 1), 128);
+  EXPECT_EQ(ag_rows_per_flag(1024, uint64_t{4} << 20, 16, 1), 16);
+  // Every result divides the shard and no chunk count is below what was asked when possible.
+  for (int64_t rows : {128, 256, 384, 512, 1536, 4096}) {
+    for (int ctas : {1, 2, 5, 14, 33}) {
+      const int64_t rpf = ag_rows_per_flag(rows, row, ctas, 1);
+      EXPECT_EQ(rows % rpf, 0) << rows << " " << ctas;
+      if (rows / 16 >= ctas) EXPECT_GE(rows / rpf, ctas) << rows << " " << ctas;
+    }
+  }
+}
+
+TEST(AgLateClaims, PushingCommCtasMissATileEach) {
+  TpRequest r = issue_request(OpId::kAgGemm, 1024);
+  // 14 comm CTAs, 16 chunks of 512 KiB: the busiest pushes 1 MiB (~50 us) within a tile's time.
+  EXPECT_EQ(ag_late_claims(r, GemmTile::k128x256, 14, 32, 1), 14);
+  // 4 chunks of 2 MiB for 14 comm CTAs: only 4 push, ~95 us each: two tiles' time.
+  EXPECT_EQ(ag_late_claims(r, GemmTile::k128x256, 14, 128, 1), 8);
+  // Nothing to push, nobody late.
+  EXPECT_EQ(ag_late_claims(issue_request(OpId::kAgGemm, 1024, 1), GemmTile::k128x256, 14, 32, 1), 0);
+  EXPECT_EQ(ag_late_claims(r, GemmTile::k128x256, 0, 32, 1), 0);
 }
 
 // ---- cost model ----------------------------------------------------------------------------------

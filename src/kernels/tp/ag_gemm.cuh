@@ -54,7 +54,7 @@ struct AgGemmParams {
   uint64_t gathered_offset;     // heap offset of the gathered A
   uint64_t row_bytes;           // K * element size (a multiple of 16)
   uint32_t rows_per_rank;       // M / W, a multiple of BLOCK_M
-  uint32_t rows_per_flag;       // divides rows_per_rank, a multiple of BLOCK_M
+  uint32_t rows_per_flag;       // divides rows_per_rank (planner::ag_rows_per_flag); a tile row may need several
   uint32_t comm_ctas;
   uint32_t copy_local;          // 1: also copy the shard into our own rows of the gathered A
   uint32_t signature;           // plan signature (fused_frame.cuh)

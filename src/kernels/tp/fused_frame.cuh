@@ -38,9 +38,6 @@ struct TpTunables {
   static constexpr int kPushStages = 8;
   static constexpr uint32_t kPushPieceBytes = 16 * 1024;
   static constexpr int kPushFlagLag = 4;
-  // ag_gemm row chunks (one flag each) aim at this many bytes: big enough to amortise a flag
-  // and its fence, small enough that the first dependent tile row starts early.
-  static constexpr uint64_t kTargetChunkBytes = uint64_t{1} << 20;
   // gemm_rs / gemm_ar rank-banded order: a band of one owner's rows holds at least this many
   // waves of tiles, so the partials a band owes are computed (and flown) a wave before the
   // owner needs them.
