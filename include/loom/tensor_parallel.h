@@ -51,8 +51,8 @@ struct TpGemmOptions {
   int comm_ctas = -1;               // CTAs that start in the communication role; -1: planner
   GemmTile tile = GemmTile::kAuto;  // the compute role's tile; kAuto: planner
   // Fused kernels: K pieces each tile of the last partial wave is cut into, so that every SM
-  // takes a share of it (-1: planner, which splits for gemm_rs / gemm_ar only; 0 or 1: none;
-  // 2..kMaxTailPieces).
+  // takes a share of it (-1: planner, when a pieces count up to 4 ends the tail sooner; 0 or 1:
+  // none; 2..kMaxTailPieces).
   int tail_pieces = -1;
   static constexpr int kMaxTailPieces = 16;
   // Diagnostics (loom/diagnostics.h): device memory for tile_timeline_capacity(M, N) records (M x

@@ -148,7 +148,8 @@ Shape make_shape(OpId op, int64_t m, int64_t n, int64_t k_global, BLayout layout
   return s;
 }
 
-std::string plan_text(const Shape& s, const TpGemmOptions& options) {
+// The planner's view of a shape (on the node's smallest SM count, as the operators plan).
+planner::TpRequest request_of(const Shape& s) {
   planner::TpRequest r;
   r.op = s.op;
   r.m = s.m;
@@ -159,6 +160,11 @@ std::string plan_text(const Shape& s, const TpGemmOptions& options) {
   r.b_layout = s.layout;
   const int min_sms = shared_comm().impl().topology.min_sm_count;
   r.sm_count = min_sms > 0 ? min_sms : shared_comm().sm_count();
+  return r;
+}
+
+std::string plan_text(const Shape& s, const TpGemmOptions& options) {
+  const planner::TpRequest r = request_of(s);
   Result<const planner::TuningCache*> cache = planner::tuning_cache_from_env();
   Result<planner::TpPlan> p = planner::plan_tp(r, options, cache.ok() ? *cache : nullptr);
   if (!p.ok()) return "(planner: " + p.status().to_string() + ")";
@@ -722,25 +728,34 @@ TEST(TpOpsTimeline, FusedReduceKernelsRecordEveryTileAndTheirFolds) {
 }
 
 // A split tail (every fused operator): 192 tiles of 128x256 on the grid leave 192 % SMs in the
-// last partial wave; in 3 K pieces each, their 2 pieces per tile are recorded after the tiles
-// (kind 5), nothing beyond.
+// last partial wave (ag_gemm: plus the claims its 4 pushing comm CTAs miss,
+// planner::ag_late_claims); in 3 K pieces each, their 2 pieces per tile are recorded after the
+// tiles (kind 5), nothing beyond.
 TEST(TpOpsTimeline, SplitTilesRecordTheirPieces) {
   SKIP_UNLESS_MULTI_RANK();
   Communicator& comm = shared_comm();
-  const int64_t sms = comm.impl().topology.min_sm_count > 0 ? comm.impl().topology.min_sm_count : comm.sm_count();
+  const int sms = comm.sm_count();  // the grid
   uint64_t seed = 970;
   for (OpId op : kOps) {
     const Shape s = make_shape(op, 4096, 1536, 2048, BLayout::kNK);
     const int64_t tiles = (s.m / 128) * (s.n / 256);
-    const int64_t split_tiles = tiles % sms;
-    // gemm_rs / gemm_ar split only own tiles (the order's last band: all own rows here).
-    const int64_t splittable = op == OpId::kAgGemm ? tiles : tiles / s.world;
-    if (split_tiles == 0 || split_tiles > splittable) GTEST_SKIP() << tiles << " tiles on " << sms << " SMs leave no tail to split";
-    TimelineRun run(s, ++seed);
     TpGemmOptions options;
     options.algorithm = TpAlgorithm::kFused;
     options.tile = GemmTile::k128x256;
     options.tail_pieces = 3;
+    int64_t late = 0;
+    if (op == OpId::kAgGemm) {
+      options.comm_ctas = 4;
+      planner::TpRequest r = request_of(s);
+      r.sm_count = sms;  // the split is planned on the launch's grid
+      const int64_t rows_per_flag = planner::ag_rows_per_flag(s.a_rows(), s.k_rank() * s.elem(), 4, s.world - 1);
+      late = planner::ag_late_claims(r, GemmTile::k128x256, 4, rows_per_flag, s.world - 1);
+    }
+    const int64_t split_tiles = std::min<int64_t>({tiles % sms + late, sms, tiles});
+    // gemm_rs / gemm_ar split only own tiles (the order's last band: all own rows here).
+    const int64_t splittable = op == OpId::kAgGemm ? tiles : tiles / s.world;
+    if (split_tiles == 0 || split_tiles > splittable) GTEST_SKIP() << tiles << " tiles on " << sms << " SMs leave no tail to split";
+    TimelineRun run(s, ++seed);
     ASSERT_TRUE(run.run(options));
     const std::vector<TileTimelineRecord>& r = run.r;
     const int64_t capacity = static_cast<int64_t>(r.size());
