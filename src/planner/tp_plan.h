@@ -103,7 +103,7 @@ struct TpCostModel {
   // or the tuning cache say fused). On 2 x H200 (Nov 2026) the fused gemm_rs / gemm_ar beat
   // NCCL + cuBLAS by 1.06-1.26x at M = 1024..32768 once the waits stopped polling host memory.
   bool fused_by_default = true;
-  // gemm_rs / gemm_ar tail split (plan_tail_split): the most K pieces a tile is cut into (the
+  // The fused kernels' tail split (plan_tail_split): the most K pieces a tile is cut into (the
   // fold item adds one staged box per piece and 64-column chunk), and the least share of a
   // tile's time it must save to be used.
   int max_tail_pieces = 4;
