@@ -13,6 +13,8 @@ For each CSV (one launch of one kernel on one rank, loom/diagnostics.h TileTimel
   slow epi   epilogues over 3x the kernel's median epilogue, and when they ran (mainloop end, us
              after the first claim, in quarters of the span): bursts of stores show up as one
              crowded quarter
+  tail split the pieces of split tiles, the fold items claimed since the first piece, and whole
+             tiles that end after the last piece (the split took too few tiles)
   start, end when CTAs got their first tile and finished their last (us after the first claim):
              spread = how unevenly the CTAs start and finish (the tail)
 Usage: timeline_summary.py DIR_OR_FILES...  (prints one block per file, fused next to gemm)
@@ -107,6 +109,13 @@ def summarise(meta, rows):
             d_us = [(r["stored_ns"] - r["claimed_ns"]) / 1e3 for r in split_folds]
             line += (f"; {len(split_folds)} folds since: claim to stored median {statistics.median(d_us):.1f} us, "
                      f"fold median {statistics.median(f_us):.1f} max {max(f_us):.1f} us")
+        # Whole tiles still running when every piece is done: the split took too few tiles
+        # (ag_gemm before it counted the comm CTAs' late claims).
+        last_piece = max(r["stored_ns"] for r in pieces)
+        late_whole = [r for r in rows if r["kind"] == 0 and r["stored_ns"] > last_piece]
+        if late_whole:
+            line += (f"; {len(late_whole)} whole tiles end after the last piece, the latest at "
+                     f"{(max(r['stored_ns'] for r in late_whole) - t0) / 1e3:.1f} us")
         out.append(line)
     out.append(f"    CTA start: median {statistics.median(starts):6.1f}  max {max(starts):6.1f} us;"
                f"  CTA end: min {min(ends):7.1f}  median {statistics.median(ends):7.1f}  max {max(ends):7.1f} us")

@@ -624,32 +624,46 @@ TEST_P(TpOpsOptions, EveryAlgorithmAndRoleSplitIsCorrect) {
 INSTANTIATE_TEST_SUITE_P(TpOps, TpOpsOptions, ::testing::ValuesIn(kOps),
                          [](const ::testing::TestParamInfo<OpId>& info) { return op_param_name(info.param); });
 
+// The gathered A is bit-exact whatever the row chunks (planner::ag_rows_per_flag; K = 1536:
+// 1 comm CTA pushes 256-row chunks, 24 push 32-row chunks, so a tile row waits for 4 flags),
+// and the shard reaches this rank's own rows of gathered_a as well.
 TEST(TpOpsGatheredA, AgReturnsTheGatheredABitExact) {
   SKIP_UNLESS_MULTI_RANK();
   Communicator& comm = shared_comm();
-  const uint64_t seed = 900;
-  for (BLayout layout : {BLayout::kKN, BLayout::kNK}) {
-    const Shape s = make_shape(OpId::kAgGemm, 2048, 1024, 1536, layout);
-    SymmetricMem sym(comm);
-    Inputs in(s, seed);
-    Output out(s, sym);
-    const size_t gathered_bytes = static_cast<size_t>(s.m * s.k_global) * s.elem();
-    void* gathered = sym.alloc(gathered_bytes);
-    const bool ready = in.ok() && out.p && gathered && cudaMemset(out.p, 0xFF, s.out_bytes()) == cudaSuccess &&
-                       cudaMemset(gathered, 0xFF, gathered_bytes) == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess;
-    ASSERT_TRUE(agree(ready)) << "setting up " << s.text();
-    TpGemmArgs args = args_for(s, in, out.p);
-    args.gathered_a = gathered;
-    const Status launched = ag_gemm(comm, args, nullptr);
-    ASSERT_TRUE(agree(launched.ok())) << s.text() << " with gathered_a: " << launched.to_string();
-    const Status synced = comm.synchronize(nullptr);
-    ASSERT_TRUE(agree(synced.ok())) << s.text() << " with gathered_a: " << synced.to_string();
-    const std::unique_ptr<DeviceMem> want = gathered_reference(s, seed);
-    EXPECT_EQ(different_words(gathered, want->p, gathered_bytes), 0u) << s.text() << ": gathered_a differs from the gathered shards";
-    const Reference ref(s, seed);
-    const Verdict v = compare_output(s, out.p, ref, s.text() + " with gathered_a");
-    EXPECT_TRUE(v.ok) << v.report;
-    ASSERT_TRUE(agree(!HasFailure()));
+  uint64_t seed = 900;
+  struct Variant {
+    const char* label;
+    TpGemmOptions options;
+  };
+  const Variant variants[] = {{"planner", {}},
+                              {"fused, 1 comm CTA", {TpAlgorithm::kFused, 1, GemmTile::kAuto}},
+                              {"fused, 24 comm CTAs", {TpAlgorithm::kFused, 24, GemmTile::kAuto}}};
+  for (const auto& [label, options] : variants) {
+    for (BLayout layout : {BLayout::kKN, BLayout::kNK}) {
+      ++seed;
+      const Shape s = make_shape(OpId::kAgGemm, 2048, 1024, 1536, layout);
+      SymmetricMem sym(comm);
+      Inputs in(s, seed);
+      Output out(s, sym);
+      const size_t gathered_bytes = static_cast<size_t>(s.m * s.k_global) * s.elem();
+      void* gathered = sym.alloc(gathered_bytes);
+      const bool ready = in.ok() && out.p && gathered && cudaMemset(out.p, 0xFF, s.out_bytes()) == cudaSuccess &&
+                         cudaMemset(gathered, 0xFF, gathered_bytes) == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess;
+      ASSERT_TRUE(agree(ready)) << "setting up " << s.text();
+      TpGemmArgs args = args_for(s, in, out.p);
+      args.gathered_a = gathered;
+      const Status launched = ag_gemm(comm, args, nullptr, options);
+      ASSERT_TRUE(agree(launched.ok())) << s.text() << " with gathered_a, " << label << ": " << launched.to_string();
+      const Status synced = comm.synchronize(nullptr);
+      ASSERT_TRUE(agree(synced.ok())) << s.text() << " with gathered_a, " << label << ": " << synced.to_string();
+      const std::unique_ptr<DeviceMem> want = gathered_reference(s, seed);
+      EXPECT_EQ(different_words(gathered, want->p, gathered_bytes), 0u)
+          << s.text() << ", " << label << ": gathered_a differs from the gathered shards";
+      const Reference ref(s, seed);
+      const Verdict v = compare_output(s, out.p, ref, s.text() + " with gathered_a, " + label);
+      EXPECT_TRUE(v.ok) << v.report;
+      ASSERT_TRUE(agree(!HasFailure()));
+    }
   }
 }
 

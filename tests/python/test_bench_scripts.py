@@ -136,3 +136,20 @@ def test_timeline_summary_reports_the_tail_split(tmp_path):
     assert run.returncode == 0, run.stderr
     assert ("tail split: 2 pieces claimed from 300.0 us, claim to stored median 40.0 us; 1 folds since: "
             "claim to stored median 60.0 us, fold median 20.0 max 20.0 us") in run.stdout, run.stdout
+
+
+def test_timeline_summary_reports_whole_tiles_left_beside_the_pieces(tmp_path):
+    # At 1 GHz: a whole tile claimed with two pieces at 300 us ends at 390 us, after both pieces
+    # (340 us): the split left it out.
+    header = ("tile,m_block,n_block,kind,cta,smid,claimed_ns,stored_ns,claimed_clock,mainloop_clock,stored_clock,"
+              "fold_cycles,fold_drain_cycles,fold_signal_cycles")
+    lines = ["# op=ag_gemm M=512 N=256 K_rank=64 what=fused tile=128x256 rank=0 world=2", header]
+    lines.append("0,0,0,0,0,0,0,90000,0,88000,90000,0,0,0")
+    lines.append("1,1,0,0,0,0,300000,390000,300000,388000,390000,0,0,0")
+    for slot in range(2):
+        lines.append(f"{2 + slot},-1,-1,5,{1 + slot},{1 + slot},300000,340000,300000,339000,340000,0,0,0")
+    (tmp_path / "timeline_ag_gemm_512_fused_rank0.csv").write_text("\n".join(lines) + "\n")
+    run = subprocess.run([sys.executable, str(REPO / "bench/timeline_summary.py"), str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert "1 whole tiles end after the last piece, the latest at 390.0 us" in run.stdout, run.stdout
