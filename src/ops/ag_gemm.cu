@@ -20,7 +20,6 @@ namespace {
 
 namespace kt = kernels::tp;
 namespace kg = kernels::gemm;
-using ops::tp::kFusedBlockM;
 using ops::tp::TpDecision;
 using ops::tp::TpPath;
 

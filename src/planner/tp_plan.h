@@ -153,12 +153,12 @@ TailSplit plan_tail_split(int64_t total_tiles, int grid, int64_t k_blocks, int s
                           int64_t late_claims = 0, const TpCostModel& model = {});
 
 // ag_gemm's arrival flags: rows of a rank's shard per flag, each flag's rows one push chunk
-// (kernels/tp/ag_gemm.cuh). The largest divisor of rows_per_rank whose chunk stays within
-// ag_chunk_bytes and that cuts the shard into enough chunks for every comm CTA to push one
-// (destinations * chunks >= comm_ctas), not below ag_min_rows_per_flag; when no divisor gives
-// enough chunks, the finest one allowed. Chunks of whole tile rows left most comm CTAs idle at
-// small M (2 x H200, M = 1024: 4 chunks of 2 MiB for 14 comm CTAs, the first other-rank tile
-// row arrived after 100 us, a tile's time).
+// (kernels/tp/ag_gemm.cuh). Whole tile rows (as many as keep a chunk within ag_chunk_bytes, at
+// least one) when they cut the shard into enough chunks for every comm CTA to push one
+// (destinations * chunks >= comm_ctas); else the largest divisor of rows_per_rank that does and
+// fits, not below ag_min_rows_per_flag; else the finest allowed. Whole tile rows alone left most
+// comm CTAs idle at small M (2 x H200, M = 1024: 4 chunks of 2 MiB for 14 comm CTAs, the other
+// rank's rows arrived after ~100 us, a tile's time).
 // destinations: where each chunk goes (W - 1 peers, + 1 when the rank's own rows are copied too).
 int64_t ag_rows_per_flag(int64_t rows_per_rank, uint64_t row_bytes, int comm_ctas, int destinations,
                          const TpCostModel& model = {});
