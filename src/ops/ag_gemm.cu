@@ -81,16 +81,8 @@ planner::TailSplit ag_tail_split(const TpGemmArgs& a, int world, GemmTile tile, 
   const GemmTileInfo info = gemm_tile_info(tile);
   const int64_t tiles = ((a.m + info.block_m - 1) / info.block_m) * ((a.n + info.block_n - 1) / info.block_n);
   const int64_t k_blocks = (a.k + info.block_k - 1) / info.block_k;
-  planner::TpRequest r;
-  r.op = OpId::kAgGemm;
-  r.m = a.m;
-  r.n = a.n;
-  r.k = a.k;
-  r.local_world = world;
-  r.dtype = a.dtype;
-  r.b_layout = a.b_layout;
-  r.sm_count = grid;
-  const int64_t late = planner::ag_late_claims(r, tile, comm_ctas, rows_per_flag, world - 1);
+  const int64_t late = planner::ag_late_claims(ops::tp::tp_request(OpId::kAgGemm, a, world, grid), tile, comm_ctas,
+                                               rows_per_flag, world - 1);
   return planner::plan_tail_split(tiles, grid, k_blocks, info.stages, tiles, requested, late);
 }
 

@@ -105,22 +105,29 @@ struct TpDecision {
 // the reason (shown when fused was forced, logged when the planner's choice falls back).
 using FusedCheck = std::function<std::string(GemmTile tile, int grid)>;
 
+// The planner's view of a call on `world` local ranks and `sm_count` SMs.
+inline planner::TpRequest tp_request(OpId op, const TpGemmArgs& a, int world, int sm_count) {
+  planner::TpRequest r;
+  r.op = op;
+  r.m = a.m;
+  r.n = a.n;
+  r.k = a.k;
+  r.local_world = world;
+  r.dtype = a.dtype;
+  r.b_layout = a.b_layout;
+  r.sm_count = sm_count;
+  return r;
+}
+
 // Plans the call (options, tuning cache, cost model: planner/tp_plan.h), then applies what the
 // fused kernels can run. Every rank reaches the same decision from the same arguments.
 inline Result<TpDecision> decide(Communicator::Impl& impl, OpId op, const TpGemmArgs& a, const TpGemmOptions& options,
                                  const FusedCheck& fused_check) {
   const std::string name(planner::tp_op_name(op));
   const int world = impl.topology.local_world_size;
-  planner::TpRequest request;
-  request.op = op;
-  request.m = a.m;
-  request.n = a.n;
-  request.k = a.k;
-  request.local_world = world;
-  request.dtype = a.dtype;
-  request.b_layout = a.b_layout;
   // The node's smallest SM count, so that every rank plans alike.
-  request.sm_count = impl.topology.min_sm_count > 0 ? impl.topology.min_sm_count : impl.sm_count;
+  const planner::TpRequest request =
+      tp_request(op, a, world, impl.topology.min_sm_count > 0 ? impl.topology.min_sm_count : impl.sm_count);
   LOOM_ASSIGN_OR_RETURN(const planner::TuningCache* cache, planner::tuning_cache_from_env());
   LOOM_ASSIGN_OR_RETURN(planner::TpPlan plan, planner::plan_tp(request, options, cache));
 
