@@ -100,7 +100,7 @@ Status run_fused(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, c
   const planner::TailSplit split = ag_tail_split(a, world, d.tile, d.grid, d.comm_ctas, rows_per_flag, d.tail_pieces);
   const int64_t piece_slots = ops::tp::piece_slots_of(split);
   const size_t gathered_bytes = a.gathered_a == nullptr ? (static_cast<size_t>(a.m * a.k) * e + 1023) / 1024 * 1024 : 0;
-  const size_t piece_bytes = static_cast<size_t>(piece_slots) * static_cast<size_t>(info.block_m * info.block_n) * e;
+  const size_t piece_bytes = ops::tp::piece_slot_bytes(piece_slots, d.tile, a.dtype);
   void* workspace = nullptr;
   if (gathered_bytes + piece_bytes > 0) {
     LOOM_ASSIGN_OR_RETURN(workspace, ops::tp::ensure_workspace(comm, gathered_bytes + piece_bytes, stream, "ag_gemm"));

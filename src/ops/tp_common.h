@@ -341,6 +341,13 @@ inline int64_t piece_slots_of(const planner::TailSplit& split) {
   return split.pieces >= 2 ? split.tiles * (split.pieces - 1) : 0;
 }
 
+// Workspace bytes of `piece_slots` slots (one BLOCK_M x BLOCK_N tile of the input type each).
+inline size_t piece_slot_bytes(int64_t piece_slots, GemmTile tile, DType dtype) {
+  const GemmTileInfo info = gemm_tile_info(tile);
+  return static_cast<size_t>(piece_slots) * static_cast<size_t>(info.block_m) * static_cast<size_t>(info.block_n) *
+         dtype_size(dtype);
+}
+
 // Fills a launch's tail split: the scheduler's split and, with pieces, the piece slots at `base`
 // (kernels/tp/tail_pieces.cuh) and their flags from op_flags[flag_base].
 inline Status set_tail_split(const planner::TailSplit& split, void* base, GemmTile tile, DType dtype, uint64_t flag_base,
@@ -375,9 +382,7 @@ inline size_t reduce_peer_staging_bytes(const TpGemmArgs& a, int world) {
   return (bytes + 1023) / 1024 * 1024;
 }
 inline size_t reduce_staging_bytes(const TpGemmArgs& a, int world, GemmTile tile, int64_t piece_slots) {
-  const GemmTileInfo info = gemm_tile_info(tile);
-  return reduce_peer_staging_bytes(a, world) + static_cast<size_t>(piece_slots) * static_cast<size_t>(info.block_m) *
-                                                   static_cast<size_t>(info.block_n) * dtype_size(a.dtype);
+  return reduce_peer_staging_bytes(a, world) + piece_slot_bytes(piece_slots, tile, a.dtype);
 }
 
 // Fills the kernel parameters of a fused gemm_rs / gemm_ar launch. `staging` is this rank's TP
