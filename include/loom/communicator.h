@@ -27,6 +27,10 @@ struct CommOptions {
   std::chrono::milliseconds op_timeout{0};      // LOOM_TIMEOUT_MS
   std::chrono::milliseconds bootstrap_timeout{0};  // LOOM_BOOTSTRAP_TIMEOUT_MS
   int device = -1;                              // CUDA device; -1: LOCAL_RANK, else rank % device count
+  // LOOM_RANKS_PER_GPU; 0 keeps the environment's. n > 1 is the shared-GPU mode: up to n ranks
+  // share one GPU as time-sliced processes (device = LOCAL_RANK mod the visible GPUs), so every
+  // multi-rank path can be tested on few GPUs. It is for correctness only: it measures no speed.
+  int ranks_per_gpu = 0;
 };
 
 // Created by one rank, passed to the others by the application (bytes are opaque).
@@ -56,6 +60,8 @@ class Communicator {
   int num_nodes() const;
   int device() const;
   int sm_count() const;          // of this rank's GPU
+  int ranks_per_gpu() const;     // the shared-GPU setting (1: one rank per GPU)
+  int ranks_on_gpu() const;      // ranks of this job on this rank's GPU, this one included
 
   // Symmetric allocation (collective: every rank calls it with the same sizes in the same
   // order, and gets the same offset in its heap). Peers can read and write it over NVLink.

@@ -210,6 +210,9 @@ class Communicator:
     num_nodes = property(lambda self: self._c.num_nodes)
     device = property(lambda self: self._c.device, doc="this rank's CUDA device ordinal")
     sm_count = property(lambda self: self._c.sm_count)
+    ranks_per_gpu = property(lambda self: self._c.ranks_per_gpu,
+                             doc="LOOM_RANKS_PER_GPU: > 1 in the shared-GPU mode (ranks take turns on a GPU; no timing)")
+    ranks_on_gpu = property(lambda self: self._c.ranks_on_gpu, doc="ranks of the job on this rank's GPU, itself included")
     closed = property(lambda self: self._c.closed)
 
     # ---- runtime -----------------------------------------------------------------------------

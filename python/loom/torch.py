@@ -51,8 +51,9 @@ _FLOAT = (torch.bfloat16, torch.float16, torch.float32)
 
 def register_communicator(comm: Any) -> int:
     """The int that stands for `comm` in operator calls (idempotent; loom.Communicator objects
-    have one from creation). Anything with ``local_world_size`` (and ``rank``) can be registered,
-    which is how fake-tensor tests run without a GPU. Register before torch.compile traces."""
+    have one from creation). Anything with ``local_world_size`` (and ``rank``; ``world_size`` when
+    it spans several nodes) can be registered, which is how fake-tensor tests run without a GPU.
+    Register before torch.compile traces."""
     h = getattr(comm, "_loom_handle", None)
     return h if h is not None else _comm_registry.register(comm)
 
@@ -112,6 +113,12 @@ def _staging(comm: Communicator, role: str, shape: tuple, dtype: torch.dtype) ->
 
 def _is_symmetric(comm: Communicator, x: torch.Tensor) -> bool:
     return comm._c.is_symmetric(x.data_ptr(), x.numel() * x.element_size())
+
+
+def _tp_world(comm: Any) -> int:
+    """Ranks the tensor-parallel ops split M or K over: every rank of the job (across nodes too);
+    the collectives stay within one node (local_world_size)."""
+    return getattr(comm, "world_size", comm.local_world_size)
 
 
 def _tp_shapes(op: str, a: torch.Tensor, b: torch.Tensor, b_layout: str, world: int, rank: int | None) -> tuple:
@@ -259,7 +266,7 @@ def _all_reduce_fake(x, comm):
 @_impl("ag_gemm")
 def _ag_gemm_impl(a, b, comm, b_layout="kn"):
     c = _comm(comm, "ag_gemm")
-    m, n, _ = _tp_shapes("ag_gemm", a, b, b_layout, c.local_world_size, c.rank)
+    m, n, _ = _tp_shapes("ag_gemm", a, b, b_layout, _tp_world(c), c.rank)
     out = a.new_empty((m, n))
     _C.ag_gemm(c._c, a, b, out, _raw_stream(c.device), b_layout)
     return out
@@ -268,8 +275,8 @@ def _ag_gemm_impl(a, b, comm, b_layout="kn"):
 @_impl("gemm_rs")
 def _gemm_rs_impl(a, b, comm, b_layout="kn"):
     c = _comm(comm, "gemm_rs")
-    m, n, _ = _tp_shapes("gemm_rs", a, b, b_layout, c.local_world_size, c.rank)
-    out = a.new_empty((m // c.local_world_size, n))
+    m, n, _ = _tp_shapes("gemm_rs", a, b, b_layout, _tp_world(c), c.rank)
+    out = a.new_empty((m // _tp_world(c), n))
     _C.gemm_rs(c._c, a, b, out, _raw_stream(c.device), b_layout)
     return out
 
@@ -277,7 +284,7 @@ def _gemm_rs_impl(a, b, comm, b_layout="kn"):
 @_impl("gemm_ar")
 def _gemm_ar_impl(a, b, comm, b_layout="kn"):
     c = _comm(comm, "gemm_ar")
-    m, n, _ = _tp_shapes("gemm_ar", a, b, b_layout, c.local_world_size, c.rank)
+    m, n, _ = _tp_shapes("gemm_ar", a, b, b_layout, _tp_world(c), c.rank)
     _check_input(a, "a", "gemm_ar", c, _HALF)
     out = _staging(c, "gemm_ar.out", (m, n), a.dtype)
     _C.gemm_ar(c._c, a, b, out, _raw_stream(c.device), b_layout)
@@ -287,8 +294,8 @@ def _gemm_ar_impl(a, b, comm, b_layout="kn"):
 def _tp_fake(op: str):
     def fake(a, b, comm, b_layout="kn"):
         c = _comm(comm, op)
-        m, n, _ = _tp_shapes(op, a, b, b_layout, c.local_world_size, c.rank)
-        return a.new_empty((m // c.local_world_size if op == "gemm_rs" else m, n))
+        m, n, _ = _tp_shapes(op, a, b, b_layout, _tp_world(c), c.rank)
+        return a.new_empty((m // _tp_world(c) if op == "gemm_rs" else m, n))
     return fake
 
 

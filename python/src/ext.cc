@@ -59,7 +59,7 @@ struct PyCommunicator {
   std::unique_ptr<Communicator> comm;
   // Copied at creation: error messages and properties stay valid after close().
   int rank = -1, world_size = 0, local_rank = -1, local_world_size = 0, node = -1, num_nodes = 0, device = -1,
-      sm_count = 0;
+      sm_count = 0, ranks_per_gpu = 1, ranks_on_gpu = 1;
   int live_buffers = 0;  // symmetric buffers handed out by empty() and not yet freed (GIL-guarded)
 
   explicit PyCommunicator(std::unique_ptr<Communicator> c) : comm(std::move(c)) {
@@ -71,6 +71,8 @@ struct PyCommunicator {
     num_nodes = comm->num_nodes();
     device = comm->device();
     sm_count = comm->sm_count();
+    ranks_per_gpu = comm->ranks_per_gpu();
+    ranks_on_gpu = comm->ranks_on_gpu();
   }
   PyCommunicator(PyCommunicator&&) = default;
 
@@ -224,16 +226,19 @@ void require_shape(const TensorArg& t, int64_t rows, int64_t cols, const std::st
 }
 
 // What the ops need of a communicator. `comm` is null only for _check_args (no runtime: the
-// call is checked, never launched); `world` is the local world size (one NVLink domain).
+// call is checked, never launched). `world` is the local world size (one NVLink domain: the
+// collectives); `tp_world` every rank of the job, over which the tensor-parallel ops split M or K
+// (the same on one node; across nodes the multi-node operators take the global world).
 struct CommView {
   Communicator* comm = nullptr;
   int rank = -1;
   int world = 0;
+  int tp_world = 0;
   int device = -1;  // -1: any CUDA device
 };
 
 CommView view_of(PyCommunicator& pc, std::string_view op) {
-  return CommView{&pc.get(op), pc.rank, pc.local_world_size, pc.device};
+  return CommView{&pc.get(op), pc.rank, pc.local_world_size, pc.world_size, pc.device};
 }
 
 // ---- ops: parse + check once ("prepare"), launch any number of times -----------------------
@@ -414,7 +419,7 @@ TpCall prepare_tp(TpKind kind, const CommView& pc, nb::handle a, nb::handle b, n
   const bool has_gathered = !gathered_a.is_none();
   if (has_gathered && kind != TpKind::kAgGemm) invalid(op, rank, "gathered_a belongs to ag_gemm");
   if (has_gathered) c.gathered = tensor_arg(gathered_a, "gathered_a", op, rank);
-  const int64_t w = pc.world;
+  const int64_t w = pc.tp_world;
   require_ndim(c.a, 2, kind == TpKind::kAgGemm ? "[M/W, K] (this rank's rows)" : "[M, K]", op, rank);
   require_ndim(c.b, 2, layout == BLayout::kKN ? "[K, N]" : "[N, K]", op, rank);
   require_ndim(c.out, 2, kind == TpKind::kGemmRs ? "[M/W, N]" : "[M, N]", op, rank);
@@ -561,6 +566,8 @@ NB_MODULE(_C, m) {
       .def_prop_ro("num_nodes", [](const PyCommunicator& c) { return c.num_nodes; })
       .def_prop_ro("device", [](const PyCommunicator& c) { return c.device; })
       .def_prop_ro("sm_count", [](const PyCommunicator& c) { return c.sm_count; })
+      .def_prop_ro("ranks_per_gpu", [](const PyCommunicator& c) { return c.ranks_per_gpu; })
+      .def_prop_ro("ranks_on_gpu", [](const PyCommunicator& c) { return c.ranks_on_gpu; })
       .def_prop_ro("closed", [](const PyCommunicator& c) { return !c.comm; })
       .def_prop_ro("live_buffers", [](const PyCommunicator& c) { return c.live_buffers; })
       .def(
@@ -659,7 +666,7 @@ NB_MODULE(_C, m) {
       "_check_args",
       [](const std::string& op, int world, nb::tuple tensors, std::string_view b_layout) {
         auto t = [&](size_t i) { return i < tensors.size() ? nb::handle(tensors[i]) : nb::handle(Py_None); };
-        const CommView fake{nullptr, 0, world, -1};
+        const CommView fake{nullptr, 0, world, world, -1};
         if (op == "gemm") {
           (void)prepare_gemm(t(0), t(1), t(2), 0, b_layout, "auto", 0);
         } else if (op == "all_gather") {

@@ -17,6 +17,8 @@ constexpr VariableDoc kVariables[] = {
     {"LOOM_HEAP_BYTES", "symmetric heap size per GPU, bytes with optional K/M/G suffix (default 1G)"},
     {"LOOM_HEAP_BACKEND", "symmetric heap backend: auto (default), vmm (cuMem + POSIX fd), ipc (legacy CUDA IPC)"},
     {"LOOM_COLL_CTAS", "CTAs used by loom's NVLink collectives; 0 (default) lets the planner decide"},
+    {"LOOM_RANKS_PER_GPU", "shared-GPU mode: up to n ranks may share one GPU, time-sliced (default 1: one rank per GPU); "
+                           "for correctness runs on few GPUs, it measures no speed"},
     {"LOOM_BOOTSTRAP_PORT", "port rank 0's bootstrap listens on (default MASTER_PORT; MASTER_PORT + 1 under torchrun)"},
     {"LOOM_SECRET", "per-job bootstrap secret, 32 hex digits; loom-run and unique ids generate one"},
     {"LOOM_TUNING_CACHE", "JSON tuning cache of the fused operators' role split (written by loom-bench tune)"},
@@ -164,6 +166,8 @@ Result<Settings> Settings::from_env() {
   s.heap_backend = backend == "vmm" ? HeapBackend::kVmm : backend == "ipc" ? HeapBackend::kIpc : HeapBackend::kAuto;
   LOOM_ASSIGN_OR_RETURN(int64_t ctas, get_int("LOOM_COLL_CTAS", 0, 0, 4096));
   s.collective_ctas = static_cast<int>(ctas);
+  LOOM_ASSIGN_OR_RETURN(int64_t per_gpu, get_int("LOOM_RANKS_PER_GPU", 1, 1, kMaxRanksPerGpu));
+  s.ranks_per_gpu = static_cast<int>(per_gpu);
   // LOOM_SECRET is parsed (and validated) by the bootstrap, which needs its bytes.
   return s;
 }

@@ -44,6 +44,9 @@ std::span<const VariableDoc> loom_variables();
 
 enum class HeapBackend : uint8_t { kAuto, kVmm, kIpc };
 
+// The most ranks LOOM_RANKS_PER_GPU lets share one GPU.
+inline constexpr int kMaxRanksPerGpu = 64;
+
 // All LOOM_* settings, parsed once per communicator.
 struct Settings {
   LogLevel log_level = LogLevel::kWarn;
@@ -52,6 +55,9 @@ struct Settings {
   uint64_t heap_bytes = uint64_t{1} << 30;               // LOOM_HEAP_BYTES
   HeapBackend heap_backend = HeapBackend::kAuto;         // LOOM_HEAP_BACKEND
   int collective_ctas = 0;                               // LOOM_COLL_CTAS (0: planner decides)
+  // LOOM_RANKS_PER_GPU: 1 refuses two ranks on one GPU; n > 1 is the shared-GPU mode (up to n
+  // ranks per GPU, devices assigned round-robin), a correctness mode that measures no speed.
+  int ranks_per_gpu = 1;
 
   static Result<Settings> from_env();
 };

@@ -43,7 +43,9 @@ std::string host_identity() {
   return id;
 }
 
-Result<int> pick_device(const CommOptions& options, int rank) {
+// The CUDA device of a rank: options.device, else LOCAL_RANK, else rank mod the visible devices.
+// In the shared-GPU mode several local ranks take turns on the visible devices (round-robin).
+Result<int> pick_device(const CommOptions& options, int rank, int ranks_per_gpu) {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver || count == 0) {
@@ -56,19 +58,22 @@ Result<int> pick_device(const CommOptions& options, int rank) {
   if (device < 0) {
     if (std::optional<std::string> local = env::get_raw("LOCAL_RANK")) {
       LOOM_ASSIGN_OR_RETURN(int64_t lr, env::parse_int("LOCAL_RANK", *local, 0, 1 << 20));
-      device = static_cast<int>(lr);
+      device = ranks_per_gpu > 1 ? static_cast<int>(lr % count) : static_cast<int>(lr);
     } else {
       device = rank % count;
     }
   }
   if (device >= count) {
     return Status::invalid_argument("device " + std::to_string(device) + " requested but only " +
-                                    std::to_string(count) + " CUDA devices are visible");
+                                    std::to_string(count) + " CUDA devices are visible" +
+                                    (ranks_per_gpu > 1 ? std::string()
+                                                       : std::string(" (LOOM_RANKS_PER_GPU=n lets n ranks share one GPU, "
+                                                                     "for correctness runs)")));
   }
   return device;
 }
 
-Result<runtime::RankDescriptor> describe_self(int device, int sm_count) {
+Result<runtime::RankDescriptor> describe_self(int device, int sm_count, int ranks_per_gpu) {
   runtime::RankDescriptor d{};
   std::snprintf(d.host_id, sizeof(d.host_id), "%s", host_identity().c_str());
   LOOM_CUDA_TRY(cudaDeviceGetPCIBusId(d.pci_bus_id, sizeof(d.pci_bus_id), device));
@@ -80,6 +85,7 @@ Result<runtime::RankDescriptor> describe_self(int device, int sm_count) {
   }
   d.sm_count = sm_count;
   d.pid = static_cast<int32_t>(getpid());
+  d.ranks_per_gpu = ranks_per_gpu;
   return d;
 }
 
@@ -108,8 +114,13 @@ Result<std::unique_ptr<Communicator::Impl>> build(const CommOptions& options,
   if (options.heap_bytes != 0) impl->settings.heap_bytes = options.heap_bytes;
   if (options.op_timeout.count() > 0) impl->settings.op_timeout = options.op_timeout;
   if (options.bootstrap_timeout.count() > 0) impl->settings.bootstrap_timeout = options.bootstrap_timeout;
+  if (options.ranks_per_gpu < 0 || options.ranks_per_gpu > env::kMaxRanksPerGpu) {
+    return Status::invalid_argument("CommOptions::ranks_per_gpu " + std::to_string(options.ranks_per_gpu) + " outside [0, " +
+                                    std::to_string(env::kMaxRanksPerGpu) + "]");
+  }
+  if (options.ranks_per_gpu > 0) impl->settings.ranks_per_gpu = options.ranks_per_gpu;
 
-  LOOM_ASSIGN_OR_RETURN(impl->device, pick_device(options, rank_for_device));
+  LOOM_ASSIGN_OR_RETURN(impl->device, pick_device(options, rank_for_device, impl->settings.ranks_per_gpu));
   LOOM_CUDA_TRY(cudaSetDevice(impl->device));
   cudaDeviceProp prop{};
   LOOM_CUDA_TRY(cudaGetDeviceProperties(&prop, impl->device));
@@ -125,7 +136,7 @@ Result<std::unique_ptr<Communicator::Impl>> build(const CommOptions& options,
   set_log_rank(boot.rank());
 
   // Topology from every rank's self-description.
-  Result<runtime::RankDescriptor> self = describe_self(impl->device, impl->sm_count);
+  Result<runtime::RankDescriptor> self = describe_self(impl->device, impl->sm_count, impl->settings.ranks_per_gpu);
   LOOM_TRY(collective_step(boot, self.status(), "describing this rank"));
   std::vector<runtime::RankDescriptor> all(boot.world_size());
   LOOM_TRY_CTX(boot.all_gather(&self.value(), all.data(), sizeof(runtime::RankDescriptor)), "exchanging rank descriptors");
@@ -552,6 +563,8 @@ int Communicator::node() const { return impl_->topology.node; }
 int Communicator::num_nodes() const { return impl_->topology.num_nodes; }
 int Communicator::device() const { return impl_->device; }
 int Communicator::sm_count() const { return impl_->sm_count; }
+int Communicator::ranks_per_gpu() const { return impl_->topology.ranks_per_gpu; }
+int Communicator::ranks_on_gpu() const { return impl_->topology.ranks_on_my_gpu; }
 
 Result<void*> Communicator::alloc(size_t bytes) {
   LOOM_TRY(impl_->check_usable());

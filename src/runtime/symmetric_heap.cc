@@ -412,8 +412,9 @@ Status SymmetricHeap::decide_layout(const Topology& topology, const HeapOptions&
   return Status::ok_status();
 }
 
-// Where a peer's GPU is also visible in this process, ask the runtime whether ours can reach it;
-// a pair without a peer path fails here, by name, rather than as a fault in the first kernel.
+// Where a peer's GPU is also visible in this process, ask the runtime whether ours can reach it
+// (a peer on our own GPU can: shared-GPU mode); a pair without a peer path fails here, by name,
+// rather than as a fault in the first kernel.
 // (Peers outside this process's CUDA_VISIBLE_DEVICES are covered by the self-test.)
 Status SymmetricHeap::check_peer_reachability(const Topology& topology, const InitState& state) const {
   for (int local = 0; local < local_world_; ++local) {
@@ -425,6 +426,9 @@ Status SymmetricHeap::check_peer_reachability(const Topology& topology, const In
       cudaGetLastError();  // not visible here; clear the (non-sticky) error
       continue;
     }
+    // A peer on this very GPU (the shared-GPU mode; the topology refuses it otherwise) reaches
+    // our heap through its own mapping of the allocation: no peer path is needed.
+    if (peer_device == device_) continue;
     int reachable = 0;
     LOOM_CUDA_TRY(cudaDeviceCanAccessPeer(&reachable, device_, peer_device));
     if (reachable == 0) {

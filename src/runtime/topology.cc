@@ -14,6 +14,18 @@ Result<Topology> build_topology(std::span<const RankDescriptor> ranks, int my_ra
                                     std::to_string(world));
   }
   if (emulate_nodes < 1) return Status::invalid_argument("topology: emulated node count must be >= 1");
+  const int per_gpu = ranks[0].ranks_per_gpu;
+  for (int r = 0; r < world; ++r) {
+    if (ranks[r].ranks_per_gpu < 1) {
+      return Status::invalid_argument("topology: rank " + std::to_string(r) + " has ranks_per_gpu " +
+                                      std::to_string(ranks[r].ranks_per_gpu) + " (must be >= 1)");
+    }
+    if (ranks[r].ranks_per_gpu != per_gpu) {
+      return Status::invalid_argument("topology: LOOM_RANKS_PER_GPU differs between ranks: rank 0 has " +
+                                      std::to_string(per_gpu) + ", rank " + std::to_string(r) + " has " +
+                                      std::to_string(ranks[r].ranks_per_gpu) + "; every rank must use the same setting");
+    }
+  }
 
   // Hosts in order of their lowest rank, so node ids are equal on every rank.
   std::map<std::string, std::vector<int>> ranks_of_host;
@@ -32,16 +44,26 @@ Result<Topology> build_topology(std::span<const RankDescriptor> ranks, int my_ra
                                       " ranks but another runs " + std::to_string(per_host) +
                                       "; every node must run the same number of ranks");
     }
-    // Two ranks on one GPU would deadlock NVLink protocols (NCCL documents the same).
-    for (size_t i = 0; i < members.size(); ++i) {
-      for (size_t j = i + 1; j < members.size(); ++j) {
-        const RankDescriptor& a = ranks[members[i]];
-        const RankDescriptor& b = ranks[members[j]];
-        if (std::strncmp(a.pci_bus_id, b.pci_bus_id, sizeof(a.pci_bus_id)) == 0 && a.pci_bus_id[0] != '\0') {
-          return Status::invalid_argument("topology: ranks " + std::to_string(members[i]) + " and " +
-                                          std::to_string(members[j]) + " use the same GPU " + a.pci_bus_id);
-        }
+    // Ranks per GPU: two ranks on one GPU would deadlock NVLink protocols that expect their peers
+    // to run at the same moment (NCCL refuses them too); loom's kernels make progress on a
+    // time-sliced GPU, so the shared-GPU mode admits up to ranks_per_gpu ranks per GPU.
+    std::map<std::string, std::vector<int>> ranks_of_gpu;
+    for (int r : members) {
+      if (ranks[r].pci_bus_id[0] == '\0') continue;
+      ranks_of_gpu[std::string(ranks[r].pci_bus_id, strnlen(ranks[r].pci_bus_id, sizeof(ranks[r].pci_bus_id)))].push_back(r);
+    }
+    for (const auto& [bus, users] : ranks_of_gpu) {
+      if (users.size() <= static_cast<size_t>(per_gpu)) continue;
+      std::string list;
+      for (size_t i = 0; i < users.size(); ++i) list += (i == 0 ? "" : i + 1 == users.size() ? " and " : ", ") + std::to_string(users[i]);
+      if (per_gpu == 1) {
+        return Status::invalid_argument("topology: ranks " + list + " use the same GPU " + bus +
+                                        "; one rank per GPU, unless LOOM_RANKS_PER_GPU=n (loom-run --ranks-per-gpu n) "
+                                        "asks for the shared-GPU mode, a correctness mode that measures no speed");
       }
+      return Status::invalid_argument("topology: " + std::to_string(users.size()) + " ranks (" + list + ") use GPU " + bus +
+                                      " but LOOM_RANKS_PER_GPU=" + std::to_string(per_gpu) + " allows " +
+                                      std::to_string(per_gpu));
     }
   }
   if (per_host % static_cast<size_t>(emulate_nodes) != 0) {
@@ -78,6 +100,15 @@ Result<Topology> build_topology(std::span<const RankDescriptor> ranks, int my_ra
   t.local_world_size = per_node;
   t.local_peers.assign(per_node, -1);
   t.min_sm_count = 0;
+  t.ranks_per_gpu = per_gpu;
+  t.ranks_on_my_gpu = 0;
+  const std::string my_host(ranks[my_rank].host_id, strnlen(ranks[my_rank].host_id, sizeof(ranks[my_rank].host_id)));
+  for (int r = 0; r < world; ++r) {
+    const bool same_host = std::string(ranks[r].host_id, strnlen(ranks[r].host_id, sizeof(ranks[r].host_id))) == my_host;
+    const bool same_gpu = ranks[r].pci_bus_id[0] != '\0' &&
+                          std::strncmp(ranks[r].pci_bus_id, ranks[my_rank].pci_bus_id, sizeof(ranks[r].pci_bus_id)) == 0;
+    if (r == my_rank || (same_host && same_gpu)) ++t.ranks_on_my_gpu;
+  }
   for (int r = 0; r < world; ++r) {
     if (t.node_of_rank[r] != t.node) continue;
     t.local_peers[t.local_rank_of_rank[r]] = r;

@@ -20,6 +20,7 @@ struct RankDescriptor {
   int32_t local_rank_hint = -1;  // LOCAL_RANK if the launcher set it, else -1
   int32_t sm_count = 0;
   int32_t pid = 0;
+  int32_t ranks_per_gpu = 1;  // LOOM_RANKS_PER_GPU of the rank (must be equal on every rank)
 };
 
 struct Topology {
@@ -33,6 +34,10 @@ struct Topology {
   std::vector<int> local_rank_of_rank;  // [world_size]
   std::vector<int> local_peers;         // global ranks of this node, by local rank
   int min_sm_count = 0;                 // smallest SM count over the node's GPUs
+  // Shared-GPU mode (LOOM_RANKS_PER_GPU = n > 1): up to n ranks of a host may use one GPU.
+  // ranks_on_my_gpu counts the ranks (this one included) on this rank's GPU.
+  int ranks_per_gpu = 1;
+  int ranks_on_my_gpu = 1;
   // Nodes are consecutive within a physical host: node n runs on host n / nodes_per_host (the
   // emulated node count, 1 without emulation).
   int nodes_per_host = 1;
@@ -56,8 +61,10 @@ struct Topology {
 };
 
 // Groups ranks by host id (and, with emulate_nodes = n > 1, splits each host's ranks into n
-// virtual nodes of equal size). Fails with invalid_argument if two ranks claim one GPU, if
-// hosts hold different rank counts, or if emulate_nodes does not divide a host's ranks.
+// virtual nodes of equal size). Fails with invalid_argument if more ranks claim one GPU than
+// their ranks_per_gpu allows (two, unless the shared-GPU mode is on), if the ranks disagree on
+// ranks_per_gpu, if hosts hold different rank counts, or if emulate_nodes does not divide a
+// host's ranks.
 Result<Topology> build_topology(std::span<const RankDescriptor> ranks, int my_rank, int emulate_nodes);
 
 }  // namespace loom::runtime

@@ -12,7 +12,10 @@
 //   MultiNodeOps.*                                   ag_gemm, gemm_rs, gemm_ar vs an fp32 reference
 //       for M in {128, 1000, 4096, 16384} (refused shapes: their supported neighbour), both B
 //       layouts, fp16; outputs NaN-filled first, inputs fresh per case; gathered_a bit-exact
-//   MultiNodeStress.FiftyBackToBackLaunchesAreBitIdentical
+//   MultiNodeStress.BackToBackLaunchesAreBitIdentical  50 launches of each operator without a host
+//       sync (LOOM_TEST_STRESS_LAUNCHES overrides), every output the reference's bits
+//   MultiNodeTraffic.EachGpuPostsItsShareOnce        bytes the proxy posts per GPU = its 1/L share:
+//       (N - 1) blocks of M/W rows (gemm_ar twice) plus the entry words
 //   MultiNodeFailure.SilentRankTimesOut              a rank that never launches: timeout naming it
 //                                                    within the deadline + 1 s
 //   MultiNodeFailure.ProxyRejectionIsReportedBySynchronize, PausedProxyIsReportedAsStalled
@@ -29,12 +32,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "core/env.h"
 #include "kernels/comm/epoch.cuh"
 #include "kernels/comm/net.cuh"
 #include "kernels/tp/multinode_layout.h"
@@ -716,10 +721,22 @@ TEST(MultiNodeGatheredA, AgReturnsTheGatheredABitExact) {
 
 // ---- repeatability ------------------------------------------------------------------------------
 
-TEST(MultiNodeStress, FiftyBackToBackLaunchesAreBitIdentical) {
+// LOOM_TEST_STRESS_LAUNCHES launches of each operator back to back (default 50), no host sync in
+// between; outputs rotate through at most 50 buffers, which must all hold the same bits, the
+// reference's.
+int stress_launches() {
+  const char* text = std::getenv("LOOM_TEST_STRESS_LAUNCHES");
+  if (text == nullptr) return 50;
+  const Result<int64_t> n = env::parse_int("LOOM_TEST_STRESS_LAUNCHES", text, 2, 100000);
+  EXPECT_TRUE(n.ok()) << n.status().to_string();
+  return n.ok() ? static_cast<int>(*n) : 50;
+}
+
+TEST(MultiNodeStress, BackToBackLaunchesAreBitIdentical) {
   SKIP_UNLESS_MULTI_NODE();
   Communicator& comm = shared_comm();
-  constexpr int kLaunches = 50;
+  const int launches = stress_launches();
+  const int slots = std::min(launches, 50);
   const uint64_t seed = 4200;
   SymmetricMem sym(comm);
   struct Series {
@@ -734,7 +751,7 @@ TEST(MultiNodeStress, FiftyBackToBackLaunchesAreBitIdentical) {
     Series s;
     s.shape = make_shape(op, 1024, 1024, 2048, BLayout::kNK);
     s.inputs = std::make_unique<Inputs>(s.shape, seed);
-    for (int i = 0; i < kLaunches; ++i) {
+    for (int i = 0; i < slots; ++i) {
       if (op == OpId::kGemmAr) {
         s.outs.push_back(sym.alloc(s.shape.out_bytes()));
       } else {
@@ -751,9 +768,9 @@ TEST(MultiNodeStress, FiftyBackToBackLaunchesAreBitIdentical) {
   cudaStream_t stream;
   MN_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   Status launched;
-  for (int i = 0; i < kLaunches && launched.ok(); ++i) {
+  for (int i = 0; i < launches && launched.ok(); ++i) {
     for (Series& s : series) {
-      const Status st = launch(comm, s.shape.op, args_for(s.shape, *s.inputs, s.outs[static_cast<size_t>(i)]), stream);
+      const Status st = launch(comm, s.shape.op, args_for(s.shape, *s.inputs, s.outs[static_cast<size_t>(i % slots)]), stream);
       launched = st;
       if (!launched.ok()) break;
     }
@@ -766,9 +783,49 @@ TEST(MultiNodeStress, FiftyBackToBackLaunchesAreBitIdentical) {
     EXPECT_EQ(compare_output(s.shape, s.outs[0], ref), "") << s.shape.text() << ", launch 0";
     int differing = 0;
     for (size_t i = 1; i < s.outs.size(); ++i) differing += different_words(s.outs[i], s.outs[0], s.shape.out_bytes()) != 0 ? 1 : 0;
-    EXPECT_EQ(differing, 0) << s.shape.text() << ": launches differing from launch 0 (of " << kLaunches << ", no host sync)";
+    EXPECT_EQ(differing, 0) << s.shape.text() << ": of " << slots << " output buffers (" << launches
+                            << " launches, no host sync), this many differ from the first";
   }
+  if (process().rank == 0) std::printf("[ info     ] %d back-to-back launches of each operator\n", launches);
   EXPECT_TRUE(agree(!HasFailure()));
+}
+
+// ---- traffic --------------------------------------------------------------------------------------
+
+// The hierarchical rule, counted at the proxy: data crosses the network once per remote node and
+// only between same-index GPUs, so each of a node's L GPUs posts exactly its 1/L share: (N - 1)
+// row blocks of M/W rows (ag_gemm: of A; gemm_rs: of the node-reduced partial; gemm_ar: that plus
+// the all-gather's N - 1 blocks of the result), and one 8-byte entry word per network peer that
+// writes to it (ag_gemm's ring: the predecessor; the reduce kernels: every other node).
+TEST(MultiNodeTraffic, EachGpuPostsItsShareOnce) {
+  SKIP_UNLESS_MULTI_NODE();
+  Communicator& comm = shared_comm();
+  runtime::net::Proxy* proxy = comm.impl().network->proxy();
+  ASSERT_NE(proxy, nullptr);
+  const uint64_t nodes = static_cast<uint64_t>(comm.num_nodes());
+  const uint64_t world = static_cast<uint64_t>(comm.world_size());
+  uint64_t seed = 4300;
+  for (OpId op : {OpId::kAgGemm, OpId::kGemmRs, OpId::kGemmAr}) {
+    const Shape s = make_shape(op, static_cast<int64_t>(256 * world), 768, 1024, BLayout::kNK);
+    SymmetricMem sym(comm);
+    Inputs in(s, ++seed);
+    Output out(s, sym);
+    ASSERT_TRUE(agree(in.ok() && out.p != nullptr && cudaDeviceSynchronize() == cudaSuccess));
+    const uint64_t before = proxy->stats().bytes_posted;
+    const Status launched = launch(comm, op, args_for(s, in, out.p), nullptr);
+    const Status synced = launched.ok() ? comm.synchronize(nullptr) : launched;
+    ASSERT_TRUE(agree(synced.ok())) << s.text() << ": " << synced.to_string();
+    const uint64_t posted = proxy->stats().bytes_posted - before;
+    const uint64_t block_rows = static_cast<uint64_t>(s.m) / world;
+    const uint64_t row_bytes = static_cast<uint64_t>(op == OpId::kAgGemm ? s.k_global : s.n) * s.elem();
+    const uint64_t blocks = op == OpId::kGemmAr ? 2 * (nodes - 1) : nodes - 1;
+    const uint64_t entries = op == OpId::kAgGemm ? 1 : nodes - 1;
+    const uint64_t expected = blocks * block_rows * row_bytes + 8 * entries;
+    EXPECT_EQ(posted, expected) << s.text() << ": bytes this GPU posted to the network (" << blocks << " blocks of "
+                                << block_rows << " rows x " << row_bytes << " B + " << entries << " entry words)";
+    EXPECT_EQ(compare_output(s, out.p, Reference(s, seed)), "") << s.text();
+    ASSERT_TRUE(agree(!HasFailure()));
+  }
 }
 
 // ---- failures -------------------------------------------------------------------------------------

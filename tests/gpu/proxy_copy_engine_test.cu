@@ -11,6 +11,10 @@
 //   StalledProxyEndsTheGpuProducersWait     paused proxy: a kernel pushing into the full ring ends
 //                                           with the timeout error record; the context stays usable
 //   ShapingHoldsTheEmulatedRateAndLatency   LOOM_EMULATE_NET_* style shaping within +-15%
+//   SameGpuWriteLandsWhileAKernelHoldsEverySm  a write and its flag into another buffer of this
+//                                           GPU land while a kernel of this process occupies
+//                                           every SM and waits for them (ranks sharing a GPU:
+//                                           a same-GPU cudaMemcpyAsync needs SMs and never ran)
 //
 // Every verdict is agreed over the bootstrap, so a failure on one rank fails the test everywhere.
 #include <cuda_runtime_api.h>
@@ -481,8 +485,107 @@ TEST(ProxyCopyEngine, StalledProxyEndsTheGpuProducersWait) {
   EXPECT_TRUE(everyone(host_failed == 1));
 }
 
+// Fills every thread slot of every SM (a grid of SMs x resident CTAs of 1024 threads), then thread
+// 0 of each CTA waits, bounded, for the flag; CTA 0 checks the data it guards. results: [0] CTAs
+// that saw the flag, [1] bytes wrong at that moment.
+__global__ void __launch_bounds__(1024, 1) hold_every_sm_until_flag(const uint64_t* flag, uint64_t value, const uint8_t* data,
+                                                                     uint64_t bytes, int sender, uint64_t timeout_ns,
+                                                                     unsigned* results) {
+  __shared__ int arrived;
+  if (threadIdx.x == 0) {
+    const uint64_t deadline = kernels::global_timer_ns() + timeout_ns;
+    arrived = 0;
+    while (kernels::global_timer_ns() < deadline) {
+      if (kernels::flag_load_acquire(flag) == value) {
+        arrived = 1;
+        break;
+      }
+      __nanosleep(256);
+    }
+    if (arrived) atomicAdd(&results[0], 1u);
+  }
+  __syncthreads();
+  if (arrived && blockIdx.x == 0) {
+    unsigned wrong = 0;
+    for (uint64_t i = threadIdx.x; i < bytes; i += blockDim.x) wrong += data[i] != payload_byte(sender, i) ? 1u : 0u;
+    if (wrong != 0) atomicAdd(&results[1], wrong);
+  }
+}
+
+// The root cause of the multi-node hangs on a shared GPU (docs/NETWORK.md): the transport's write
+// between two buffers of one GPU must land without the SMs. Local: the "peer" is this process.
+TEST(ProxyCopyEngine, SameGpuWriteLandsWhileAKernelHoldsEverySm) {
+  constexpr uint64_t kBytes = (uint64_t{9} << 20) + 5;  // three bounce pieces, the last one odd
+  constexpr uint64_t kValue = 0x5a5a0001;
+  uint8_t* source = nullptr;
+  uint8_t* window = nullptr;
+  uint64_t* flag = nullptr;
+  unsigned* results = nullptr;
+  LOOM_ASSERT_CUDA(cudaMalloc(reinterpret_cast<void**>(&source), kBytes));
+  LOOM_ASSERT_CUDA(cudaMalloc(reinterpret_cast<void**>(&window), kBytes));
+  LOOM_ASSERT_CUDA(cudaMalloc(reinterpret_cast<void**>(&flag), sizeof(uint64_t)));
+  LOOM_ASSERT_CUDA(cudaMalloc(reinterpret_cast<void**>(&results), 2 * sizeof(unsigned)));
+  fill_pattern<<<256, 256>>>(source, kBytes, 3);
+  LOOM_ASSERT_CUDA(cudaMemset(window, 0, kBytes));
+  LOOM_ASSERT_CUDA(cudaMemset(flag, 0, sizeof(uint64_t)));
+  LOOM_ASSERT_CUDA(cudaMemset(results, 0, 2 * sizeof(unsigned)));
+  LOOM_ASSERT_CUDA(cudaDeviceSynchronize());
+
+  // Rank 0 of a world of 2 whose "rank 1" is this process: map_peer hands back the owner's address.
+  TransportConfig config{0, 2, {false, true}};
+  CopyEngineOptions options;
+  options.device = comm().device();
+  options.map_peer = [](int, uint64_t owner_address, uint64_t) { return reinterpret_cast<void*>(owner_address); };
+  Result<std::unique_ptr<Transport>> made = create_copy_engine_transport(config, options);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  Transport& t = **made;
+  Result<LocalRegistration> src = t.register_memory({source, kBytes, MemoryKind::kDevice, comm().device()});
+  Result<LocalRegistration> win = t.register_memory({window, kBytes, MemoryKind::kDevice, comm().device()});
+  Result<LocalRegistration> flg = t.register_memory({flag, sizeof(uint64_t), MemoryKind::kDevice, comm().device()});
+  ASSERT_TRUE(src.ok() && win.ok() && flg.ok());
+  Result<uint32_t> remote_window = t.import_remote(1, win->remote_key, kBytes);
+  Result<uint32_t> remote_flag = t.import_remote(1, flg->remote_key, sizeof(uint64_t));
+  ASSERT_TRUE(remote_window.ok() && remote_flag.ok()) << remote_window.status().to_string();
+
+  int per_sm = 0;
+  LOOM_ASSERT_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, hold_every_sm_until_flag, 1024, 0));
+  cudaStream_t stream = nullptr;
+  LOOM_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const uint32_t grid = static_cast<uint32_t>(comm().sm_count() * per_sm);
+  hold_every_sm_until_flag<<<grid, 1024, 0, stream>>>(flag, kValue, window, kBytes, 3, 5'000'000'000ull, results);
+  LOOM_ASSERT_CUDA(cudaGetLastError());
+  std::this_thread::sleep_for(20ms);  // the grid is resident before the copy is posted
+
+  const WriteOp write{1, 1, src->handle, 0, *remote_window, 0, kBytes};
+  Result<size_t> posted = t.post_writes(std::span<const WriteOp>(&write, 1));
+  ASSERT_TRUE(posted.ok() && *posted == 1) << posted.status().to_string();
+  Result<bool> flagged = t.post_flag(FlagOp{2, 1, *remote_flag, 0, kValue});
+  ASSERT_TRUE(flagged.ok() && *flagged);
+  std::vector<Completion> done;
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (done.size() < 2 && std::chrono::steady_clock::now() < deadline) {
+    ASSERT_TRUE(t.poll(done).ok());
+    std::this_thread::yield();
+  }
+  LOOM_ASSERT_CUDA(cudaStreamSynchronize(stream));
+  unsigned host[2] = {0, 0};
+  LOOM_ASSERT_CUDA(cudaMemcpy(host, results, sizeof(host), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(done.size(), 2u);
+  for (const Completion& c : done) EXPECT_TRUE(c.status.ok()) << c.status.to_string();
+  EXPECT_EQ(host[0], grid) << "CTAs that saw the flag while the grid held every SM";
+  EXPECT_EQ(host[1], 0u) << "bytes wrong when the flag was seen";
+  EXPECT_TRUE(t.close().ok());
+  cudaStreamDestroy(stream);
+  cudaFree(source);
+  cudaFree(window);
+  cudaFree(flag);
+  cudaFree(results);
+  EXPECT_TRUE(everyone(host[0] == grid && host[1] == 0));
+}
+
 TEST(ProxyCopyEngine, ShapingHoldsTheEmulatedRateAndLatency) {
   if (world() < 2) GTEST_SKIP() << "needs at least 2 ranks";
+  if (comm().ranks_on_gpu() > 1) GTEST_SKIP() << "times the emulated link: ranks sharing a GPU measure no speed";
   constexpr double kGbps = 10.0;
   constexpr double kLatencyUs = 2000.0;
   constexpr uint64_t kChunk = uint64_t{64} << 20;

@@ -30,6 +30,15 @@ def gpu_job() -> bool:
     return torch.cuda.is_available()
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    """LOOM_JUNIT_DIR=d: every rank of a torchrun job writes its JUnit XML to d/rank<RANK>.xml
+    (torchrun passes one command line to all ranks; scripts/device/shared_gpu_suite.sh reads them)."""
+    directory = os.environ.get("LOOM_JUNIT_DIR")
+    if directory and not getattr(config.option, "xmlpath", None):
+        config.option.xmlpath = os.path.join(directory, f"rank{os.environ.get('RANK', '0')}.xml")
+
+
 def pytest_collection_modifyitems(config, items):
     if gpu_job():
         return

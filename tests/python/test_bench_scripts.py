@@ -153,3 +153,60 @@ def test_timeline_summary_reports_whole_tiles_left_beside_the_pieces(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     assert "1 whole tiles end after the last piece, the latest at 390.0 us" in run.stdout, run.stdout
+
+
+# ---- bench/suite_summary.py ------------------------------------------------------------------------
+
+def _gtest_json(cases):
+    """A GoogleTest JSON report: cases = [(suite, name, outcome)], outcome passed / failed / skipped."""
+    suites = {}
+    for suite, name, outcome in cases:
+        case = {"name": name, "status": "RUN", "result": "SKIPPED" if outcome == "skipped" else "COMPLETED"}
+        if outcome == "failed":
+            case["failures"] = [{"failure": "boom", "type": ""}]
+        suites.setdefault(suite, []).append(case)
+    return json.dumps({"testsuites": [{"name": s, "testsuite": c} for s, c in suites.items()]})
+
+
+def _summary(tmp_path, files, *extra):
+    args = [sys.executable, str(REPO / "bench/suite_summary.py"), "--suite", "multi-node_2x2", "--ranks", "2",
+            "--ranks-per-gpu", "2", "--emulated-nodes", "2", "--gpus", "1", "--wall-s", "12.34", "--git-sha", "abc1234",
+            "--date", "2026-12-01", *extra]
+    run = subprocess.run(args + [str(f) for f in files], capture_output=True, text=True, check=True)
+    return json.loads(run.stdout)
+
+
+def test_suite_summary_counts_each_test_once_over_ranks(tmp_path):
+    r0, r1 = tmp_path / "rank0.json", tmp_path / "rank1.json"
+    r0.write_text(_gtest_json([("A", "ok", "passed"), ("A", "bad", "passed"), ("B", "skip", "skipped"),
+                               ("B", "half", "skipped")]))
+    r1.write_text(_gtest_json([("A", "ok", "passed"), ("A", "bad", "failed"), ("B", "skip", "skipped"),
+                               ("B", "half", "passed")]))
+    s = _summary(tmp_path, [r0, r1], "--exit-code", "1")
+    assert s["kind"] == "suite" and s["suite"] == "multi-node_2x2" and s["git_sha"] == "abc1234"
+    assert (s["ranks"], s["ranks_per_gpu"], s["emulated_nodes"], s["gpus"]) == (2, 2, 2, 1)
+    assert (s["passed"], s["failed"], s["skipped"]) == (2, 1, 1)
+    assert s["failures"] == ["A.bad"] and s["missing_ranks"] == [] and s["wall_s"] == 12.3
+
+
+def test_suite_summary_never_reads_green_for_a_broken_run(tmp_path):
+    r0 = tmp_path / "rank0.json"
+    r0.write_text(_gtest_json([("A", "ok", "passed")]))
+    missing = _summary(tmp_path, [r0], "--exit-code", "0")
+    assert missing["failed"] == 1 and missing["missing_ranks"] == [1], "rank 1 left no result"
+    both = tmp_path / "rank1.json"
+    both.write_text(_gtest_json([("A", "ok", "passed")]))
+    hung = _summary(tmp_path, [r0, both], "--exit-code", "124")
+    assert hung["passed"] == 1 and hung["failed"] == 1 and "exited 124" in hung["failures"][0]
+
+
+def test_suite_summary_reads_pytest_junit_xml(tmp_path):
+    for rank, outcome in ((0, ""), (1, "<failure message='x'/>")):
+        (tmp_path / f"rank{rank}.xml").write_text(
+            "<testsuites><testsuite name='pytest'>"
+            "<testcase classname='test_gpu' name='test_a'/>"
+            f"<testcase classname='test_gpu' name='test_b'>{outcome}</testcase>"
+            "<testcase classname='test_gpu' name='test_c'><skipped message='no'/></testcase>"
+            "</testsuite></testsuites>")
+    s = _summary(tmp_path, [tmp_path / "rank0.xml", tmp_path / "rank1.xml"], "--exit-code", "1")
+    assert (s["passed"], s["failed"], s["skipped"]) == (1, 1, 1) and s["failures"] == ["test_gpu.test_b"]

@@ -90,6 +90,23 @@ def test_tp_shapes(comm, layout):
         assert torch.ops.loom.gemm_ar(fake(m, k, dtype=FP16), b.half(), h, layout).dtype == FP16
 
 
+@pytest.mark.parametrize("nodes", [2, 4])
+def test_tp_shapes_across_nodes_split_over_every_rank(nodes):
+    """A communicator of several nodes: the TP ops split M over world_size, the collectives over
+    the node's local_world_size (python/src/ext.cc and the C++ multi-node operators agree)."""
+    comm = StandInComm(2)
+    comm.world_size = 2 * nodes
+    h = lt.register_communicator(comm)
+    w = comm.world_size
+    m, n, k = 128 * w, 96, 64
+    with FakeTensorMode():
+        b = fake(k, n)
+        assert torch.ops.loom.ag_gemm(fake(m // w, k), b, h, "kn").shape == (m, n)
+        assert torch.ops.loom.gemm_rs(fake(m, k), b, h, "kn").shape == (m // w, n)
+        assert torch.ops.loom.gemm_ar(fake(m, k), b, h, "kn").shape == (m, n)
+        assert torch.ops.loom.all_gather(fake(8, 4), h).shape == (8 * comm.local_world_size, 4)
+
+
 def test_tp_shape_errors(comm):
     h = lt.register_communicator(comm)
     w = comm.local_world_size

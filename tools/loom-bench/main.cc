@@ -318,6 +318,16 @@ int main(int argc, char** argv) {
                  "(sm_90a); run loom-bench where they are (the CPU test suite runs anywhere: scripts/test.sh).\n");
     return 2;
   }
+  // Ranks sharing a GPU take turns on it, and NCCL refuses them: nothing measured there means anything.
+  if (loom::Result<int64_t> per_gpu = loom::env::get_int("LOOM_RANKS_PER_GPU", 1, 1, loom::env::kMaxRanksPerGpu);
+      !per_gpu.ok() || *per_gpu > 1) {
+    std::fprintf(stderr, "loom-bench: %s\n",
+                 per_gpu.ok() ? "LOOM_RANKS_PER_GPU > 1 is the shared-GPU mode, a correctness mode: ranks take turns on "
+                                "one GPU and NCCL refuses them, so loom-bench times nothing there (run the tests in it: "
+                                "loom-run --ranks-per-gpu N -n N -- loom_gpu_tests)"
+                              : per_gpu.status().to_string().c_str());
+    return 2;
+  }
   if (g.spawn >= 0 && std::getenv("RANK") == nullptr) {
     return loom::bench::spawn_self(argc, argv, g.spawn == 0 ? gpus : g.spawn);
   }

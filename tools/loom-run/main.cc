@@ -1,6 +1,9 @@
 // loom-run: starts N local ranks of a command and supervises them.
 //
-//   loom-run -n N [--timeout SEC] [--no-prefix] -- command args...
+//   loom-run -n N [--ranks-per-gpu K] [--timeout SEC] [--no-prefix] -- command args...
+//
+// --ranks-per-gpu K sets LOOM_RANKS_PER_GPU=K in every rank: the shared-GPU mode, where up to K
+// ranks take turns on one GPU (for correctness runs on few GPUs; it measures no speed).
 //
 // Exit status: 0 iff every rank exited 0; otherwise the first failed rank's exit code (128 + its
 // signal number when a signal ended it), 124 when the wall-clock limit passed, 128 + the signal
@@ -13,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "core/env.h"
 #include "runtime/launcher.h"
 
 namespace {
@@ -39,14 +43,19 @@ int main(int argc, char** argv) {
   loom::runtime::LaunchOptions options;
   double timeout_seconds = 0;
   bool no_prefix = false;
+  int ranks_per_gpu = 0;
   app.add_option("-n,--nproc", options.num_ranks, "number of ranks")->required()->check(CLI::Range(1, 1024));
   app.add_option("--timeout", timeout_seconds, "wall-clock limit in seconds; every rank is killed after it (0: none)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--ranks-per-gpu", ranks_per_gpu,
+                 "let up to K ranks share one GPU (sets LOOM_RANKS_PER_GPU=K; correctness only, measures no speed)")
+      ->check(CLI::Range(1, loom::env::kMaxRanksPerGpu));
   app.add_flag("--no-prefix", no_prefix, "do not prefix output lines with [rank N]");
   app.add_option("command", options.argv, "the command each rank runs (after --)")->required();
   CLI11_PARSE(app, argc, argv);
 
   options.prefix_output = !no_prefix;
+  if (ranks_per_gpu > 0) options.extra_env.emplace_back("LOOM_RANKS_PER_GPU", std::to_string(ranks_per_gpu));
   options.timeout = std::chrono::milliseconds(static_cast<long long>(timeout_seconds * 1000.0));
   loom::Result<loom::runtime::LaunchReport> report = loom::runtime::launch_local_ranks(options);
   if (!report.ok()) {

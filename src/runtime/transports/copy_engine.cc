@@ -5,6 +5,7 @@
 #include <cudaTypedefs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -58,6 +59,24 @@ Result<std::pair<uint64_t, uint64_t>> allocation_range(const void* ptr) {
 }
 
 constexpr std::chrono::milliseconds kCloseDrain{5000};
+
+// Writes between two buffers of one GPU (ranks sharing a GPU, LOOM_RANKS_PER_GPU) go through
+// pinned host memory in pieces of this size: the driver runs a same-GPU cudaMemcpyAsync as a
+// kernel on the SMs, which cannot start while a persistent loom kernel of this process holds
+// every SM and waits for that very copy (measured on H200: a same-GPU copy of 8 B or 1 MiB did
+// not land in 1 s under such a kernel; device-to-host and host-to-device copies landed in
+// 0.6-2.4 ms). The copy engines move D2H and H2D copies whatever the SMs run.
+constexpr uint64_t kBounceBytes = uint64_t{4} << 20;
+
+// The GPU (ordinal in this process) whose memory `ptr` is, or -1 for host or unknown memory.
+int device_of(const void* ptr) {
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, ptr) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return attributes.type == cudaMemoryTypeDevice ? attributes.device : -1;
+}
 
 class CopyEngineTransport final : public Transport {
  public:
@@ -120,7 +139,8 @@ class CopyEngineTransport final : public Transport {
         LOOM_DEBUG("copy_engine: registering %p without an IPC handle (%s)", region.base, range.status().to_string().c_str());
       }
     }
-    locals_.push_back(Local{static_cast<char*>(region.base), region.bytes});
+    locals_.push_back(Local{static_cast<char*>(region.base), region.bytes,
+                            region.kind == MemoryKind::kDevice ? device_of(region.base) : -1});
     LocalRegistration out;
     out.handle = static_cast<uint32_t>(locals_.size() - 1);
     out.bytes = region.bytes;
@@ -156,7 +176,13 @@ class CopyEngineTransport final : public Transport {
       }
       mapped = static_cast<char*>(it->second) + key.offset_in_allocation;
     }
-    remotes_.push_back(Remote{rank, static_cast<char*>(mapped), key.bytes});
+    const int device = device_of(mapped);
+    if (device >= 0 && device == options_.device && bounce_ == nullptr) {
+      LOOM_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&bounce_), kBounceBytes, cudaHostAllocPortable));
+      LOOM_INFO("copy_engine: rank %d's memory is on this GPU (shared-GPU mode): writes to it go through pinned host "
+                "memory, since a same-GPU copy would need the SMs a loom kernel holds", rank);
+    }
+    remotes_.push_back(Remote{rank, static_cast<char*>(mapped), key.bytes, device});
     return static_cast<uint32_t>(remotes_.size() - 1);
   }
 
@@ -174,6 +200,7 @@ class CopyEngineTransport final : public Transport {
       const uint32_t s = take_slot(op.id, op.rank, false, op.bytes);
       slots_[s].destination = remotes_[op.remote].base + op.remote_offset;
       slots_[s].source = locals_[op.local].base + op.local_offset;
+      slots_[s].through_host = locals_[op.local].device >= 0 && locals_[op.local].device == remotes_[op.remote].device;
       LOOM_TRY(submit(s));
       ++taken;
     }
@@ -192,6 +219,7 @@ class CopyEngineTransport final : public Transport {
     staging_[s] = op.value;  // the slot's staging word stays untouched until its event completes
     slots_[s].destination = remotes_[op.remote].base + op.remote_offset;
     slots_[s].source = reinterpret_cast<char*>(&staging_[s]);
+    slots_[s].through_host = false;  // host to device already
     LOOM_TRY(submit(s));
     return true;
   }
@@ -252,6 +280,8 @@ class CopyEngineTransport final : public Transport {
     slots_.clear();
     if (staging_ != nullptr) note(cudaFreeHost(staging_), "cudaFreeHost");
     staging_ = nullptr;
+    if (bounce_ != nullptr) note(cudaFreeHost(bounce_), "cudaFreeHost");
+    bounce_ = nullptr;
     if (stream_ != nullptr) note(cudaStreamDestroy(stream_), "cudaStreamDestroy");
     stream_ = nullptr;
     return first;
@@ -261,11 +291,13 @@ class CopyEngineTransport final : public Transport {
   struct Local {
     char* base;
     uint64_t bytes;
+    int device;  // GPU ordinal of device memory, -1 for host memory
   };
   struct Remote {
     int rank;
     char* base;  // mapped in this process
     uint64_t bytes;
+    int device;  // GPU ordinal the memory lives on (-1: unknown)
   };
   struct Slot {
     cudaEvent_t done = nullptr;
@@ -275,6 +307,7 @@ class CopyEngineTransport final : public Transport {
     uint64_t bytes = 0;
     char* destination = nullptr;
     const char* source = nullptr;
+    bool through_host = false;  // same-GPU write: bounced through `bounce_` (kBounceBytes)
     LinkShaper::Clock::time_point not_before{};
   };
 
@@ -316,7 +349,17 @@ class CopyEngineTransport final : public Transport {
 
   Status issue(uint32_t s) {
     Slot& slot = slots_[s];
-    LOOM_CUDA_TRY(cudaMemcpyAsync(slot.destination, slot.source, slot.bytes, cudaMemcpyDefault, stream_));
+    if (slot.through_host) {
+      // One bounce buffer serves every piece: the stream runs each copy after the previous one
+      // ended, so a piece's device-to-host copy starts only once the last piece left the buffer.
+      for (uint64_t done = 0; done < slot.bytes; done += kBounceBytes) {
+        const uint64_t piece = std::min(kBounceBytes, slot.bytes - done);
+        LOOM_CUDA_TRY(cudaMemcpyAsync(bounce_, slot.source + done, piece, cudaMemcpyDeviceToHost, stream_));
+        LOOM_CUDA_TRY(cudaMemcpyAsync(slot.destination + done, bounce_, piece, cudaMemcpyHostToDevice, stream_));
+      }
+    } else {
+      LOOM_CUDA_TRY(cudaMemcpyAsync(slot.destination, slot.source, slot.bytes, cudaMemcpyDefault, stream_));
+    }
     LOOM_CUDA_TRY(cudaEventRecord(slot.done, stream_));
     issued_.push_back(s);
     return {};
@@ -333,6 +376,7 @@ class CopyEngineTransport final : public Transport {
   std::deque<uint32_t> deferred_;  // waiting for the emulated link, in order
   std::deque<uint32_t> issued_;    // on the stream, in order
   uint64_t* staging_ = nullptr;    // pinned: one flag word per slot
+  char* bounce_ = nullptr;         // pinned, kBounceBytes: same-GPU writes (allocated on first need)
   std::vector<Local> locals_;
   std::vector<Remote> remotes_;
   std::map<std::pair<int, std::string>, void*> opened_;  // (rank, IPC handle) -> opened base

@@ -6,6 +6,10 @@
 // every earlier copy has finished (ordered transport). Each operation records an event; poll()
 // reports operations whose events have completed, in stream order.
 //
+// A write between two buffers of one GPU (ranks sharing a GPU in the shared-GPU mode) goes
+// device -> pinned host -> device in 4 MiB pieces: the driver runs a same-GPU copy as a kernel on
+// the SMs, and a persistent loom kernel of this process that waits for the copy holds them all.
+//
 // Peer memory is reached in one of two ways: through `map_peer` (a mapping this process already
 // has, e.g. the symmetric heap's peer_base), or by a legacy CUDA IPC handle carried in the
 // registration's key (cudaMalloc memory; cudaIpcOpenMemHandle on import, closed on close()).

@@ -1,0 +1,74 @@
+"""The job every GPU test module shares: one loom communicator and torch.distributed per process
+(created on first use), fresh random inputs, the fp32 references and their tolerances.
+
+Ranks sharing one GPU (LOOM_RANKS_PER_GPU = n > 1, the shared-GPU mode) take GPU LOCAL_RANK mod
+the visible GPUs, and torch.distributed runs on gloo there: NCCL refuses two ranks on one GPU, and
+the tests exchange only Python objects through it.
+"""
+
+import datetime
+import os
+import zlib
+
+import torch
+import torch.distributed as dist
+
+import loom
+
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+# Relative Frobenius error vs an fp32 reference: one output rounding is ~2^-9 (bf16) or ~2^-11
+# (fp16) relative per element; decomposed paths round an intermediate too.
+GEMM_TOLERANCE = {BF16: 1e-2, FP16: 2e-3, FP32: 1e-4}
+
+_comm = None
+
+
+def shared_gpu() -> bool:
+    return int(os.environ.get("LOOM_RANKS_PER_GPU", "1")) > 1
+
+
+def start_job() -> "loom.Communicator":
+    """This process's communicator (created once, before torch.distributed: from_env then takes
+    the torchrun store path) with torch.distributed initialised beside it."""
+    global _comm
+    if _comm is None:
+        local = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local % torch.cuda.device_count() if shared_gpu() else local)
+        _comm = loom.Communicator.from_env()
+        if not dist.is_initialized():
+            # Bounded: a rank that fails between collectives must not leave the others waiting 10 minutes.
+            timeout = datetime.timedelta(seconds=90)
+            if _comm.ranks_on_gpu > 1:
+                dist.init_process_group("gloo", timeout=timeout)
+            else:
+                dist.init_process_group("nccl", device_id=torch.device("cuda", _comm.device), timeout=timeout)
+    return _comm
+
+
+def rand(seed, salt, rank, shape, dtype=BF16, scale=1.0):
+    """Rank `rank`'s input for `salt`: the same on every rank that asks."""
+    g = torch.Generator(device="cuda")
+    g.manual_seed((seed * 1_000_003 + zlib.crc32(salt.encode()) * 131 + rank) % (1 << 62))
+    return (torch.randn(shape, generator=g, device="cuda", dtype=FP32) * scale).to(dtype)
+
+
+def rel_err(out, ref):
+    return ((out.float() - ref).norm() / ref.norm()).item()
+
+
+def tp_inputs(seed, comm, op, m, n, k, layout, dtype):
+    """Every rank's (a, b) for `op` over all ranks of the job (the tensor-parallel group spans the
+    nodes too), and the fp32 reference of this rank's output."""
+    w = comm.world_size
+    a_rows = m // w if op == "ag_gemm" else m
+    a = [rand(seed, f"{op}a{m}{n}{k}{layout}", r, (a_rows, k), dtype) for r in range(w)]
+    b = [rand(seed, f"{op}b{m}{n}{k}{layout}", r, (k, n) if layout == "kn" else (n, k), dtype, scale=k ** -0.5)
+         for r in range(w)]
+    dense = [bi.float() if layout == "kn" else bi.float().t() for bi in b]
+    if op == "ag_gemm":
+        ref = torch.cat([ai.float() for ai in a]) @ dense[comm.rank]
+    else:
+        ref = sum(a[r].float() @ dense[r] for r in range(w))
+        if op == "gemm_rs":
+            ref = ref.chunk(w)[comm.rank]
+    return a[comm.rank], b[comm.rank], ref
