@@ -4,7 +4,8 @@
     bench/suite_summary.py --suite multi-node_2x2 --ranks 4 --ranks-per-gpu 4 --emulated-nodes 2 \
         --gpus 1 --wall-s 81 --exit-code 0 --git-sha abc1234 rank0.json rank1.json ...
 
-Prints one JSON object (docs/BENCHMARKS.md, "suite summaries"):
+Prints one JSON object on stdout (docs/BENCHMARKS.md, "suite summaries") and a line for people
+on stderr:
   {"kind": "suite", "git_sha", "date", "suite", "ranks", "ranks_per_gpu", "emulated_nodes", "gpus",
    "passed", "failed", "skipped", "wall_s", "exit_code", "failures": [...], "missing_ranks": [...]}
 A test counts once however many ranks ran it: failed if it failed on any rank, skipped if every
@@ -100,6 +101,10 @@ def main(argv=None):
                "exit_code": args.exit_code, "failures": failures, "missing_ranks": missing}
     json.dump(summary, sys.stdout)
     sys.stdout.write("\n")
+    line = f"  -> {args.suite}: {passed} passed, {failed} failed, {skipped} skipped in {summary['wall_s']} s"
+    if failures:
+        line += "; " + "; ".join(failures[:5]) + (f"; ... {len(failures) - 5} more" if len(failures) > 5 else "")
+    print(line, file=sys.stderr)
     return 0
 
 

@@ -33,7 +33,7 @@ SUITE_BUDGET_S=${SUITE_BUDGET_S:-570}
 STEP_LIMIT_S=${STEP_LIMIT_S:-240}
 log() { echo "[shared_suite +$(( $(date +%s) - suite_start ))s] $*" | tee -a "$LOG"; }
 steps=("$@")
-((${#steps[@]})) || steps=(single-2 multi-2x1 multi-2x2 stress-2x2 single-4 multi-4x2 multi-2x4 single-8 python-2 python-2x2)
+((${#steps[@]})) || steps=(single-2 multi-2x2 stress-2x2 multi-2x1 multi-4x2 multi-2x4 single-4 single-8 python-2 python-2x2)
 
 BIN=.device-carry/bin
 if [[ ! -x $BIN/loom_gpu_tests ]]; then echo "no $BIN: run scripts/device/stage.sh here first and carry .device-carry"; exit 1; fi
@@ -79,8 +79,7 @@ summarize() {  # SUITE RANKS PER_GPU NODES WALL EXIT FILES...
   for f in "$@"; do [[ -f $f ]] && files+=("$f"); done
   python3 bench/suite_summary.py --suite "$suite" --ranks "$ranks" --ranks-per-gpu "$per_gpu" \
     --emulated-nodes "$(( nodes > 1 ? nodes : 0 ))" --gpus "$ngpu" --wall-s "$wall" --exit-code "$r" \
-    --git-sha "$GIT_SHA" "${files[@]}" | tee -a "$SUMMARIES" | tee -a "$LOG" | \
-    python3 -c 'import json, sys; s = json.loads(sys.stdin.read()); print(f"  -> {s[\"suite\"]}: {s[\"passed\"]} passed, {s[\"failed\"]} failed, {s[\"skipped\"]} skipped in {s[\"wall_s\"]} s" + ("; " + "; ".join(s["failures"][:5]) if s["failures"] else ""))'
+    --git-sha "$GIT_SHA" "${files[@]}" 2>&1 >> "$SUMMARIES" | tee -a "$LOG"
 }
 
 python_ready=0

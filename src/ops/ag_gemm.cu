@@ -170,10 +170,8 @@ Status run_fused(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, c
   });
 }
 
-}  // namespace
 
-Status ag_gemm(Communicator& comm, const TpGemmArgs& args, cudaStream_t stream, const TpGemmOptions& options) {
-  if (comm.num_nodes() > 1) return ops::ag_gemm_multinode(comm, args, stream, options);  // ops/multinode.h
+Status ag_gemm_one_node(Communicator& comm, const TpGemmArgs& args, cudaStream_t stream, const TpGemmOptions& options) {
   Communicator::Impl& impl = comm.impl();
   LOOM_TRY(ops::tp::check_common(impl, OpId::kAgGemm, args));
   const int world = impl.topology.local_world_size;
@@ -198,6 +196,14 @@ Status ag_gemm(Communicator& comm, const TpGemmArgs& args, cudaStream_t stream, 
       return run_fused(comm, args, d, stream);
   }
   return Status::internal("ag_gemm: no path");
+}
+
+}  // namespace
+
+Status ag_gemm(Communicator& comm, const TpGemmArgs& args, cudaStream_t stream, const TpGemmOptions& options) {
+  const Status queued = comm.num_nodes() > 1 ? ops::ag_gemm_multinode(comm, args, stream, options)  // ops/multinode.h
+                                             : ag_gemm_one_node(comm, args, stream, options);
+  return ops::tp::noted_workspace_use(comm.impl(), queued, stream);
 }
 
 }  // namespace loom

@@ -46,10 +46,8 @@ Status run_fused(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, c
                                       []<class Cfg, bool kBF16, bool kBNMajor>() { return &kt::gemm_ar_kernel<Cfg, kBF16, kBNMajor>; });
 }
 
-}  // namespace
 
-Status gemm_ar(Communicator& comm, const TpGemmArgs& args, cudaStream_t stream, const TpGemmOptions& options) {
-  if (comm.num_nodes() > 1) return ops::gemm_ar_multinode(comm, args, stream, options);  // ops/multinode.h
+Status gemm_ar_one_node(Communicator& comm, const TpGemmArgs& args, cudaStream_t stream, const TpGemmOptions& options) {
   Communicator::Impl& impl = comm.impl();
   LOOM_TRY(ops::tp::check_common(impl, OpId::kGemmAr, args));
   const int world = impl.topology.local_world_size;
@@ -66,6 +64,14 @@ Status gemm_ar(Communicator& comm, const TpGemmArgs& args, cudaStream_t stream, 
     case TpPath::kFused: return run_fused(comm, args, d, stream);
   }
   return Status::internal("gemm_ar: no path");
+}
+
+}  // namespace
+
+Status gemm_ar(Communicator& comm, const TpGemmArgs& args, cudaStream_t stream, const TpGemmOptions& options) {
+  const Status queued = comm.num_nodes() > 1 ? ops::gemm_ar_multinode(comm, args, stream, options)  // ops/multinode.h
+                                             : gemm_ar_one_node(comm, args, stream, options);
+  return ops::tp::noted_workspace_use(comm.impl(), queued, stream);
 }
 
 }  // namespace loom

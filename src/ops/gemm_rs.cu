@@ -48,10 +48,8 @@ Status run_fused(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, c
                                       []<class Cfg, bool kBF16, bool kBNMajor>() { return &kt::gemm_rs_kernel<Cfg, kBF16, kBNMajor>; });
 }
 
-}  // namespace
 
-Status gemm_rs(Communicator& comm, const TpGemmArgs& args, cudaStream_t stream, const TpGemmOptions& options) {
-  if (comm.num_nodes() > 1) return ops::gemm_rs_multinode(comm, args, stream, options);  // ops/multinode.h
+Status gemm_rs_one_node(Communicator& comm, const TpGemmArgs& args, cudaStream_t stream, const TpGemmOptions& options) {
   Communicator::Impl& impl = comm.impl();
   LOOM_TRY(ops::tp::check_common(impl, OpId::kGemmRs, args));
   const int world = impl.topology.local_world_size;
@@ -68,6 +66,14 @@ Status gemm_rs(Communicator& comm, const TpGemmArgs& args, cudaStream_t stream, 
     case TpPath::kFused: return run_fused(comm, args, d, stream);
   }
   return Status::internal("gemm_rs: no path");
+}
+
+}  // namespace
+
+Status gemm_rs(Communicator& comm, const TpGemmArgs& args, cudaStream_t stream, const TpGemmOptions& options) {
+  const Status queued = comm.num_nodes() > 1 ? ops::gemm_rs_multinode(comm, args, stream, options)  // ops/multinode.h
+                                             : gemm_rs_one_node(comm, args, stream, options);
+  return ops::tp::noted_workspace_use(comm.impl(), queued, stream);
 }
 
 }  // namespace loom

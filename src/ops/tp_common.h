@@ -207,8 +207,10 @@ inline std::string check_flag_capacity(const Communicator::Impl& impl, uint64_t 
 // kernels put that offset in their entry signature, so a rank whose heap diverged fails the
 // launch with a mismatch instead of writing into the wrong place. Only this GPU's queued work can
 // still use the old workspace (peers write into it only inside launches this GPU also runs, and
-// each of those waits for all of their writes before it ends), hence the device synchronize.
-// Growing cannot happen during CUDA graph capture: run the largest shape once before capturing.
+// each of those waits for all of their writes before it ends), hence the wait for the work noted
+// by note_workspace_use (Communicator::Impl; polled, so the proxy keeps serving queued kernels).
+// Growing cannot happen during CUDA graph capture, nor after a capture that used the workspace
+// (the graph holds its address): run the largest shape once before capturing.
 // `ws`, `ws_bytes` are the workspace's fields of Communicator::Impl; `what` names it in messages
 // ("tensor-parallel", "multi-node").
 inline Result<void*> grow_workspace(Communicator::Impl& impl, void*& ws, size_t& ws_bytes, size_t bytes,
@@ -221,10 +223,15 @@ inline Result<void*> grow_workspace(Communicator::Impl& impl, void*& ws, size_t&
                                " bytes, which cannot happen during CUDA graph capture; run the operation once with "
                                "its largest shape before capturing");
   }
+  if (impl.workspace_captured && ws != nullptr) {
+    return Status::unsupported(std::string(op) + ": the " + what + " workspace must grow to " + std::to_string(bytes) +
+                               " bytes, but a CUDA graph captured earlier uses the current one (it would write into "
+                               "freed memory on replay); run the largest shape once before capturing");
+  }
   constexpr size_t kGranule = size_t{2} << 20;
   const size_t rounded = (bytes + kGranule - 1) / kGranule * kGranule;
   LOOM_CUDA_TRY(cudaSetDevice(impl.device));
-  LOOM_CUDA_TRY(cudaDeviceSynchronize());
+  LOOM_TRY(impl.wait_for_workspace_users(op));
   if (ws != nullptr) {
     LOOM_TRY_CTX(impl.heap->release(ws), std::string(op) + ": releasing the old " + what + " workspace");
     ws = nullptr;
@@ -246,6 +253,13 @@ inline Result<void*> grow_workspace(Communicator::Impl& impl, void*& ws, size_t&
 inline Result<void*> ensure_workspace(Communicator& comm, size_t bytes, cudaStream_t stream, const char* op) {
   Communicator::Impl& impl = comm.impl();
   return grow_workspace(impl, impl.tp_workspace, impl.tp_workspace_bytes, bytes, stream, op, "tensor-parallel");
+}
+
+// The public operators' last step: a queued call marks its stream as a workspace user (see
+// grow_workspace).
+inline Status noted_workspace_use(Communicator::Impl& impl, const Status& queued, cudaStream_t stream) {
+  if (!queued.ok()) return queued;
+  return impl.note_workspace_use(stream);
 }
 
 // Sets a fused kernel's dynamic shared-memory limit once per device.

@@ -286,6 +286,7 @@ const char* launch_phase_name(uint32_t phase) {
 
 Communicator::Impl::~Impl() {
   if (sync_event != nullptr) cudaEventDestroy(sync_event);
+  for (auto& [stream, event] : workspace_users) cudaEventDestroy(event);
   if (epoch_state != nullptr) cudaFree(epoch_state);
   if (device_abort != nullptr) cudaFree(device_abort);
   if (tp_state != nullptr) cudaFree(tp_state);
@@ -293,6 +294,45 @@ Communicator::Impl::~Impl() {
   if (error_host != nullptr) cudaFreeHost(error_host);
   if (host_abort_host != nullptr) cudaFreeHost(host_abort_host);
   if (progress_host != nullptr) cudaFreeHost(progress_host);
+}
+
+Status Communicator::Impl::note_workspace_use(cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  LOOM_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) {
+    workspace_captured = true;
+    return {};
+  }
+  auto it = std::find_if(workspace_users.begin(), workspace_users.end(), [&](const auto& u) { return u.first == stream; });
+  if (it == workspace_users.end()) {
+    cudaEvent_t event = nullptr;
+    LOOM_CUDA_TRY(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    workspace_users.emplace_back(stream, event);
+    it = workspace_users.end() - 1;
+  }
+  LOOM_CUDA_TRY(cudaEventRecord(it->second, stream));
+  return {};
+}
+
+Status Communicator::Impl::wait_for_workspace_users(const char* op) {
+  const auto deadline = std::chrono::steady_clock::now() + settings.op_timeout + std::chrono::seconds(1);
+  auto pause = std::chrono::microseconds(2);
+  for (const auto& [stream, event] : workspace_users) {
+    for (;;) {
+      const cudaError_t q = cudaEventQuery(event);
+      if (q == cudaSuccess) break;
+      if (q != cudaErrorNotReady) return cuda_status(q, "cudaEventQuery(workspace users)", __FILE__, __LINE__);
+      LOOM_TRY(check_usable());
+      if (std::chrono::steady_clock::now() > deadline) {
+        return Status::timeout(std::string(op) + ": the operator work queued before this call did not finish within " +
+                               std::to_string(settings.op_timeout.count()) +
+                               " ms + 1 s, so its workspace cannot be replaced (synchronize to see why)");
+      }
+      std::this_thread::sleep_for(pause);
+      if (pause < std::chrono::microseconds(500)) pause *= 2;
+    }
+  }
+  return {};
 }
 
 DeviceComm Communicator::Impl::device_comm() const {
@@ -456,7 +496,16 @@ Status Communicator::Impl::consume_error_record() {
   volatile ErrorRecord* e = error_host;
   const uint32_t code = e->code;
   if (code == static_cast<uint32_t>(DeviceError::kNone)) return {};
-  const std::string message = error_record_text();
+  std::string message = error_record_text();
+  // Across nodes the first record seldom tells why data never came: say where the network-send
+  // CTA (CTA 0) was and what the proxy did.
+  if (network && code == static_cast<uint32_t>(DeviceError::kTimeout)) {
+    if (e->cta != 0) {
+      const std::string sender = describe_thread0(0, e->epoch);
+      if (!sender.empty()) message += "; CTA 0 (network send)" + sender;
+    }
+    message += "; " + network->describe_state();
+  }
   std::memset(const_cast<ErrorRecord*>(e), 0, sizeof(ErrorRecord));
   Status s = code == static_cast<uint32_t>(DeviceError::kTimeout) ? Status::timeout(message) : Status::aborted(message);
   // Clear the device abort word so the context is clean; the communicator stays failed.

@@ -7,6 +7,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/env.h"
 #include "loom/communicator.h"
@@ -57,6 +59,14 @@ struct Communicator::Impl {
   void* mn_workspace = nullptr;              // symmetric heap
   size_t mn_workspace_bytes = 0;
 
+  // Streams whose queued operator work may still read or write a workspace above: an event per
+  // stream, recorded after each such call (note_workspace_use). Growing a workspace releases the
+  // old one once they have completed (wait_for_workspace_users), polled and bounded — never a
+  // device-wide synchronize, which blocks the proxy thread's CUDA calls while a queued multi-node
+  // kernel waits for that very proxy (the launch then hangs until its timeout).
+  std::vector<std::pair<cudaStream_t, cudaEvent_t>> workspace_users;
+  bool workspace_captured = false;  // a CUDA graph holds the current workspaces: they must not move
+
   mutable std::mutex failure_mutex;
   Status failure;  // sticky: the first failure that ended the communicator
 
@@ -80,6 +90,12 @@ struct Communicator::Impl {
   std::string describe_thread0(int cta, uint64_t epoch) const;
   // Heap offset of a symmetric pointer range, or invalid_argument naming `what`.
   Result<uint64_t> symmetric_offset(const void* ptr, size_t bytes, const char* what) const;
+  // After an operator call that used a workspace was queued on `stream` (during capture: marks
+  // the workspaces as held by a graph).
+  Status note_workspace_use(cudaStream_t stream);
+  // Bounded (op timeout + 1 s): until the work noted on every stream has completed; `op` names
+  // the caller in messages.
+  Status wait_for_workspace_users(const char* op);
   // ok when [ptr, ptr+bytes) is device memory of this rank's GPU.
   Status check_local_device_buffer(const void* ptr, size_t bytes, const char* what) const;
 };
