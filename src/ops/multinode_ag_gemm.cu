@@ -84,6 +84,7 @@ Result<MultiNodePlan> plan_multinode_ag(Communicator& comm, const TpGemmArgs& ar
 Status ag_gemm_multinode(Communicator& comm, const TpGemmArgs& a, cudaStream_t stream, const TpGemmOptions& options) {
   Communicator::Impl& impl = comm.impl();
   LOOM_TRY(mn::check_call(impl, OpId::kAgGemm, a, options));
+  LOOM_TRY(mn::load_multinode_kernels());
   const AgPlan plan = plan_ag(impl, a, options);
   const kmn::Grid g = plan.layout.g;
   if (std::string why = mn::check_flags(impl, plan.layout.flags()); !why.empty()) {
@@ -137,5 +138,13 @@ Status ag_gemm_multinode(Communicator& comm, const TpGemmArgs& a, cudaStream_t s
     return Status{};
   });
 }
+
+namespace mn {
+
+Status load_ag_gemm_kernels() {
+  return load_every_config([]<class Cfg, bool kBF16, bool kBNMajor>() { return &kmn::mn_ag_gemm_kernel<Cfg, kBF16, kBNMajor>; });
+}
+
+}  // namespace mn
 
 }  // namespace loom::ops

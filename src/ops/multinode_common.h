@@ -176,6 +176,35 @@ Status dispatch(GemmTile tile, DType dtype, BLayout layout, Fn&& fn) {
   return tp::dispatch_fused(tile, dtype, layout, std::forward<Fn>(fn));
 }
 
+// CUDA's lazy loading (its default) loads a kernel at its first launch, and doing so may wait for
+// the work already running on the device while holding a lock that the proxy thread's copies
+// need: a multi-node kernel in flight then waits for a proxy that waits for the loader, until
+// the kernel's deadline (seen on one H200 with ranks sharing it: the first gemm_rs launched behind
+// a running ag_gemm). So the first multi-node call of a process loads every multi-node kernel,
+// while none of them runs (load_multinode_kernels, multinode_transfer.cu). Each launcher file
+// loads the kernels it instantiates.
+Status load_ag_gemm_kernels();
+Status load_gemm_rs_kernels();
+Status load_gemm_ar_kernels();
+Status load_multinode_kernels();  // all of them, once per process and device
+
+// Sets up (loads) kernel_of.template operator()<Cfg, kBF16, kBNMajor>() for every tile, dtype and
+// B layout a multi-node call may dispatch to.
+template <class KernelOf>
+Status load_every_config(KernelOf&& kernel_of) {
+  for (GemmTile tile : {GemmTile::k128x256, GemmTile::k128x128}) {
+    for (DType dtype : {DType::kBF16, DType::kF16}) {
+      for (BLayout layout : {BLayout::kKN, BLayout::kNK}) {
+        LOOM_TRY(tp::dispatch_fused(tile, dtype, layout, [&]<class Cfg, bool kBF16, bool kBNMajor>() -> Status {
+          return prepare_kernel(reinterpret_cast<const void*>(kernel_of.template operator()<Cfg, kBF16, kBNMajor>()),
+                                Cfg::kSmemBytes);
+        }));
+      }
+    }
+  }
+  return {};
+}
+
 inline GemmArgs gemm_args(const void* a, const void* b, void* d, int64_t m, const TpGemmArgs& args) {
   return tp::local_gemm(a, b, d, m, args);
 }
@@ -263,6 +292,7 @@ Status launch_reduce(Communicator& comm, const TpGemmArgs& a, cudaStream_t strea
   Communicator::Impl& impl = comm.impl();
   const std::string name = op_text(op);
   LOOM_TRY(check_call(impl, op, a, options));
+  LOOM_TRY(load_multinode_kernels());
   const ReducePlan r = plan_reduce(impl, op, a, options);
   const kmn::ReduceLayout& layout = r.layout;
   const kmn::Grid g = layout.g;

@@ -10,4 +10,12 @@ Status gemm_ar_multinode(Communicator& comm, const TpGemmArgs& args, cudaStream_
   return mn::launch_reduce</*kAllReduce=*/true>(comm, args, stream, options);
 }
 
+namespace mn {
+
+Status load_gemm_ar_kernels() {
+  return load_every_config([]<class Cfg, bool kBF16, bool kBNMajor>() { return reduce_kernel</*kAllReduce=*/true, Cfg, kBF16, kBNMajor>(); });
+}
+
+}  // namespace mn
+
 }  // namespace loom::ops

@@ -10,4 +10,12 @@ Status gemm_rs_multinode(Communicator& comm, const TpGemmArgs& args, cudaStream_
   return mn::launch_reduce</*kAllReduce=*/false>(comm, args, stream, options);
 }
 
+namespace mn {
+
+Status load_gemm_rs_kernels() {
+  return load_every_config([]<class Cfg, bool kBF16, bool kBNMajor>() { return reduce_kernel</*kAllReduce=*/false, Cfg, kBF16, kBNMajor>(); });
+}
+
+}  // namespace mn
+
 }  // namespace loom::ops

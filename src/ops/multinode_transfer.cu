@@ -2,6 +2,8 @@
 // plan_multinode (the plan of any multi-node operator call).
 #include <cuda_runtime_api.h>
 
+#include <mutex>
+#include <set>
 #include <string>
 
 #include "kernels/tp/multinode_transfer.cuh"
@@ -28,6 +30,7 @@ Status net_exchange(Communicator& comm, const void* src, void* dst, size_t bytes
   if (!impl.network) return Status::unsupported("net_exchange: the communicator spans one node (no network)");
   if (bytes == 0) return Status::invalid_argument("net_exchange: zero bytes");
   if (chunk_bytes == 0) chunk_bytes = kmn::kTargetChunkBytes;
+  LOOM_TRY(mn::load_multinode_kernels());
   const kmn::Grid g = mn::grid_of(impl);
   LOOM_ASSIGN_OR_RETURN(const uint64_t src_offset, impl.symmetric_offset(src, bytes, "net_exchange: src"));
   LOOM_ASSIGN_OR_RETURN(const uint64_t dst_offset,
@@ -54,5 +57,25 @@ Status net_exchange(Communicator& comm, const void* src, void* dst, size_t bytes
   LOOM_CUDA_TRY_LAUNCH();
   return {};
 }
+
+namespace mn {
+
+Status load_multinode_kernels() {
+  static std::mutex mu;
+  static std::set<int> loaded;  // devices
+  int device = 0;
+  LOOM_CUDA_TRY(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mu);
+  if (loaded.count(device) != 0) return {};
+  LOOM_TRY(load_ag_gemm_kernels());
+  LOOM_TRY(load_gemm_rs_kernels());
+  LOOM_TRY(load_gemm_ar_kernels());
+  cudaFuncAttributes attributes{};
+  LOOM_CUDA_TRY(cudaFuncGetAttributes(&attributes, kmn::mn_transfer_kernel));
+  loaded.insert(device);
+  return {};
+}
+
+}  // namespace mn
 
 }  // namespace loom::ops

@@ -1,6 +1,7 @@
 #include "tests/gpu/harness.h"
 
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "runtime/communicator_impl.h"
@@ -52,6 +53,23 @@ bool all_ranks_agree(Communicator& comm, bool ok) {
   if (!s.ok()) return false;
   for (int32_t v : all) ok = ok && v == 1;
   return ok;
+}
+
+int named_rank(const std::string& message) {
+  const std::string key = "waiting for rank ";
+  const size_t at = message.find(key);
+  if (at == std::string::npos) return -1;
+  return std::atoi(message.c_str() + at + key.size());
+}
+
+bool some_rank_named(Communicator& comm, int named, int rank) {
+  const int32_t mine = named;
+  std::vector<int32_t> all(comm.world_size(), -1);
+  if (!comm.impl().bootstrap->all_gather(&mine, all.data(), sizeof(mine)).ok()) return false;
+  for (int32_t v : all) {
+    if (v == rank) return true;
+  }
+  return false;
 }
 
 }  // namespace loom::test
