@@ -19,13 +19,7 @@
 # Uses the binaries staged in .device-carry/bin (scripts/device/stage.sh).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export LOOM_BOOTSTRAP_TIMEOUT_MS=${LOOM_BOOTSTRAP_TIMEOUT_MS:-60000}
-export LOOM_TIMEOUT_MS=${LOOM_TIMEOUT_MS:-20000}
-export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-OUT=${OUT:-/tmp/loom-out}
-WORK=${WORK:-/tmp/loom-work}
-mkdir -p "$OUT" "$WORK"
+source scripts/device/env.sh
 LOG="$OUT/shared_suite.log"
 SUMMARIES="$OUT/suites.jsonl"
 suite_start=$(date +%s)

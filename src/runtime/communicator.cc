@@ -18,6 +18,7 @@
 #include "core/log.h"
 #include "runtime/communicator_impl.h"
 #include "runtime/cuda_check.h"
+#include "runtime/network_layout.h"
 
 namespace loom {
 namespace {
@@ -186,6 +187,9 @@ Result<std::unique_ptr<Communicator::Impl>> build(const CommOptions& options,
     std::memset(impl->progress_host, 0, sizeof(CtaProgress) * kProgressSlots);
     LOOM_CUDA_TRY(cudaHostGetDevicePointer(reinterpret_cast<void**>(&impl->progress_device), impl->progress_host, 0));
     LOOM_CUDA_TRY(cudaEventCreateWithFlags(&impl->sync_event, cudaEventDisableTiming));
+    LOOM_CUDA_TRY(cudaStreamCreateWithFlags(&impl->probe_stream, cudaStreamNonBlocking));
+    LOOM_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&impl->probe_words), Communicator::Impl::kProbeWords * sizeof(uint64_t),
+                                cudaHostAllocDefault));
     LOOM_CUDA_TRY(cudaDeviceSynchronize());
     return {};
   }();
@@ -286,6 +290,8 @@ const char* launch_phase_name(uint32_t phase) {
 
 Communicator::Impl::~Impl() {
   if (sync_event != nullptr) cudaEventDestroy(sync_event);
+  if (probe_stream != nullptr) cudaStreamDestroy(probe_stream);
+  if (probe_words != nullptr) cudaFreeHost(probe_words);
   for (auto& [stream, event] : workspace_users) cudaEventDestroy(event);
   if (epoch_state != nullptr) cudaFree(epoch_state);
   if (device_abort != nullptr) cudaFree(device_abort);
@@ -403,6 +409,66 @@ std::string Communicator::Impl::describe_stuck_work() const {
   return out;
 }
 
+std::string Communicator::Impl::describe_missing_entries(OpId op, uint64_t epoch) const {
+  if (op != OpId::kAgGemm && op != OpId::kGemmRs && op != OpId::kGemmAr) return "";
+  const int local_world = topology.local_world_size;
+  struct Word {
+    int rank;       // global rank that writes it
+    uint64_t offset;  // heap offset of the word
+    int shift;      // the epoch sits above this many signature bits
+  };
+  std::vector<Word> words;
+  if (network) {
+    // Multi-node operators: NVLink entries of the local peers, and the network entries of the
+    // same-index GPUs that announce themselves to this rank (kernels/comm/net.cuh): every other
+    // node for gemm_rs / gemm_ar; for ag_gemm's ring only the successor, which this rank sends to.
+    const runtime::net::NetWindowLayout layout{static_cast<uint32_t>(topology.num_nodes), static_cast<uint32_t>(local_world)};
+    const uint64_t base = network->device_view().flag_offset;
+    for (int l = 0; l < local_world; ++l) {
+      if (l == topology.local_rank) continue;
+      words.push_back({topology.rank_of(topology.node, l), base + 8ull * layout.nvl_entry(static_cast<uint32_t>(l)),
+                       static_cast<int>(runtime::net::kNetSignatureBits)});
+    }
+    const int successor = (topology.node + 1) % topology.num_nodes;
+    for (int n = 0; n < topology.num_nodes; ++n) {
+      if (n == topology.node || (op == OpId::kAgGemm && n != successor)) continue;
+      words.push_back({topology.rank_of(n, topology.local_rank), base + 8ull * layout.net_entry(static_cast<uint32_t>(n)), 0});
+    }
+  } else {
+    // Fused single-node operators: entry[src] at the start of the op-flag region
+    // (kernels/tp/fused_frame.cuh), (e << 16) | signature.
+    for (int l = 0; l < local_world; ++l) {
+      if (l != topology.local_rank) words.push_back({topology.local_peers[l], control.op_flag_offset + 8ull * l, 16});
+    }
+  }
+  // Read on a private non-blocking stream into pinned memory, bounded: a synchronous copy would
+  // wait for every blocking stream, where other work (even a kernel waiting for the proxy) may run.
+  std::string out;
+  if (words.size() > kProbeWords) words.resize(kProbeWords);
+  if (words.empty() || probe_stream == nullptr) return out;
+  bool read = true;
+  for (size_t i = 0; read && i < words.size(); ++i) {
+    read = cudaMemcpyAsync(&probe_words[i], static_cast<const char*>(heap->local_base()) + words[i].offset, sizeof(uint64_t),
+                           cudaMemcpyDeviceToHost, probe_stream) == cudaSuccess;
+  }
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  cudaError_t state = read ? cudaErrorNotReady : cudaErrorUnknown;
+  while (state == cudaErrorNotReady && std::chrono::steady_clock::now() < give_up) {
+    state = cudaStreamQuery(probe_stream);
+    if (state == cudaErrorNotReady) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  for (size_t i = 0; state == cudaSuccess && i < words.size(); ++i) {
+    const Word& w = words[i];
+    const uint64_t entered = probe_words[i] >> w.shift;
+    if (entered < epoch) {
+      out += "; rank " + std::to_string(w.rank) + " did not enter this launch (its entry is at epoch " + std::to_string(entered) +
+             ", the launch's " + std::to_string(epoch) + ")";
+    }
+  }
+  if (state != cudaSuccess) cudaGetLastError();  // a failed read only loses this detail
+  return out;
+}
+
 std::string Communicator::Impl::describe_thread0(int cta, uint64_t epoch) const {
   if (cta < 0 || static_cast<uint32_t>(cta) >= kProgressSlots) return "";
   const volatile CtaProgress& p = progress_host[cta];
@@ -497,6 +563,9 @@ Status Communicator::Impl::consume_error_record() {
   const uint32_t code = e->code;
   if (code == static_cast<uint32_t>(DeviceError::kNone)) return {};
   std::string message = error_record_text();
+  if (code == static_cast<uint32_t>(DeviceError::kTimeout)) {
+    message += describe_missing_entries(static_cast<OpId>(e->op), e->epoch);
+  }
   // Across nodes the first record seldom tells why data never came: say where the network-send
   // CTA (CTA 0) was and what the proxy did.
   if (network && code == static_cast<uint32_t>(DeviceError::kTimeout)) {

@@ -40,6 +40,11 @@ struct Communicator::Impl {
   CtaProgress* progress_host = nullptr;    // host-mapped pinned memory [kProgressSlots] ...
   CtaProgress* progress_device = nullptr;  // ... and its device alias
   cudaEvent_t sync_event = nullptr;
+  // Reads of a few device words after a failure (describe_missing_entries), on a private
+  // non-blocking stream into pinned memory, so they wait for no other work.
+  static constexpr size_t kProbeWords = 64;
+  cudaStream_t probe_stream = nullptr;
+  uint64_t* probe_words = nullptr;  // pinned [kProbeWords]
 
   // Fused tensor-parallel operators (src/ops/tp_common.h): the device counters of their launches,
   // and one symmetric workspace (gathered A, staged partial tiles, decomposed GEMM output) that
@@ -85,6 +90,11 @@ struct Communicator::Impl {
   // For a launch that outlived its deadline and the abort: the error record if one was written,
   // how far the CTAs got (LaunchPhase marks) and the network lanes' state.
   std::string describe_stuck_work() const;
+  // After a device timeout of operator `op` in launch `epoch` (its kernels have ended): the direct
+  // peers whose entry words say they never entered that launch, as "; rank R did not enter ...",
+  // or "". The first failed wait names whichever flag's wait hit the shared deadline first, often
+  // a peer that waits for the silent rank in turn; this names the silent rank itself.
+  std::string describe_missing_entries(OpId op, uint64_t epoch) const;
   // Where thread 0 of CTA `cta` was in launch `epoch` (its phase mark, and the wait it gave up in),
   // or "" when the CTA marked nothing in that launch (not a multi-node kernel).
   std::string describe_thread0(int cta, uint64_t epoch) const;

@@ -184,7 +184,7 @@ TEST(AgLayout, ComputeOrderIsAPermutationStartingWithTheOwnBlock) {
 // GPU sends N - 1 blocks to one destination (no fan-out).
 TEST(AgLayout, RingDeliversEveryBlockOnceWithoutFanOut) {
   for (uint32_t nodes : {2u, 3u, 4u, 7u}) {
-    for (uint32_t local : {1u, 3u}) {
+    for (uint32_t local : {1u, 2u, 3u, 4u, 8u}) {
       for (uint32_t l = 0; l < local; ++l) {
         std::vector<AgLayout> layouts;
         for (uint32_t n = 0; n < nodes; ++n) layouts.push_back(AgLayout{Grid{nodes, local, n, l}, 512, 128, 0});
@@ -344,7 +344,7 @@ TEST(ReduceLayout, FoldSourcesReadWhatTheSendersWrote) {
 // deadlock on the device.
 TEST(ReduceLayout, TileOrderCannotDeadlock) {
   for (uint32_t nodes : {2u, 3u, 4u}) {
-    for (uint32_t local : {1u, 2u, 4u}) {
+    for (uint32_t local : {1u, 2u, 4u, 8u}) {
       for (uint32_t ctas : {1u, 2u, 5u}) {
         const uint32_t W = nodes * local;
         std::vector<ReduceLayout> L;

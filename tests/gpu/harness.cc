@@ -62,14 +62,4 @@ int named_rank(const std::string& message) {
   return std::atoi(message.c_str() + at + key.size());
 }
 
-bool some_rank_named(Communicator& comm, int named, int rank) {
-  const int32_t mine = named;
-  std::vector<int32_t> all(comm.world_size(), -1);
-  if (!comm.impl().bootstrap->all_gather(&mine, all.data(), sizeof(mine)).ok()) return false;
-  for (int32_t v : all) {
-    if (v == rank) return true;
-  }
-  return false;
-}
-
 }  // namespace loom::test

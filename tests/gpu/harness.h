@@ -33,9 +33,6 @@ bool all_ranks_agree(Communicator& comm, bool ok);
 
 // The rank a timeout message names ("... waiting for rank R's ..."), or -1.
 int named_rank(const std::string& message);
-// Collective: true on every rank iff some rank's `named` is `rank`. A silent rank is named by
-// its direct peers; with more than two ranks the others may wait for one of those instead.
-bool some_rank_named(Communicator& comm, int named, int rank);
 
 }  // namespace loom::test
 

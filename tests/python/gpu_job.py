@@ -8,6 +8,7 @@ the tests exchange only Python objects through it.
 
 import datetime
 import os
+import random
 import zlib
 
 import torch
@@ -21,6 +22,7 @@ BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 GEMM_TOLERANCE = {BF16: 1e-2, FP16: 2e-3, FP32: 1e-4}
 
 _comm = None
+_seed = None
 
 
 def shared_gpu() -> bool:
@@ -43,6 +45,18 @@ def start_job() -> "loom.Communicator":
             else:
                 dist.init_process_group("nccl", device_id=torch.device("cuda", _comm.device), timeout=timeout)
     return _comm
+
+
+def job_seed() -> int:
+    """This job's random seed: rank 0 draws it once and every rank gets it (printed by rank 0)."""
+    global _seed
+    if _seed is None:
+        box = [random.SystemRandom().randrange(1 << 30) if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        _seed = box[0]
+        if dist.get_rank() == 0:
+            print(f"\nGPU tests' seed: {_seed}")
+    return _seed
 
 
 def rand(seed, salt, rank, shape, dtype=BF16, scale=1.0):
@@ -72,3 +86,52 @@ def tp_inputs(seed, comm, op, m, n, k, layout, dtype):
         if op == "gemm_rs":
             ref = ref.chunk(w)[comm.rank]
     return a[comm.rank], b[comm.rank], ref
+
+
+def check_ag_gemm_keeps_the_gathered_a(comm, seed, m, n, k):
+    """loom.ag_gemm with a symmetric gathered_a (NaN-filled first): it ends holding every rank's
+    rows bit for bit, and the output matches the fp32 reference."""
+    import loom.torch as lt
+
+    nan = float("nan")
+    a, b, ref = tp_inputs(seed, comm, "ag_gemm", m, n, k, "kn", BF16)
+    gathered = lt.empty(comm, (m, k), BF16).fill_(nan)
+    out = torch.full((m, n), nan, dtype=BF16, device="cuda")
+    loom.ag_gemm(comm, a, b, out, gathered_a=gathered)
+    comm.synchronize()
+    full_a = torch.cat([rand(seed, f"ag_gemma{m}{n}{k}kn", r, (m // comm.world_size, k), BF16)
+                        for r in range(comm.world_size)])
+    assert torch.equal(gathered, full_a)
+    assert rel_err(out, ref) < GEMM_TOLERANCE[BF16]
+
+
+def poison(comm, *shapes_dtypes):
+    """NaN into loom.torch's staging buffers and into blocks torch's allocator hands out next."""
+    for buffer in comm._staging.values():
+        buffer.fill_(float("nan"))
+    for shape, dtype in shapes_dtypes:
+        torch.full(shape, float("nan"), dtype=dtype, device="cuda")  # freed at once: the next alloc of this size reuses it
+
+
+def check_tp_op(comm, seed, op, m, n, k, layout, dtype):
+    """One tensor-parallel op through the DLPack layer (explicit output, NaN-filled) and through
+    loom.torch (staging poisoned): both match the fp32 reference and agree bit for bit."""
+    import loom.torch as lt
+
+    a, b, ref = tp_inputs(seed, comm, op, m, n, k, layout, dtype)
+    rows = m // comm.world_size if op == "gemm_rs" else m
+    if op == "gemm_ar":
+        out = lt.empty(comm, (rows, n), dtype).fill_(float("nan"))
+    else:
+        out = torch.full((rows, n), float("nan"), dtype=dtype, device="cuda")
+    getattr(loom, op)(comm, a, b, out, b_layout=layout)
+    comm.synchronize()
+    err = rel_err(out, ref)
+    assert err < GEMM_TOLERANCE[dtype], (op, m, n, k, err)
+
+    poison(comm, ((rows, n), dtype))
+    out2 = getattr(lt, op)(a, b, comm, b_layout=layout)
+    comm.synchronize()
+    assert out2.shape == (rows, n)
+    assert rel_err(out2, ref) < GEMM_TOLERANCE[dtype], (op, m, n, k)
+    assert torch.equal(out2, out), "loom.torch and the explicit API disagree"

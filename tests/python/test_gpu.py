@@ -12,7 +12,6 @@ are compared with an fp32 reference by relative Frobenius error.
 
 import json
 import os
-import random
 import statistics
 import time
 
@@ -23,7 +22,8 @@ import torch.distributed as dist  # noqa: E402
 
 import loom  # noqa: E402
 import loom.torch as lt  # noqa: E402
-from gpu_job import GEMM_TOLERANCE, rand, rel_err, shared_gpu, start_job, tp_inputs  # noqa: E402
+from gpu_job import (GEMM_TOLERANCE, check_ag_gemm_keeps_the_gathered_a, check_tp_op, job_seed, poison, rand,  # noqa: E402
+                     rel_err, shared_gpu, start_job)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(240)]
 
@@ -48,23 +48,11 @@ def comm():
 
 @pytest.fixture(scope="module")
 def seed(comm):
-    box = [random.SystemRandom().randrange(1 << 30) if comm.rank == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    if comm.rank == 0:
-        print(f"\ntest_gpu seed: {box[0]}")
-    return box[0]
+    return job_seed()
 
 
 def nan_like(t):
     return torch.full_like(t, NAN)
-
-
-def poison(comm, *shapes_dtypes):
-    """NaN into loom.torch's staging buffers and into blocks torch's allocator hands out next."""
-    for buffer in comm._staging.values():
-        buffer.fill_(NAN)
-    for shape, dtype in shapes_dtypes:
-        torch.full(shape, NAN, dtype=dtype, device="cuda")  # freed at once: the next alloc of this size reuses it
 
 
 def rank_sum(parts, dtype):
@@ -197,36 +185,11 @@ TP_CASES = [(256, 512, 1024), (2048, 1024, 512), (1000, 256, 128)]
 @pytest.mark.parametrize("dtype", [BF16, FP16])
 @pytest.mark.parametrize("mnk", TP_CASES, ids=str)
 def test_tp_ops(comm, seed, op, layout, dtype, mnk):
-    m, n, k = mnk
-    a, b, ref = tp_inputs(seed, comm, op, m, n, k, layout, dtype)
-    rows = m // comm.world_size if op == "gemm_rs" else m
-    if op == "gemm_ar":
-        out = lt.empty(comm, (rows, n), dtype).fill_(NAN)
-    else:
-        out = torch.full((rows, n), NAN, dtype=dtype, device="cuda")
-    getattr(loom, op)(comm, a, b, out, b_layout=layout)
-    comm.synchronize()
-    assert rel_err(out, ref) < GEMM_TOLERANCE[dtype], op
-
-    poison(comm, ((rows, n), dtype))
-    out2 = getattr(lt, op)(a, b, comm, b_layout=layout)
-    comm.synchronize()
-    assert out2.shape == (rows, n)
-    assert rel_err(out2, ref) < GEMM_TOLERANCE[dtype], op
-    assert torch.equal(out2, out), "loom.torch and the explicit API disagree"
+    check_tp_op(comm, seed, op, *mnk, layout, dtype)
 
 
 def test_ag_gemm_keeps_the_gathered_a(comm, seed):
-    m, n, k = 1024, 256, 512
-    a, b, ref = tp_inputs(seed, comm, "ag_gemm", m, n, k, "kn", BF16)
-    gathered = lt.empty(comm, (m, k), BF16).fill_(NAN)
-    out = torch.full((m, n), NAN, dtype=BF16, device="cuda")
-    loom.ag_gemm(comm, a, b, out, gathered_a=gathered)
-    comm.synchronize()
-    full_a = torch.cat([rand(seed, f"ag_gemma{m}{n}{k}kn", r, (m // comm.world_size, k), BF16)
-                        for r in range(comm.world_size)])
-    assert torch.equal(gathered, full_a)
-    assert rel_err(out, ref) < GEMM_TOLERANCE[BF16]
+    check_ag_gemm_keeps_the_gathered_a(comm, seed, 1024, 256, 512)
 
 
 # ---- collectives through loom.torch (staging and zero-copy paths) -------------------------------

@@ -10,16 +10,14 @@ collectives stay within one NVLink domain and refuse a multi-node communicator b
 """
 
 import os
-import random
 
 import pytest
 
 torch = pytest.importorskip("torch")
-import torch.distributed as dist  # noqa: E402
 
 import loom  # noqa: E402
 import loom.torch as lt  # noqa: E402
-from gpu_job import BF16, FP16, GEMM_TOLERANCE, rand, rel_err, start_job, tp_inputs  # noqa: E402
+from gpu_job import BF16, FP16, check_ag_gemm_keeps_the_gathered_a, check_tp_op, job_seed, start_job  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
 NAN = float("nan")
@@ -30,16 +28,12 @@ def comm():
     c = start_job()
     if c.num_nodes == 1:
         pytest.skip("needs a job of several nodes (LOOM_EMULATE_NODES=2 with 4 ranks, for one)")
-    yield c
-    torch.cuda.synchronize()
-    dist.barrier()
+    return c
 
 
 @pytest.fixture(scope="module")
 def seed(comm):
-    box = [random.SystemRandom().randrange(1 << 30) if comm.rank == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+    return job_seed()
 
 
 def test_the_job_spans_nodes(comm):
@@ -60,39 +54,11 @@ def tp_cases(world):
 @pytest.mark.parametrize("dtype", [BF16, FP16])
 @pytest.mark.parametrize("case", [0, 1, 2])
 def test_tp_ops_across_nodes(comm, seed, op, layout, dtype, case):
-    m, n, k = tp_cases(comm.world_size)[case]
-    a, b, ref = tp_inputs(seed, comm, op, m, n, k, layout, dtype)
-    rows = m // comm.world_size if op == "gemm_rs" else m
-    if op == "gemm_ar":
-        out = lt.empty(comm, (rows, n), dtype).fill_(NAN)
-    else:
-        out = torch.full((rows, n), NAN, dtype=dtype, device="cuda")
-    getattr(loom, op)(comm, a, b, out, b_layout=layout)
-    comm.synchronize()
-    err = rel_err(out, ref)
-    assert err < GEMM_TOLERANCE[dtype], (op, m, n, k, err)
-
-    for buffer in comm._staging.values():
-        buffer.fill_(NAN)
-    torch.full((rows, n), NAN, dtype=dtype, device="cuda")  # the block torch hands out next
-    out2 = getattr(lt, op)(a, b, comm, b_layout=layout)
-    comm.synchronize()
-    assert out2.shape == (rows, n)
-    assert torch.equal(out2, out), "loom.torch and the explicit API disagree"
+    check_tp_op(comm, seed, op, *tp_cases(comm.world_size)[case], layout, dtype)
 
 
 def test_ag_gemm_gathers_every_nodes_rows(comm, seed):
-    m, n, k = 256 * comm.world_size, 256, 512
-    a, b, ref = tp_inputs(seed, comm, "ag_gemm", m, n, k, "kn", BF16)
-    gathered = lt.empty(comm, (m, k), BF16).fill_(NAN)
-    out = torch.full((m, n), NAN, dtype=BF16, device="cuda")
-    loom.ag_gemm(comm, a, b, out, gathered_a=gathered)
-    comm.synchronize()
-    # Every rank's rows as tp_inputs draws them: the gathered A holds them all, bit for bit.
-    full_a = torch.cat([rand(seed, f"ag_gemma{m}{n}{k}kn", r, (m // comm.world_size, k), BF16)
-                        for r in range(comm.world_size)])
-    assert torch.equal(gathered, full_a)
-    assert rel_err(out, ref) < GEMM_TOLERANCE[BF16]
+    check_ag_gemm_keeps_the_gathered_a(comm, seed, 256 * comm.world_size, 256, 512)
 
 
 def test_rules_use_the_global_world(comm):
