@@ -21,6 +21,8 @@
 
 namespace loom {
 
+struct CommunicatorAccess;
+
 // Overrides of the LOOM_* environment; zero values keep the environment's (or default) setting.
 struct CommOptions {
   uint64_t heap_bytes = 0;                      // LOOM_HEAP_BYTES
@@ -84,11 +86,10 @@ class Communicator {
   // ok while usable; else the failure that ended it.
   Status health() const;
 
-  struct Impl;
-  Impl& impl() { return *impl_; }
-  const Impl& impl() const { return *impl_; }
+  struct Impl;  // the runtime behind it (internal: src/runtime/communicator_impl.h)
 
  private:
+  friend struct CommunicatorAccess;  // loom's own operators reach Impl through it
   explicit Communicator(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

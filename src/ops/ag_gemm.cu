@@ -60,7 +60,7 @@ Status run_plain(const TpGemmArgs& a, const TpDecision& d, cudaStream_t stream) 
 }
 
 Status run_decomposed(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, cudaStream_t stream) {
-  Communicator::Impl& impl = comm.impl();
+  Communicator::Impl& impl = internal(comm);
   const size_t e = dtype_size(a.dtype);
   void* gathered = a.gathered_a;
   if (gathered == nullptr) {
@@ -87,7 +87,7 @@ planner::TailSplit ag_tail_split(const TpGemmArgs& a, int world, GemmTile tile, 
 }
 
 Status run_fused(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, cudaStream_t stream) {
-  Communicator::Impl& impl = comm.impl();
+  Communicator::Impl& impl = internal(comm);
   const int world = impl.topology.local_world_size;
   const int me = impl.topology.local_rank;
   const size_t e = dtype_size(a.dtype);
@@ -172,7 +172,7 @@ Status run_fused(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, c
 
 
 Status ag_gemm_one_node(Communicator& comm, const TpGemmArgs& args, cudaStream_t stream, const TpGemmOptions& options) {
-  Communicator::Impl& impl = comm.impl();
+  Communicator::Impl& impl = internal(comm);
   LOOM_TRY(ops::tp::check_common(impl, OpId::kAgGemm, args));
   const int world = impl.topology.local_world_size;
   auto fused_check = [&](GemmTile tile, int grid) -> std::string {
@@ -203,7 +203,7 @@ Status ag_gemm_one_node(Communicator& comm, const TpGemmArgs& args, cudaStream_t
 Status ag_gemm(Communicator& comm, const TpGemmArgs& args, cudaStream_t stream, const TpGemmOptions& options) {
   const Status queued = comm.num_nodes() > 1 ? ops::ag_gemm_multinode(comm, args, stream, options)  // ops/multinode.h
                                              : ag_gemm_one_node(comm, args, stream, options);
-  return ops::tp::noted_workspace_use(comm.impl(), queued, stream);
+  return ops::tp::noted_workspace_use(internal(comm), queued, stream);
 }
 
 }  // namespace loom

@@ -9,7 +9,7 @@ namespace ops {
 
 Status all_gather_for(Communicator& comm, const void* send, void* recv, size_t count, DType dtype, cudaStream_t stream,
                   const CollectiveOptions& options, OpId label) {
-  Communicator::Impl& impl = comm.impl();
+  Communicator::Impl& impl = internal(comm);
   LOOM_TRY_CTX(ops::check_collective_common(impl, "all_gather", count, dtype), "all_gather");
   if (count == 0) return {};
   const uint64_t shard = static_cast<uint64_t>(count) * dtype_size(dtype);

@@ -9,7 +9,7 @@ namespace ops {
 
 Status all_reduce_for(Communicator& comm, const void* send, void* recv, size_t count, DType dtype, cudaStream_t stream,
                   const CollectiveOptions& options, OpId label) {
-  Communicator::Impl& impl = comm.impl();
+  Communicator::Impl& impl = internal(comm);
   LOOM_TRY_CTX(ops::check_collective_common(impl, "all_reduce", count, dtype), "all_reduce");
   if (options.engine == CopyEngineChoice::kBulk) {
     return Status::invalid_argument("all_reduce: the bulk copy engine applies to all_gather only");

@@ -50,7 +50,7 @@ Status run_fused(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, c
 
 
 Status gemm_rs_one_node(Communicator& comm, const TpGemmArgs& args, cudaStream_t stream, const TpGemmOptions& options) {
-  Communicator::Impl& impl = comm.impl();
+  Communicator::Impl& impl = internal(comm);
   LOOM_TRY(ops::tp::check_common(impl, OpId::kGemmRs, args));
   const int world = impl.topology.local_world_size;
   auto fused_check = [&](GemmTile tile, int grid) -> std::string {
@@ -73,7 +73,7 @@ Status gemm_rs_one_node(Communicator& comm, const TpGemmArgs& args, cudaStream_t
 Status gemm_rs(Communicator& comm, const TpGemmArgs& args, cudaStream_t stream, const TpGemmOptions& options) {
   const Status queued = comm.num_nodes() > 1 ? ops::gemm_rs_multinode(comm, args, stream, options)  // ops/multinode.h
                                              : gemm_rs_one_node(comm, args, stream, options);
-  return ops::tp::noted_workspace_use(comm.impl(), queued, stream);
+  return ops::tp::noted_workspace_use(internal(comm), queued, stream);
 }
 
 }  // namespace loom

@@ -66,7 +66,7 @@ AgPlan plan_ag(const Communicator::Impl& impl, const TpGemmArgs& a, const TpGemm
 }  // namespace
 
 Result<MultiNodePlan> plan_multinode_ag(Communicator& comm, const TpGemmArgs& args, const TpGemmOptions& options) {
-  Communicator::Impl& impl = comm.impl();
+  Communicator::Impl& impl = internal(comm);
   LOOM_TRY(mn::check_call(impl, OpId::kAgGemm, args, options));
   const AgPlan p = plan_ag(impl, args, options);
   MultiNodePlan out;
@@ -82,7 +82,7 @@ Result<MultiNodePlan> plan_multinode_ag(Communicator& comm, const TpGemmArgs& ar
 }
 
 Status ag_gemm_multinode(Communicator& comm, const TpGemmArgs& a, cudaStream_t stream, const TpGemmOptions& options) {
-  Communicator::Impl& impl = comm.impl();
+  Communicator::Impl& impl = internal(comm);
   LOOM_TRY(mn::check_call(impl, OpId::kAgGemm, a, options));
   LOOM_TRY(mn::load_multinode_kernels());
   const AgPlan plan = plan_ag(impl, a, options);

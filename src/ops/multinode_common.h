@@ -164,7 +164,7 @@ inline std::string check_flags(const Communicator::Impl& impl, uint64_t flags) {
 // (tp_common.h explains why no host round trip is needed: every rank grows at the same call to
 // the same size, the allocator hands out equal offsets, and the offset is in the signature).
 inline Result<void*> ensure_workspace(Communicator& comm, size_t bytes, cudaStream_t stream, const char* op) {
-  Communicator::Impl& impl = comm.impl();
+  Communicator::Impl& impl = internal(comm);
   return tp::grow_workspace(impl, impl.mn_workspace, impl.mn_workspace_bytes, bytes, stream, op, "multi-node");
 }
 
@@ -258,7 +258,7 @@ inline Status check_reduce_buffers(Communicator::Impl& impl, OpId op, const TpGe
 
 inline Result<MultiNodePlan> plan_multinode_reduce(Communicator& comm, OpId op, const TpGemmArgs& a,
                                                    const TpGemmOptions& options) {
-  Communicator::Impl& impl = comm.impl();
+  Communicator::Impl& impl = internal(comm);
   LOOM_TRY(check_call(impl, op, a, options));
   const ReducePlan r = plan_reduce(impl, op, a, options);
   const kmn::MultiNodeRoleTable roles = roles_for(op, r.layout.g);
@@ -289,7 +289,7 @@ auto reduce_kernel() {
 template <bool kAllReduce>
 Status launch_reduce(Communicator& comm, const TpGemmArgs& a, cudaStream_t stream, const TpGemmOptions& options) {
   const OpId op = kAllReduce ? OpId::kGemmAr : OpId::kGemmRs;
-  Communicator::Impl& impl = comm.impl();
+  Communicator::Impl& impl = internal(comm);
   const std::string name = op_text(op);
   LOOM_TRY(check_call(impl, op, a, options));
   LOOM_TRY(load_multinode_kernels());

@@ -25,7 +25,7 @@ Result<MultiNodePlan> plan_multinode(Communicator& comm, OpId op, const TpGemmAr
 }
 
 Status net_exchange(Communicator& comm, const void* src, void* dst, size_t bytes, cudaStream_t stream, size_t chunk_bytes) {
-  Communicator::Impl& impl = comm.impl();
+  Communicator::Impl& impl = internal(comm);
   LOOM_TRY(impl.check_usable());
   if (!impl.network) return Status::unsupported("net_exchange: the communicator spans one node (no network)");
   if (bytes == 0) return Status::invalid_argument("net_exchange: zero bytes");

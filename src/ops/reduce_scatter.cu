@@ -9,7 +9,7 @@ namespace ops {
 
 Status reduce_scatter_for(Communicator& comm, const void* send, void* recv, size_t recv_count, DType dtype,
                       cudaStream_t stream, const CollectiveOptions& options, OpId label) {
-  Communicator::Impl& impl = comm.impl();
+  Communicator::Impl& impl = internal(comm);
   LOOM_TRY_CTX(ops::check_collective_common(impl, "reduce_scatter", recv_count, dtype), "reduce_scatter");
   if (options.engine == CopyEngineChoice::kBulk) {
     return Status::invalid_argument("reduce_scatter: the bulk copy engine applies to all_gather only");

@@ -251,7 +251,7 @@ inline Result<void*> grow_workspace(Communicator::Impl& impl, void*& ws, size_t&
 }
 
 inline Result<void*> ensure_workspace(Communicator& comm, size_t bytes, cudaStream_t stream, const char* op) {
-  Communicator::Impl& impl = comm.impl();
+  Communicator::Impl& impl = internal(comm);
   return grow_workspace(impl, impl.tp_workspace, impl.tp_workspace_bytes, bytes, stream, op, "tensor-parallel");
 }
 
@@ -480,7 +480,7 @@ inline Status build_reduce_params(Communicator::Impl& impl, const TpGemmArgs& a,
 template <class KernelOf>
 Status launch_reduce_fused(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, cudaStream_t stream,
                            bool broadcast, const char* op, KernelOf kernel_of) {
-  Communicator::Impl& impl = comm.impl();
+  Communicator::Impl& impl = internal(comm);
   const int world = impl.topology.local_world_size;
   const planner::TailSplit split = reduce_tail_split(a, d.tile, d.grid, world, d.tail_pieces);
   LOOM_ASSIGN_OR_RETURN(void* staging,

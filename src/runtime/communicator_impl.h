@@ -110,4 +110,13 @@ struct Communicator::Impl {
   Status check_local_device_buffer(const void* ptr, size_t bytes, const char* what) const;
 };
 
+// The runtime behind a communicator, for loom's operators, tools and tests (not in the public
+// headers).
+struct CommunicatorAccess {
+  static Communicator::Impl& impl(Communicator& c) { return *c.impl_; }
+  static const Communicator::Impl& impl(const Communicator& c) { return *c.impl_; }
+};
+inline Communicator::Impl& internal(Communicator& c) { return CommunicatorAccess::impl(c); }
+inline const Communicator::Impl& internal(const Communicator& c) { return CommunicatorAccess::impl(c); }
+
 }  // namespace loom

@@ -257,7 +257,7 @@ TEST(CollectivesFailure, MissingPeerTimesOutAndContextStaysUsable) {
   }
   // Both sides rendezvous on the host; the silent rank then fails its communicator as well, so
   // neither destructor waits for the other.
-  (void)comm->impl().bootstrap->barrier();
+  (void)internal(*comm).bootstrap->barrier();
   if (process().rank == silent_rank) comm->abort("test over");
 }
 

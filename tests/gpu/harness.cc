@@ -49,7 +49,7 @@ Communicator& shared_comm() {
 bool all_ranks_agree(Communicator& comm, bool ok) {
   const int32_t mine = ok ? 1 : 0;
   std::vector<int32_t> all(comm.world_size());
-  Status s = comm.impl().bootstrap->all_gather(&mine, all.data(), sizeof(mine));
+  Status s = internal(comm).bootstrap->all_gather(&mine, all.data(), sizeof(mine));
   if (!s.ok()) return false;
   for (int32_t v : all) ok = ok && v == 1;
   return ok;

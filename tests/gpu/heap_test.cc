@@ -29,8 +29,8 @@ constexpr uint64_t kHeapBytes = 64 * kMiB;
 constexpr uint32_t kMaxChunksPerSource = 16;  // any value: the heap only needs the layout's prefix
 
 Communicator& comm() { return test::shared_comm(); }
-Bootstrap& bootstrap() { return *comm().impl().bootstrap; }
-const Topology& topology() { return comm().impl().topology; }
+Bootstrap& bootstrap() { return *internal(comm()).bootstrap; }
+const Topology& topology() { return internal(comm()).topology; }
 bool everyone(bool ok) { return test::all_ranks_agree(comm(), ok); }
 
 ControlLayout control_layout() {

@@ -195,7 +195,7 @@ __global__ void put_kernel(const __grid_constant__ PutParams p) {
 TEST(MultiNodeNet, RawPutBitExactFromOneByteTo64MiB) {
   SKIP_UNLESS_MULTI_NODE();
   Communicator& comm = shared_comm();
-  Communicator::Impl& impl = comm.impl();
+  Communicator::Impl& impl = internal(comm);
   constexpr uint8_t kGuard = 0xA5;
   constexpr uint64_t kGap = 256;
   constexpr uint64_t kSourceSlack = 65536;
@@ -263,7 +263,7 @@ TEST(MultiNodeNet, ExchangeOperatorIsBitExact) {
   SKIP_UNLESS_MULTI_NODE();
   Communicator& comm = shared_comm();
   const uint32_t nodes = static_cast<uint32_t>(comm.num_nodes());
-  const auto& topo = comm.impl().topology;
+  const auto& topo = internal(comm).topology;
   for (uint64_t bytes : {uint64_t{16}, uint64_t{1000}, uint64_t{3} << 20, (uint64_t{32} << 20) + 48}) {
     SymmetricMem sym(comm);
     uint8_t* src = static_cast<uint8_t*>(sym.alloc(bytes));
@@ -345,7 +345,7 @@ Shape make_shape(OpId op, int64_t m, int64_t n, int64_t k_global, BLayout layout
 
 // Global rank owning row block d (d = node * L + local).
 int rank_of_block(int d) {
-  const auto& t = shared_comm().impl().topology;
+  const auto& t = internal(shared_comm()).topology;
   return t.rank_of(d / t.local_world_size, d % t.local_world_size);
 }
 
@@ -804,7 +804,7 @@ TEST(MultiNodeStress, BackToBackLaunchesAreBitIdentical) {
 TEST(MultiNodeTraffic, EachGpuPostsItsShareOnce) {
   SKIP_UNLESS_MULTI_NODE();
   Communicator& comm = shared_comm();
-  runtime::net::Proxy* proxy = comm.impl().network->proxy();
+  runtime::net::Proxy* proxy = internal(comm).network->proxy();
   ASSERT_NE(proxy, nullptr);
   const uint64_t nodes = static_cast<uint64_t>(comm.num_nodes());
   const uint64_t world = static_cast<uint64_t>(comm.world_size());
@@ -896,7 +896,7 @@ TEST_P(MultiNodeFailure, SilentRankTimesOut) {
   } else {
     std::this_thread::sleep_for(std::chrono::milliseconds(kTimeoutMs + 2000));
   }
-  (void)comm->impl().bootstrap->barrier();
+  (void)internal(*comm).bootstrap->barrier();
   if (process().rank == silent) comm->abort("test over");
 }
 
@@ -922,14 +922,14 @@ TEST(MultiNodeFailure, ProxyRejectionIsReportedBySynchronize) {
   options.op_timeout = std::chrono::milliseconds(2000);
   std::unique_ptr<Communicator> comm = test::make_comm(options);
   ASSERT_NE(comm, nullptr);
-  bad_command_kernel<<<1, 32>>>(comm->impl().device_comm());
+  bad_command_kernel<<<1, 32>>>(internal(*comm).device_comm());
   MN_CUDA(cudaGetLastError());
   const Status st = comm->synchronize(nullptr);
   EXPECT_EQ(st.code(), StatusCode::kInternal) << st.to_string();
   EXPECT_NE(st.message().find("not a peer"), std::string::npos) << st.to_string();
   EXPECT_NE(st.message().find("proxy"), std::string::npos) << st.to_string();
   EXPECT_FALSE(comm->health().ok());
-  (void)comm->impl().bootstrap->barrier();
+  (void)internal(*comm).bootstrap->barrier();
 }
 
 TEST(MultiNodeFailure, PausedProxyIsReportedAsStalled) {
@@ -944,7 +944,7 @@ TEST(MultiNodeFailure, PausedProxyIsReportedAsStalled) {
   void* src = sym.alloc(1 << 20);
   void* dst = sym.alloc((1 << 20) * (nodes - 1));
   ASSERT_TRUE(test::all_ranks_agree(*comm, src && dst));
-  comm->impl().network->proxy()->pause_for_test(true);  // every rank: its own lanes stop turning
+  internal(*comm).network->proxy()->pause_for_test(true);  // every rank: its own lanes stop turning
   const auto start = std::chrono::steady_clock::now();
   LOOM_ASSERT_OK(ops::net_exchange(*comm, src, dst, 1 << 20, nullptr));
   const Status st = comm->synchronize(nullptr);
@@ -952,8 +952,8 @@ TEST(MultiNodeFailure, PausedProxyIsReportedAsStalled) {
   EXPECT_EQ(st.code(), StatusCode::kTimeout) << st.to_string();
   EXPECT_NE(st.message().find("proxy"), std::string::npos) << st.to_string();
   EXPECT_LE(elapsed, 3.0 + 1.0) << "reported only after " << elapsed << " s";
-  comm->impl().network->proxy()->pause_for_test(false);
-  (void)comm->impl().bootstrap->barrier();
+  internal(*comm).network->proxy()->pause_for_test(false);
+  (void)internal(*comm).bootstrap->barrier();
 }
 
 }  // namespace

@@ -52,7 +52,7 @@ constexpr uint64_t kGap = 256;
 constexpr uint64_t kSourceSlack = 65536;
 
 Communicator& comm() { return test::shared_comm(); }
-Bootstrap& bootstrap() { return *comm().impl().bootstrap; }
+Bootstrap& bootstrap() { return *internal(comm()).bootstrap; }
 bool everyone(bool ok) { return test::all_ranks_agree(comm(), ok); }
 int me() { return comm().rank(); }
 int world() { return comm().world_size(); }

@@ -319,7 +319,7 @@ bool run_case(const Case& c) {
       // Every rank must hold the same bits (each element rounded once, by its owner).
       const uint64_t mine = fnv1a(got);
       std::vector<uint64_t> all(static_cast<size_t>(comm.world_size()));
-      const Status gathered_hashes = comm.impl().bootstrap->all_gather(&mine, all.data(), sizeof mine);
+      const Status gathered_hashes = internal(comm).bootstrap->all_gather(&mine, all.data(), sizeof mine);
       EXPECT_TRUE(gathered_hashes.ok()) << gathered_hashes.to_string();
       for (size_t r = 0; r < all.size(); ++r) {
         EXPECT_EQ(all[r], mine) << what << ": rank " << r << "'s output differs from rank " << process().rank << "'s";

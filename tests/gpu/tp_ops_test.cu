@@ -158,7 +158,7 @@ planner::TpRequest request_of(const Shape& s) {
   r.local_world = s.world;
   r.dtype = s.dtype;
   r.b_layout = s.layout;
-  const int min_sms = shared_comm().impl().topology.min_sm_count;
+  const int min_sms = internal(shared_comm()).topology.min_sm_count;
   r.sm_count = min_sms > 0 ? min_sms : shared_comm().sm_count();
   return r;
 }
@@ -999,7 +999,7 @@ TEST_P(TpOpsFailure, MissingPeerTimesOutAndContextStaysUsable) {
   }
   // Rendezvous on the host; the silent rank then fails its communicator too, so neither
   // destructor waits for the other.
-  (void)comm->impl().bootstrap->barrier();
+  (void)internal(*comm).bootstrap->barrier();
   if (process().rank == silent_rank) comm->abort("test over");
 }
 

@@ -140,7 +140,7 @@ Status run_one(Communicator& comm, ncclComm_t nccl, const std::string& op, uint6
 
 Result<double> max_over_ranks(Communicator& comm, double value) {
   std::vector<double> all(comm.world_size());
-  LOOM_TRY(comm.impl().bootstrap->all_gather(&value, all.data(), sizeof(double)));
+  LOOM_TRY(internal(comm).bootstrap->all_gather(&value, all.data(), sizeof(double)));
   double m = value;
   for (double v : all) m = v > m ? v : m;
   return m;
@@ -149,7 +149,7 @@ Result<double> max_over_ranks(Communicator& comm, double value) {
 Result<ncclComm_t> make_nccl_comm(Communicator& comm) {
   ncclUniqueId id{};
   if (comm.rank() == 0) LOOM_TRY(nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId"));
-  LOOM_TRY(comm.impl().bootstrap->broadcast(&id, sizeof(id), 0));
+  LOOM_TRY(internal(comm).bootstrap->broadcast(&id, sizeof(id), 0));
   ncclComm_t nccl = nullptr;
   LOOM_TRY(nccl_check(ncclCommInitRank(&nccl, comm.world_size(), id, comm.rank()), "ncclCommInitRank"));
   return nccl;

@@ -400,7 +400,7 @@ int main(int argc, char** argv) {
     info.gpu = prop.name;
     info.world = comm.world_size();
     info.nodes = comm.num_nodes();
-    const auto& net = comm.impl().net_settings;
+    const auto& net = internal(comm).net_settings;
     info.emulated_nodes = net.emulate_nodes > 1 ? net.emulate_nodes : 0;
     if (comm.num_nodes() > 1 && net.emulate_net_gbps > 0) info.net_gbps = net.emulate_net_gbps;
     if (!g.json_path.empty()) {

@@ -65,7 +65,7 @@ struct Shape {
 };
 
 int rank_of_block(const Communicator& comm, int d) {
-  const auto& t = comm.impl().topology;
+  const auto& t = internal(comm).topology;
   return t.rank_of(d / t.local_world_size, d % t.local_world_size);
 }
 

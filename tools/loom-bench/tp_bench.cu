@@ -158,7 +158,7 @@ class TpCase {
     r.local_world = s_.world;
     r.dtype = o_.dtype;
     r.b_layout = o_.b_layout;
-    const int min_sms = comm_.impl().topology.min_sm_count;
+    const int min_sms = internal(comm_).topology.min_sm_count;
     r.sm_count = min_sms > 0 ? min_sms : comm_.sm_count();
     return r;
   }
