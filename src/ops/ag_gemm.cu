@@ -113,7 +113,7 @@ Status run_fused(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, c
   LOOM_TRY(ops::encode_gemm_rows_map(a.a, rows, a.k, a.k, a.dtype, info.block_m, &p.a_local));
   LOOM_TRY(ops::encode_gemm_output_map(a.out, a.m, a.n, a.n, a.dtype, &p.out));
   p.comm = impl.device_comm();
-  p.tp = impl.tp_state;
+  LOOM_ASSIGN_OR_RETURN(p.state, ops::tp::launch_state(impl));
   p.m = static_cast<uint32_t>(a.m);
   p.n = static_cast<uint32_t>(a.n);
   p.k = static_cast<uint32_t>(a.k);
@@ -127,7 +127,7 @@ Status run_fused(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, c
   s.n_blocks = static_cast<uint32_t>(n_blocks);
   s.group_m = ops::tp::group_m_for(d.grid, d.tile, rank_blocks);  // groups never straddle two ranks' rows
   s.m_block_start = static_cast<uint32_t>(me * rank_blocks);       // our rows first: they wait for nothing
-  s.queue = &impl.tp_state->tile_queue;
+  s.queue = &p.state->tile_queue;
   s.row_flags = reinterpret_cast<const uint64_t*>(static_cast<char*>(impl.heap->local_base()) + impl.control.op_flag_offset) +
                 world;
   s.rows_per_flag = static_cast<uint32_t>(rows_per_flag);

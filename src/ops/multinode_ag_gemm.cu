@@ -108,7 +108,7 @@ Status ag_gemm_multinode(Communicator& comm, const TpGemmArgs& a, cudaStream_t s
   LOOM_TRY(encode_gemm_rows_map(a.a, rows, a.k, a.k, a.dtype, info.block_m, &p.a_local));
   LOOM_TRY(encode_gemm_output_map(a.out, a.m, a.n, a.n, a.dtype, &p.out));
   p.comm = impl.device_comm();
-  p.state = impl.mn_state;
+  LOOM_ASSIGN_OR_RETURN(p.state, mn::launch_state(impl));
   p.m = static_cast<uint32_t>(a.m);
   p.n = static_cast<uint32_t>(a.n);
   p.k = static_cast<uint32_t>(a.k);

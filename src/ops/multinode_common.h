@@ -160,12 +160,21 @@ inline std::string check_flags(const Communicator::Impl& impl, uint64_t flags) {
          " (fewer, larger tiles or a smaller call would fit)";
 }
 
-// The multi-node workspace (symmetric): grown when a call needs more, like the TP workspace
-// (tp_common.h explains why no host round trip is needed: every rank grows at the same call to
-// the same size, the allocator hands out equal offsets, and the offset is in the signature).
+// The multi-node operators' family (Communicator::Impl::family): its launch state, and its
+// symmetric workspace, grown when a call needs more like the TP workspace (tp_common.h explains
+// why no host round trip is needed: every rank grows at the same call to the same size, the
+// allocator hands out equal offsets, and the offset is in the signature).
+inline constexpr std::string_view kFamily = "multinode";
+
 inline Result<void*> ensure_workspace(Communicator& comm, size_t bytes, cudaStream_t stream, const char* op) {
   Communicator::Impl& impl = internal(comm);
-  return tp::grow_workspace(impl, impl.mn_workspace, impl.mn_workspace_bytes, bytes, stream, op, "multi-node");
+  LOOM_ASSIGN_OR_RETURN(Communicator::Impl::OperatorFamily * family, impl.family(kFamily));
+  return tp::grow_workspace(impl, *family, bytes, stream, op, "multi-node");
+}
+
+inline Result<LaunchState*> launch_state(Communicator::Impl& impl) {
+  LOOM_ASSIGN_OR_RETURN(Communicator::Impl::OperatorFamily * family, impl.family(kFamily));
+  return family->launch_state;
 }
 
 using tp::prepare_kernel;
@@ -332,7 +341,7 @@ Status launch_reduce(Communicator& comm, const TpGemmArgs& a, cudaStream_t strea
     LOOM_TRY(encode_gemm_output_map(fold_q, layout.fold_rows(), a.n, a.n, a.dtype, &p.stage_to[q]));
   }
   p.comm = impl.device_comm();
-  p.state = impl.mn_state;
+  LOOM_ASSIGN_OR_RETURN(p.state, launch_state(impl));
   p.m = static_cast<uint32_t>(a.m);
   p.n = static_cast<uint32_t>(a.n);
   p.k = static_cast<uint32_t>(a.k);

@@ -45,7 +45,7 @@ Status net_exchange(Communicator& comm, const void* src, void* dst, size_t bytes
   }
   kmn::MnTransferParams p{};
   p.comm = impl.device_comm();
-  p.state = impl.mn_state;
+  LOOM_ASSIGN_OR_RETURN(p.state, mn::launch_state(impl));
   p.src_offset = src_offset;
   p.dst_offset = dst_offset;
   p.bytes = bytes;

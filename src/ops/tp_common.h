@@ -211,10 +211,12 @@ inline std::string check_flag_capacity(const Communicator::Impl& impl, uint64_t 
 // by note_workspace_use (Communicator::Impl; polled, so the proxy keeps serving queued kernels).
 // Growing cannot happen during CUDA graph capture, nor after a capture that used the workspace
 // (the graph holds its address): run the largest shape once before capturing.
-// `ws`, `ws_bytes` are the workspace's fields of Communicator::Impl; `what` names it in messages
-// ("tensor-parallel", "multi-node").
-inline Result<void*> grow_workspace(Communicator::Impl& impl, void*& ws, size_t& ws_bytes, size_t bytes,
+// `family` is the operator family's entry in Communicator::Impl; `what` names the workspace in
+// messages ("tensor-parallel", "multi-node").
+inline Result<void*> grow_workspace(Communicator::Impl& impl, Communicator::Impl::OperatorFamily& family, size_t bytes,
                                     cudaStream_t stream, const char* op, const char* what) {
+  void*& ws = family.workspace;
+  size_t& ws_bytes = family.workspace_bytes;
   if (bytes <= ws_bytes) return ws;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   LOOM_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
@@ -250,9 +252,18 @@ inline Result<void*> grow_workspace(Communicator::Impl& impl, void*& ws, size_t&
   return ws;
 }
 
+// The fused single-node TP operators' family: its launch state and workspace.
+inline constexpr std::string_view kFamily = "tp";
+
 inline Result<void*> ensure_workspace(Communicator& comm, size_t bytes, cudaStream_t stream, const char* op) {
   Communicator::Impl& impl = internal(comm);
-  return grow_workspace(impl, impl.tp_workspace, impl.tp_workspace_bytes, bytes, stream, op, "tensor-parallel");
+  LOOM_ASSIGN_OR_RETURN(Communicator::Impl::OperatorFamily * family, impl.family(kFamily));
+  return grow_workspace(impl, *family, bytes, stream, op, "tensor-parallel");
+}
+
+inline Result<LaunchState*> launch_state(Communicator::Impl& impl) {
+  LOOM_ASSIGN_OR_RETURN(Communicator::Impl::OperatorFamily * family, impl.family(kFamily));
+  return family->launch_state;
 }
 
 // The public operators' last step: a queued call marks its stream as a workspace user (see
@@ -430,7 +441,7 @@ inline Status build_reduce_params(Communicator::Impl& impl, const TpGemmArgs& a,
     LOOM_TRY(encode_gemm_output_map(staging_r, staging_rows, a.n, a.n, a.dtype, &p.stage_to[r]));
   }
   p.comm = impl.device_comm();
-  p.tp = impl.tp_state;
+  LOOM_ASSIGN_OR_RETURN(p.state, launch_state(impl));
   p.m = static_cast<uint32_t>(a.m);
   p.n = static_cast<uint32_t>(a.n);
   p.k = static_cast<uint32_t>(a.k);
@@ -444,7 +455,7 @@ inline Status build_reduce_params(Communicator::Impl& impl, const TpGemmArgs& a,
   s.m_blocks = static_cast<uint32_t>(m_blocks);
   s.n_blocks = static_cast<uint32_t>(n_blocks);
   s.group_m = group_m_for(d.grid, d.tile, band);  // a raster group never spans two owners
-  s.queue = &impl.tp_state->tile_queue;
+  s.queue = &p.state->tile_queue;
   s.order_world = static_cast<uint32_t>(world);
   s.order_self = static_cast<uint32_t>(me);
   s.order_owner_offset = 1;  // the next rank's rows first, our own last in every band

@@ -174,8 +174,8 @@ Result<std::unique_ptr<Communicator::Impl>> build(const CommOptions& options,
     LOOM_CUDA_TRY(cudaMemset(impl->epoch_state, 0, sizeof(EpochState)));
     LOOM_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&impl->device_abort), sizeof(uint32_t)));
     LOOM_CUDA_TRY(cudaMemset(impl->device_abort, 0, sizeof(uint32_t)));
-    LOOM_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&impl->tp_state), sizeof(TpDeviceState)));
-    LOOM_CUDA_TRY(cudaMemset(impl->tp_state, 0, sizeof(TpDeviceState)));
+    LOOM_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&impl->launch_states), sizeof(LaunchState) * Communicator::Impl::kMaxFamilies));
+    LOOM_CUDA_TRY(cudaMemset(impl->launch_states, 0, sizeof(LaunchState) * Communicator::Impl::kMaxFamilies));
     LOOM_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&impl->error_host), sizeof(ErrorRecord), cudaHostAllocMapped));
     std::memset(impl->error_host, 0, sizeof(ErrorRecord));
     LOOM_CUDA_TRY(cudaHostGetDevicePointer(reinterpret_cast<void**>(&impl->error_device), impl->error_host, 0));
@@ -197,12 +197,6 @@ Result<std::unique_ptr<Communicator::Impl>> build(const CommOptions& options,
 
   // More than one node: the inter-node path (runtime/network.h), collective over every rank.
   if (impl->topology.num_nodes > 1) {
-    Status mn = [&]() -> Status {
-      LOOM_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&impl->mn_state), sizeof(MultiNodeDeviceState)));
-      LOOM_CUDA_TRY(cudaMemset(impl->mn_state, 0, sizeof(MultiNodeDeviceState)));
-      return {};
-    }();
-    LOOM_TRY(collective_step(boot, mn, "allocating the multi-node device state"));
     runtime::net::NetworkOptions net_options;
     net_options.device = impl->device;
     net_options.gpu_pci_bus_id = self->pci_bus_id;
@@ -295,11 +289,22 @@ Communicator::Impl::~Impl() {
   for (auto& [stream, event] : workspace_users) cudaEventDestroy(event);
   if (epoch_state != nullptr) cudaFree(epoch_state);
   if (device_abort != nullptr) cudaFree(device_abort);
-  if (tp_state != nullptr) cudaFree(tp_state);
-  if (mn_state != nullptr) cudaFree(mn_state);
+  if (launch_states != nullptr) cudaFree(launch_states);
   if (error_host != nullptr) cudaFreeHost(error_host);
   if (host_abort_host != nullptr) cudaFreeHost(host_abort_host);
   if (progress_host != nullptr) cudaFreeHost(progress_host);
+}
+
+Result<Communicator::Impl::OperatorFamily*> Communicator::Impl::family(std::string_view name) {
+  auto it = families.find(name);
+  if (it != families.end()) return &it->second;
+  if (families.size() == kMaxFamilies) {
+    return Status::internal("operator family '" + std::string(name) + "': more than " + std::to_string(kMaxFamilies) +
+                            " families (Communicator::Impl::kMaxFamilies)");
+  }
+  OperatorFamily f;
+  f.launch_state = launch_states + families.size();
+  return &families.emplace(std::string(name), f).first->second;
 }
 
 Status Communicator::Impl::note_workspace_use(cudaStream_t stream) {

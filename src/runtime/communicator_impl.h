@@ -4,9 +4,11 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -46,23 +48,27 @@ struct Communicator::Impl {
   cudaStream_t probe_stream = nullptr;
   uint64_t* probe_words = nullptr;  // pinned [kProbeWords]
 
-  // Fused tensor-parallel operators (src/ops/tp_common.h): the device counters of their launches,
-  // and one symmetric workspace (gathered A, staged partial tiles, decomposed GEMM output) that
-  // the operators grow when a larger shape comes (every rank at the same call: same offsets).
-  TpDeviceState* tp_state = nullptr;  // device memory
-  void* tp_workspace = nullptr;       // symmetric heap
-  size_t tp_workspace_bytes = 0;
-
   // Jobs of more than one (real or emulated) node: the network settings (LOOM_TRANSPORT,
-  // LOOM_EMULATE_*, LOOM_PROXY_THREADS, ...), the inter-node path (rings, transports, proxy, flag
-  // window: runtime/network.h; null on one node) and the multi-node operators' device counters and
-  // symmetric workspace (src/ops/multinode_common.h), which they grow like the TP workspace.
-  // Declared after `heap`: destroyed first, so the proxy stops before the heap goes.
+  // LOOM_EMULATE_*, LOOM_PROXY_THREADS, ...) and the inter-node path (rings, transports, proxy,
+  // flag window: runtime/network.h; null on one node). Declared after `heap`: destroyed first, so
+  // the proxy stops before the heap goes.
   runtime::net::NetworkSettings net_settings;
   std::unique_ptr<runtime::net::Network> network;
-  MultiNodeDeviceState* mn_state = nullptr;  // device memory
-  void* mn_workspace = nullptr;              // symmetric heap
-  size_t mn_workspace_bytes = 0;
+
+  // What an operator family ("tp", "multinode", ...) keeps between its calls: the device counters
+  // of its launches and one symmetric workspace, which the family's operators grow when a larger
+  // call comes (every rank at the same call: same offsets; ops::grow_workspace). Made on a
+  // family's first call by family(), with no CUDA call: the launch states are lines of one device
+  // allocation made at creation.
+  struct OperatorFamily {
+    LaunchState* launch_state = nullptr;  // device memory, zero at creation
+    void* workspace = nullptr;            // symmetric heap
+    size_t workspace_bytes = 0;
+  };
+  static constexpr size_t kMaxFamilies = 16;
+  LaunchState* launch_states = nullptr;  // device memory [kMaxFamilies]
+  std::map<std::string, OperatorFamily, std::less<>> families;
+  Result<OperatorFamily*> family(std::string_view name);
 
   // Streams whose queued operator work may still read or write a workspace above: an event per
   // stream, recorded after each such call (note_workspace_use). Growing a workspace releases the

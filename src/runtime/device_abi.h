@@ -163,26 +163,18 @@ LOOM_HOST_DEVICE ControlLayout make_control_layout(uint32_t local_world, uint32_
   return c;
 }
 
-// Per-communicator device state of the fused tensor-parallel operators (device memory, zero at
-// creation). The tile queue is claimed with atomicAdd by the compute CTAs of one launch; the last
-// CTA to leave a launch zeroes both words, so every launch (also inside a CUDA graph) starts at 0
-// without a memset. Its own 64-byte line keeps it away from other hot words.
-struct TpDeviceState {
+// Per-communicator device state of one operator family's launches (device memory, zero at
+// creation; Communicator::Impl::family hands one line to each family, so two families never share
+// counters). The tile queue is claimed with atomicAdd by the compute CTAs of one launch; the last
+// CTA to leave a launch zeroes both words (finish_queued_launch, kernels/comm/epoch.cuh), so every
+// launch (also inside a CUDA graph) starts at 0 without a memset. Its own 64-byte line keeps it
+// away from other hot words.
+struct LaunchState {
   uint32_t tile_queue;  // next position in the launch's tile order
   uint32_t ctas_done;   // CTAs of the running launch that no longer touch tile_queue
   uint32_t pad[14];
 };
-static_assert(sizeof(TpDeviceState) == 64, "TpDeviceState fills one 64-byte line");
-
-// Per-communicator device state of the multi-node operators (device memory, zero at creation;
-// kernels/tp/multinode_frame.cuh): the same life cycle as TpDeviceState, kept apart so the two
-// families of kernels never share counters.
-struct MultiNodeDeviceState {
-  uint32_t tile_queue;  // next position in the launch's tile order
-  uint32_t ctas_done;   // CTAs of the running launch that are finished
-  uint32_t pad[14];
-};
-static_assert(sizeof(MultiNodeDeviceState) == 64, "MultiNodeDeviceState fills one 64-byte line");
+static_assert(sizeof(LaunchState) == 64, "LaunchState fills one 64-byte line");
 
 }  // namespace loom
 

@@ -28,7 +28,7 @@ __device__ __forceinline__ void finish_launch(EpochState* state, uint64_t epoch)
 }
 
 // For kernels whose CTAs take tiles from a launch-wide queue (`State` has uint32_t tile_queue
-// and ctas_done: TpDeviceState, MultiNodeDeviceState): thread 0 of every CTA, after all of the
+// and ctas_done: LaunchState): thread 0 of every CTA, after all of the
 // CTA's work (also after a failure). The CTA that leaves last resets the queue before it counts
 // itself in finish_launch; the next launch runs after this one completes (stream order), so it
 // sees the zeros.

@@ -46,7 +46,7 @@ struct AgGemmParams {
   sm90::TmaDescriptor out;         // [M, N], box {64, 16}
   TailPieces pieces;               // this rank's piece slots (tail split)
   DeviceComm comm;
-  TpDeviceState* tp;
+  LaunchState* state;
   uint32_t m, n, k;
   gemm::SchedulerParams sched;  // queue = &tp->tile_queue, gate on rows flags, rotation to our rows
   gemm::EpilogueParams epi;     // one destination (out), no signals
@@ -358,7 +358,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ag_gemm_kernel(const __grid_
     (void)Role::run(smem, ops, sched, epi, roles.compute_index(blockIdx.x), gridDim.x, ctx, fold);
   }
   __syncthreads();
-  if (threadIdx.x == 0) finish_queued_launch(p.tp, c.epoch_state, epoch);
+  if (threadIdx.x == 0) finish_queued_launch(p.state, c.epoch_state, epoch);
 }
 
 }  // namespace loom::kernels::tp

@@ -46,7 +46,7 @@ struct MnAgParams {
   sm90::TmaDescriptor b;
   sm90::TmaDescriptor out;         // [M, N], box {64, 16}
   DeviceComm comm;
-  MultiNodeDeviceState* state;
+  LaunchState* state;
   uint32_t m, n, k;
   uint32_t n_blocks;               // ceil(N / BLOCK_N)
   uint32_t group_m;                // raster group height in tile rows, dividing R / BLOCK_M

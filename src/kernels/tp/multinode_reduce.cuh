@@ -66,7 +66,7 @@ struct MnReduceParams {
                                                              // gemm_ar: [q] = local rank q's out [M, N]; box {64, 16}
   sm90::TmaDescriptor stage_to[MnTunables::kMaxLocalWorld];  // [q] = local rank q's fold source (q != l), box {64, 16}
   DeviceComm comm;
-  MultiNodeDeviceState* state;
+  LaunchState* state;
   uint32_t m, n, k;
   uint32_t ramp_m;         // first raster group height in tile rows (one chunk), doubling up to group_m
   uint32_t group_m;        // raster group height after the ramp (tile rows, a multiple of ramp_m)

@@ -20,7 +20,7 @@ namespace loom::kernels::tp::mn {
 
 struct MnTransferParams {
   DeviceComm comm;
-  MultiNodeDeviceState* state;
+  LaunchState* state;
   uint64_t src_offset;   // heap offset of the bytes this rank sends
   uint64_t dst_offset;   // heap offset of the receive area ((N - 1) * bytes)
   uint64_t bytes;

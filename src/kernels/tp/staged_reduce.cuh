@@ -60,7 +60,7 @@ struct ReduceGemmParams {
   sm90::TmaDescriptor stage_to[TpTunables::kMaxLocalWorld];  // [d] = rank d's staging (d != me), box {64, 16}
   TailPieces pieces;            // this rank's piece slots (tail split)
   DeviceComm comm;
-  TpDeviceState* tp;
+  LaunchState* state;
   uint32_t m, n, k;
   gemm::SchedulerParams sched;  // queue, rank-banded order (offset 1), fold range = our tile rows
   uint32_t rows_per_rank;       // M / W, a multiple of BLOCK_M
@@ -275,7 +275,7 @@ __device__ __forceinline__ void reduce_gemm_body(const ReduceGemmParams& p, uint
     if (threadIdx.x == 0 && exit.kind == static_cast<uint32_t>(gemm::WorkKind::kDone)) (void)wait_final_tiles(p, epoch, ctx);
   }
   __syncthreads();
-  if (threadIdx.x == 0) finish_queued_launch(p.tp, c.epoch_state, epoch);
+  if (threadIdx.x == 0) finish_queued_launch(p.state, c.epoch_state, epoch);
 }
 
 }  // namespace loom::kernels::tp
