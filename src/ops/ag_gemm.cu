@@ -162,11 +162,8 @@ Status run_fused(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, c
              static_cast<long long>(rows_per_flag), static_cast<long long>(piece_slots > 0 ? split.tiles : 0),
              piece_slots > 0 ? split.pieces : 1, d.plan.source.c_str());
   return ops::tp::dispatch_fused(d.tile, a.dtype, a.b_layout, [&]<class Cfg, bool kBF16, bool kBNMajor>() -> Status {
-    auto* kernel = &kt::ag_gemm_kernel<Cfg, kBF16, kBNMajor>;
-    LOOM_TRY(ops::tp::prepare_kernel(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes));
-    kernel<<<d.grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-    LOOM_CUDA_TRY_LAUNCH();
-    return Status{};
+    return ops::launch_kernel(&kt::ag_gemm_kernel<Cfg, kBF16, kBNMajor>, static_cast<unsigned>(d.grid), Cfg::kThreads,
+                              Cfg::kSmemBytes, stream, p);
   });
 }
 

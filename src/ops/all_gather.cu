@@ -1,6 +1,7 @@
 // Host launcher of all_gather: validate -> plan -> launch (kernel: kernels/collectives/all_gather.cuh).
 #include "kernels/collectives/all_gather.cuh"
 #include "ops/collective_common.h"
+#include "ops/launch/kernel_launch.h"
 #include "runtime/cuda_check.h"
 
 namespace loom {
@@ -29,15 +30,12 @@ Status all_gather_for(Communicator& comm, const void* send, void* recv, size_t c
   args.bytes = shard;
   args.vectorizable = 1;  // vector_copy handles alignment itself
   using Config = kernels::AllGatherConfig;
+  const unsigned grid = static_cast<unsigned>(plan.num_ctas);
   if (plan.engine == planner::CopyEngine::kBulk) {
-    auto kernel = kernels::all_gather_kernel<kernels::CopyEngine::kBulk>;
-    LOOM_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kBulkSmemBytes));
-    kernel<<<plan.num_ctas, Config::kThreads, Config::kBulkSmemBytes, stream>>>(args);
-  } else {
-    kernels::all_gather_kernel<kernels::CopyEngine::kVector><<<plan.num_ctas, Config::kThreads, 0, stream>>>(args);
+    return launch_kernel(&kernels::all_gather_kernel<kernels::CopyEngine::kBulk>, grid, Config::kThreads,
+                         Config::kBulkSmemBytes, stream, args);
   }
-  LOOM_CUDA_TRY_LAUNCH();
-  return {};
+  return launch_kernel(&kernels::all_gather_kernel<kernels::CopyEngine::kVector>, grid, Config::kThreads, 0, stream, args);
 }
 
 }  // namespace ops

@@ -1,6 +1,7 @@
 // Host launcher of all_reduce: validate -> plan -> launch (kernel: kernels/collectives/all_reduce.cuh).
 #include "kernels/collectives/all_reduce.cuh"
 #include "ops/collective_common.h"
+#include "ops/launch/kernel_launch.h"
 #include "runtime/cuda_check.h"
 
 namespace loom {
@@ -33,9 +34,8 @@ Status all_reduce_for(Communicator& comm, const void* send, void* recv, size_t c
   const size_t smem = sizeof(uint64_t) * static_cast<size_t>(impl.topology.local_world_size);
   return ops::dispatch_dtype(dtype, [&](auto element) -> Status {
     using T = decltype(element);
-    kernels::all_reduce_kernel<T><<<plan.num_ctas, kernels::ReduceConfig::kThreads, smem, stream>>>(args);
-    LOOM_CUDA_TRY_LAUNCH();
-    return {};
+    return launch_kernel(&kernels::all_reduce_kernel<T>, static_cast<unsigned>(plan.num_ctas), kernels::ReduceConfig::kThreads, smem,
+                         stream, args);
   });
 }
 

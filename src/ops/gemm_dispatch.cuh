@@ -5,30 +5,17 @@
 
 #include <cuda_runtime_api.h>
 
-#include <atomic>
-
 #include "kernels/gemm/sm90_gemm.cuh"
 #include "loom/status.h"
+#include "ops/launch/kernel_launch.h"
 #include "runtime/cuda_check.h"
 
 namespace loom::ops::detail {
 
 template <class Cfg, bool kBF16, bool kBNMajor>
 Status launch_instance(const kernels::gemm::GemmKernelParams& params, int grid, cudaStream_t stream) {
-  auto* kernel = &kernels::gemm::sm90_gemm_kernel<Cfg, kBF16, kBNMajor>;
-  // The dynamic shared-memory limit is a per-device function attribute: set it once per device.
-  static std::atomic<uint64_t> configured{0};
-  int device = 0;
-  LOOM_CUDA_TRY(cudaGetDevice(&device));
-  const uint64_t bit = uint64_t{1} << (device & 63);
-  if ((configured.load(std::memory_order_acquire) & bit) == 0) {
-    LOOM_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(Cfg::kSmemBytes)));
-    configured.fetch_or(bit, std::memory_order_acq_rel);
-  }
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
-  LOOM_CUDA_TRY_LAUNCH();
-  return Status{};
+  return launch_kernel(&kernels::gemm::sm90_gemm_kernel<Cfg, kBF16, kBNMajor>, static_cast<unsigned>(grid), Cfg::kThreads,
+                       Cfg::kSmemBytes, stream, params);
 }
 
 template <class Cfg>

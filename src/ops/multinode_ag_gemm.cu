@@ -131,11 +131,8 @@ Status ag_gemm_multinode(Communicator& comm, const TpGemmArgs& a, cudaStream_t s
              mn::shape_text(a, g).c_str(), std::string(gemm_tile_name(plan.tile)).c_str(), impl.sm_count, plan.roles.net_send,
              plan.roles.net_recv, plan.roles.nvlink, plan.layout.rows_per_chunk);
   return mn::dispatch(plan.tile, a.dtype, a.b_layout, [&]<class Cfg, bool kBF16, bool kBNMajor>() -> Status {
-    auto* kernel = &kmn::mn_ag_gemm_kernel<Cfg, kBF16, kBNMajor>;
-    LOOM_TRY(mn::prepare_kernel(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes));
-    kernel<<<impl.sm_count, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-    LOOM_CUDA_TRY_LAUNCH();
-    return Status{};
+    return launch_kernel(&kmn::mn_ag_gemm_kernel<Cfg, kBF16, kBNMajor>, static_cast<unsigned>(impl.sm_count), Cfg::kThreads,
+                         Cfg::kSmemBytes, stream, p);
   });
 }
 

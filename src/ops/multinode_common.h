@@ -177,7 +177,6 @@ inline Result<LaunchState*> launch_state(Communicator::Impl& impl) {
   return family->launch_state;
 }
 
-using tp::prepare_kernel;
 
 // Calls fn.template operator()<Cfg, kBF16, kBNMajor>() for the configuration of the call.
 template <class Fn>
@@ -374,11 +373,8 @@ Status launch_reduce(Communicator& comm, const TpGemmArgs& a, cudaStream_t strea
              name.c_str(), shape_text(a, g).c_str(), std::string(gemm_tile_name(r.tile)).c_str(), impl.sm_count,
              roles.net_send, roles.net_recv, layout.rows_per_chunk, layout.fold_rows());
   return dispatch(r.tile, a.dtype, a.b_layout, [&]<class Cfg, bool kBF16, bool kBNMajor>() -> Status {
-    auto* kernel = reduce_kernel<kAllReduce, Cfg, kBF16, kBNMajor>();
-    LOOM_TRY(prepare_kernel(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes));
-    kernel<<<impl.sm_count, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-    LOOM_CUDA_TRY_LAUNCH();
-    return Status{};
+    return launch_kernel(reduce_kernel<kAllReduce, Cfg, kBF16, kBNMajor>(), static_cast<unsigned>(impl.sm_count), Cfg::kThreads,
+                         Cfg::kSmemBytes, stream, p);
   });
 }
 

@@ -8,6 +8,7 @@
 
 #include "kernels/tp/multinode_transfer.cuh"
 #include "ops/multinode.h"
+#include "ops/launch/kernel_launch.h"
 #include "ops/multinode_common.h"
 
 namespace loom::ops {
@@ -53,9 +54,7 @@ Status net_exchange(Communicator& comm, const void* src, void* dst, size_t bytes
   p.flag_base = impl.network->device_view().launch_flag_base;
   p.signature = mn::signature(OpId::kNetExchange, GemmTile::kAuto, g,
                               {static_cast<int64_t>(bytes), static_cast<int64_t>(chunk_bytes), static_cast<int64_t>(dst_offset)});
-  kmn::mn_transfer_kernel<<<1, 32, 0, stream>>>(p);
-  LOOM_CUDA_TRY_LAUNCH();
-  return {};
+  return launch_kernel(&kmn::mn_transfer_kernel, 1, 32, 0, stream, p);
 }
 
 namespace mn {
@@ -70,8 +69,7 @@ Status load_multinode_kernels() {
   LOOM_TRY(load_ag_gemm_kernels());
   LOOM_TRY(load_gemm_rs_kernels());
   LOOM_TRY(load_gemm_ar_kernels());
-  cudaFuncAttributes attributes{};
-  LOOM_CUDA_TRY(cudaFuncGetAttributes(&attributes, kmn::mn_transfer_kernel));
+  LOOM_TRY(prepare_kernel(reinterpret_cast<const void*>(&kmn::mn_transfer_kernel), 0));
   loaded.insert(device);
   return {};
 }

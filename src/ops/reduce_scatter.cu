@@ -1,6 +1,7 @@
 // Host launcher of reduce_scatter: validate -> plan -> launch (kernel: kernels/collectives/reduce_scatter.cuh).
 #include "kernels/collectives/reduce_scatter.cuh"
 #include "ops/collective_common.h"
+#include "ops/launch/kernel_launch.h"
 #include "runtime/cuda_check.h"
 
 namespace loom {
@@ -33,9 +34,8 @@ Status reduce_scatter_for(Communicator& comm, const void* send, void* recv, size
   const size_t smem = sizeof(uint64_t) * world;
   return ops::dispatch_dtype(dtype, [&](auto element) -> Status {
     using T = decltype(element);
-    kernels::reduce_scatter_kernel<T><<<plan.num_ctas, kernels::ReduceConfig::kThreads, smem, stream>>>(args);
-    LOOM_CUDA_TRY_LAUNCH();
-    return {};
+    return launch_kernel(&kernels::reduce_scatter_kernel<T>, static_cast<unsigned>(plan.num_ctas), kernels::ReduceConfig::kThreads, smem,
+                         stream, args);
   });
 }
 

@@ -19,8 +19,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
-#include <mutex>
-#include <set>
 #include <string>
 #include <utility>
 
@@ -30,6 +28,7 @@
 #include "kernels/tp/staged_reduce.cuh"
 #include "loom/tensor_parallel.h"
 #include "ops/gemm_launch.h"
+#include "ops/launch/kernel_launch.h"
 #include "planner/tp_plan.h"
 #include "runtime/communicator_impl.h"
 #include "runtime/cuda_check.h"
@@ -273,19 +272,6 @@ inline Status noted_workspace_use(Communicator::Impl& impl, const Status& queued
   return impl.note_workspace_use(stream);
 }
 
-// Sets a fused kernel's dynamic shared-memory limit once per device.
-inline Status prepare_kernel(const void* kernel, size_t smem_bytes) {
-  static std::mutex mu;
-  static std::set<std::pair<const void*, int>> done;
-  int device = 0;
-  LOOM_CUDA_TRY(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mu);
-  if (done.count({kernel, device}) != 0) return {};
-  LOOM_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)));
-  done.insert({kernel, device});
-  return {};
-}
-
 // Raster group height (tile rows) for `grid` CTAs, as the GEMM planner picks it, limited to a
 // divisor of `unit` tile rows (a band or a rank's rows) so that no group straddles two.
 inline uint32_t group_m_for(int grid, GemmTile tile, int64_t unit) {
@@ -500,10 +486,7 @@ Status launch_reduce_fused(Communicator& comm, const TpGemmArgs& a, const TpDeci
   LOOM_TRY(build_reduce_params(impl, a, d, staging, split, broadcast, &p));
   return dispatch_fused(d.tile, a.dtype, a.b_layout, [&]<class Cfg, bool kBF16, bool kBNMajor>() -> Status {
     auto* kernel = kernel_of.template operator()<Cfg, kBF16, kBNMajor>();
-    LOOM_TRY(prepare_kernel(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes));
-    kernel<<<d.grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-    LOOM_CUDA_TRY_LAUNCH();
-    return Status{};
+    return launch_kernel(kernel, static_cast<unsigned>(d.grid), Cfg::kThreads, Cfg::kSmemBytes, stream, p);
   });
 }
 

@@ -1,0 +1,3 @@
+# Area: the operators' shared host layer (kernel launches). Owner: lead.
+list(APPEND LOOM_LIB_SOURCES
+  src/ops/launch/kernel_launch.cc)
