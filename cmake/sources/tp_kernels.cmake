@@ -3,6 +3,7 @@
 list(APPEND LOOM_LIB_SOURCES
   src/ops/ag_gemm.cu
   src/ops/gemm_rs.cu
-  src/ops/gemm_ar.cu)
+  src/ops/gemm_ar.cu
+  src/ops/tp_names.cc)
 list(APPEND LOOM_GPU_TEST_SOURCES
   tests/gpu/tp_kernels_smoke_test.cu)

@@ -18,6 +18,7 @@
 #include "core/log.h"
 #include "runtime/communicator_impl.h"
 #include "runtime/cuda_check.h"
+#include "runtime/names.h"
 #include "runtime/network_layout.h"
 
 namespace loom {
@@ -217,40 +218,6 @@ Result<std::unique_ptr<Communicator::Impl>> build(const CommOptions& options,
 }
 
 }  // namespace
-
-const char* op_name(OpId op) {
-  switch (op) {
-    case OpId::kNone: return "none";
-    case OpId::kSelfTest: return "self_test";
-    case OpId::kAllGather: return "all_gather";
-    case OpId::kReduceScatter: return "reduce_scatter";
-    case OpId::kAllReduce: return "all_reduce";
-    case OpId::kGemm: return "gemm";
-    case OpId::kAgGemm: return "ag_gemm";
-    case OpId::kGemmRs: return "gemm_rs";
-    case OpId::kGemmAr: return "gemm_ar";
-    case OpId::kNetExchange: return "net_exchange";
-  }
-  return "unknown";
-}
-
-const char* flag_kind_name(FlagKind kind) {
-  switch (kind) {
-    case FlagKind::kNone: return "none";
-    case FlagKind::kEntered: return "entered";
-    case FlagKind::kChunk: return "chunk";
-    case FlagKind::kDone: return "done";
-    case FlagKind::kTile: return "tile";
-    case FlagKind::kPartial: return "partial tile";
-    case FlagKind::kFinal: return "final tile";
-    case FlagKind::kRingSpace: return "command ring space";
-    case FlagKind::kNetEntry: return "network entry";
-    case FlagKind::kNetChunk: return "network chunk";
-    case FlagKind::kProxyDone: return "proxy completion";
-    case FlagKind::kPiece: return "split-tile piece";
-  }
-  return "unknown";
-}
 
 namespace {
 

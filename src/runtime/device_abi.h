@@ -15,7 +15,9 @@
 
 namespace loom {
 
-// Which operation a kernel runs: recorded in error records and logs.
+// Which operation a kernel runs: recorded in error records and logs. The ids below are loom's
+// shared set (family 0); an operator family adds its own as family_op(family, n) and registers
+// their names (runtime/names.h), so a new operator edits no central list.
 enum class OpId : uint32_t {
   kNone = 0,
   kSelfTest,
@@ -28,25 +30,30 @@ enum class OpId : uint32_t {
   kGemmAr,
   kNetExchange,  // the raw inter-node exchange (multi-node benchmark baseline, tests)
 };
+LOOM_HOST_DEVICE constexpr OpId family_op(uint32_t family, uint32_t n) {
+  return static_cast<OpId>((family << 8) | (n & 0xffu));
+}
 const char* op_name(OpId op);
 
-// Which kind of flag a failed wait was waiting for.
+// Which kind of flag a failed wait was waiting for. The kinds below are shared (family 0, codes
+// 0..15); an operator family f (1..7) adds up to 16 of its own as family_flag(f, n) and registers
+// their names (runtime/names.h). Codes stay below 128: CtaProgress keeps them in 7 bits.
 enum class FlagKind : uint32_t {
   kNone = 0,
   kEntered,  // "rank s has entered epoch e: its inputs are ready and its receive buffers free"
   kChunk,    // "rank s has written chunk c of epoch e into my buffer"
   kDone,     // "rank s has finished reading my buffers in epoch e"
   kTile,     // a GEMM tile's input rows have arrived
-  kPartial,  // "rank s has staged its partial of my tile" (fused gemm_rs / gemm_ar)
-  kFinal,    // "rank s has stored its reduced tile into my output" (fused gemm_ar)
   // Inter-node kinds. Their error records name a GLOBAL rank in waited_on (the network reaches
   // ranks of other nodes, which have no local index here), or -1 for the proxy itself.
   kRingSpace,  // "the proxy has retired enough commands of ring `index` for mine to fit" (waited_on -1)
   kNetEntry,   // "rank s (another node) has entered epoch e: my network writes into it may start"
   kNetChunk,   // "chunk `index` that rank s sends over the network has landed in my memory"
   kProxyDone,  // "the proxy has completed every command I pushed into ring `index`" (waited_on -1)
-  kPiece,      // "another CTA of mine has staged piece slot `index` of a split tile" (fused gemm_rs / gemm_ar)
 };
+LOOM_HOST_DEVICE constexpr FlagKind family_flag(uint32_t family, uint32_t n) {
+  return static_cast<FlagKind>(16u * (family & 7u) + (n & 15u));
+}
 // Whether an error record's waited_on is a global rank (network kinds) rather than a local one.
 LOOM_HOST_DEVICE constexpr bool flag_kind_names_global_rank(FlagKind kind) {
   return kind == FlagKind::kRingSpace || kind == FlagKind::kNetEntry || kind == FlagKind::kNetChunk ||

@@ -21,6 +21,7 @@
 #include "kernels/comm/signals.cuh"
 #include "kernels/gemm/reference.cuh"
 #include "kernels/gemm/sm90_gemm.cuh"
+#include "kernels/tp/flags.h"
 #include "loom/gemm.h"
 #include "ops/gemm_launch.h"
 #include "planner/gemm_heuristic.h"
@@ -877,7 +878,7 @@ struct TestFold {
   __device__ bool wait_sources(const kg::WorkItem& t, const kernels::WaitContext& ctx) const {
     for (uint32_t s = 0; s < f.world; ++s) {
       if (s == f.self) continue;
-      if (!kernels::wait_flag(f.flags + slot(s) * f.tiles + t.tile, f.epoch, ctx, static_cast<int>(s), FlagKind::kPartial,
+      if (!kernels::wait_flag(f.flags + slot(s) * f.tiles + t.tile, f.epoch, ctx, static_cast<int>(s), kernels::tp::kPartialFlag,
                               t.tile)) {
         return false;
       }
@@ -911,7 +912,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 }
 
 // kFold: out = A * B + the other ranks' staged partials (`missing` leaves one flag unset: the
-// launch must time out on it, kPartial naming the source, and leave the GPU usable).
+// launch must time out on it, kPartialFlag naming the source, and leave the GPU usable).
 // !kFold: out = A_eff * B where A_eff takes tile row 1 from a second buffer while A holds NaN there.
 template <class Cfg, bool kFold>
 void run_fold_case(GemmTile tile, uint32_t world, uint32_t self, bool missing, uint64_t seed, int64_t k = 200) {
@@ -977,7 +978,7 @@ void run_fold_case(GemmTile tile, uint32_t world, uint32_t self, bool missing, u
     EXPECT_LT(s, 5.0) << what << ": the launch took too long to give up";
     const ErrorRecord& e = c.wait.record();
     EXPECT_EQ(e.code, static_cast<uint32_t>(DeviceError::kTimeout)) << what;
-    EXPECT_EQ(e.flag_kind, static_cast<uint32_t>(FlagKind::kPartial)) << what;
+    EXPECT_EQ(e.flag_kind, static_cast<uint32_t>(kernels::tp::kPartialFlag)) << what;
     EXPECT_EQ(e.flag_index, tiles - 1) << what;
     EXPECT_EQ(e.waited_on, static_cast<int>(self == world - 1 ? world - 2 : world - 1)) << what;
     run_and_check(300, 256, 128, DType::kBF16, DType::kBF16, BLayout::kKN, {}, seed + 300);  // GPU still usable

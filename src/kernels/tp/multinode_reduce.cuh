@@ -52,6 +52,7 @@
 #include "kernels/common/sm90.cuh"
 #include "kernels/gemm/compute_role.cuh"
 #include "kernels/gemm/params.h"
+#include "kernels/tp/flags.h"
 #include "kernels/tp/multinode_frame.cuh"
 #include "kernels/tp/multinode_layout.h"
 
@@ -143,7 +144,7 @@ class MnFold {
     for (uint32_t v = 0; v < g.local; ++v) {
       if (v == g.me) continue;
       const uint32_t flag = L.partial_flag(Grid::slot(v, g.me, g.local), g.node_of(d), t);
-      if (!wait_flag(net_word(c, flag), epoch_, ctx, static_cast<int>(v), FlagKind::kPartial, flag)) return false;
+      if (!wait_flag(net_word(c, flag), epoch_, ctx, static_cast<int>(v), kPartialFlag, flag)) return false;
     }
     if (g.node_of(d) == g.node) {
       const uint32_t chunk = (m_in * kTileM) / L.rows_per_chunk;
@@ -365,7 +366,7 @@ __device__ __forceinline__ bool reduce_wait_arrivals(const MnReduceParams& p, co
       const uint32_t owner = q < g.me ? q : q + 1;
       flag = L.final_flag(owner, k % tpb);
       waited_on = static_cast<int>(owner);
-      kind = FlagKind::kFinal;
+      kind = kFinalFlag;
     } else {
       const uint32_t r = k - local_items;
       const uint32_t i = r / (g.local * cpb);
@@ -378,7 +379,7 @@ __device__ __forceinline__ bool reduce_wait_arrivals(const MnReduceParams& p, co
         kind = FlagKind::kNetChunk;
       } else {
         waited_on = static_cast<int>(owner_local);
-        kind = FlagKind::kFinal;
+        kind = kFinalFlag;
       }
     }
     if (!wait_flag(net_word(c, flag), ctx.epoch, ctx, waited_on, kind, flag)) return false;

@@ -46,6 +46,7 @@
 #include "kernels/gemm/compute_role.cuh"
 #include "kernels/gemm/params.h"
 #include "kernels/gemm/scheduler.cuh"
+#include "kernels/tp/flags.h"
 #include "kernels/tp/fused_frame.cuh"
 #include "kernels/tp/tail_pieces.cuh"
 
@@ -216,7 +217,7 @@ class StagedFold {
     for (uint32_t s = 0; s < world(); ++s) {
       if (s == me) continue;
       const uint64_t index = partial_flag_index(p_, staging_slot(s, me, world()), local_tile);
-      if (!wait_flag(op_flag(c, static_cast<int>(me), index), epoch_, ctx, static_cast<int>(s), FlagKind::kPartial,
+      if (!wait_flag(op_flag(c, static_cast<int>(me), index), epoch_, ctx, static_cast<int>(s), kPartialFlag,
                      local_tile)) {
         return false;
       }
@@ -243,7 +244,7 @@ __device__ __forceinline__ bool wait_final_tiles(const ReduceGemmParams& p, uint
     const uint32_t m_block = row_index < me * p.m_blocks_per_rank ? row_index : row_index + p.m_blocks_per_rank;
     const uint32_t tile = m_block * p.n_blocks + n_block;
     const int owner = static_cast<int>(m_block / p.m_blocks_per_rank);
-    if (!wait_flag(op_flag(c, static_cast<int>(me), final_flag_index(p, tile)), epoch, ctx, owner, FlagKind::kFinal, tile)) {
+    if (!wait_flag(op_flag(c, static_cast<int>(me), final_flag_index(p, tile)), epoch, ctx, owner, kFinalFlag, tile)) {
       return false;
     }
   }

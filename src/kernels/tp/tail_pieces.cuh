@@ -14,6 +14,7 @@
 
 #include "kernels/common/sm90.cuh"
 #include "kernels/gemm/params.h"
+#include "kernels/tp/flags.h"
 #include "kernels/tp/fused_frame.cuh"
 
 namespace loom::kernels::tp {
@@ -42,7 +43,7 @@ struct TailPieces {
   __device__ bool wait(const DeviceComm& c, const gemm::WorkItem& tile, uint64_t epoch, const WaitContext& ctx) const {
     for (uint32_t i = 0; i < tile.split_count; ++i) {
       const uint32_t slot = tile.split_slot + i;
-      if (!wait_flag(op_flag(c, c.local_rank, flag_base + slot), epoch, ctx, c.local_rank, FlagKind::kPiece, slot)) {
+      if (!wait_flag(op_flag(c, c.local_rank, flag_base + slot), epoch, ctx, c.local_rank, kPieceFlag, slot)) {
         return false;
       }
     }
