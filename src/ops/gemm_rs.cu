@@ -45,7 +45,7 @@ Status run_decomposed(Communicator& comm, const TpGemmArgs& a, const TpDecision&
 
 Status run_fused(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, cudaStream_t stream) {
   return ops::tp::launch_reduce_fused(comm, a, d, stream, /*broadcast=*/false, "gemm_rs",
-                                      []<class Cfg, bool kBF16, bool kBNMajor>() { return &kt::gemm_rs_kernel<Cfg, kBF16, kBNMajor>; });
+                                      [&]<class Cfg, bool kBF16, bool kBNMajor>() { return &kt::gemm_rs_kernel<Cfg, kBF16, kBNMajor>; });
 }
 
 

@@ -139,7 +139,9 @@ Status ag_gemm_multinode(Communicator& comm, const TpGemmArgs& a, cudaStream_t s
 namespace mn {
 
 Status load_ag_gemm_kernels() {
-  return load_every_config([]<class Cfg, bool kBF16, bool kBNMajor>() { return &kmn::mn_ag_gemm_kernel<Cfg, kBF16, kBNMajor>; });
+  // [&]: a lambda with a capture default has no conversion to a function pointer, whose template
+  // parameters nvcc would warn cannot be deduced.
+  return load_every_config([&]<class Cfg, bool kBF16, bool kBNMajor>() { return &kmn::mn_ag_gemm_kernel<Cfg, kBF16, kBNMajor>; });
 }
 
 }  // namespace mn

@@ -13,7 +13,9 @@ Status gemm_rs_multinode(Communicator& comm, const TpGemmArgs& args, cudaStream_
 namespace mn {
 
 Status load_gemm_rs_kernels() {
-  return load_every_config([]<class Cfg, bool kBF16, bool kBNMajor>() { return reduce_kernel</*kAllReduce=*/false, Cfg, kBF16, kBNMajor>(); });
+  // [&]: a lambda with a capture default has no conversion to a function pointer, whose template
+  // parameters nvcc would warn cannot be deduced.
+  return load_every_config([&]<class Cfg, bool kBF16, bool kBNMajor>() { return reduce_kernel</*kAllReduce=*/false, Cfg, kBF16, kBNMajor>(); });
 }
 
 }  // namespace mn

@@ -473,7 +473,8 @@ inline Status build_reduce_params(Communicator::Impl& impl, const TpGemmArgs& a,
 }
 
 // The fused gemm_rs / gemm_ar launch: staging workspace, kernel parameters, one persistent kernel.
-// `kernel_of` is a lambda template `[]<class Cfg, bool kBF16, bool kBNMajor>() { return &kernel<...>; }`.
+// `kernel_of` is a lambda template `[&]<class Cfg, bool kBF16, bool kBNMajor>() { return &kernel<...>; }`
+// ([&]: see ops/multinode_gemm_rs.cu).
 template <class KernelOf>
 Status launch_reduce_fused(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, cudaStream_t stream,
                            bool broadcast, const char* op, KernelOf kernel_of) {

@@ -6,7 +6,8 @@
 //  - BulkCopier: one thread drives the TMA bulk engine (cp.async.bulk global->shared, then
 //    shared->global to each destination) through a ring of shared-memory stages, so a copy
 //    CTA spends almost no issue slots.
-// Neither writes a flag; callers publish with cta_signal() once the data is complete.
+// Neither writes a flag; callers publish one (a system fence, then flag_store_release) once the
+// data is complete.
 #pragma once
 
 #include <cuda/ptx>
@@ -65,23 +66,13 @@ __device__ __forceinline__ void vector_copy(char* dst, const char* src, uint64_t
 // Bounded wait on a local mbarrier phase (TMA completion). Hardware completes these, but a
 // load from a peer that vanished must not hang the kernel, so the deadline still applies.
 __device__ __forceinline__ bool mbarrier_wait_bounded(uint64_t* bar, uint32_t parity, const WaitContext& ctx) {
-  uint64_t next_host_check = 0;  // set on the first check: the host's word only in a long wait
-  for (uint32_t polls = 0;; ++polls) {
+  if (cuda::ptx::mbarrier_try_wait_parity(bar, parity)) return true;
+  WaitGuard<kBarrierHostAbortCheckNs> guard(ctx.deadline_ns);  // the host's word only in a long wait
+  for (uint32_t polls = 1;; ++polls) {
     if (cuda::ptx::mbarrier_try_wait_parity(bar, parity)) return true;
-    if (polls % kAbortCheckInterval == kAbortCheckInterval - 1) {
-      const uint64_t now = global_timer_ns();
-      bool aborted = ctx.device_aborted();
-      if (next_host_check == 0) {
-        next_host_check = now + kBarrierHostAbortCheckNs;
-      } else if (!aborted && now >= next_host_check) {
-        aborted = ctx.host_aborted();
-        next_host_check = now + kBarrierHostAbortCheckNs;
-      }
-      if (aborted || now > ctx.deadline_ns) {
-        ctx.fail(now > ctx.deadline_ns ? DeviceError::kTimeout : DeviceError::kAborted, -1, FlagKind::kNone,
-                 static_cast<uint32_t>(BarrierWhat::kCopyLoad) << 16, 0, 0);
-        return false;
-      }
+    if (polls % kAbortCheckInterval == 0 &&
+        !guard.keep_waiting(ctx, -1, FlagKind::kNone, static_cast<uint32_t>(BarrierWhat::kCopyLoad) << 16, 0)) {
+      return false;
     }
   }
 }

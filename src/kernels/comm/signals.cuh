@@ -18,27 +18,10 @@ __device__ __forceinline__ uint64_t flag_load_acquire(const uint64_t* flag) {
   return v;
 }
 
-__device__ __forceinline__ uint64_t flag_load_relaxed(const uint64_t* flag) {
-  uint64_t v;
-  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(flag) : "memory");
-  return v;
-}
-
 // Release store at system scope: every write this thread made (or observed through a barrier
 // it took part in, with a fence before) is visible to a reader that acquires the flag.
 __device__ __forceinline__ void flag_store_release(uint64_t* flag, uint64_t epoch) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(flag), "l"(epoch) : "memory");
-}
-
-// Publishes a CTA's writes: call from every thread after its stores; thread `leader` then stores
-// the flag. Ordinary stores of all threads are ordered by the barrier; the system-scope fence
-// makes them (cumulatively) visible before the flag.
-__device__ __forceinline__ void cta_signal(uint64_t* flag, uint64_t epoch, bool leader) {
-  __syncthreads();
-  if (leader) {
-    __threadfence_system();
-    flag_store_release(flag, epoch);
-  }
 }
 
 __device__ __forceinline__ uint64_t global_timer_ns() {

@@ -83,46 +83,55 @@ struct WaitContext {
   }
 };
 
+// The checks every bounded wait makes between its polls — flag waits here, mbarrier waits
+// (kernels/common/sm90.cuh) and bulk-copy waits (kernels/comm/copy.cuh): the device-wide abort
+// word at every check, the host's at most once per kHostCheckNs (the header says why), then the
+// deadline. keep_waiting() records the failure and says false when the wait must give up.
+template <uint64_t kHostCheckNs>
+class WaitGuard {
+ public:
+  __device__ explicit WaitGuard(uint64_t deadline_ns)
+      : begin_(global_timer_ns()), deadline_(deadline_ns), next_host_check_(begin_ + kHostCheckNs) {}
+
+  // The failure (waited_on, kind, index, observed) goes into the error record. The codes are
+  // passed as constants: a variable code costs the fused kernels' mainloops spills (ptxas).
+  __device__ bool keep_waiting(const WaitContext& ctx, int waited_on, FlagKind kind, uint32_t index, uint64_t observed) {
+    const uint64_t now = global_timer_ns();
+    bool aborted = ctx.device_aborted();
+    if (!aborted && now >= next_host_check_) {
+      aborted = ctx.host_aborted();
+      next_host_check_ = now + kHostCheckNs;
+    }
+    if (aborted) {
+      ctx.fail(DeviceError::kAborted, waited_on, kind, index, observed, now - begin_);
+      return false;
+    }
+    if (now > deadline_) {
+      ctx.fail(DeviceError::kTimeout, waited_on, kind, index, observed, now - begin_);
+      return false;
+    }
+    return true;
+  }
+
+ private:
+  uint64_t begin_;
+  uint64_t deadline_;
+  uint64_t next_host_check_;
+};
+
 // Spins (one thread) until *flag reaches `target`. Returns false on timeout or abort; the
 // failure is then already recorded.
 __device__ __forceinline__ bool wait_flag(const uint64_t* flag, uint64_t target, const WaitContext& ctx,
                                               int waited_on, FlagKind kind, uint32_t index) {
   uint64_t seen = flag_load_acquire(flag);
   if (epoch_reached(seen, target)) return true;
-  const uint64_t begin = global_timer_ns();
-  uint64_t next_host_check = begin + kHostAbortCheckNs;
+  WaitGuard<kHostAbortCheckNs> guard(ctx.deadline_ns);
   for (uint32_t polls = 1;; ++polls) {
     seen = flag_load_acquire(flag);
     if (epoch_reached(seen, target)) return true;
-    if (polls % kAbortCheckInterval == 0) {
-      const uint64_t now = global_timer_ns();
-      bool aborted = ctx.device_aborted();
-      if (!aborted && now >= next_host_check) {
-        aborted = ctx.host_aborted();
-        next_host_check = now + kHostAbortCheckNs;
-      }
-      if (aborted) {
-        ctx.fail(DeviceError::kAborted, waited_on, kind, index, seen, now - begin);
-        return false;
-      }
-      if (now > ctx.deadline_ns) {
-        ctx.fail(DeviceError::kTimeout, waited_on, kind, index, seen, now - begin);
-        return false;
-      }
-    }
+    if (polls % kAbortCheckInterval == 0 && !guard.keep_waiting(ctx, waited_on, kind, index, seen)) return false;
     if (polls > kSleepAfterPolls) __nanosleep(64);
   }
-}
-
-// The whole CTA waits for a flag that one thread polls; returns the same answer to every thread.
-__device__ __forceinline__ bool cta_wait_flag(const uint64_t* flag, uint64_t target, const WaitContext& ctx,
-                                              int waited_on, FlagKind kind, uint32_t index) {
-  __shared__ int ok_shared;
-  if (threadIdx.x == 0) ok_shared = wait_flag(flag, target, ctx, waited_on, kind, index) ? 1 : 0;
-  __syncthreads();
-  const bool ok = ok_shared != 0;
-  __syncthreads();  // ok_shared may be reused by the next call
-  return ok;
 }
 
 }  // namespace loom::kernels

@@ -113,30 +113,17 @@ __device__ __forceinline__ uint64_t internal_deadline(const WaitContext& ctx) {
   return d < ctx.deadline_ns ? ~uint64_t{0} : d;
 }
 
+// Barrier waits check their guard every kBarrierCheckInterval polls: they sit in the GEMM
+// mainloop, where a check costs more than a poll.
+constexpr uint32_t kBarrierCheckInterval = 128;
+
 __device__ __forceinline__ bool mbarrier_wait_slow(uint64_t* bar, uint32_t parity, const WaitContext& ctx,
                                                       uint32_t what) {
-  const uint64_t begin = global_timer_ns();
-  const uint64_t deadline = internal_deadline(ctx);
-  uint64_t next_host_check = begin + kBarrierHostAbortCheckNs;
+  // The host's abort word only in a long wait (wait.cuh explains why).
+  WaitGuard<kBarrierHostAbortCheckNs> guard(internal_deadline(ctx));
   for (uint32_t polls = 1;; ++polls) {
     if (cuda::ptx::mbarrier_try_wait_parity(bar, parity)) return true;
-    if (polls % 128 == 0) {
-      // The device word; the host's only in a long wait (wait.cuh explains why).
-      const uint64_t now = global_timer_ns();
-      bool aborted = ctx.device_aborted();
-      if (!aborted && now >= next_host_check) {
-        aborted = ctx.host_aborted();
-        next_host_check = now + kBarrierHostAbortCheckNs;
-      }
-      if (aborted) {
-        ctx.fail(DeviceError::kAborted, -1, FlagKind::kNone, what, 0, now - begin);
-        return false;
-      }
-      if (now > deadline) {
-        ctx.fail(DeviceError::kTimeout, -1, FlagKind::kNone, what, 0, now - begin);
-        return false;
-      }
-    }
+    if (polls % kBarrierCheckInterval == 0 && !guard.keep_waiting(ctx, -1, FlagKind::kNone, what, 0)) return false;
   }
 }
 
