@@ -4,7 +4,7 @@
 JAX); ops run on the caller's current stream (torch, CuPy) or on ``stream=`` (a cudaStream_t as
 an int). ``loom.torch`` registers the ops as torch.library operators (``torch.ops.loom.*``).
 
-    comm = loom.Communicator.from_env()           # torchrun-style environment
+    comm = loom.Communicator.from_process_group()  # under torchrun, after init_process_group
     x = torch.from_dlpack(comm.empty((n,), "bf16"))  # symmetric memory (peers can read it)
     loom.all_reduce(comm, x)                      # in place, current torch stream
 """

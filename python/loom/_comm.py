@@ -68,9 +68,31 @@ def make_unique_id(bind_addr: str = "127.0.0.1") -> bytes:
     return _C.make_unique_id(bind_addr)
 
 
+_DAY_MS = 24 * 3600 * 1000
+
+
 def _options(device: int | None, heap_bytes: int, op_timeout_ms: int, bootstrap_timeout_ms: int) -> dict:
-    return {"device": -1 if device is None else int(device), "heap_bytes": int(heap_bytes),
-            "op_timeout_ms": int(op_timeout_ms), "bootstrap_timeout_ms": int(bootstrap_timeout_ms)}
+    """The creation options, checked as the C++ layer checks them (so a bad value is an
+    InvalidArgument naming it, never a wrapped or ignored number)."""
+    op = "Communicator"
+    values = {"device": -1 if device is None else device, "heap_bytes": heap_bytes, "op_timeout_ms": op_timeout_ms,
+              "bootstrap_timeout_ms": bootstrap_timeout_ms}
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _invalid(op, f"{name} must be an int, got {type(value).__name__}")
+    if values["device"] < -1:
+        raise _invalid(op, f"device = {values['device']}: -1 or None picks LOCAL_RANK, else a CUDA device ordinal")
+    for name in ("op_timeout_ms", "bootstrap_timeout_ms"):
+        if not 0 <= values[name] <= _DAY_MS:
+            raise _invalid(op, f"{name} = {values[name]} is outside [0, {_DAY_MS}] (0: the environment's)")
+    if values["heap_bytes"] != 0 and not (1 << 20) <= values["heap_bytes"] <= (1 << 40):
+        raise _invalid(op, f"heap_bytes = {values['heap_bytes']} is outside [1 MiB, 1 TiB] (0: the environment's)")
+    return values
+
+
+def _env_rank() -> int | None:
+    text = os.environ.get("RANK", "")
+    return int(text) if text.strip().isdigit() else None
 
 
 class Communicator:
@@ -98,59 +120,28 @@ class Communicator:
     def from_env(cls, *, device: int | None = None, heap_bytes: int = 0, op_timeout_ms: int = 0,
                  bootstrap_timeout_ms: int = 0) -> "Communicator":
         """From torchrun-style variables: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-        MASTER_ADDR, MASTER_PORT (and LOOM_SECRET when set).
+        MASTER_ADDR, MASTER_PORT, and LOOM_SECRET (32 hex digits every rank shares; loom-run sets
+        it). A job of several ranks without LOOM_SECRET is refused: a secret derived from public
+        values would let anyone join it (docs/SECURITY.md).
 
-        Under torchrun, MASTER_PORT is the port of torch's own rendezvous store (its agent
-        listens there), so loom's bootstrap cannot listen on it: the unique id then goes through
-        that store (or through torch.distributed when it is initialised) instead, and rank 0's
-        bootstrap listens on a free port. Elsewhere (loom-run, Slurm scripts) loom's C++
-        bootstrap uses MASTER_ADDR:MASTER_PORT itself."""
+        Under torchrun, MASTER_PORT is torch's own rendezvous store, so loom's bootstrap listens on
+        MASTER_PORT + 1 (LOOM_BOOTSTRAP_PORT overrides). With torch.distributed initialised, this
+        is ``from_process_group()``: the secret then travels inside the unique id over the process
+        group, and LOOM_SECRET is not needed."""
         options = _options(device, heap_bytes, op_timeout_ms, bootstrap_timeout_ms)
         if "TORCHELASTIC_RUN_ID" in os.environ:
-            return cls._from_torchrun(options)
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                return cls.from_process_group(None, **options)
+            if "LOOM_SECRET" not in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+                raise _invalid("Communicator.from_env",
+                               "under torchrun without LOOM_SECRET: initialise torch.distributed first and use "
+                               "loom.Communicator.from_process_group() (the secret then travels inside the unique "
+                               "id), or set LOOM_SECRET to the same 32 hex digits on every rank (export "
+                               "LOOM_SECRET=$(openssl rand -hex 16) where torchrun starts)",
+                               _env_rank())
         return cls(_C.Communicator.from_env(**options))
-
-    _torchrun_calls = 0  # communicators made from a torchrun environment in this process
-
-    @classmethod
-    def _from_torchrun(cls, options: dict) -> "Communicator":
-        import datetime
-
-        import torch.distributed as dist
-
-        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        if options["device"] < 0 and "LOCAL_RANK" in os.environ:
-            options["device"] = int(os.environ["LOCAL_RANK"])
-        if dist.is_available() and dist.is_initialized():
-            return cls.from_process_group(None, **options)
-        # Every rank makes the same sequence of calls, so the key is the same on every rank.
-        Communicator._torchrun_calls += 1
-        key = f"loom/unique_id/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{Communicator._torchrun_calls}"
-        timeout_ms = options["bootstrap_timeout_ms"] or int(os.environ.get("LOOM_BOOTSTRAP_TIMEOUT_MS", "120000"))
-        op = "Communicator.from_env"
-        where = f"torch's store at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
-        try:
-            store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                                  timeout=datetime.timedelta(milliseconds=timeout_ms))
-        except Exception as error:  # torch's own error types; ours say where and why
-            raise _from_status("system_error", op, rank, f"cannot reach {where}: {error}") from error
-        if rank == 0:
-            try:
-                uid = make_unique_id(_default_bind_addr(True))
-            except LoomError as error:  # the other ranks fail at once instead of at their deadline
-                store.set(key, b"error:" + str(error).encode())
-                raise
-            store.set(key, uid)
-        else:
-            try:
-                uid = store.get(key)
-            except Exception as error:
-                raise _from_status("timeout", op, rank, f"rank 0's unique id did not arrive through {where} "
-                                                        f"within {timeout_ms} ms: {error}") from error
-            if uid.startswith(b"error:"):
-                raise _from_status("peer_failure", op, rank,
-                                   "rank 0 could not make the unique id: " + uid[6:].decode(errors="replace"))
-        return cls(_C.Communicator.from_unique_id(uid, rank, world_size, **options))
 
     @classmethod
     def from_unique_id(cls, unique_id: bytes, rank: int, world_size: int, *, device: int | None = None,

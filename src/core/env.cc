@@ -20,7 +20,8 @@ constexpr VariableDoc kVariables[] = {
     {"LOOM_RANKS_PER_GPU", "shared-GPU mode: up to n ranks may share one GPU, time-sliced (default 1: one rank per GPU); "
                            "for correctness runs on few GPUs, it measures no speed"},
     {"LOOM_BOOTSTRAP_PORT", "port rank 0's bootstrap listens on (default MASTER_PORT; MASTER_PORT + 1 under torchrun)"},
-    {"LOOM_SECRET", "per-job bootstrap secret, 32 hex digits; loom-run and unique ids generate one"},
+    {"LOOM_SECRET", "per-job bootstrap secret, 32 hex digits, the same on every rank: required for jobs of several "
+                    "ranks started from the environment (loom-run and unique ids make one)"},
     {"LOOM_TUNING_CACHE", "JSON tuning cache of the fused operators' role split (written by loom-bench tune)"},
     {"LOOM_TRANSPORT", "transport to peers on other (real or emulated) nodes: auto (default), copy_engine, fabric, verbs"},
     {"LOOM_EMULATE_NODES", "split each host's ranks into n virtual nodes joined by the proxy and a transport (default 1)"},

@@ -15,7 +15,11 @@ Status all_gather_for(Communicator& comm, const void* send, void* recv, size_t c
   if (count == 0) return {};
   const uint64_t shard = static_cast<uint64_t>(count) * dtype_size(dtype);
   const uint64_t world = static_cast<uint64_t>(impl.topology.local_world_size);
-  LOOM_ASSIGN_OR_RETURN(uint64_t recv_offset, impl.symmetric_offset(recv, shard * world, "all_gather: recv"));
+  uint64_t recv_bytes = 0;
+  if (__builtin_mul_overflow(shard, world, &recv_bytes)) {
+    return Status::invalid_argument("all_gather: count x world size overflows a 64-bit byte size");
+  }
+  LOOM_ASSIGN_OR_RETURN(uint64_t recv_offset, impl.symmetric_offset(recv, recv_bytes, "all_gather: recv"));
   LOOM_TRY_CTX(impl.check_local_device_buffer(send, shard, "send"), "all_gather");
   const bool bulk_eligible = ops::is_aligned16(send) && recv_offset % 16 == 0 && shard % 16 == 0;
   LOOM_ASSIGN_OR_RETURN(planner::CollectivePlan plan,

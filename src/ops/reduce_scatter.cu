@@ -18,7 +18,11 @@ Status reduce_scatter_for(Communicator& comm, const void* send, void* recv, size
   if (recv_count == 0) return {};
   const uint64_t chunk = static_cast<uint64_t>(recv_count) * dtype_size(dtype);
   const uint64_t world = static_cast<uint64_t>(impl.topology.local_world_size);
-  LOOM_ASSIGN_OR_RETURN(uint64_t send_offset, impl.symmetric_offset(send, chunk * world, "reduce_scatter: send"));
+  uint64_t send_bytes = 0;
+  if (__builtin_mul_overflow(chunk, world, &send_bytes)) {
+    return Status::invalid_argument("reduce_scatter: count x world size overflows a 64-bit byte size");
+  }
+  LOOM_ASSIGN_OR_RETURN(uint64_t send_offset, impl.symmetric_offset(send, send_bytes, "reduce_scatter: send"));
   LOOM_TRY_CTX(impl.check_local_device_buffer(recv, chunk, "recv"), "reduce_scatter");
   LOOM_ASSIGN_OR_RETURN(planner::CollectivePlan plan, ops::plan_for(impl, OpId::kReduceScatter, chunk, options, false));
 

@@ -1212,17 +1212,6 @@ Result<Secret> parse_secret_hex(std::string_view text) {
   return secret;
 }
 
-Result<Secret> derive_secret(std::string_view label, std::string_view value) {
-  std::string material = "loom bootstrap v1 secret from ";
-  material += label;
-  material += '\0';
-  material += value;
-  LOOM_ASSIGN_OR_RETURN(auto digest, sha256(material));
-  Secret secret{};
-  std::memcpy(secret.data(), digest.data(), secret.size());
-  return secret;
-}
-
 }  // namespace
 
 Result<BootstrapConfig> bootstrap_config_from_env() {
@@ -1272,24 +1261,15 @@ Result<BootstrapConfig> bootstrap_config_from_env() {
     LOOM_ASSIGN_OR_RETURN(config.secret, parse_secret_hex(*secret));
     return config;
   }
-  static std::atomic<bool> warned{false};
-  bool warn = world_size > 1 && !warned.exchange(true);
-  if (std::optional<std::string> run_id = env::get_raw("TORCHELASTIC_RUN_ID")) {
-    LOOM_ASSIGN_OR_RETURN(config.secret, derive_secret("TORCHELASTIC_RUN_ID", *run_id));
-    if (warn) {
-      LOOM_WARN("bootstrap: LOOM_SECRET is not set; the job secret is derived from TORCHELASTIC_RUN_ID, so the "
-                "job is only as private as that value (set LOOM_SECRET to 32 random hex digits on every rank)");
-    }
-  } else {
-    LOOM_ASSIGN_OR_RETURN(config.secret,
-                          derive_secret("MASTER_ADDR:MASTER_PORT", config.root_addr + ":" +
-                                                                       std::to_string(config.root_port)));
-    if (warn) {
-      LOOM_WARN("bootstrap: LOOM_SECRET is not set; the job secret is derived from MASTER_ADDR:MASTER_PORT, so the "
-                "job is only as private as that value (set LOOM_SECRET to 32 random hex digits on every rank)");
-    }
-  }
-  return config;
+  if (world_size == 1) return config;  // no peer to authenticate
+  // Fail closed: a secret derived from public values (MASTER_ADDR:MASTER_PORT, TORCHELASTIC_RUN_ID)
+  // lets anyone who can reach rank 0 join the job as one of its ranks.
+  return Status::invalid_argument(
+      "LOOM_SECRET is not set: a job of " + std::to_string(world_size) +
+      " ranks needs a secret that every rank shares and nobody else knows (32 hexadecimal digits, e.g. "
+      "export LOOM_SECRET=$(openssl rand -hex 16) where the job is launched), or a launch that makes one: "
+      "loom-run, loom-bench --spawn, or a communicator from a unique id (loom::make_unique_id and "
+      "Communicator::from_unique_id; in Python Communicator.from_process_group, and from_env under torchrun)");
 }
 
 Result<std::array<uint8_t, 32>> bootstrap_wire::client_proof(const Secret& secret,

@@ -43,9 +43,9 @@ struct BootstrapConfig {
 // Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (torchrun/Slurm style; under torchrun rank 0
 // listens on MASTER_PORT + 1, torch's store having MASTER_PORT; LOOM_BOOTSTRAP_PORT overrides; LOCAL_RANK and
 // LOCAL_WORLD_SIZE are read by the topology) and LOOM_SECRET / LOOM_BOOTSTRAP_TIMEOUT_MS. Bad
-// values fail with invalid_argument naming the variable. Without LOOM_SECRET the secret is
-// derived from TORCHELASTIC_RUN_ID (or MASTER_ADDR:MASTER_PORT) and a warning says the job is
-// then only as private as that value.
+// values fail with invalid_argument naming the variable. A job of several ranks without
+// LOOM_SECRET is refused, saying how to set one: no secret is derived from public values
+// (docs/SECURITY.md).
 Result<BootstrapConfig> bootstrap_config_from_env();
 
 class Bootstrap {

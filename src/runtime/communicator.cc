@@ -113,6 +113,21 @@ Result<std::unique_ptr<Communicator::Impl>> build(const CommOptions& options,
   // The network's variables too, before any collective step: a bad value fails here, alike on
   // every rank that has it.
   LOOM_ASSIGN_OR_RETURN(impl->net_settings, runtime::net::NetworkSettings::from_env());
+  // The options take the environment's ranges (0 keeps the environment's value).
+  constexpr int64_t kDayMs = 24LL * 3600 * 1000;
+  const std::pair<const char*, int64_t> timeouts[] = {{"op_timeout", options.op_timeout.count()},
+                                                      {"bootstrap_timeout", options.bootstrap_timeout.count()}};
+  for (const auto& [name, ms] : timeouts) {
+    if (ms < 0 || ms > kDayMs) {
+      return Status::invalid_argument(std::string("CommOptions::") + name + " = " + std::to_string(ms) +
+                                      " ms is outside [0, " + std::to_string(kDayMs) + "] (0: LOOM_TIMEOUT_MS / "
+                                      "LOOM_BOOTSTRAP_TIMEOUT_MS or their defaults)");
+    }
+  }
+  if (options.heap_bytes != 0 && (options.heap_bytes < (uint64_t{1} << 20) || options.heap_bytes > (uint64_t{1} << 40))) {
+    return Status::invalid_argument("CommOptions::heap_bytes = " + std::to_string(options.heap_bytes) +
+                                    " is outside [1 MiB, 1 TiB] (0: LOOM_HEAP_BYTES or its default)");
+  }
   if (options.heap_bytes != 0) impl->settings.heap_bytes = options.heap_bytes;
   if (options.op_timeout.count() > 0) impl->settings.op_timeout = options.op_timeout;
   if (options.bootstrap_timeout.count() > 0) impl->settings.bootstrap_timeout = options.bootstrap_timeout;

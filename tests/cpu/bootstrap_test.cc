@@ -468,20 +468,25 @@ TEST(BootstrapConfig, RejectsBadValuesNamingTheVariable) {
   }
 }
 
-TEST(BootstrapConfig, DerivesASecretWhenNoneIsSet) {
+// Fail closed: without LOOM_SECRET a job of several ranks is refused, under torchrun too (its
+// run id and MASTER_ADDR:MASTER_PORT are public, and a secret derived from them let a client that
+// computed it join as rank 1).
+TEST(BootstrapConfig, RefusesAJobWithoutASecret) {
   ScopedEnv env;
   set_valid_job(env);
   env.unset("LOOM_SECRET");
-  env.set("TORCHELASTIC_RUN_ID", "job-a");
-  Secret job_a = bootstrap_config_from_env()->secret;
-  EXPECT_EQ(bootstrap_config_from_env()->secret, job_a) << "every rank must derive the same secret";
-  env.set("TORCHELASTIC_RUN_ID", "job-b");
-  EXPECT_NE(bootstrap_config_from_env()->secret, job_a);
-  env.unset("TORCHELASTIC_RUN_ID");
-  Secret by_port = bootstrap_config_from_env()->secret;
-  env.set("MASTER_PORT", "29501");
-  EXPECT_NE(bootstrap_config_from_env()->secret, by_port);
-  EXPECT_NE(by_port, Secret{});
+  for (const char* run_id : {static_cast<const char*>(nullptr), "job-a"}) {
+    if (run_id) env.set("TORCHELASTIC_RUN_ID", run_id);
+    Result<BootstrapConfig> config = bootstrap_config_from_env();
+    ASSERT_FALSE(config.ok()) << (run_id ? run_id : "no run id");
+    EXPECT_EQ(config.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(config.status().message().find("LOOM_SECRET is not set"), std::string::npos) << config.status().message();
+    EXPECT_NE(config.status().message().find("openssl rand -hex 16"), std::string::npos) << "says how to make one";
+  }
+  // One rank has nobody to authenticate.
+  env.set("RANK", "0");
+  env.set("WORLD_SIZE", "1");
+  EXPECT_TRUE(bootstrap_config_from_env().ok());
 }
 
 TEST(BootstrapConfig, OneRankNeedsNoMaster) {

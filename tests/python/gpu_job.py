@@ -30,20 +30,21 @@ def shared_gpu() -> bool:
 
 
 def start_job() -> "loom.Communicator":
-    """This process's communicator (created once, before torch.distributed: from_env then takes
-    the torchrun store path) with torch.distributed initialised beside it."""
+    """This process's communicator (created once), from torch.distributed's world group: the job
+    secret travels inside the unique id over the process group."""
     global _comm
     if _comm is None:
         local = int(os.environ["LOCAL_RANK"])
-        torch.cuda.set_device(local % torch.cuda.device_count() if shared_gpu() else local)
-        _comm = loom.Communicator.from_env()
+        device = local % torch.cuda.device_count() if shared_gpu() else local
+        torch.cuda.set_device(device)
         if not dist.is_initialized():
             # Bounded: a rank that fails between collectives must not leave the others waiting 10 minutes.
             timeout = datetime.timedelta(seconds=90)
-            if _comm.ranks_on_gpu > 1:
+            if shared_gpu():
                 dist.init_process_group("gloo", timeout=timeout)
             else:
-                dist.init_process_group("nccl", device_id=torch.device("cuda", _comm.device), timeout=timeout)
+                dist.init_process_group("nccl", device_id=torch.device("cuda", device), timeout=timeout)
+        _comm = loom.Communicator.from_env()  # under torchrun with torch.distributed up: from_process_group
     return _comm
 
 

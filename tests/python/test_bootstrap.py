@@ -78,56 +78,40 @@ def test_unique_id_ranks_fail_cleanly_without_a_gpu(world):
         assert seconds < 30, f"rank {rank} took {seconds:.1f} s to fail"
 
 
-def torchrun_rank_main(rank: int, env: dict, results) -> None:
-    os.environ.update(env, RANK=str(rank), LOCAL_RANK=str(rank))
-    start = time.monotonic()
-    try:
-        loom.Communicator.from_env(bootstrap_timeout_ms=20_000)
-        results.put((rank, "ok", "", time.monotonic() - start))
-    except Exception as error:  # the test inspects it
-        results.put((rank, type(error).__name__, str(error), time.monotonic() - start))
-
-
-@no_gpu_only
-def test_from_env_under_torchrun_passes_the_unique_id_through_the_store():
-    """Under torchrun MASTER_PORT is torch's store (here: one the test serves, as torchrun's agent
-    would); rank 0's unique id reaches rank 1 through it, and then both fail on the missing GPU in
-    from_unique_id (not in the exchange)."""
-    torch_dist = pytest.importorskip("torch.distributed")
-    store = torch_dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    env = {"TORCHELASTIC_RUN_ID": "loom-test", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port)}
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    procs = [ctx.Process(target=torchrun_rank_main, args=(r, env, results)) for r in range(2)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + JOIN_DEADLINE_S
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-    hung = [r for r, p in enumerate(procs) if p.is_alive()]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    assert not hung, f"ranks {hung} did not finish within {JOIN_DEADLINE_S} s"
-    out = dict((r, (k, m, t)) for r, k, m, t in (results.get(timeout=5) for _ in range(2)))
-    for rank, (kind, message, seconds) in sorted(out.items()):
-        assert kind == "Unsupported", (rank, kind, message)
-        assert f"loom rank {rank}: Communicator.from_unique_id: no CUDA GPU" in message, message
-        assert seconds < 30
-    assert len(store.get("loom/unique_id/0/1")) == 128
-
-
-def test_from_env_under_torchrun_times_out_when_rank_0_never_shows(monkeypatch):
-    torch_dist = pytest.importorskip("torch.distributed")
-    store = torch_dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    for name, value in {"TORCHELASTIC_RUN_ID": "loom-test-timeout", "RANK": "1", "LOCAL_RANK": "1",
-                        "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port)}.items():
+def test_from_env_under_torchrun_needs_a_secret_or_a_process_group(monkeypatch):
+    """Fail closed: no secret from public values, and no unique id (which holds the secret) in
+    torch's store, which anyone who reaches MASTER_PORT can read."""
+    for name, value in {"TORCHELASTIC_RUN_ID": "loom-test", "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29533"}.items():
         monkeypatch.setenv(name, value)
-    start = time.monotonic()
-    with pytest.raises(loom.Timeout, match="loom rank 1: Communicator.from_env: rank 0's unique id did not arrive"):
-        loom.Communicator.from_env(bootstrap_timeout_ms=1500)
-    assert time.monotonic() - start < 15
+    monkeypatch.delenv("LOOM_SECRET", raising=False)
+    with pytest.raises(loom.InvalidArgument, match="loom rank 1: Communicator.from_env: under torchrun without "
+                                                   "LOOM_SECRET: initialise torch.distributed first"):
+        loom.Communicator.from_env()
+
+
+def test_from_env_without_a_secret_is_refused_naming_it(monkeypatch):
+    for name, value in {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": "29533"}.items():
+        monkeypatch.setenv(name, value)
+    for name in ("LOOM_SECRET", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    # The C++ layer refuses before it looks for a GPU or connects to anyone.
+    with pytest.raises(loom.InvalidArgument, match="loom rank 1: Communicator.from_env: LOOM_SECRET is not set: a job "
+                                                   "of 2 ranks needs a secret"):
+        loom.Communicator.from_env()
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"op_timeout_ms": -1}, r"op_timeout_ms = -1 is outside \[0, 86400000\]"),
+    ({"bootstrap_timeout_ms": 1 << 62}, r"bootstrap_timeout_ms = 4611686018427387904 is outside"),
+    ({"heap_bytes": 1000}, r"heap_bytes = 1000 is outside \[1 MiB, 1 TiB\]"),
+    ({"op_timeout_ms": 1.5}, "op_timeout_ms must be an int, got float"),
+    ({"device": -2}, "device = -2"),
+])
+def test_creation_options_are_checked(kwargs, match):
+    with pytest.raises(loom.InvalidArgument, match=match):
+        loom.Communicator.from_env(**kwargs)
 
 
 @no_gpu_only

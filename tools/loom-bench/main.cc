@@ -7,7 +7,8 @@
 //   loom-bench gemm_rs --m 4096 --comm-ctas 8 --spawn 2
 //   loom-bench tune --cache tuning.json --spawn 2               writes the tuning cache (LOOM_TUNING_CACHE)
 //   LOOM_EMULATE_NODES=2 LOOM_EMULATE_NET_GBPS=50 loom-bench multinode --spawn 2   across (emulated) nodes
-//   torchrun --nproc-per-node 8 loom-bench collectives          (ranks from the environment)
+//   LOOM_SECRET=$(openssl rand -hex 16) torchrun --no-python --nproc-per-node 8 loom-bench collectives
+//                                                               (ranks from the environment)
 #include <CLI/CLI.hpp>
 #include <cuda_runtime_api.h>
 

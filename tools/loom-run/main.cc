@@ -46,7 +46,13 @@ int main(int argc, char** argv) {
   int ranks_per_gpu = 0;
   app.add_option("-n,--nproc", options.num_ranks, "number of ranks")->required()->check(CLI::Range(1, 1024));
   app.add_option("--timeout", timeout_seconds, "wall-clock limit in seconds; every rank is killed after it (0: none)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::NonNegativeNumber)
+      ->check(CLI::Validator(
+          [](std::string& text) {
+            const double v = std::stod(text);
+            return v == 0 || (v >= 0.001 && v <= 1e9) ? std::string() : std::string("0 (none) or 0.001 .. 1e9 seconds");
+          },
+          "0 or 0.001..1e9"));
   app.add_option("--ranks-per-gpu", ranks_per_gpu,
                  "let up to K ranks share one GPU (sets LOOM_RANKS_PER_GPU=K; correctness only, measures no speed)")
       ->check(CLI::Range(1, loom::env::kMaxRanksPerGpu));
