@@ -4,14 +4,17 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
+#include <dirent.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <optional>
@@ -70,9 +73,16 @@ constexpr int kMaxWorldSize = 1 << 20;
 constexpr uint64_t kMaxStepBytes = uint64_t{1} << 30;
 // An honest client answers the challenge within a round trip; this only bounds silent ones.
 constexpr milliseconds kHandshakeTimeout{10'000};
-// Unauthenticated connections held at once; beyond it the oldest is dropped, so a flood cannot
-// exhaust descriptors.
+// Unauthenticated connections held at once (fewer when the descriptor limit is low:
+// handshake_cap); beyond it the oldest is dropped, so a flood cannot exhaust descriptors.
 constexpr size_t kMaxHandshakes = 256;
+// After accept() ran out of descriptors or buffers with no handshake to drop: how long rank 0
+// stops accepting, doubling up to the maximum while it lasts.
+constexpr milliseconds kAcceptPauseMin{5};
+constexpr milliseconds kAcceptPauseMax{200};
+// Warnings about refused connections: a burst, then one a second saying how many were held back.
+constexpr int kWarningBurst = 16;
+constexpr milliseconds kWarningInterval{1'000};
 // How long a client whose init deadline passed waits for rank 0 to say who is missing.
 constexpr milliseconds kQueryGrace{500};
 // Bound on best-effort notices (failure reports) sent outside a step.
@@ -459,13 +469,61 @@ class SingleRankBootstrap final : public StepBootstrap {
 
 // ---- rank 0 ------------------------------------------------------------------------------------
 
+// The unauthenticated connections rank 0 may hold: kMaxHandshakes, or fewer so that they, the
+// joined ranks and a reserve for the rest of the process fit the soft descriptor limit.
+size_t handshake_cap(int world_size) {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return kMaxHandshakes;
+  size_t open = 0;
+  if (DIR* dir = ::opendir("/proc/self/fd")) {
+    while (::readdir(dir) != nullptr) ++open;
+    ::closedir(dir);
+  }
+  constexpr size_t kReserve = 32;  // the process's own later files and sockets
+  const size_t used = open + static_cast<size_t>(world_size) + kReserve;
+  const size_t room = limit.rlim_cur > used ? static_cast<size_t>(limit.rlim_cur) - used : 0;
+  return std::clamp<size_t>(room, 4, kMaxHandshakes);
+}
+
+// Warnings about connections rank 0 refuses or drops, at most kWarningBurst at once and then one
+// per kWarningInterval: a flood must not flood the log too.
+class WarningLimiter {
+ public:
+  // Whether to log now; `held_back` is how many were suppressed since the last one logged.
+  bool allow(uint64_t& held_back) {
+    const Deadline now = Clock::now();
+    if (now >= window_end_) {
+      window_end_ = now + kWarningInterval;
+      left_ = kWarningBurst;
+    }
+    if (left_ == 0) {
+      ++suppressed_;
+      return false;
+    }
+    --left_;
+    held_back = suppressed_;
+    suppressed_ = 0;
+    return true;
+  }
+
+ private:
+  Deadline window_end_{};
+  int left_ = 0;
+  uint64_t suppressed_ = 0;
+};
+
+std::string held_back_text(uint64_t held_back) {
+  return held_back == 0 ? std::string() : " (" + std::to_string(held_back) + " similar messages held back)";
+}
+
 // Rank 0's admission loop: accepts and authenticates connections until every rank has joined or
 // the deadline passes. Handshakes run side by side on non-blocking sockets, so a silent or
 // hostile client cannot hold up the real ranks.
 class RootAdmission {
  public:
   RootAdmission(Listener& listener, const BootstrapConfig& config, Deadline deadline)
-      : listener_(listener), config_(config), deadline_(deadline), joined_(config.world_size) {}
+      : listener_(listener), config_(config), deadline_(deadline), joined_(config.world_size),
+        max_handshakes_(handshake_cap(config.world_size)) {}
 
   // The joined ranks' sockets, indexed by rank ([0] is empty).
   Result<std::vector<std::optional<Socket>>> run();
@@ -481,6 +539,10 @@ class RootAdmission {
   };
 
   Status accept_pending();
+  // accept() found no descriptor or buffer: drop the oldest handshake if there is one, else pause.
+  void out_of_resources(int error);
+  template <class... Args>
+  void warn(const char* format, Args... args);
   void advance(Handshake& handshake);
   void reject(Handshake& handshake, const std::string& reason);
   void serve_joined(int rank);
@@ -492,6 +554,10 @@ class RootAdmission {
   std::vector<Handshake> handshakes_;
   std::vector<std::optional<Socket>> joined_;
   int joined_count_ = 0;
+  const size_t max_handshakes_;
+  Deadline accept_paused_until_{};      // no accept() before this (see out_of_resources)
+  milliseconds accept_pause_{0};
+  WarningLimiter warnings_;
   // A joined rank asked who is missing: its own deadline passed and it is leaving, so the job
   // cannot complete and every rank should hear the verdict now.
   bool rank_gave_up_ = false;
@@ -523,17 +589,19 @@ Result<std::vector<std::optional<Socket>>> RootAdmission::run() {
     Deadline wake = deadline_;
     for (Handshake& h : handshakes_) {
       if (now >= h.deadline) {
-        LOOM_WARN("bootstrap: %s did not complete the handshake within %lld ms; dropped", h.socket.peer().c_str(),
-                  static_cast<long long>(kHandshakeTimeout.count()));
+        warn("bootstrap: %s did not complete the handshake within %lld ms; dropped", h.socket.peer().c_str(),
+             static_cast<long long>(kHandshakeTimeout.count()));
         h.finished = true;
       }
       wake = std::min(wake, h.deadline);
     }
+    const bool accepting = now >= accept_paused_until_;
+    if (!accepting) wake = std::min(wake, accept_paused_until_);
     std::erase_if(handshakes_, [](const Handshake& h) { return h.finished; });
 
     fds.clear();
     polled_ranks.clear();
-    fds.push_back({listener_.fd(), POLLIN, 0});
+    fds.push_back({listener_.fd(), static_cast<short>(accepting ? POLLIN : 0), 0});
     for (int r = 1; r < config_.world_size; ++r) {
       if (joined_[r]) {
         fds.push_back({joined_[r]->fd(), POLLIN, 0});
@@ -560,14 +628,47 @@ Result<std::vector<std::optional<Socket>>> RootAdmission::run() {
   return std::move(joined_);
 }
 
+template <class... Args>
+void RootAdmission::warn(const char* format, Args... args) {
+  uint64_t held_back = 0;
+  if (!warnings_.allow(held_back)) return;
+  char text[512];
+  std::snprintf(text, sizeof(text), format, args...);
+  LOOM_WARN("%s%s", text, held_back_text(held_back).c_str());
+}
+
+void RootAdmission::out_of_resources(int error) {
+  if (!handshakes_.empty()) {
+    // Unauthenticated connections are the ones to sacrifice: the real ranks retry until the deadline.
+    warn("bootstrap: accept on %s: %s; dropping the oldest unauthenticated connection (%s)", listener_.address().c_str(),
+         std::strerror(error), handshakes_.front().socket.peer().c_str());
+    handshakes_.erase(handshakes_.begin());
+    return;
+  }
+  accept_pause_ = std::clamp(accept_pause_ * 2, kAcceptPauseMin, kAcceptPauseMax);
+  accept_paused_until_ = Clock::now() + accept_pause_;
+  warn("bootstrap: accept on %s: %s; not accepting for %lld ms", listener_.address().c_str(), std::strerror(error),
+       static_cast<long long>(accept_pause_.count()));
+}
+
 Status RootAdmission::accept_pending() {
   // Bounded per wake-up so a connection flood cannot starve the handshakes already running.
   for (int accepted = 0; accepted < 64; ++accepted) {
-    LOOM_ASSIGN_OR_RETURN(std::optional<Socket> socket, listener_.try_accept());
-    if (!socket) return {};
-    if (handshakes_.size() >= kMaxHandshakes) {
-      LOOM_WARN("bootstrap: more than %zu unauthenticated connections; dropping the oldest (%s)", kMaxHandshakes,
-                handshakes_.front().socket.peer().c_str());
+    int transient = 0;
+    LOOM_ASSIGN_OR_RETURN(std::optional<Socket> socket, listener_.try_accept(&transient));
+    if (!socket) {
+      if (transient == EMFILE || transient == ENFILE || transient == ENOBUFS || transient == ENOMEM) {
+        out_of_resources(transient);
+        if (Clock::now() < accept_paused_until_) return {};
+        continue;  // a descriptor was freed: the pending connection may fit now
+      }
+      if (transient != 0) continue;  // that connection's own error; the next one may be fine
+      return {};
+    }
+    accept_pause_ = milliseconds{0};
+    if (handshakes_.size() >= max_handshakes_) {
+      warn("bootstrap: more than %zu unauthenticated connections; dropping the oldest (%s)", max_handshakes_,
+           handshakes_.front().socket.peer().c_str());
       handshakes_.erase(handshakes_.begin());
     }
     Handshake handshake{std::move(*socket)};
@@ -585,7 +686,7 @@ Status RootAdmission::accept_pending() {
 }
 
 void RootAdmission::reject(Handshake& handshake, const std::string& reason) {
-  LOOM_WARN("bootstrap: rejected %s: %s", handshake.socket.peer().c_str(), reason.c_str());
+  warn("bootstrap: rejected %s: %s", handshake.socket.peer().c_str(), reason.c_str());
   auto body = encode_notice(Notice{StatusCode::kInvalidArgument, 0, reason});
   (void)send_message(handshake.socket, MessageType::kFailure, body, Clock::now());
   handshake.finished = true;

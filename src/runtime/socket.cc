@@ -274,7 +274,23 @@ Result<Listener> Listener::listen(std::string_view host, uint16_t port) {
   return last;
 }
 
-Result<std::optional<Socket>> Listener::try_accept() {
+namespace {
+
+bool transient_accept_error(int error) {
+  switch (error) {
+    case EMFILE: case ENFILE: case ENOBUFS: case ENOMEM:                   // a shortage: back off, free some
+    case EPROTO: case ENETDOWN: case ENOPROTOOPT: case EHOSTDOWN: case ENONET:
+    case EHOSTUNREACH: case EOPNOTSUPP: case ENETUNREACH: case EPERM:      // that connection's own error
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+Result<std::optional<Socket>> Listener::try_accept(int* transient_errno) {
+  if (transient_errno != nullptr) *transient_errno = 0;
   while (true) {
     sockaddr_storage remote{};
     socklen_t remote_len = sizeof(remote);
@@ -288,6 +304,10 @@ Result<std::optional<Socket>> Listener::try_accept() {
     // A connection reset while queued is the client's problem, not the listener's.
     if (errno == EINTR || errno == ECONNABORTED) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) return std::optional<Socket>();
+    if (transient_errno != nullptr && transient_accept_error(errno)) {
+      *transient_errno = errno;
+      return std::optional<Socket>();
+    }
     return Status::errno_error("accept on " + address_, errno);
   }
 }

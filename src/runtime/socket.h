@@ -84,8 +84,12 @@ class Listener {
   // wildcard address or a host that does not resolve.
   static Result<Listener> listen(std::string_view host, uint16_t port);
 
-  // A pending connection, or nullopt when none is waiting.
-  Result<std::optional<Socket>> try_accept();
+  // A pending connection, or nullopt when none is waiting. With `transient_errno`, errors that do
+  // not end the listener — a connection's own network error (ECONNABORTED, EPROTO, ENETDOWN, ...,
+  // which accept(2) asks callers to treat as "try again") and a shortage of descriptors or
+  // buffers (EMFILE, ENFILE, ENOBUFS, ENOMEM) — give nullopt and the errno there instead of a
+  // Status; the caller decides how to back off.
+  Result<std::optional<Socket>> try_accept(int* transient_errno = nullptr);
 
   int fd() const { return fd_.get(); }
   const std::string& host() const { return host_; }  // the bound numeric address, "::1" unbracketed

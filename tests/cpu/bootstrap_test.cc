@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -716,6 +717,41 @@ TEST(Bootstrap, HostileClientsDoNotStopInit) {
       },
       [&] { Bootstrap::discard_unique_id(id); });
   for (int r = 0; r < 3; ++r) EXPECT_RANK_OK(outcomes, r);
+}
+
+// Rank 0 under a low descriptor limit (ulimit -n 200) and a flood of 300 connections held open:
+// accept() must never end init (it used to fail with "Too many open files", taking the real rank
+// 1 down with it): the handshakes rank 0 holds fit the limit, and a shortage drops the oldest
+// unauthenticated connection or pauses accepting.
+TEST(Bootstrap, ConnectionFloodUnderALowDescriptorLimitDoesNotEndInit) {
+  UniqueId id = make_id();
+  const uint16_t port = port_of(id);
+  auto outcomes = run_ranks(
+      3,
+      [&](int who) -> Status {
+        if (who == 2) {  // the flood, from its own process: 300 connections held for 4 s
+          std::vector<Socket> held;
+          for (int i = 0; i < 300; ++i) {
+            Result<Socket> s = raw_connect(port);
+            if (s.ok()) held.push_back(std::move(*s));
+          }
+          std::this_thread::sleep_for(4s);
+          return {};
+        }
+        if (who == 0) {
+          rlimit limit{};
+          if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return Status::errno_error("getrlimit", errno);
+          limit.rlim_cur = std::min<rlim_t>(limit.rlim_max, 200);
+          if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) return Status::errno_error("setrlimit", errno);
+        } else {
+          std::this_thread::sleep_for(500ms);  // behind the flood
+        }
+        LOOM_ASSIGN_OR_RETURN(auto boot, Bootstrap::from_unique_id(id, who, 2, 20s));
+        return exchange_and_check(*boot, 1);
+      },
+      [&] { Bootstrap::discard_unique_id(id); });
+  EXPECT_RANK_OK(outcomes, 0);
+  EXPECT_RANK_OK(outcomes, 1);
 }
 
 TEST(Bootstrap, MissingRankTimesOutOnEveryRankNamingIt) {
