@@ -42,6 +42,9 @@ struct UniqueId {
 
 // Rank 0 of a unique-id job calls this and shares the result; it listens on bind_addr.
 Result<UniqueId> make_unique_id(std::string_view bind_addr = "127.0.0.1");
+// The listener make_unique_id() keeps open until this process's from_unique_id(id, 0, ...) takes
+// it: closed now, for an id that will not be used here (at most 64 wait at once).
+void discard_unique_id(const UniqueId& id);
 
 class Communicator {
  public:

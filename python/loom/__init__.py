@@ -18,13 +18,13 @@ except ImportError as error:  # pragma: no cover - only when the package was not
     raise ImportError(f"loom: the compiled extension loom._C could not be loaded ({error}); install the "
                       "package with `pip install .` from the loom repository") from error
 
-from ._comm import Communicator, make_unique_id
+from ._comm import Communicator, discard_unique_id, make_unique_id
 from ._ops import ag_gemm, all_gather, all_reduce, gemm, gemm_ar, gemm_rs, reduce_scatter
 
 __version__ = _C.__version__
 
 __all__ = [
-    "Communicator", "make_unique_id",
+    "Communicator", "discard_unique_id", "make_unique_id",
     "gemm", "all_gather", "reduce_scatter", "all_reduce", "ag_gemm", "gemm_rs", "gemm_ar",
     "LoomError", "InvalidArgument", "Unsupported", "Timeout", "PeerFailure", "CudaError",
     "SystemCallError", "Aborted", "InternalError",

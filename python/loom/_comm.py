@@ -68,6 +68,14 @@ def make_unique_id(bind_addr: str = "127.0.0.1") -> bytes:
     return _C.make_unique_id(bind_addr)
 
 
+def discard_unique_id(unique_id: bytes) -> None:
+    """Closes the listener ``make_unique_id`` keeps for `unique_id` when this process will not
+    create its rank 0 after all (at most 64 unused ids may wait at once)."""
+    if not isinstance(unique_id, (bytes, bytearray, memoryview)):
+        raise _invalid("discard_unique_id", f"unique_id must be bytes, got {type(unique_id).__name__}")
+    _C.discard_unique_id(bytes(unique_id))
+
+
 _DAY_MS = 24 * 3600 * 1000
 
 

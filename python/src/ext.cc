@@ -622,6 +622,18 @@ NB_MODULE(_C, m) {
         return nb::bytes(reinterpret_cast<const char*>(id->bytes.data()), id->bytes.size());
       },
       "bind_addr"_a = "127.0.0.1");
+  m.def(
+      "discard_unique_id",
+      [](nb::bytes uid) {
+        UniqueId id;
+        if (uid.size() != id.bytes.size()) {
+          invalid("discard_unique_id", -1, "the unique id must be " + std::to_string(id.bytes.size()) + " bytes, got " +
+                                               std::to_string(uid.size()));
+        }
+        std::memcpy(id.bytes.data(), uid.c_str(), id.bytes.size());
+        discard_unique_id(id);
+      },
+      "unique_id"_a);
 
   m.def(
       "gemm",

@@ -1268,7 +1268,9 @@ Result<UniqueIdContents> decode_unique_id(const UniqueId& id) {
   return contents;
 }
 
-// Listeners that create_unique_id() bound for a later from_unique_id() on rank 0 of this process.
+// Listeners that create_unique_id() bound for a later from_unique_id() on rank 0 of this process:
+// at most kMaxPreparedListeners (each holds a port and a descriptor until used or discarded).
+constexpr size_t kMaxPreparedListeners = 64;
 struct PreparedListener {
   std::string host;
   uint16_t port;
@@ -1382,6 +1384,14 @@ Result<std::array<uint8_t, 32>> bootstrap_wire::client_proof(const Secret& secre
 }
 
 Result<UniqueId> Bootstrap::create_unique_id(std::string_view bind_addr) {
+  {
+    std::lock_guard<std::mutex> lock(g_prepared_mutex);
+    if (g_prepared.size() >= kMaxPreparedListeners) {
+      return Status::invalid_argument("create_unique_id: " + std::to_string(g_prepared.size()) +
+                                      " unique ids of this process are still listening, unused; discard the abandoned "
+                                      "ones (discard_unique_id) or create the communicators that use them");
+    }
+  }
   Result<Listener> listener = Listener::listen(bind_addr, 0);
   if (!listener.ok()) return std::move(listener).take_status().with_context("create_unique_id");
   UniqueIdContents contents;

@@ -653,6 +653,12 @@ Result<std::unique_ptr<Communicator>> Communicator::from_unique_id(const UniqueI
   return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
 }
 
+void discard_unique_id(const UniqueId& id) {
+  runtime::UniqueId rid;
+  std::memcpy(rid.bytes.data(), id.bytes.data(), id.bytes.size());
+  runtime::Bootstrap::discard_unique_id(rid);
+}
+
 Result<UniqueId> make_unique_id(std::string_view bind_addr) {
   LOOM_ASSIGN_OR_RETURN(runtime::UniqueId rid, runtime::Bootstrap::create_unique_id(bind_addr));
   UniqueId id;

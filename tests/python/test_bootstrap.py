@@ -165,3 +165,32 @@ def test_make_unique_id_unresolvable_host_fails_cleanly():
     with pytest.raises(loom.LoomError, match="make_unique_id"):
         loom.make_unique_id("no-such-host.invalid")
     assert time.monotonic() - start < 30
+
+
+def test_discard_unique_id_closes_its_listener():
+    import socket
+    import struct
+
+    uid = loom.make_unique_id()
+    port = struct.unpack_from("<H", uid, 6)[0]  # layout: magic u32 | version u16 | port u16 | ...
+    with socket.create_connection(("127.0.0.1", port), timeout=5):
+        pass  # listening
+    loom.discard_unique_id(uid)
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5)
+    loom.discard_unique_id(uid)  # a second time: nothing to close, no error
+    with pytest.raises(loom.InvalidArgument, match="must be 128 bytes"):
+        loom.discard_unique_id(uid[:10])
+
+
+def test_unused_unique_ids_are_capped():
+    made = []
+    try:
+        with pytest.raises(loom.InvalidArgument, match="unique ids of this process are still listening, unused"):
+            for _ in range(100):
+                made.append(loom.make_unique_id())
+        assert len(made) <= 64
+    finally:
+        for uid in made:
+            loom.discard_unique_id(uid)
+    loom.discard_unique_id(loom.make_unique_id())  # room again
