@@ -12,6 +12,7 @@
 #include "loom/collectives.h"
 #include "loom/gemm.h"
 #include "ops/collective_common.h"
+#include "ops/launch/queued_work.h"
 #include "ops/multinode.h"
 #include "ops/tp_common.h"
 
@@ -200,7 +201,7 @@ Status ag_gemm_one_node(Communicator& comm, const TpGemmArgs& args, cudaStream_t
 Status ag_gemm(Communicator& comm, const TpGemmArgs& args, cudaStream_t stream, const TpGemmOptions& options) {
   const Status queued = comm.num_nodes() > 1 ? ops::ag_gemm_multinode(comm, args, stream, options)  // ops/multinode.h
                                              : ag_gemm_one_node(comm, args, stream, options);
-  return ops::tp::noted_workspace_use(internal(comm), queued, stream);
+  return ops::noted(comm, queued, stream);
 }
 
 }  // namespace loom

@@ -2,6 +2,7 @@
 #include "kernels/collectives/all_gather.cuh"
 #include "ops/collective_common.h"
 #include "ops/launch/kernel_launch.h"
+#include "ops/launch/queued_work.h"
 #include "runtime/cuda_check.h"
 
 namespace loom {
@@ -46,7 +47,7 @@ Status all_gather_for(Communicator& comm, const void* send, void* recv, size_t c
 
 Status all_gather(Communicator& comm, const void* send, void* recv, size_t count, DType dtype, cudaStream_t stream,
                   const CollectiveOptions& options) {
-  return ops::all_gather_for(comm, send, recv, count, dtype, stream, options, OpId::kAllGather);
+  return ops::noted(comm, ops::all_gather_for(comm, send, recv, count, dtype, stream, options, OpId::kAllGather), stream);
 }
 
 }  // namespace loom

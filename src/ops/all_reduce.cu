@@ -2,6 +2,7 @@
 #include "kernels/collectives/all_reduce.cuh"
 #include "ops/collective_common.h"
 #include "ops/launch/kernel_launch.h"
+#include "ops/launch/queued_work.h"
 #include "runtime/cuda_check.h"
 
 namespace loom {
@@ -43,7 +44,7 @@ Status all_reduce_for(Communicator& comm, const void* send, void* recv, size_t c
 
 Status all_reduce(Communicator& comm, const void* send, void* recv, size_t count, DType dtype, cudaStream_t stream,
                   const CollectiveOptions& options) {
-  return ops::all_reduce_for(comm, send, recv, count, dtype, stream, options, OpId::kAllReduce);
+  return ops::noted(comm, ops::all_reduce_for(comm, send, recv, count, dtype, stream, options, OpId::kAllReduce), stream);
 }
 
 }  // namespace loom

@@ -10,6 +10,7 @@
 #include "loom/collectives.h"
 #include "loom/gemm.h"
 #include "ops/collective_common.h"
+#include "ops/launch/queued_work.h"
 #include "ops/multinode.h"
 #include "ops/tp_common.h"
 
@@ -73,7 +74,7 @@ Status gemm_rs_one_node(Communicator& comm, const TpGemmArgs& args, cudaStream_t
 Status gemm_rs(Communicator& comm, const TpGemmArgs& args, cudaStream_t stream, const TpGemmOptions& options) {
   const Status queued = comm.num_nodes() > 1 ? ops::gemm_rs_multinode(comm, args, stream, options)  // ops/multinode.h
                                              : gemm_rs_one_node(comm, args, stream, options);
-  return ops::tp::noted_workspace_use(internal(comm), queued, stream);
+  return ops::noted(comm, queued, stream);
 }
 
 }  // namespace loom

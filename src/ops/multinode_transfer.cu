@@ -9,6 +9,7 @@
 #include "kernels/tp/multinode_transfer.cuh"
 #include "ops/multinode.h"
 #include "ops/launch/kernel_launch.h"
+#include "ops/launch/queued_work.h"
 #include "ops/multinode_common.h"
 
 namespace loom::ops {
@@ -54,7 +55,7 @@ Status net_exchange(Communicator& comm, const void* src, void* dst, size_t bytes
   p.flag_base = impl.network->device_view().launch_flag_base;
   p.signature = mn::signature(OpId::kNetExchange, GemmTile::kAuto, g,
                               {static_cast<int64_t>(bytes), static_cast<int64_t>(chunk_bytes), static_cast<int64_t>(dst_offset)});
-  return launch_kernel(&kmn::mn_transfer_kernel, 1, 32, 0, stream, p);
+  return noted(comm, launch_kernel(&kmn::mn_transfer_kernel, 1, 32, 0, stream, p), stream);
 }
 
 namespace mn {

@@ -2,6 +2,7 @@
 #include "kernels/collectives/reduce_scatter.cuh"
 #include "ops/collective_common.h"
 #include "ops/launch/kernel_launch.h"
+#include "ops/launch/queued_work.h"
 #include "runtime/cuda_check.h"
 
 namespace loom {
@@ -47,7 +48,8 @@ Status reduce_scatter_for(Communicator& comm, const void* send, void* recv, size
 
 Status reduce_scatter(Communicator& comm, const void* send, void* recv, size_t recv_count, DType dtype,
                       cudaStream_t stream, const CollectiveOptions& options) {
-  return ops::reduce_scatter_for(comm, send, recv, recv_count, dtype, stream, options, OpId::kReduceScatter);
+  return ops::noted(comm, ops::reduce_scatter_for(comm, send, recv, recv_count, dtype, stream, options, OpId::kReduceScatter),
+                    stream);
 }
 
 }  // namespace loom

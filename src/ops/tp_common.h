@@ -207,7 +207,7 @@ inline std::string check_flag_capacity(const Communicator::Impl& impl, uint64_t 
 // launch with a mismatch instead of writing into the wrong place. Only this GPU's queued work can
 // still use the old workspace (peers write into it only inside launches this GPU also runs, and
 // each of those waits for all of their writes before it ends), hence the wait for the work noted
-// by note_workspace_use (Communicator::Impl; polled, so the proxy keeps serving queued kernels).
+// by note_queued_work (Communicator::Impl; polled, so the proxy keeps serving queued kernels).
 // Growing cannot happen during CUDA graph capture, nor after a capture that used the workspace
 // (the graph holds its address): run the largest shape once before capturing.
 // `family` is the operator family's entry in Communicator::Impl; `what` names the workspace in
@@ -232,7 +232,7 @@ inline Result<void*> grow_workspace(Communicator::Impl& impl, Communicator::Impl
   constexpr size_t kGranule = size_t{2} << 20;
   const size_t rounded = (bytes + kGranule - 1) / kGranule * kGranule;
   LOOM_CUDA_TRY(cudaSetDevice(impl.device));
-  LOOM_TRY(impl.wait_for_workspace_users(op));
+  LOOM_TRY(impl.wait_for_queued_work(op, impl.settings.op_timeout + std::chrono::seconds(1)));
   if (ws != nullptr) {
     LOOM_TRY_CTX(impl.heap->release(ws), std::string(op) + ": releasing the old " + what + " workspace");
     ws = nullptr;
@@ -265,12 +265,7 @@ inline Result<LaunchState*> launch_state(Communicator::Impl& impl) {
   return family->launch_state;
 }
 
-// The public operators' last step: a queued call marks its stream as a workspace user (see
-// grow_workspace).
-inline Status noted_workspace_use(Communicator::Impl& impl, const Status& queued, cudaStream_t stream) {
-  if (!queued.ok()) return queued;
-  return impl.note_workspace_use(stream);
-}
+
 
 // Raster group height (tile rows) for `grid` CTAs, as the GEMM planner picks it, limited to a
 // divisor of `unit` tile rows (a band or a rank's rows) so that no group straddles two.

@@ -268,7 +268,7 @@ Communicator::Impl::~Impl() {
   if (sync_event != nullptr) cudaEventDestroy(sync_event);
   if (probe_stream != nullptr) cudaStreamDestroy(probe_stream);
   if (probe_words != nullptr) cudaFreeHost(probe_words);
-  for (auto& [stream, event] : workspace_users) cudaEventDestroy(event);
+  for (auto& [stream, event] : queued_work) cudaEventDestroy(event);
   if (epoch_state != nullptr) cudaFree(epoch_state);
   if (device_abort != nullptr) cudaFree(device_abort);
   if (launch_states != nullptr) cudaFree(launch_states);
@@ -289,37 +289,36 @@ Result<Communicator::Impl::OperatorFamily*> Communicator::Impl::family(std::stri
   return &families.emplace(std::string(name), f).first->second;
 }
 
-Status Communicator::Impl::note_workspace_use(cudaStream_t stream) {
+Status Communicator::Impl::note_queued_work(cudaStream_t stream) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   LOOM_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
   if (capture != cudaStreamCaptureStatusNone) {
     workspace_captured = true;
     return {};
   }
-  auto it = std::find_if(workspace_users.begin(), workspace_users.end(), [&](const auto& u) { return u.first == stream; });
-  if (it == workspace_users.end()) {
+  auto it = std::find_if(queued_work.begin(), queued_work.end(), [&](const auto& u) { return u.first == stream; });
+  if (it == queued_work.end()) {
     cudaEvent_t event = nullptr;
     LOOM_CUDA_TRY(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-    workspace_users.emplace_back(stream, event);
-    it = workspace_users.end() - 1;
+    queued_work.emplace_back(stream, event);
+    it = queued_work.end() - 1;
   }
   LOOM_CUDA_TRY(cudaEventRecord(it->second, stream));
   return {};
 }
 
-Status Communicator::Impl::wait_for_workspace_users(const char* op) {
-  const auto deadline = std::chrono::steady_clock::now() + settings.op_timeout + std::chrono::seconds(1);
+Status Communicator::Impl::wait_for_queued_work(const char* what, std::chrono::milliseconds limit, bool even_if_failed) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
   auto pause = std::chrono::microseconds(2);
-  for (const auto& [stream, event] : workspace_users) {
+  for (const auto& [stream, event] : queued_work) {
     for (;;) {
       const cudaError_t q = cudaEventQuery(event);
       if (q == cudaSuccess) break;
-      if (q != cudaErrorNotReady) return cuda_status(q, "cudaEventQuery(workspace users)", __FILE__, __LINE__);
-      LOOM_TRY(check_usable());
+      if (q != cudaErrorNotReady) return cuda_status(q, "cudaEventQuery(queued work)", __FILE__, __LINE__);
+      if (!even_if_failed) LOOM_TRY(check_usable());
       if (std::chrono::steady_clock::now() > deadline) {
-        return Status::timeout(std::string(op) + ": the operator work queued before this call did not finish within " +
-                               std::to_string(settings.op_timeout.count()) +
-                               " ms + 1 s, so its workspace cannot be replaced (synchronize to see why)");
+        return Status::timeout(std::string(what) + ": the operator work queued before did not finish within " +
+                               std::to_string(limit.count()) + " ms (synchronize to see why)");
       }
       std::this_thread::sleep_for(pause);
       if (pause < std::chrono::microseconds(500)) pause *= 2;
@@ -602,10 +601,18 @@ Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 
 Communicator::~Communicator() {
   if (!impl_) return;
-  // Peers may still read or write our heap in kernels they have queued; wait for the device,
-  // then (bounded) for every rank to arrive before any mapping goes away.
+  // Peers may still read or write our heap in kernels they have queued: each rank waits for its
+  // own operator work (bounded, on this communicator's events only), then (bounded) for every rank
+  // at the barrier below, before any mapping goes away. Work still running after the op timeout
+  // is aborted and given one more second.
   cudaSetDevice(impl_->device);
-  cudaDeviceSynchronize();
+  const auto limit = impl_->settings.op_timeout + std::chrono::seconds(1);
+  Status done = impl_->wait_for_queued_work("communicator teardown", limit, /*even_if_failed=*/true);
+  if (done.code() == StatusCode::kTimeout) {
+    *reinterpret_cast<volatile uint32_t*>(impl_->host_abort_host) = 1;
+    done = impl_->wait_for_queued_work("communicator teardown", std::chrono::seconds(1), /*even_if_failed=*/true);
+  }
+  if (!done.ok()) LOOM_WARN("%s; tearing down anyway", done.to_string().c_str());
   // The proxy first: it may still carry what our finished kernels asked it to send (peers wait
   // for it), and it writes into other ranks' heaps, which must stay mapped until every rank has
   // stopped its proxy (the barrier below). A failed communicator drains only briefly.

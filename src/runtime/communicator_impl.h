@@ -70,12 +70,12 @@ struct Communicator::Impl {
   std::map<std::string, OperatorFamily, std::less<>> families;
   Result<OperatorFamily*> family(std::string_view name);
 
-  // Streams whose queued operator work may still read or write a workspace above: an event per
-  // stream, recorded after each such call (note_workspace_use). Growing a workspace releases the
-  // old one once they have completed (wait_for_workspace_users), polled and bounded — never a
-  // device-wide synchronize, which blocks the proxy thread's CUDA calls while a queued multi-node
-  // kernel waits for that very proxy (the launch then hangs until its timeout).
-  std::vector<std::pair<cudaStream_t, cudaEvent_t>> workspace_users;
+  // Streams with operator work of this communicator queued: an event per stream, recorded after
+  // each operator call (note_queued_work). A workspace that must grow is released once they have
+  // completed, and teardown waits for them — polled and bounded, never a device-wide synchronize,
+  // which blocks the proxy thread's CUDA calls while a queued multi-node kernel waits for that very
+  // proxy (the launch then hangs until its timeout), and waits for other communicators' work too.
+  std::vector<std::pair<cudaStream_t, cudaEvent_t>> queued_work;
   bool workspace_captured = false;  // a CUDA graph holds the current workspaces: they must not move
 
   mutable std::mutex failure_mutex;
@@ -106,12 +106,12 @@ struct Communicator::Impl {
   std::string describe_thread0(int cta, uint64_t epoch) const;
   // Heap offset of a symmetric pointer range, or invalid_argument naming `what`.
   Result<uint64_t> symmetric_offset(const void* ptr, size_t bytes, const char* what) const;
-  // After an operator call that used a workspace was queued on `stream` (during capture: marks
-  // the workspaces as held by a graph).
-  Status note_workspace_use(cudaStream_t stream);
-  // Bounded (op timeout + 1 s): until the work noted on every stream has completed; `op` names
-  // the caller in messages.
-  Status wait_for_workspace_users(const char* op);
+  // After an operator call was queued on `stream` (during capture: marks the workspaces as held
+  // by a graph).
+  Status note_queued_work(cudaStream_t stream);
+  // Bounded by `limit`: until the work noted on every stream has completed; `what` names the
+  // caller in messages. A failed communicator ends the wait at once unless `even_if_failed`.
+  Status wait_for_queued_work(const char* what, std::chrono::milliseconds limit, bool even_if_failed = false);
   // ok when [ptr, ptr+bytes) is device memory of this rank's GPU.
   Status check_local_device_buffer(const void* ptr, size_t bytes, const char* what) const;
 };
