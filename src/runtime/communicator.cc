@@ -396,12 +396,17 @@ std::string Communicator::Impl::describe_stuck_work() const {
 }
 
 std::string Communicator::Impl::describe_missing_entries(OpId op, uint64_t epoch) const {
-  if (op != OpId::kAgGemm && op != OpId::kGemmRs && op != OpId::kGemmAr) return "";
+  const bool tp_op = op == OpId::kAgGemm || op == OpId::kGemmRs || op == OpId::kGemmAr;
+  const bool collective = op == OpId::kAllGather || op == OpId::kReduceScatter || op == OpId::kAllReduce;
+  if (!tp_op && !(collective && !network)) return "";
   const int local_world = topology.local_world_size;
+  // The entry words a peer writes into this rank when it enters a launch (the higher of a pair
+  // counts: a TP call runs the fused kernel or, decomposed, a collective).
   struct Word {
-    int rank;       // global rank that writes it
-    uint64_t offset;  // heap offset of the word
-    int shift;      // the epoch sits above this many signature bits
+    int rank;          // global rank that writes it
+    uint64_t offset;   // heap offset of the word
+    int shift;         // the epoch sits above this many signature bits
+    int pair = -1;     // index of the other word of the same peer, or -1
   };
   std::vector<Word> words;
   if (network) {
@@ -421,10 +426,13 @@ std::string Communicator::Impl::describe_missing_entries(OpId op, uint64_t epoch
       words.push_back({topology.rank_of(n, topology.local_rank), base + 8ull * layout.net_entry(static_cast<uint32_t>(n)), 0});
     }
   } else {
-    // Fused single-node operators: entry[src] at the start of the op-flag region
-    // (kernels/tp/fused_frame.cuh), (e << 16) | signature.
+    // One node: the collectives' entered[src] (an epoch) and the fused operators' entry[src] at the
+    // start of the op-flag region ((e << 16) | signature, kernels/tp/fused_frame.cuh).
     for (int l = 0; l < local_world; ++l) {
-      if (l != topology.local_rank) words.push_back({topology.local_peers[l], control.op_flag_offset + 8ull * l, 16});
+      if (l == topology.local_rank) continue;
+      const int first = static_cast<int>(words.size());
+      words.push_back({topology.local_peers[l], control.entered_offset + 8ull * l, 0, first + 1});
+      words.push_back({topology.local_peers[l], control.op_flag_offset + 8ull * l, 16, first});
     }
   }
   // Read on a private non-blocking stream into pinned memory, bounded: a synchronous copy would
@@ -445,7 +453,11 @@ std::string Communicator::Impl::describe_missing_entries(OpId op, uint64_t epoch
   }
   for (size_t i = 0; state == cudaSuccess && i < words.size(); ++i) {
     const Word& w = words[i];
-    const uint64_t entered = probe_words[i] >> w.shift;
+    if (w.pair >= 0 && static_cast<size_t>(w.pair) < i) continue;  // reported with its pair
+    uint64_t entered = probe_words[i] >> w.shift;
+    if (w.pair >= 0 && static_cast<size_t>(w.pair) < words.size()) {
+      entered = std::max(entered, probe_words[w.pair] >> words[w.pair].shift);
+    }
     if (entered < epoch) {
       out += "; rank " + std::to_string(w.rank) + " did not enter this launch (its entry is at epoch " + std::to_string(entered) +
              ", the launch's " + std::to_string(epoch) + ")";

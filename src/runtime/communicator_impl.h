@@ -98,8 +98,9 @@ struct Communicator::Impl {
   std::string describe_stuck_work() const;
   // After a device timeout of operator `op` in launch `epoch` (its kernels have ended): the direct
   // peers whose entry words say they never entered that launch, as "; rank R did not enter ...",
-  // or "". The first failed wait names whichever flag's wait hit the shared deadline first, often
-  // a peer that waits for the silent rank in turn; this names the silent rank itself.
+  // or "" (collectives and the TP operators, on one node or several). The first failed wait names
+  // whichever flag's wait hit the shared deadline first, often a peer that waits for the silent
+  // rank in turn; this names the silent rank itself.
   std::string describe_missing_entries(OpId op, uint64_t epoch) const;
   // Where thread 0 of CTA `cta` was in launch `epoch` (its phase mark, and the wait it gave up in),
   // or "" when the CTA marked nothing in that launch (not a multi-node kernel).
