@@ -3,6 +3,7 @@
 
     bench/suite_summary.py --suite multi-node_2x2 --ranks 4 --ranks-per-gpu 4 --emulated-nodes 2 \
         --gpus 1 --wall-s 81 --exit-code 0 --git-sha abc1234 rank0.json rank1.json ...
+    bench/suite_summary.py split suites.jsonl bench/results    (one file per summary line)
 
 Prints one JSON object on stdout (docs/BENCHMARKS.md, "suite summaries") and a line for people
 on stderr:
@@ -81,7 +82,29 @@ def summarize(files, ranks, exit_code):
     return passed, failed, skipped, failures, missing
 
 
+def split(jsonl: str, out_dir: str) -> list:
+    """Writes each summary line of `jsonl` (shared_gpu_suite.sh's $OUT/suites.jsonl) to
+    out_dir/<date>_<sha>_suite_<suite>.json; returns the paths."""
+    paths = []
+    for line in Path(jsonl).read_text().splitlines():
+        if not line.strip():
+            continue
+        s = json.loads(line)
+        path = Path(out_dir) / f"{s['date']}_{s['git_sha'].rstrip('+')}_suite_{s['suite']}.json"
+        path.write_text(json.dumps(s, indent=1) + "\n")
+        paths.append(str(path))
+    return paths
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "split":
+        if len(argv) != 3:
+            print("usage: bench/suite_summary.py split SUITES.jsonl OUT_DIR", file=sys.stderr)
+            return 2
+        for path in split(argv[1], argv[2]):
+            print(path)
+        return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--suite", required=True)
     p.add_argument("--ranks", type=int, required=True)

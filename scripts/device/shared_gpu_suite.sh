@@ -15,7 +15,8 @@
 # Each step is its own job under a wall-clock limit (STEP_LIMIT_S, default 240, cut to what the
 # call has left of SUITE_BUDGET_S, default 570) and leaves one summary line in $OUT/suites.jsonl
 # (bench/suite_summary.py: passed / failed / skipped over every rank). Everything the steps print
-# goes to $OUT/shared_suite.log. Exit status 0 only if every step passed.
+# goes to $OUT/shared_suite.log. Exit status 0 only if every step passed. Back here:
+#   bench/suite_summary.py split <files_at>/suites.jsonl bench/results
 # Uses the binaries staged in .device-carry/bin (scripts/device/stage.sh).
 set -uo pipefail
 cd "$(dirname "$0")/../.."

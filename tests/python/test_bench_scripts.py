@@ -210,3 +210,16 @@ def test_suite_summary_reads_pytest_junit_xml(tmp_path):
             "</testsuite></testsuites>")
     s = _summary(tmp_path, [tmp_path / "rank0.xml", tmp_path / "rank1.xml"], "--exit-code", "1")
     assert (s["passed"], s["failed"], s["skipped"]) == (1, 1, 1) and s["failures"] == ["test_gpu.test_b"]
+
+
+def test_suite_summary_split_writes_one_file_per_suite(tmp_path):
+    lines = [{"kind": "suite", "git_sha": "abc1234+", "date": "2026-12-01", "suite": name, "passed": 1}
+             for name in ("multi-node_2x2", "single-node_2ranks")]
+    jsonl = tmp_path / "suites.jsonl"
+    jsonl.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    run = subprocess.run([sys.executable, str(REPO / "bench/suite_summary.py"), "split", str(jsonl), str(tmp_path)],
+                         capture_output=True, text=True, check=True)
+    made = sorted(p.name for p in tmp_path.glob("*_suite_*.json"))
+    assert made == ["2026-12-01_abc1234_suite_multi-node_2x2.json", "2026-12-01_abc1234_suite_single-node_2ranks.json"]
+    assert json.loads((tmp_path / made[0]).read_text())["suite"] == "multi-node_2x2"
+    assert len(run.stdout.split()) == 2
