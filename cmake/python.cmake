@@ -82,7 +82,6 @@ set_target_properties(loom_python_ext PROPERTIES
   INSTALL_RPATH "$ORIGIN"
   CXX_STANDARD 20
   CXX_STANDARD_REQUIRED ON)
-target_compile_definitions(loom_python_ext PRIVATE LOOM_VERSION_STRING="${PROJECT_VERSION}")
 target_compile_options(loom_python_ext PRIVATE -Wall -Wextra -Wno-unused-parameter)
 target_link_libraries(loom_python_ext PRIVATE ${loom_python_link})
 

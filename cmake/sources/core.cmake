@@ -4,7 +4,8 @@ list(APPEND LOOM_CORE_SOURCES
   src/core/env.cc
   src/core/log.cc
   src/runtime/topology.cc
-  src/runtime/names.cc)
+  src/runtime/names.cc
+  src/core/version.cc)
 list(APPEND LOOM_CPU_TEST_SOURCES
   tests/cpu/status_env_test.cc
   tests/cpu/topology_test.cc

@@ -8,3 +8,4 @@
 #include "loom/status.h"
 #include "loom/tensor_parallel.h"
 #include "loom/types.h"
+#include "loom/version.h"

@@ -25,6 +25,7 @@
 #include "loom/communicator.h"
 #include "loom/gemm.h"
 #include "loom/status.h"
+#include "loom/version.h"
 #include "loom/tensor_parallel.h"
 #include "loom/types.h"
 #include "tensor_arg.h"
@@ -516,6 +517,7 @@ NB_MODULE(_C, m) {
   using namespace loom::python;
   m.doc() = "loom's low-level API: explicit CUDA streams, any DLPack CUDA tensor. Most code uses loom.* or loom.torch.";
   m.attr("__version__") = LOOM_VERSION_STRING;
+  m.def("library_version", [] { return std::string(version()); }, "the version of the libloom.so this extension runs with");
   nb::register_exception_translator(translate);
   // Tensors made from symmetric buffers may outlive the interpreter's last collection.
   nb::set_leak_warnings(false);

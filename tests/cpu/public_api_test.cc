@@ -3,6 +3,7 @@
 // types at run time.
 #include <gtest/gtest.h>
 
+#include <string>
 #include <type_traits>
 
 #include "loom/loom.h"
@@ -20,6 +21,13 @@ static_assert(std::is_same_v<decltype(&ag_gemm), Status (*)(Communicator&, const
               "loom.h must declare loom::ag_gemm (loom/tensor_parallel.h)");
 static_assert(std::is_same_v<decltype(&gemm_rs), decltype(&ag_gemm)> && std::is_same_v<decltype(&gemm_ar), decltype(&ag_gemm)>,
               "loom.h must declare loom::gemm_rs and loom::gemm_ar like loom::ag_gemm");
+
+TEST(PublicApi, VersionOfTheHeaderAndTheLibraryAgree) {
+  EXPECT_STREQ(version(), LOOM_VERSION_STRING);
+  EXPECT_EQ(std::to_string(LOOM_VERSION_MAJOR) + "." + std::to_string(LOOM_VERSION_MINOR) + "." +
+                std::to_string(LOOM_VERSION_PATCH),
+            LOOM_VERSION_STRING);
+}
 
 TEST(PublicApi, UmbrellaHeaderCarriesOptionsAndDiagnostics) {
   const TpGemmOptions tp;

@@ -15,8 +15,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def project_version() -> str:
-    text = (REPO / "CMakeLists.txt").read_text()
-    return re.search(r"project\(loom VERSION ([0-9.]+)", text).group(1)
+    text = (REPO / "include/loom/version.h").read_text()
+    return re.search(r'#define LOOM_VERSION_STRING "([0-9.]+)"', text).group(1)
 
 
 def gpu_job() -> bool:

@@ -16,6 +16,7 @@ def test_version_matches_the_cmake_project():
     import loom
 
     assert loom.__version__ == project_version()
+    assert loom._C.library_version() == loom.__version__, "the extension and its libloom.so disagree"
 
 
 def test_import_loom_needs_no_torch():
