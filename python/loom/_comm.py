@@ -76,25 +76,23 @@ def discard_unique_id(unique_id: bytes) -> None:
     _C.discard_unique_id(bytes(unique_id))
 
 
-_DAY_MS = 24 * 3600 * 1000
+# What the C++ CommOptions field of each option holds: (lowest, highest).
+_OPTION_RANGES = {"device": (-(1 << 31), (1 << 31) - 1), "heap_bytes": (0, (1 << 64) - 1),
+                  "op_timeout_ms": (-(1 << 63), (1 << 63) - 1), "bootstrap_timeout_ms": (-(1 << 63), (1 << 63) - 1)}
 
 
 def _options(device: int | None, heap_bytes: int, op_timeout_ms: int, bootstrap_timeout_ms: int) -> dict:
-    """The creation options, checked as the C++ layer checks them (so a bad value is an
-    InvalidArgument naming it, never a wrapped or ignored number)."""
+    """The creation options as the C++ layer takes them. Only their types are checked here; the C++
+    layer (check_comm_options) checks the ranges and names the bad value in an InvalidArgument."""
     op = "Communicator"
     values = {"device": -1 if device is None else device, "heap_bytes": heap_bytes, "op_timeout_ms": op_timeout_ms,
               "bootstrap_timeout_ms": bootstrap_timeout_ms}
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, int):
             raise _invalid(op, f"{name} must be an int, got {type(value).__name__}")
-    if values["device"] < -1:
-        raise _invalid(op, f"device = {values['device']}: -1 or None picks LOCAL_RANK, else a CUDA device ordinal")
-    for name in ("op_timeout_ms", "bootstrap_timeout_ms"):
-        if not 0 <= values[name] <= _DAY_MS:
-            raise _invalid(op, f"{name} = {values[name]} is outside [0, {_DAY_MS}] (0: the environment's)")
-    if values["heap_bytes"] != 0 and not (1 << 20) <= values["heap_bytes"] <= (1 << 40):
-        raise _invalid(op, f"heap_bytes = {values['heap_bytes']} is outside [1 MiB, 1 TiB] (0: the environment's)")
+        low, high = _OPTION_RANGES[name]
+        if not low <= value <= high:
+            raise _invalid(op, f"{name} = {value} does not fit its C++ field [{low}, {high}]")
     return values
 
 

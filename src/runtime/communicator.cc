@@ -100,20 +100,13 @@ Status collective_step(runtime::Bootstrap& bootstrap, Status status, const char*
   return status;
 }
 
-Result<std::unique_ptr<Communicator::Impl>> build(const CommOptions& options,
-                                                  const std::function<Result<std::unique_ptr<runtime::Bootstrap>>(
-                                                      std::chrono::milliseconds)>& connect,
-                                                  int rank_for_device) {
-  auto impl = std::make_unique<Communicator::Impl>();
-  LOOM_ASSIGN_OR_RETURN(impl->settings, env::Settings::from_env());
-  set_log_level(impl->settings.log_level);
-  if (std::string unknown = env::unknown_loom_variables(); !unknown.empty()) {
-    LOOM_WARN("unknown LOOM_* variables (typos?): %s", unknown.c_str());
+// The options take the environment's ranges (0 keeps the environment's value). Checked before
+// anything else, so a bad option is refused alike on every rank without touching the network.
+Status check_comm_options(const CommOptions& options) {
+  if (options.device < -1) {
+    return Status::invalid_argument("CommOptions::device = " + std::to_string(options.device) +
+                                    ": -1 picks LOCAL_RANK (else rank % device count), otherwise a CUDA device ordinal");
   }
-  // The network's variables too, before any collective step: a bad value fails here, alike on
-  // every rank that has it.
-  LOOM_ASSIGN_OR_RETURN(impl->net_settings, runtime::net::NetworkSettings::from_env());
-  // The options take the environment's ranges (0 keeps the environment's value).
   constexpr int64_t kDayMs = 24LL * 3600 * 1000;
   const std::pair<const char*, int64_t> timeouts[] = {{"op_timeout", options.op_timeout.count()},
                                                       {"bootstrap_timeout", options.bootstrap_timeout.count()}};
@@ -128,13 +121,30 @@ Result<std::unique_ptr<Communicator::Impl>> build(const CommOptions& options,
     return Status::invalid_argument("CommOptions::heap_bytes = " + std::to_string(options.heap_bytes) +
                                     " is outside [1 MiB, 1 TiB] (0: LOOM_HEAP_BYTES or its default)");
   }
+  if (options.ranks_per_gpu < 0 || options.ranks_per_gpu > env::kMaxRanksPerGpu) {
+    return Status::invalid_argument("CommOptions::ranks_per_gpu = " + std::to_string(options.ranks_per_gpu) +
+                                    " is outside [0, " + std::to_string(env::kMaxRanksPerGpu) +
+                                    "] (0: LOOM_RANKS_PER_GPU or 1)");
+  }
+  return Status::ok_status();
+}
+
+Result<std::unique_ptr<Communicator::Impl>> build(const CommOptions& options,
+                                                  const std::function<Result<std::unique_ptr<runtime::Bootstrap>>(
+                                                      std::chrono::milliseconds)>& connect,
+                                                  int rank_for_device) {
+  auto impl = std::make_unique<Communicator::Impl>();
+  LOOM_ASSIGN_OR_RETURN(impl->settings, env::Settings::from_env());
+  set_log_level(impl->settings.log_level);
+  if (std::string unknown = env::unknown_loom_variables(); !unknown.empty()) {
+    LOOM_WARN("unknown LOOM_* variables (typos?): %s", unknown.c_str());
+  }
+  // The network's variables too, before any collective step: a bad value fails here, alike on
+  // every rank that has it.
+  LOOM_ASSIGN_OR_RETURN(impl->net_settings, runtime::net::NetworkSettings::from_env());
   if (options.heap_bytes != 0) impl->settings.heap_bytes = options.heap_bytes;
   if (options.op_timeout.count() > 0) impl->settings.op_timeout = options.op_timeout;
   if (options.bootstrap_timeout.count() > 0) impl->settings.bootstrap_timeout = options.bootstrap_timeout;
-  if (options.ranks_per_gpu < 0 || options.ranks_per_gpu > env::kMaxRanksPerGpu) {
-    return Status::invalid_argument("CommOptions::ranks_per_gpu " + std::to_string(options.ranks_per_gpu) + " outside [0, " +
-                                    std::to_string(env::kMaxRanksPerGpu) + "]");
-  }
   if (options.ranks_per_gpu > 0) impl->settings.ranks_per_gpu = options.ranks_per_gpu;
 
   LOOM_ASSIGN_OR_RETURN(impl->device, pick_device(options, rank_for_device, impl->settings.ranks_per_gpu));
@@ -650,6 +660,7 @@ Communicator::~Communicator() {
 }
 
 Result<std::unique_ptr<Communicator>> Communicator::from_env(const CommOptions& options) {
+  LOOM_TRY(check_comm_options(options));
   LOOM_ASSIGN_OR_RETURN(runtime::BootstrapConfig config, runtime::bootstrap_config_from_env());
   const int rank = config.rank;
   auto connect = [&](std::chrono::milliseconds timeout) {
@@ -662,6 +673,7 @@ Result<std::unique_ptr<Communicator>> Communicator::from_env(const CommOptions& 
 
 Result<std::unique_ptr<Communicator>> Communicator::from_unique_id(const UniqueId& id, int rank, int world_size,
                                                                    const CommOptions& options) {
+  LOOM_TRY(check_comm_options(options));
   runtime::UniqueId rid;
   static_assert(sizeof(rid.bytes) == sizeof(id.bytes), "public and runtime unique ids must have the same size");
   std::memcpy(rid.bytes.data(), id.bytes.data(), id.bytes.size());

@@ -103,11 +103,12 @@ def test_from_env_without_a_secret_is_refused_naming_it(monkeypatch):
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    ({"op_timeout_ms": -1}, r"op_timeout_ms = -1 is outside \[0, 86400000\]"),
-    ({"bootstrap_timeout_ms": 1 << 62}, r"bootstrap_timeout_ms = 4611686018427387904 is outside"),
-    ({"heap_bytes": 1000}, r"heap_bytes = 1000 is outside \[1 MiB, 1 TiB\]"),
+    ({"op_timeout_ms": -1}, r"CommOptions::op_timeout = -1 ms is outside \[0, 86400000\]"),
+    ({"bootstrap_timeout_ms": 1 << 62}, r"CommOptions::bootstrap_timeout = 4611686018427387904 ms is outside"),
+    ({"heap_bytes": 1000}, r"CommOptions::heap_bytes = 1000 is outside \[1 MiB, 1 TiB\]"),
+    ({"heap_bytes": -1}, r"heap_bytes = -1 does not fit its C++ field \[0, 18446744073709551615\]"),
     ({"op_timeout_ms": 1.5}, "op_timeout_ms must be an int, got float"),
-    ({"device": -2}, "device = -2"),
+    ({"device": -2}, "CommOptions::device = -2: -1 picks LOCAL_RANK"),
 ])
 def test_creation_options_are_checked(kwargs, match):
     with pytest.raises(loom.InvalidArgument, match=match):
