@@ -113,6 +113,9 @@ class CopyEngineTransport final : public Transport {
   Result<LocalRegistration> register_memory(const MemoryRegion& region) override {
     if (closed_) return Status::aborted("copy_engine: transport closed");
     if (region.base == nullptr || region.bytes == 0) return Status::invalid_argument("copy_engine: empty memory region");
+    if (region.kind == MemoryKind::kDevice && region.device < 0) {
+      return Status::invalid_argument("copy_engine: a device memory region needs its CUDA device ordinal");
+    }
     WireKey key{};
     key.magic = kKeyMagic;
     key.device = region.device;
@@ -140,7 +143,7 @@ class CopyEngineTransport final : public Transport {
       }
     }
     locals_.push_back(Local{static_cast<char*>(region.base), region.bytes,
-                            region.kind == MemoryKind::kDevice ? device_of(region.base) : -1});
+                            region.kind == MemoryKind::kDevice ? region.device : -1});
     LocalRegistration out;
     out.handle = static_cast<uint32_t>(locals_.size() - 1);
     out.bytes = region.bytes;
