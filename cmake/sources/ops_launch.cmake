@@ -1,3 +1,4 @@
 # Area: the operators' shared host layer (kernel launches). Owner: lead.
 list(APPEND LOOM_LIB_SOURCES
+  src/ops/launch/family_resources.cc
   src/ops/launch/kernel_launch.cc)

@@ -65,7 +65,7 @@ Status run_decomposed(Communicator& comm, const TpGemmArgs& a, const TpDecision&
   const size_t e = dtype_size(a.dtype);
   void* gathered = a.gathered_a;
   if (gathered == nullptr) {
-    LOOM_ASSIGN_OR_RETURN(gathered, ops::tp::ensure_workspace(comm, static_cast<size_t>(a.m * a.k) * e, stream, "ag_gemm"));
+    LOOM_ASSIGN_OR_RETURN(gathered, ops::family_workspace(impl, ops::tp::kFamily, static_cast<size_t>(a.m * a.k) * e, stream, "ag_gemm"));
   }
   const size_t shard = static_cast<size_t>(a.m / impl.topology.local_world_size * a.k);
   LOOM_TRY_CTX(ops::all_gather_for(comm, a.a, gathered, shard, a.dtype, stream, {}, OpId::kAgGemm), "ag_gemm (decomposed)");
@@ -104,7 +104,7 @@ Status run_fused(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, c
   const size_t piece_bytes = ops::tp::piece_slot_bytes(piece_slots, d.tile, a.dtype);
   void* workspace = nullptr;
   if (gathered_bytes + piece_bytes > 0) {
-    LOOM_ASSIGN_OR_RETURN(workspace, ops::tp::ensure_workspace(comm, gathered_bytes + piece_bytes, stream, "ag_gemm"));
+    LOOM_ASSIGN_OR_RETURN(workspace, ops::family_workspace(impl, ops::tp::kFamily, gathered_bytes + piece_bytes, stream, "ag_gemm"));
   }
   void* gathered = a.gathered_a != nullptr ? a.gathered_a : workspace;
 
@@ -114,7 +114,7 @@ Status run_fused(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, c
   LOOM_TRY(ops::encode_gemm_rows_map(a.a, rows, a.k, a.k, a.dtype, info.block_m, &p.a_local));
   LOOM_TRY(ops::encode_gemm_output_map(a.out, a.m, a.n, a.n, a.dtype, &p.out));
   p.comm = impl.device_comm();
-  LOOM_ASSIGN_OR_RETURN(p.state, ops::tp::launch_state(impl));
+  LOOM_ASSIGN_OR_RETURN(p.state, ops::family_launch_state(impl, ops::tp::kFamily));
   p.m = static_cast<uint32_t>(a.m);
   p.n = static_cast<uint32_t>(a.n);
   p.k = static_cast<uint32_t>(a.k);

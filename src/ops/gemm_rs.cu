@@ -37,7 +37,7 @@ Status check_buffers(Communicator::Impl& impl, const TpGemmArgs& a) {
 Status run_decomposed(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, cudaStream_t stream) {
   const int world = comm.local_world_size();
   const size_t e = dtype_size(a.dtype);
-  LOOM_ASSIGN_OR_RETURN(void* partial, ops::tp::ensure_workspace(comm, static_cast<size_t>(a.m * a.n) * e, stream, "gemm_rs"));
+  LOOM_ASSIGN_OR_RETURN(void* partial, ops::family_workspace(internal(comm), ops::tp::kFamily, static_cast<size_t>(a.m * a.n) * e, stream, "gemm_rs"));
   LOOM_TRY(gemm(ops::tp::local_gemm(a.a, a.b, partial, a.m, a), stream, ops::tp::gemm_options_for(d)));
   const size_t rows = static_cast<size_t>(a.m / world);
   return ops::reduce_scatter_for(comm, partial, a.out, rows * static_cast<size_t>(a.n), a.dtype, stream, {}, OpId::kGemmRs)

@@ -96,7 +96,7 @@ Status ag_gemm_multinode(Communicator& comm, const TpGemmArgs& a, cudaStream_t s
   LOOM_TRY(check_buffers(impl, a));
   void* gathered = a.gathered_a;
   if (gathered == nullptr) {
-    LOOM_ASSIGN_OR_RETURN(gathered, mn::ensure_workspace(comm, plan.workspace_bytes, stream, "ag_gemm"));
+    LOOM_ASSIGN_OR_RETURN(gathered, family_workspace(impl, mn::kFamily, plan.workspace_bytes, stream, "ag_gemm"));
   }
   const size_t e = dtype_size(a.dtype);
   const GemmTileInfo info = gemm_tile_info(plan.tile);
@@ -108,7 +108,7 @@ Status ag_gemm_multinode(Communicator& comm, const TpGemmArgs& a, cudaStream_t s
   LOOM_TRY(encode_gemm_rows_map(a.a, rows, a.k, a.k, a.dtype, info.block_m, &p.a_local));
   LOOM_TRY(encode_gemm_output_map(a.out, a.m, a.n, a.n, a.dtype, &p.out));
   p.comm = impl.device_comm();
-  LOOM_ASSIGN_OR_RETURN(p.state, mn::launch_state(impl));
+  LOOM_ASSIGN_OR_RETURN(p.state, family_launch_state(impl, mn::kFamily));
   p.m = static_cast<uint32_t>(a.m);
   p.n = static_cast<uint32_t>(a.n);
   p.k = static_cast<uint32_t>(a.k);

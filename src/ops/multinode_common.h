@@ -160,23 +160,9 @@ inline std::string check_flags(const Communicator::Impl& impl, uint64_t flags) {
          " (fewer, larger tiles or a smaller call would fit)";
 }
 
-// The multi-node operators' family (Communicator::Impl::family): its launch state, and its
-// symmetric workspace, grown when a call needs more like the TP workspace (tp_common.h explains
-// why no host round trip is needed: every rank grows at the same call to the same size, the
-// allocator hands out equal offsets, and the offset is in the signature).
+// The multi-node operators' family: its launch state and its workspace, grown like the TP
+// one (ops/launch/family_resources.h).
 inline constexpr std::string_view kFamily = "multinode";
-
-inline Result<void*> ensure_workspace(Communicator& comm, size_t bytes, cudaStream_t stream, const char* op) {
-  Communicator::Impl& impl = internal(comm);
-  LOOM_ASSIGN_OR_RETURN(Communicator::Impl::OperatorFamily * family, impl.family(kFamily));
-  return tp::grow_workspace(impl, *family, bytes, stream, op, "multi-node");
-}
-
-inline Result<LaunchState*> launch_state(Communicator::Impl& impl) {
-  LOOM_ASSIGN_OR_RETURN(Communicator::Impl::OperatorFamily * family, impl.family(kFamily));
-  return family->launch_state;
-}
-
 
 // Calls fn.template operator()<Cfg, kBF16, kBNMajor>() for the configuration of the call.
 template <class Fn>
@@ -312,7 +298,7 @@ Status launch_reduce(Communicator& comm, const TpGemmArgs& a, cudaStream_t strea
     return Status::unsupported(name + ": the GPU has too few SMs for the multi-node roles plus a compute CTA");
   }
   LOOM_TRY(check_reduce_buffers(impl, op, a));
-  LOOM_ASSIGN_OR_RETURN(void* ws, ensure_workspace(comm, r.workspace_bytes, stream, name.c_str()));
+  LOOM_ASSIGN_OR_RETURN(void* ws, family_workspace(impl, kFamily, r.workspace_bytes, stream, name.c_str()));
   const size_t e = dtype_size(a.dtype);
   const uint64_t row_bytes = static_cast<uint64_t>(a.n) * e;
   const GemmTileInfo info = gemm_tile_info(r.tile);
@@ -340,7 +326,7 @@ Status launch_reduce(Communicator& comm, const TpGemmArgs& a, cudaStream_t strea
     LOOM_TRY(encode_gemm_output_map(fold_q, layout.fold_rows(), a.n, a.n, a.dtype, &p.stage_to[q]));
   }
   p.comm = impl.device_comm();
-  LOOM_ASSIGN_OR_RETURN(p.state, launch_state(impl));
+  LOOM_ASSIGN_OR_RETURN(p.state, family_launch_state(impl, kFamily));
   p.m = static_cast<uint32_t>(a.m);
   p.n = static_cast<uint32_t>(a.n);
   p.k = static_cast<uint32_t>(a.k);

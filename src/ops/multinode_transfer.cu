@@ -47,7 +47,7 @@ Status net_exchange(Communicator& comm, const void* src, void* dst, size_t bytes
   }
   kmn::MnTransferParams p{};
   p.comm = impl.device_comm();
-  LOOM_ASSIGN_OR_RETURN(p.state, mn::launch_state(impl));
+  LOOM_ASSIGN_OR_RETURN(p.state, family_launch_state(impl, mn::kFamily));
   p.src_offset = src_offset;
   p.dst_offset = dst_offset;
   p.bytes = bytes;

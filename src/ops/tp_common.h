@@ -28,6 +28,7 @@
 #include "kernels/tp/staged_reduce.cuh"
 #include "loom/tensor_parallel.h"
 #include "ops/gemm_launch.h"
+#include "ops/launch/family_resources.h"
 #include "ops/launch/kernel_launch.h"
 #include "planner/tp_plan.h"
 #include "runtime/communicator_impl.h"
@@ -198,74 +199,9 @@ inline std::string check_flag_capacity(const Communicator::Impl& impl, uint64_t 
          std::to_string(impl.control.max_op_flags) + " (fewer, larger tiles or a smaller call would fit)";
 }
 
-// The TP and multi-node workspaces (symmetric): grown when a call needs more than they have, without any host
-// round trip (an operator call never waits for the other ranks on the host, so a rank that never
-// arrives shows up as a device-side timeout naming it). Every rank computes the same size from
-// the same shape at the same call, and the heap allocator hands out equal offsets to equal
-// sequences of calls, so the new workspace lands at the same offset everywhere; the fused
-// kernels put that offset in their entry signature, so a rank whose heap diverged fails the
-// launch with a mismatch instead of writing into the wrong place. Only this GPU's queued work can
-// still use the old workspace (peers write into it only inside launches this GPU also runs, and
-// each of those waits for all of their writes before it ends), hence the wait for the work noted
-// by note_queued_work (Communicator::Impl; polled, so the proxy keeps serving queued kernels).
-// Growing cannot happen during CUDA graph capture, nor after a capture that used the workspace
-// (the graph holds its address): run the largest shape once before capturing.
-// `family` is the operator family's entry in Communicator::Impl; `what` names the workspace in
-// messages ("tensor-parallel", "multi-node").
-inline Result<void*> grow_workspace(Communicator::Impl& impl, Communicator::Impl::OperatorFamily& family, size_t bytes,
-                                    cudaStream_t stream, const char* op, const char* what) {
-  void*& ws = family.workspace;
-  size_t& ws_bytes = family.workspace_bytes;
-  if (bytes <= ws_bytes) return ws;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  LOOM_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone) {
-    return Status::unsupported(std::string(op) + ": the " + what + " workspace must grow to " + std::to_string(bytes) +
-                               " bytes, which cannot happen during CUDA graph capture; run the operation once with "
-                               "its largest shape before capturing");
-  }
-  if (impl.workspace_captured && ws != nullptr) {
-    return Status::unsupported(std::string(op) + ": the " + what + " workspace must grow to " + std::to_string(bytes) +
-                               " bytes, but a CUDA graph captured earlier uses the current one (it would write into "
-                               "freed memory on replay); run the largest shape once before capturing");
-  }
-  constexpr size_t kGranule = size_t{2} << 20;
-  const size_t rounded = (bytes + kGranule - 1) / kGranule * kGranule;
-  LOOM_CUDA_TRY(cudaSetDevice(impl.device));
-  LOOM_TRY(impl.wait_for_queued_work(op, impl.settings.op_timeout + std::chrono::seconds(1)));
-  if (ws != nullptr) {
-    LOOM_TRY_CTX(impl.heap->release(ws), std::string(op) + ": releasing the old " + what + " workspace");
-    ws = nullptr;
-    ws_bytes = 0;
-  }
-  Result<void*> grown = impl.heap->allocate(rounded);
-  if (!grown.ok()) {
-    return std::move(grown).take_status().with_context(std::string(op) + ": allocating a " + std::to_string(rounded) +
-                                                        "-byte " + what +
-                                                        " workspace in the symmetric heap (raise LOOM_HEAP_BYTES)");
-  }
-  ws = *grown;
-  ws_bytes = rounded;
-  LOOM_DEBUG("%s: %s workspace grown to %zu bytes at heap offset %llu", op, what, rounded,
-             static_cast<unsigned long long>(impl.heap->offset_of(ws)));
-  return ws;
-}
-
-// The fused single-node TP operators' family: its launch state and workspace.
+// The fused single-node TP operators' family: its launch state and workspace
+// (ops/launch/family_resources.h).
 inline constexpr std::string_view kFamily = "tp";
-
-inline Result<void*> ensure_workspace(Communicator& comm, size_t bytes, cudaStream_t stream, const char* op) {
-  Communicator::Impl& impl = internal(comm);
-  LOOM_ASSIGN_OR_RETURN(Communicator::Impl::OperatorFamily * family, impl.family(kFamily));
-  return grow_workspace(impl, *family, bytes, stream, op, "tensor-parallel");
-}
-
-inline Result<LaunchState*> launch_state(Communicator::Impl& impl) {
-  LOOM_ASSIGN_OR_RETURN(Communicator::Impl::OperatorFamily * family, impl.family(kFamily));
-  return family->launch_state;
-}
-
-
 
 // Raster group height (tile rows) for `grid` CTAs, as the GEMM planner picks it, limited to a
 // divisor of `unit` tile rows (a band or a rank's rows) so that no group straddles two.
@@ -422,7 +358,7 @@ inline Status build_reduce_params(Communicator::Impl& impl, const TpGemmArgs& a,
     LOOM_TRY(encode_gemm_output_map(staging_r, staging_rows, a.n, a.n, a.dtype, &p.stage_to[r]));
   }
   p.comm = impl.device_comm();
-  LOOM_ASSIGN_OR_RETURN(p.state, launch_state(impl));
+  LOOM_ASSIGN_OR_RETURN(p.state, family_launch_state(impl, kFamily));
   p.m = static_cast<uint32_t>(a.m);
   p.n = static_cast<uint32_t>(a.n);
   p.k = static_cast<uint32_t>(a.k);
@@ -477,7 +413,7 @@ Status launch_reduce_fused(Communicator& comm, const TpGemmArgs& a, const TpDeci
   const int world = impl.topology.local_world_size;
   const planner::TailSplit split = reduce_tail_split(a, d.tile, d.grid, world, d.tail_pieces);
   LOOM_ASSIGN_OR_RETURN(void* staging,
-                        ensure_workspace(comm, reduce_staging_bytes(a, world, d.tile, piece_slots_of(split)), stream, op));
+                        family_workspace(impl, kFamily, reduce_staging_bytes(a, world, d.tile, piece_slots_of(split)), stream, op));
   kernels::tp::ReduceGemmParams p{};
   LOOM_TRY(build_reduce_params(impl, a, d, staging, split, broadcast, &p));
   return dispatch_fused(d.tile, a.dtype, a.b_layout, [&]<class Cfg, bool kBF16, bool kBNMajor>() -> Status {

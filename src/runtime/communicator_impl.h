@@ -57,7 +57,7 @@ struct Communicator::Impl {
 
   // What an operator family ("tp", "multinode", ...) keeps between its calls: the device counters
   // of its launches and one symmetric workspace, which the family's operators grow when a larger
-  // call comes (every rank at the same call: same offsets; ops::grow_workspace). Made on a
+  // call comes (every rank at the same call: same offsets; ops::family_workspace). Made on a
   // family's first call by family(), with no CUDA call: the launch states are lines of one device
   // allocation made at creation.
   struct OperatorFamily {
