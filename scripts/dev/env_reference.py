@@ -228,12 +228,19 @@ def language(path: Path) -> str:
     return {".py": "py", ".sh": "sh"}.get(path.suffix, "cxx")
 
 
+def without_shell_comments(text: str) -> str:
+    """Shell text with its comments blanked, line numbers kept ("run X=1 script" in a comment
+    sets nothing)."""
+    return re.sub(r"(^|\s)#.*", r"\1", text, flags=re.M)
+
+
 def source_files(root: Path):
     for top in SCANNED_DIRS:
         for path in sorted((root / top).rglob("*")):
             rel = path.relative_to(root).as_posix()
             if path.is_file() and path.suffix in SUFFIXES and not rel.startswith(SKIPPED_DIRS):
-                yield rel, path.read_text(errors="replace")
+                text = path.read_text(errors="replace")
+                yield rel, without_shell_comments(text) if language(path) == "sh" else text
 
 
 def line_of(text: str, offset: int) -> int:
@@ -250,12 +257,20 @@ def scan_reads(files) -> dict:
     return reads
 
 
+def switch_value(name: str, text: str) -> str:
+    """The value as the page shows it: "0", or "0 unless set" for the shell's ${NAME:-0}."""
+    text = text.strip("\"'")
+    keep = re.fullmatch(r"\$\{" + name + r":-(.*)\}", text)
+    return f"`{keep.group(1)}` unless set" if keep else f"`{text}`"
+
+
 def scan_foreign_switches(files) -> dict:
     """name -> {value: [paths]} of the NCCL_* (and like) variables that loom's code sets."""
     found: dict = {}
     for rel, text in files:
         for m in SET_PATTERNS[language(Path(rel))].finditer(text):
-            paths = found.setdefault(m.group(1), {}).setdefault(m.group(2), [])
+            value = switch_value(m.group(1), m.group(2))
+            paths = found.setdefault(m.group(1), {}).setdefault(value, [])
             if rel not in paths:
                 paths.append(rel)
     return found
@@ -465,10 +480,10 @@ keyword arguments of the creation methods) override the variables their notes na
 FOREIGN_INTRO = """\
 ## NCCL and multicast switches loom sets
 
-NVLink multicast (NVLS) stays off wherever loom runs: loom's kernels use none
-(docs/ARCHITECTURE.md), and on a shared host it can take the GPUs out of service. The baselines
-beside loom (NCCL, torch's symmetric memory, NVSHMEM) would use it, so loom's programs and scripts
-switch it off for them:
+loom's kernels use no NVLink multicast (NVLS; docs/ARCHITECTURE.md). The baselines beside it
+(NCCL, torch's symmetric memory, NVSHMEM) would, and on GPUs shared with other users a program
+that uses multicast can put them out of service, so loom's programs and scripts switch it off
+for the programs they start ("unless set": the caller's value wins):
 """
 
 
@@ -504,7 +519,7 @@ def render(groups, table: dict, reads: dict, switches: dict) -> str:
         out.append("|---|---|---|")
         for name in sorted(switches):
             for value, paths in sorted(switches[name].items()):
-                out.append(f"| `{name}` | `{value}` | {cell(readers_text(paths))} |")
+                out.append(f"| `{name}` | {value} | {cell(readers_text(paths))} |")
     else:
         out.append("None.")
     out.append("")

@@ -118,3 +118,14 @@ def test_write_then_check_round_trips(ref, tmp_path, monkeypatch):
     assert ref.main(["--root", str(root)]) == 1  # no page yet
     assert ref.main(["--root", str(root), "--write"]) == 0
     assert ref.main(["--root", str(root)]) == 0
+
+
+def test_shell_comments_neither_read_nor_set(ref, tmp_path):
+    root = fake_checkout(tmp_path, [ALPHA], {
+        "src/a.cc": f'auto a = env::get_int("{ALPHA}", 1, 1, 64);\n',
+        "scripts/run.sh": f'# echo ${{{BETA}}}; run NCCL_NVLS_ENABLE=1 scripts/run.sh for multicast\n'
+                          'export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}"  # NCCL_NVLS_ENABLE=2 here too\n',
+    })
+    problems, page, reads, switches = ref.build(root, groups_of(ref, alpha(ref)))
+    assert problems == [] and BETA not in reads
+    assert switches == {"NCCL_NVLS_ENABLE": {"`0` unless set": ["scripts/run.sh"]}}
