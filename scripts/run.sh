@@ -1,10 +1,24 @@
 #!/usr/bin/env bash
-# The main job: installs dependencies, builds, and runs loom-bench on every local GPU, writing
-# bench/results/<date>-<sha>.json. On a machine without a GPU it says so and exits non-zero.
+# The main job: on a machine with NVIDIA GPUs, installs dependencies, builds, and runs loom-bench on
+# every local GPU, writing bench/results/<date>-<sha>.json (loom-bench records the versions, the
+# GPU and the environment in it). Without a GPU it says so first and exits non-zero.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# Checked before anything is installed or built: without a GPU none of it could be used.
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! gpus=$(nvidia-smi -L 2>/dev/null) || [[ -z "$gpus" ]]; then
+  echo "run.sh: no NVIDIA GPU found (nvidia-smi -L lists none). loom's kernels need Hopper GPUs (sm_90a);" \
+       "the CPU tests run anywhere: scripts/test.sh" >&2
+  exit 1
+fi
+echo "run.sh: $(grep -c '^GPU ' <<<"$gpus") GPU(s):"
+echo "$gpus"
+
 export PATH="/usr/local/cuda/bin:$PATH"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# NVLink multicast (NVLS) off unless the caller sets NCCL_NVLS_ENABLE: on GPUs shared with other
+# users, a program that uses multicast can put them out of service for everyone. On a machine of
+# your own, run NCCL_NVLS_ENABLE=1 scripts/run.sh, or loom-bench itself (NCCL's defaults).
+export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}"
 scripts/install-deps.sh
 cmake --preset default >/dev/null
 cmake --build --preset default

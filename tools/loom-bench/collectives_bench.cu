@@ -1,12 +1,15 @@
 // loom-bench all_gather | reduce_scatter | all_reduce: loom's NVLink collectives against NCCL on
 // the same buffers, in one process group. Each size is checked bit-exact once, then both sides
-// are timed (median of --iters after --warmup, max over ranks).
+// are timed (median of --iters after --warmup, max over ranks). On one rank a collective is a
+// device copy, so there loom is timed beside cudaMemcpyAsync (column "copy") and the row has no
+// speedup: comparing needs 2+ ranks.
 #include "collectives_bench.h"
 
 #include "baselines.h"
 
 #include <nccl.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -68,26 +71,39 @@ Status run_one(Communicator& comm, ncclComm_t nccl, const std::string& op, uint6
   options.num_ctas = ctas;
   options.engine = o.engine;
   std::function<Status()> loom_op, nccl_op;
+  const void* in = nullptr;  // what one rank's collective copies (world 1)
+  void* out = nullptr;
   const uint64_t seed = 1234 + payload;
   if (op == "all_gather") {
     verify::fill_bits(static_cast<T*>(plain), count, seed, me, stream);
+    in = plain;
+    out = sym_a;
     loom_op = [&] { return all_gather(comm, plain, sym_a, count, dtype, stream, options); };
     nccl_op = [&] { return nccl_check(ncclAllGather(plain, sym_a, count, nccl_type(dtype), nccl, stream), "ncclAllGather"); };
   } else if (op == "reduce_scatter") {
     verify::fill_values(static_cast<T*>(sym_a), count * world, seed, me, stream);
+    in = sym_a;
+    out = plain;
     loom_op = [&] { return reduce_scatter(comm, sym_a, plain, count, dtype, stream, options); };
     nccl_op = [&] {
       return nccl_check(ncclReduceScatter(sym_a, plain, count, nccl_type(dtype), ncclSum, nccl, stream), "ncclReduceScatter");
     };
   } else {
     verify::fill_values(static_cast<T*>(sym_a), count, seed, me, stream);
+    in = sym_a;
+    out = sym_b;
     loom_op = [&] { return all_reduce(comm, sym_a, sym_b, count, dtype, stream, options); };
     nccl_op = [&] { return nccl_check(ncclAllReduce(sym_a, sym_b, count, nccl_type(dtype), ncclSum, nccl, stream), "ncclAllReduce"); };
   }
   auto sync = [&] { return comm.synchronize(stream); };
 
+  const bool one_rank = world == 1;
+  std::function<Status()> copy_op = [&]() -> Status {
+    LOOM_CUDA_TRY(cudaMemcpyAsync(out, in, payload, cudaMemcpyDeviceToDevice, stream));
+    return {};
+  };
+
   // Correctness once, outputs poisoned first.
-  void* out = op == "all_gather" ? sym_a : op == "reduce_scatter" ? plain : sym_b;
   const uint64_t out_bytes = op == "all_gather" ? payload * world : payload;
   LOOM_CUDA_TRY(cudaMemsetAsync(out, 0xFF, out_bytes, stream));
   Status s = [&]() -> Status {
@@ -109,24 +125,29 @@ Status run_one(Communicator& comm, ncclComm_t nccl, const std::string& op, uint6
 
   // Side by side in shuffled rounds (timing.h: the op after a lighter one runs on a cooler GPU).
   LOOM_TRY(comm.barrier());
-  Result<std::vector<Timing>> t =
-      time_interleaved(stream, o.warmup, o.iters, {loom_op, nccl_op}, sync, [&] { return comm.barrier(); });
+  Result<std::vector<Timing>> t = time_interleaved(stream, o.warmup, o.iters, {loom_op, one_rank ? copy_op : nccl_op},
+                                                   sync, [&] { return comm.barrier(); });
   release();
   LOOM_TRY(t.status());
-  LOOM_ASSIGN_OR_RETURN(double loom_ms, max_over_ranks(comm, (*t)[0].median_ms));
-  LOOM_ASSIGN_OR_RETURN(double nccl_ms, max_over_ranks(comm, (*t)[1].median_ms));
+  LOOM_ASSIGN_OR_RETURN(Timing loom_t, max_over_ranks(comm, (*t)[0]));
+  LOOM_ASSIGN_OR_RETURN(Timing base_t, max_over_ranks(comm, (*t)[1]));
 
   Row row;
   row.op = op;
   row.dtype = std::string(dtype_name(dtype));
   row.bytes = static_cast<long long>(payload);
   row.rel_err = max_wrong == 0 ? 0.0 : 1.0;
-  row.ms["loom"] = loom_ms;
-  row.ms["nccl"] = nccl_ms;
+  row.set_time("loom", loom_t);
+  if (one_rank) {
+    row.set_time("copy", base_t);
+    row.extra["note"] = "world 1: a copy (a collective needs 2+ ranks)";
+  } else {
+    row.set_time("nccl", base_t);
+    row.extra["busbw_gbps"] = {{"loom", bus_bandwidth_gbps(op, payload, world, loom_t.median_ms)},
+                               {"nccl", bus_bandwidth_gbps(op, payload, world, base_t.median_ms)}};
+  }
   row.extra["wrong_elements"] = max_wrong;
   row.extra["ctas"] = ctas;
-  row.extra["busbw_gbps"] = {{"loom", bus_bandwidth_gbps(op, payload, world, loom_ms)},
-                             {"nccl", bus_bandwidth_gbps(op, payload, world, nccl_ms)}};
   row.extra["iters"] = o.iters;
   report.add(std::move(row));
   if (max_wrong != 0) {
@@ -146,6 +167,19 @@ Result<double> max_over_ranks(Communicator& comm, double value) {
   return m;
 }
 
+Result<Timing> max_over_ranks(Communicator& comm, const Timing& t) {
+  const double mine[3] = {t.min_ms, t.median_ms, t.p90_ms};
+  std::vector<double> all(3 * static_cast<size_t>(comm.world_size()));
+  LOOM_TRY(internal(comm).bootstrap->all_gather(mine, all.data(), sizeof(mine)));
+  Timing out = t;
+  for (size_t r = 0; r < all.size(); r += 3) {
+    out.min_ms = std::max(out.min_ms, all[r]);
+    out.median_ms = std::max(out.median_ms, all[r + 1]);
+    out.p90_ms = std::max(out.p90_ms, all[r + 2]);
+  }
+  return out;
+}
+
 Result<ncclComm_t> make_nccl_comm(Communicator& comm) {
   ncclUniqueId id{};
   if (comm.rank() == 0) LOOM_TRY(nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId"));
@@ -155,14 +189,22 @@ Result<ncclComm_t> make_nccl_comm(Communicator& comm) {
   return nccl;
 }
 
-Status run_collective_bench(Communicator& comm, ncclComm_t nccl, const CollectiveBenchOptions& o, Report& report) {
+Status run_collective_bench(Communicator& comm, ncclComm_t nccl, const CollectiveBenchOptions& o, Report& report,
+                            Progress& progress) {
+  for (uint64_t size : o.sizes) {
+    if (size % dtype_size(o.dtype) != 0) {
+      return Status::invalid_argument("--sizes " + std::to_string(size) + ": not a multiple of the " +
+                                      std::string(dtype_name(o.dtype)) + " element size (" +
+                                      std::to_string(dtype_size(o.dtype)) + " bytes)");
+    }
+  }
   cudaStream_t stream = nullptr;
   LOOM_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   Status status;
   for (const std::string& op : o.ops) {
     for (uint64_t size : o.sizes) {
       for (int ctas : o.ctas) {
-        if (size % dtype_size(o.dtype) != 0) continue;
+        progress.step(op + " " + std::to_string(size) + " B/rank" + (ctas > 0 ? ", " + std::to_string(ctas) + " CTAs" : ""));
         Status s = [&]() -> Status {
           switch (o.dtype) {
             case DType::kBF16: return run_one<__nv_bfloat16>(comm, nccl, op, size, o, ctas, stream, report);

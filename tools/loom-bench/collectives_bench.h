@@ -9,7 +9,9 @@
 
 #include "loom/collectives.h"
 #include "loom/communicator.h"
+#include "progress.h"
 #include "report.h"
+#include "timing.h"
 
 namespace loom::bench {
 
@@ -23,10 +25,14 @@ struct CollectiveBenchOptions {
   int iters = 20;
 };
 
-Status run_collective_bench(Communicator& comm, ncclComm_t nccl, const CollectiveBenchOptions& options, Report& report);
+// One progress step per op, size and CTA count.
+Status run_collective_bench(Communicator& comm, ncclComm_t nccl, const CollectiveBenchOptions& options, Report& report,
+                            Progress& progress);
 
 // Helpers shared by the benchmark drivers.
 Result<double> max_over_ranks(Communicator& comm, double value);
+// Each of min, median and p90 maximised over the ranks (the slowest rank sets a collective's time).
+Result<Timing> max_over_ranks(Communicator& comm, const Timing& t);
 Result<ncclComm_t> make_nccl_comm(Communicator& comm);
 
 }  // namespace loom::bench

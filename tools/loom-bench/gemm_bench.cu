@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <string>
 
 #include "kernels/gemm/reference.cuh"
 #include "ops/gemm_launch.h"
@@ -71,7 +72,7 @@ Result<double> sampled_rel_err(const GemmArgs& a, const std::vector<int>& rows) 
 
 }  // namespace
 
-Result<std::vector<GemmBenchRow>> run_gemm_bench(const GemmBenchOptions& o) {
+Result<std::vector<GemmBenchRow>> run_gemm_bench(const GemmBenchOptions& o, Progress& progress) {
   if (o.iters < 1 || o.warmup < 0) return Status::invalid_argument("gemm bench: iters must be >= 1, warmup >= 0");
   int device = 0, l2 = 0;
   LOOM_CUDA_TRY(cudaGetDevice(&device));
@@ -90,6 +91,7 @@ Result<std::vector<GemmBenchRow>> run_gemm_bench(const GemmBenchOptions& o) {
 
   std::vector<GemmBenchRow> rows;
   for (const auto& shape : o.shapes) {
+    progress.step("gemm " + std::to_string(shape[0]) + "x" + std::to_string(shape[1]) + "x" + std::to_string(shape[2]));
     GemmBenchRow row;
     row.m = shape[0];
     row.n = shape[1];
@@ -179,11 +181,11 @@ Result<std::vector<GemmBenchRow>> run_gemm_bench(const GemmBenchOptions& o) {
               return {};
             },
             [] { return Status{}; }));
-    row.ms_loom = t[0].median_ms;
-    row.ms_cublas = t[1].median_ms;
+    row.loom = t[0];
+    row.cublas = t[1];
     const double flop = 2.0 * static_cast<double>(row.m) * row.n * row.k;
-    row.tflops_loom = flop / (row.ms_loom * 1e-3) / 1e12;
-    row.tflops_cublas = flop / (row.ms_cublas * 1e-3) / 1e12;
+    row.tflops_loom = flop / (row.loom.median_ms * 1e-3) / 1e12;
+    row.tflops_cublas = flop / (row.cublas.median_ms * 1e-3) / 1e12;
     rows.push_back(row);
   }
   return rows;

@@ -9,6 +9,8 @@
 #include "loom/gemm.h"
 #include "loom/status.h"
 #include "loom/types.h"
+#include "progress.h"
+#include "timing.h"
 
 namespace loom::bench {
 
@@ -34,16 +36,17 @@ struct GemmBenchRow {
   std::string config;      // loom's tile, e.g. "128x256", grid and raster group, e.g. "128x256/132/g16"
   double rel_err = -1;     // ||loom - ref|| / ||ref|| over sampled rows (-1: not checked)
   double rel_err_cublas = -1;
-  double ms_loom = 0;      // median of `iters` event-timed launches
-  double ms_cublas = 0;
-  double tflops_loom = 0;
+  Timing loom;            // `iters` event-timed launches (min, median, p90)
+  Timing cublas;
+  double tflops_loom = 0;  // from the medians
   double tflops_cublas = 0;
   int input_sets = 1;      // A/B copies rotated through (more than one when they fit in L2)
 };
 
 // Allocates random inputs per shape (rotating several copies when A and B fit in L2), checks
 // loom once against an fp32 reference on sampled rows, then times loom and cuBLAS
-// (cublasGemmEx, fp32 compute, same buffers, same rotation) with CUDA events.
-Result<std::vector<GemmBenchRow>> run_gemm_bench(const GemmBenchOptions& options);
+// (cublasGemmEx, fp32 compute, same buffers, same rotation) with CUDA events. One progress step
+// per shape.
+Result<std::vector<GemmBenchRow>> run_gemm_bench(const GemmBenchOptions& options, Progress& progress);
 
 }  // namespace loom::bench

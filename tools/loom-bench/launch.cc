@@ -1,7 +1,6 @@
 #include "launch.h"
 
 #include <cstdio>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -10,16 +9,9 @@
 namespace loom::bench {
 
 int spawn_self(int argc, char** argv, int ranks) {
-  // Same arguments minus "--spawn N" / "--spawn=N": the children read their rank from the env.
-  std::vector<std::string> args;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--spawn") == 0) {
-      ++i;
-      continue;
-    }
-    if (std::strncmp(argv[i], "--spawn=", 8) == 0) continue;
-    args.emplace_back(argv[i]);
-  }
+  // The same arguments, --spawn included: the children find RANK set and do not spawn again, and
+  // rank 0's JSON records the command as it was typed.
+  const std::vector<std::string> args(argv + 1, argv + argc);
   Result<std::vector<std::string>> command = runtime::self_command(args);
   if (!command.ok()) {
     std::fprintf(stderr, "loom-bench: %s\n", command.status().to_string().c_str());

@@ -3,7 +3,7 @@
 
 namespace loom::bench {
 
-// Starts N copies of argv (with --spawn removed) as ranks 0..N-1 and returns the exit code.
+// Starts N copies of argv as ranks 0..N-1 (which see RANK set) and returns the exit code.
 int spawn_self(int argc, char** argv, int ranks);
 
 }  // namespace loom::bench

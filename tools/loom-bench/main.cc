@@ -1,20 +1,17 @@
 // loom-bench: runs loom's operators beside their baselines (NCCL, cuBLAS) in one process group
-// and reports medians (max over ranks), JSON and a table printed last.
-//
-//   loom-bench all --spawn 2 --json bench/results/run.json     the main job
-//   loom-bench all_reduce --sizes 64M,512M --spawn 2
-//   loom-bench tp --spawn 2 --json tp.json                     ag_gemm, gemm_rs, gemm_ar vs NCCL + cuBLAS
-//   loom-bench gemm_rs --m 4096 --comm-ctas 8 --spawn 2
-//   loom-bench tune --cache tuning.json --spawn 2               writes the tuning cache (LOOM_TUNING_CACHE)
-//   LOOM_EMULATE_NODES=2 LOOM_EMULATE_NET_GBPS=50 loom-bench multinode --spawn 2   across (emulated) nodes
-//   LOOM_SECRET=$(openssl rand -hex 16) torchrun --no-python --nproc-per-node 8 loom-bench collectives
-//                                                               (ranks from the environment)
+// and reports medians (max over ranks), JSON and a table printed last. The examples are in
+// kExamples below (the help's footer).
 #include <CLI/CLI.hpp>
 #include <cuda_runtime_api.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,8 +21,10 @@
 #include "core/env.h"
 #include "launch.h"
 #include "loom/loom.h"
+#include "loom/version.h"
 #include "multinode_bench.h"
 #include "planner/tp_plan.h"
+#include "progress.h"
 #include "report.h"
 #include "runtime/communicator_impl.h"
 #include "tp_bench.h"
@@ -33,6 +32,101 @@
 namespace {
 
 using loom::Status;
+
+constexpr int kUsageError = 2;  // exit status of a bad command line (1: a run that failed)
+
+constexpr const char* kExamples = R"(Examples:
+  loom-bench all --spawn 0 --json results.json        every operator, one rank per visible GPU
+  loom-bench collectives --sizes 1M,64M,512M --spawn 2
+  loom-bench gemm --m 4096 --nk 14336x8192
+  loom-bench tp --spawn 2 --json tp.json              ag_gemm, gemm_rs, gemm_ar vs NCCL + cuBLAS
+  loom-bench gemm_rs --m 4096 --comm-ctas 8 --spawn 2
+  loom-bench tune --cache tuning.json --spawn 2       writes the tuning cache (LOOM_TUNING_CACHE)
+  LOOM_EMULATE_NODES=2 LOOM_EMULATE_NET_GBPS=50 loom-bench multinode --spawn 2
+  LOOM_SECRET=$(openssl rand -hex 16) torchrun --no-python --nproc-per-node 8 build/loom-bench collectives
+      (without --no-python torchrun runs the binary as a Python script; the ranks come from
+      RANK / WORLD_SIZE, as under loom-run or Slurm-style launchers)
+
+NCCL runs with its own defaults: set NCCL_* variables to change them. The JSON records the
+versions, the GPU, the command line and every LOOM_* and NCCL_* variable.
+Exit status: 0 done, 1 a run that failed (or no GPU), 2 a usage error.)";
+
+// A subcommand's help also lists the global options, which may come before or after it.
+class HelpFormatter : public CLI::Formatter {
+ public:
+  std::string make_help(const CLI::App* app, std::string name, CLI::AppFormatMode mode) const override {
+    const CLI::App* parent = app->get_parent();
+    if (parent == nullptr || mode == CLI::AppFormatMode::Sub) return CLI::Formatter::make_help(app, name, mode);
+    const std::vector<const CLI::Option*> globals = parent->get_options([parent](const CLI::Option* o) {
+      return o->nonpositional() && o != parent->get_help_ptr() && o != parent->get_version_ptr();
+    });
+    return make_description(app) + make_usage(app, name) + make_positionals(app) + make_groups(app, mode) +
+           make_group("Global options (before or after the subcommand)", false, globals) + "\n" + make_footer(app);
+  }
+};
+
+// A CLI11 check from one of loom's parsers: the value passes when `parse` accepts it, else the
+// parser's message is the error.
+template <typename Parse>
+CLI::Validator accepted_by(Parse parse, std::string description) {
+  return CLI::Validator(
+      [parse](std::string& text) -> std::string {
+        const Status s = parse(text);
+        return s.ok() ? std::string() : s.message();
+      },
+      std::move(description));
+}
+
+constexpr int64_t kNoMax = std::numeric_limits<int64_t>::max();
+
+// An integer option's check, with messages like "'x' is not an integer" or "-3 is not in [-1, 4096]"
+// (CLI11's own numeric checks print their bounds as doubles, DBL_MAX included). The help shows
+// `help_name`, or the bounds.
+CLI::Validator integer_in(int64_t min, int64_t max, std::string help_name = "") {
+  const std::string bounds = max == kNoMax ? ">= " + std::to_string(min)
+                                           : "in [" + std::to_string(min) + ", " + std::to_string(max) + "]";
+  if (help_name.empty()) help_name = bounds;
+  return CLI::Validator(
+      [min, max, bounds](std::string& text) -> std::string {
+        const loom::Result<int64_t> v =
+            loom::env::parse_int("value", text, std::numeric_limits<int64_t>::min(), kNoMax);
+        if (!v.ok()) return "'" + text + "' is not an integer";
+        if (*v < min || *v > max) return text + " is not " + bounds;
+        return {};
+      },
+      std::move(help_name));
+}
+
+Status parse_size(const std::string& text, uint64_t& bytes) {
+  LOOM_ASSIGN_OR_RETURN(bytes, loom::env::parse_bytes("size", text, 1, uint64_t{1} << 40));
+  return {};
+}
+
+// "NxK", e.g. 14336x8192.
+Status parse_nk(const std::string& pair, int64_t& n, int64_t& k) {
+  const size_t x = pair.find('x');
+  if (x == std::string::npos) return Status::invalid_argument("expected NxK (e.g. 14336x8192), got '" + pair + "'");
+  LOOM_ASSIGN_OR_RETURN(n, loom::env::parse_int("N", pair.substr(0, x), 1, int64_t{1} << 31));
+  LOOM_ASSIGN_OR_RETURN(k, loom::env::parse_int("K", pair.substr(x + 1), 1, int64_t{1} << 31));
+  return {};
+}
+
+const CLI::Validator kNonNegative = integer_in(0, kNoMax, "NONNEGATIVE");
+const CLI::Validator kPositive = integer_in(1, kNoMax, "POSITIVE");
+const CLI::Validator kByteCount = accepted_by(
+    [](const std::string& t) {
+      uint64_t b = 0;
+      return parse_size(t, b);
+    },
+    "BYTES");
+const CLI::Validator kNkPair = accepted_by(
+    [](const std::string& t) {
+      int64_t n = 0, k = 0;
+      return parse_nk(t, n, k);
+    },
+    "NxK");
+const CLI::Validator kGemmTile = accepted_by([](const std::string& t) { return loom::parse_gemm_tile(t).status(); },
+                                             "auto|128x256|128x128|128x64|64x128");
 
 struct GlobalOptions {
   int spawn = -1;  // -1: ranks come from the environment; 0: one per visible GPU
@@ -43,7 +137,7 @@ struct GlobalOptions {
 };
 
 struct GemmCli {
-  // Issue 3's shapes: the large M sweep and the small-M sweep over four (N, K) pairs.
+  // The headline shapes: an M sweep over four (N, K) pairs of Llama-style layers.
   std::vector<int64_t> m = {128, 512, 1024, 4096, 8192, 16384};
   std::vector<std::string> nk = {"14336x8192", "8192x7168", "8192x8192", "28672x8192"};
   std::string layout = "nk";
@@ -60,10 +154,10 @@ struct CollectiveCli {
 };
 
 struct TpCli {
-  // Issue 4's shapes: ag_gemm (M, 14336, 8192); gemm_rs / gemm_ar (M, 8192, 14336), K split over ranks.
+  // The headline shapes: ag_gemm (M, 14336, 8192); gemm_rs / gemm_ar (M, 8192, 14336), K split over ranks.
   std::vector<int64_t> m = {1024, 2048, 4096, 8192, 16384, 32768};
-  int64_t n = 0;  // 0: the issue's N for the op
-  int64_t k = 0;  // 0: the issue's K (global K for gemm_rs / gemm_ar)
+  int64_t n = 0;  // 0: the op's headline N
+  int64_t k = 0;  // 0: the op's headline K (global K for gemm_rs / gemm_ar)
   std::string layout = "nk";
   std::string algorithm = "auto";
   std::string tile = "auto";
@@ -89,15 +183,16 @@ int visible_gpus() {
 }
 
 Status parse_sizes(const std::vector<std::string>& text, std::vector<uint64_t>& out) {
-  for (const std::string& s : text) {
-    LOOM_ASSIGN_OR_RETURN(uint64_t b, loom::env::parse_bytes("--sizes", s, 1, uint64_t{1} << 40));
+  for (const std::string& t : text) {
+    uint64_t b = 0;
+    LOOM_TRY(parse_size(t, b));
     out.push_back(b);
   }
   return {};
 }
 
 Status run_collectives(loom::Communicator& comm, const std::vector<std::string>& ops, const GlobalOptions& g,
-                       const CollectiveCli& c, loom::bench::Report& report) {
+                       const CollectiveCli& c, loom::bench::Report& report, loom::bench::Progress& progress) {
   loom::bench::CollectiveBenchOptions o;
   o.ops = ops;
   LOOM_TRY(parse_sizes(c.sizes, o.sizes));
@@ -109,18 +204,17 @@ Status run_collectives(loom::Communicator& comm, const std::vector<std::string>&
   o.warmup = g.warmup;
   o.iters = g.iters;
   LOOM_ASSIGN_OR_RETURN(ncclComm_t nccl, loom::bench::make_nccl_comm(comm));
-  Status s = loom::bench::run_collective_bench(comm, nccl, o, report);
+  Status s = loom::bench::run_collective_bench(comm, nccl, o, report, progress);
   ncclCommDestroy(nccl);
   return s;
 }
 
-Status run_gemm(loom::Communicator* comm, const GlobalOptions& g, const GemmCli& c, loom::bench::Report& report) {
+Status run_gemm(loom::Communicator& comm, const GlobalOptions& g, const GemmCli& c, loom::bench::Report& report,
+                loom::bench::Progress& progress) {
   loom::bench::GemmBenchOptions o;
   for (const std::string& pair : c.nk) {
-    const size_t x = pair.find('x');
-    if (x == std::string::npos) return Status::invalid_argument("--nk expects NxK pairs, got '" + pair + "'");
-    LOOM_ASSIGN_OR_RETURN(int64_t n, loom::env::parse_int("--nk", pair.substr(0, x), 1, int64_t{1} << 31));
-    LOOM_ASSIGN_OR_RETURN(int64_t k, loom::env::parse_int("--nk", pair.substr(x + 1), 1, int64_t{1} << 31));
+    int64_t n = 0, k = 0;
+    LOOM_TRY(parse_nk(pair, n, k));
     for (int64_t m : c.m) o.shapes.push_back({m, n, k});
   }
   LOOM_ASSIGN_OR_RETURN(o.in_dtype, loom::parse_dtype(g.dtype));
@@ -131,7 +225,7 @@ Status run_gemm(loom::Communicator* comm, const GlobalOptions& g, const GemmCli&
   o.group_m = c.group_m;
   o.warmup = g.warmup;
   o.iters = g.iters;
-  LOOM_ASSIGN_OR_RETURN(std::vector<loom::bench::GemmBenchRow> rows, loom::bench::run_gemm_bench(o));
+  LOOM_ASSIGN_OR_RETURN(std::vector<loom::bench::GemmBenchRow> rows, loom::bench::run_gemm_bench(o, progress));
   for (const loom::bench::GemmBenchRow& r : rows) {
     loom::bench::Row row;
     row.op = "gemm";
@@ -140,17 +234,17 @@ Status run_gemm(loom::Communicator* comm, const GlobalOptions& g, const GemmCli&
     row.n = r.n;
     row.k = r.k;
     row.rel_err = r.rel_err;
-    double loom_ms = r.ms_loom, cublas_ms = r.ms_cublas;
-    if (comm != nullptr) {  // every rank ran the same shapes on its own GPU: report the slowest
-      LOOM_ASSIGN_OR_RETURN(loom_ms, loom::bench::max_over_ranks(*comm, loom_ms));
-      LOOM_ASSIGN_OR_RETURN(cublas_ms, loom::bench::max_over_ranks(*comm, cublas_ms));
-    }
-    row.ms["loom"] = loom_ms;
-    row.ms["cublas"] = cublas_ms;
+    // Every rank ran the same shapes on its own GPU: report the slowest.
+    LOOM_ASSIGN_OR_RETURN(loom::bench::Timing loom_t, loom::bench::max_over_ranks(comm, r.loom));
+    LOOM_ASSIGN_OR_RETURN(loom::bench::Timing cublas_t, loom::bench::max_over_ranks(comm, r.cublas));
+    row.set_time("loom", loom_t);
+    row.set_time("cublas", cublas_t);
+    const double flop = 2.0 * static_cast<double>(r.m) * static_cast<double>(r.n) * static_cast<double>(r.k);
     row.extra["config"] = r.config;
     row.extra["b_layout"] = std::string(loom::b_layout_name(r.b_layout));
     row.extra["out_dtype"] = std::string(loom::dtype_name(r.out_dtype));
-    row.extra["tflops"] = {{"loom", r.tflops_loom}, {"cublas", r.tflops_cublas}};
+    row.extra["tflops"] = {{"loom", flop / (loom_t.median_ms * 1e-3) / 1e12},
+                           {"cublas", flop / (cublas_t.median_ms * 1e-3) / 1e12}};
     row.extra["rel_err_cublas"] = r.rel_err_cublas;
     row.extra["input_sets"] = r.input_sets;
     report.add(std::move(row));
@@ -186,10 +280,10 @@ loom::Result<loom::bench::TpBenchOptions> tp_options(const std::vector<std::stri
 }
 
 Status run_tp(loom::Communicator& comm, const std::vector<std::string>& ops, const GlobalOptions& g, const TpCli& c,
-              loom::bench::Report& report) {
+              loom::bench::Report& report, loom::bench::Progress& progress) {
   LOOM_ASSIGN_OR_RETURN(loom::bench::TpBenchOptions o, tp_options(ops, g, c));
   LOOM_ASSIGN_OR_RETURN(ncclComm_t nccl, loom::bench::make_nccl_comm(comm));
-  Status s = loom::bench::run_tp_bench(comm, nccl, o, report);
+  Status s = loom::bench::run_tp_bench(comm, nccl, o, report, progress);
   ncclCommDestroy(nccl);
   return s;
 }
@@ -213,30 +307,94 @@ loom::Result<loom::bench::MultiNodeBenchOptions> multinode_options(const GlobalO
   return o;
 }
 
-Status run_tune(loom::Communicator& comm, const GlobalOptions& g, const TpCli& c, loom::bench::Report& report) {
+Status run_tune(loom::Communicator& comm, const GlobalOptions& g, const TpCli& c, loom::bench::Report& report,
+                loom::bench::Progress& progress) {
   loom::bench::TpTuneOptions t;
   LOOM_ASSIGN_OR_RETURN(t.bench, tp_options(c.ops, g, c));
   t.comm_ctas = c.sweep_ctas;
   t.try_decomposed = !c.no_decomposed;
   t.cache_path = c.cache;
-  return loom::bench::run_tp_tune(comm, t, report);
+  return loom::bench::run_tp_tune(comm, t, report, progress);
+}
+
+int usage_error(const std::string& message) {
+  std::fprintf(stderr, "loom-bench: %s\nRun 'loom-bench --help' or 'loom-bench SUBCOMMAND --help' for the options.\n",
+               message.c_str());
+  return kUsageError;
+}
+
+std::string subcommand_names(const CLI::App& app) {
+  std::string names;
+  for (const CLI::App* sub : app.get_subcommands({})) names += (names.empty() ? "" : ", ") + sub->get_name();
+  return names;
+}
+
+// CLI11's message, or (with no subcommand given) which word was not a subcommand.
+std::string describe_parse_error(const CLI::App& app, const CLI::ParseError& e) {
+  if (app.get_subcommands().empty()) {
+    for (const std::string& word : app.remaining()) {
+      if (!word.empty() && word[0] != '-') {
+        return "unknown subcommand '" + word + "' (the subcommands: " + subcommand_names(app) + ")";
+      }
+    }
+    if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) {
+      std::string unexpected;
+      for (const std::string& word : app.remaining()) unexpected += " " + word;
+      return "a subcommand is required (one of: " + subcommand_names(app) + ")" +
+             (unexpected.empty() ? "" : "; not a global option:" + unexpected);
+    }
+  }
+  return e.what();
+}
+
+// What the parser cannot see: combinations of options, and a --json file that could not be written
+// at the end of a long run.
+Status check_usage(const GlobalOptions& g, bool collectives, bool gemm_or_tp, const std::vector<uint64_t>& sizes) {
+  LOOM_ASSIGN_OR_RETURN(loom::DType dtype, loom::parse_dtype(g.dtype));
+  if (gemm_or_tp && dtype == loom::DType::kF32) {
+    return Status::invalid_argument("--dtype fp32: only the collectives run fp32 (the GEMM, tensor-parallel and "
+                                    "multi-node benches take bf16 or fp16)");
+  }
+  if (collectives) {
+    for (uint64_t b : sizes) {
+      if (b % loom::dtype_size(dtype) != 0) {
+        return Status::invalid_argument("--sizes " + std::to_string(b) + ": not a multiple of the " + g.dtype +
+                                        " element size (" + std::to_string(loom::dtype_size(dtype)) + " bytes)");
+      }
+    }
+  }
+  if (!g.json_path.empty()) {
+    const size_t slash = g.json_path.find_last_of('/');
+    const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : g.json_path.substr(0, slash);
+    if (access(dir.c_str(), W_OK) != 0) {
+      return Status::invalid_argument("--json " + g.json_path + ": cannot write into " + dir + " (" + std::strerror(errno) +
+                                      ")");
+    }
+  }
+  return {};
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  // NVLink multicast stays off for every library in this process (see DESIGN.md).
-  setenv("NCCL_NVLS_ENABLE", "0", 1);
-
+  const auto started = std::chrono::steady_clock::now();
   CLI::App app{"loom-bench: loom's fused multi-GPU operators beside NCCL and cuBLAS"};
+  app.formatter(std::make_shared<HelpFormatter>());
+  app.option_defaults()->always_capture_default();  // every option's help shows its default
+  app.footer(kExamples);
+  app.set_version_flag("--version", std::string("loom-bench ") + loom::version(), "print loom's version and exit");
   app.require_subcommand(1);
   app.fallthrough();  // global options may follow the subcommand
   GlobalOptions g;
-  app.add_option("--spawn", g.spawn, "start N local ranks (0: one per visible GPU); default: ranks from RANK/WORLD_SIZE");
+  app.add_option("--spawn", g.spawn,
+                 "start N local ranks (0: one per visible GPU; -1: none, the ranks come from RANK / WORLD_SIZE "
+                 "as under torchrun --no-python, loom-run or Slurm-style launchers)")
+      ->check(integer_in(-1, 4096));
   app.add_option("--json", g.json_path, "write the results to this JSON file (rank 0)");
-  app.add_option("--warmup", g.warmup, "warm-up iterations per measurement")->check(CLI::NonNegativeNumber);
-  app.add_option("--iters", g.iters, "timed iterations per measurement (median reported)")->check(CLI::Range(1, 100000));
-  app.add_option("--dtype", g.dtype, "bf16, fp16 or fp32")->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
+  app.add_option("--warmup", g.warmup, "warm-up iterations per measurement")->check(kNonNegative);
+  app.add_option("--iters", g.iters, "timed iterations per measurement (median, min and p90 reported)")
+      ->check(integer_in(1, 100000));
+  app.add_option("--dtype", g.dtype, "element type (fp32: collectives only)")->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
 
   CollectiveCli coll;
   std::vector<std::pair<CLI::App*, std::vector<std::string>>> collective_commands;
@@ -244,8 +402,10 @@ int main(int argc, char** argv) {
     CLI::App* sub = app.add_subcommand(name, std::string(name) == "collectives"
                                                  ? "all three NVLink collectives vs NCCL"
                                                  : std::string("loom ") + name + " vs NCCL");
-    sub->add_option("--sizes", coll.sizes, "per-rank payloads, e.g. 1M,64M,512M")->delimiter(',');
-    sub->add_option("--ctas", coll.ctas, "copy CTAs to try (0: planner), e.g. 0,16,32")->delimiter(',');
+    sub->add_option("--sizes", coll.sizes, "per-rank payloads, e.g. 1M,64M,512M")->delimiter(',')->check(kByteCount);
+    sub->add_option("--ctas", coll.ctas, "copy CTAs to try (0: planner), e.g. 0,16,32")
+        ->delimiter(',')
+        ->check(kNonNegative);
     sub->add_option("--engine", coll.engine, "copy engine for all_gather")->check(CLI::IsMember({"auto", "vector", "bulk"}));
     std::vector<std::string> ops = std::string(name) == "collectives"
                                        ? std::vector<std::string>{"all_gather", "reduce_scatter", "all_reduce"}
@@ -254,14 +414,14 @@ int main(int argc, char** argv) {
   }
   GemmCli gemm_cli;
   CLI::App* gemm = app.add_subcommand("gemm", "loom::gemm vs cuBLAS on one GPU per rank (same inputs)");
-  gemm->add_option("--m", gemm_cli.m, "M values")->delimiter(',');
-  gemm->add_option("--nk", gemm_cli.nk, "NxK pairs, e.g. 14336x8192,8192x7168")->delimiter(',');
+  gemm->add_option("--m", gemm_cli.m, "M values")->delimiter(',')->check(kPositive);
+  gemm->add_option("--nk", gemm_cli.nk, "NxK pairs, e.g. 14336x8192,8192x7168")->delimiter(',')->check(kNkPair);
   gemm->add_option("--layout", gemm_cli.layout, "B layout: nk (nn.Linear weight) or kn")->check(CLI::IsMember({"nk", "kn"}));
   gemm->add_option("--out-dtype", gemm_cli.out_dtype, "output type")->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
-  gemm->add_option("--tile", gemm_cli.tile, "force a tile: 128x256, 128x128, 128x64, 64x128");
-  gemm->add_option("--ctas", gemm_cli.ctas, "persistent CTAs (0: planner)");
+  gemm->add_option("--tile", gemm_cli.tile, "force a tile (auto: planner)")->check(kGemmTile);
+  gemm->add_option("--ctas", gemm_cli.ctas, "persistent CTAs (0: planner)")->check(kNonNegative);
   gemm->add_option("--group-m", gemm_cli.group_m, "raster group height in tile rows (0: planner)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   TpCli tp_cli;
   std::vector<std::pair<CLI::App*, std::vector<std::string>>> tp_commands;
   for (const char* name : {"ag_gemm", "gemm_rs", "gemm_ar", "tp"}) {
@@ -269,18 +429,24 @@ int main(int argc, char** argv) {
     CLI::App* sub = app.add_subcommand(
         name, all_three ? "ag_gemm, gemm_rs and gemm_ar vs cuBLAS alone and NCCL + cuBLAS"
                         : std::string("loom ") + name + " vs cuBLAS alone, NCCL alone and NCCL + cuBLAS in sequence");
-    sub->add_option("--m", tp_cli.m, "M values (global rows)")->delimiter(',');
-    sub->add_option("--n", tp_cli.n, "N of each rank's B (default: the issue's, 14336 for ag_gemm, 8192 otherwise)");
-    sub->add_option("--k", tp_cli.k, "K (gemm_rs / gemm_ar: the global K, split over the ranks; default 8192 / 14336)");
+    sub->add_option("--m", tp_cli.m, "M values (global rows)")->delimiter(',')->check(kPositive);
+    sub->add_option("--n", tp_cli.n, "N of each rank's B (0: 14336 for ag_gemm, 8192 otherwise)")
+        ->check(kNonNegative);
+    sub->add_option("--k", tp_cli.k, "K (0: 8192 for ag_gemm; gemm_rs / gemm_ar: 14336, the global K split over the ranks)")
+        ->check(kNonNegative);
     sub->add_option("--layout", tp_cli.layout, "B layout: nk (nn.Linear weight) or kn")->check(CLI::IsMember({"nk", "kn"}));
     sub->add_option("--algorithm", tp_cli.algorithm, "force auto, fused or decomposed")
         ->check(CLI::IsMember({"auto", "fused", "decomposed"}));
-    sub->add_option("--comm-ctas", tp_cli.comm_ctas, "force the communication CTAs (-1: planner)");
-    sub->add_option("--tile", tp_cli.tile, "force the compute tile: 128x256, 128x128, 128x64, 64x128");
+    sub->add_option("--comm-ctas", tp_cli.comm_ctas, "force the communication CTAs (-1: planner)")
+        ->check(integer_in(-1, 1 << 20));
+    sub->add_option("--tile", tp_cli.tile, "force the compute tile (auto: planner)")->check(kGemmTile);
     sub->add_option("--tail-pieces", tp_cli.tail_pieces,
-                    "fused kernels: K pieces per tile of the last partial wave (-1: planner, 1: none)");
+                    "fused kernels: K pieces per tile of the last partial wave (-1: planner, 1: none)")
+        ->check(integer_in(-1, 1 << 20));
     sub->add_option("--variant-tail-pieces", tp_cli.variant_tail_pieces,
-                    "also time loom with this --tail-pieces in the same alternating rounds (ms key loom_variant)");
+                    "also time loom with this --tail-pieces in the same alternating rounds (ms key loom_variant; "
+                    "-2: no variant)")
+        ->check(integer_in(-2, 1 << 20));
     sub->add_flag("--no-baselines", tp_cli.no_baselines, "time loom only");
     sub->add_option("--timeline", tp_cli.timeline_dir,
                     "write per-tile timelines of loom (fused) and loom's GEMM alone into this folder "
@@ -288,36 +454,59 @@ int main(int argc, char** argv) {
     tp_commands.emplace_back(sub, all_three ? std::vector<std::string>{"ag_gemm", "gemm_rs", "gemm_ar"}
                                             : std::vector<std::string>{name});
   }
+  const auto tp_op_names = CLI::IsMember({"ag_gemm", "gemm_rs", "gemm_ar"});
   CLI::App* tune = app.add_subcommand("tune", "sweep comm CTAs and the algorithm per shape; write the tuning cache");
   tune->add_option("--cache", tp_cli.cache, "tuning cache to write (merged if it exists); use it with LOOM_TUNING_CACHE")
       ->required();
-  tune->add_option("--ops", tp_cli.ops, "operators, e.g. ag_gemm,gemm_rs,gemm_ar")->delimiter(',');
-  tune->add_option("--m", tp_cli.m, "M values (global rows)")->delimiter(',');
-  tune->add_option("--n", tp_cli.n, "N of each rank's B (default: the issue's)");
-  tune->add_option("--k", tp_cli.k, "K (gemm_rs / gemm_ar: the global K)");
+  tune->add_option("--ops", tp_cli.ops, "operators, e.g. ag_gemm,gemm_rs,gemm_ar")->delimiter(',')->check(tp_op_names);
+  tune->add_option("--m", tp_cli.m, "M values (global rows)")->delimiter(',')->check(kPositive);
+  tune->add_option("--n", tp_cli.n, "N of each rank's B (0: 14336 for ag_gemm, 8192 otherwise)")
+      ->check(kNonNegative);
+  tune->add_option("--k", tp_cli.k, "K (0: 8192 for ag_gemm; gemm_rs / gemm_ar: 14336, the global K)")
+      ->check(kNonNegative);
   tune->add_option("--layout", tp_cli.layout, "B layout: nk or kn")->check(CLI::IsMember({"nk", "kn"}));
-  tune->add_option("--tile", tp_cli.tile, "force the compute tile for every candidate");
-  tune->add_option("--comm-ctas", tp_cli.sweep_ctas, "comm CTA counts to try (fused)")->delimiter(',');
+  tune->add_option("--tile", tp_cli.tile, "force the compute tile for every candidate (auto: each fused tile)")
+      ->check(kGemmTile);
+  tune->add_option("--comm-ctas", tp_cli.sweep_ctas, "comm CTA counts to try (fused)")
+      ->delimiter(',')
+      ->check(kPositive);
   tune->add_flag("--no-decomposed", tp_cli.no_decomposed, "do not try the decomposed algorithm");
   TpCli mn_cli;
   CLI::App* multinode = app.add_subcommand(
       "multinode", "ag_gemm, gemm_rs, gemm_ar across (real or LOOM_EMULATE_NODES) nodes vs the GEMM then the transfer");
-  multinode->add_option("--ops", mn_cli.ops, "operators, e.g. ag_gemm,gemm_rs,gemm_ar")->delimiter(',');
-  multinode->add_option("--m", mn_cli.m, "M values (global rows)")->delimiter(',');
-  multinode->add_option("--n", mn_cli.n, "N of each rank's B (default: the issue's, 14336 for ag_gemm, 8192 otherwise)");
-  multinode->add_option("--k", mn_cli.k, "K (gemm_rs / gemm_ar: the global K, split over the ranks)");
+  multinode->add_option("--ops", mn_cli.ops, "operators, e.g. ag_gemm,gemm_rs,gemm_ar")->delimiter(',')->check(tp_op_names);
+  multinode->add_option("--m", mn_cli.m, "M values (global rows)")->delimiter(',')->check(kPositive);
+  multinode->add_option("--n", mn_cli.n, "N of each rank's B (0: 14336 for ag_gemm, 8192 otherwise)")
+      ->check(kNonNegative);
+  multinode->add_option("--k", mn_cli.k, "K (0: 8192 for ag_gemm; gemm_rs / gemm_ar: 14336, the global K split over the ranks)")
+      ->check(kNonNegative);
   multinode->add_option("--layout", mn_cli.layout, "B layout: nk or kn")->check(CLI::IsMember({"nk", "kn"}));
-  multinode->add_option("--tile", mn_cli.tile, "force the compute tile: 128x256 or 128x128");
+  multinode->add_option("--tile", mn_cli.tile, "force the compute tile: 128x256 or 128x128 (auto: planner)")->check(kGemmTile);
   multinode->add_flag("--no-baselines", mn_cli.no_baselines, "time loom only");
   CLI::App* all = app.add_subcommand("all", "the main job: every implemented operator at its headline sizes");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    return usage_error(describe_parse_error(app, e));
+  }
+
+  bool collectives_parsed = all->parsed();
+  for (auto& [sub, ops] : collective_commands) collectives_parsed = collectives_parsed || sub->parsed();
+  bool tp_parsed = all->parsed() || tune->parsed();
+  for (auto& [sub, ops] : tp_commands) tp_parsed = tp_parsed || sub->parsed();
+  std::vector<uint64_t> sizes;
+  if (Status s = parse_sizes(coll.sizes, sizes); !s.ok()) return usage_error(s.message());
+  if (Status s = check_usage(g, collectives_parsed, gemm->parsed() || tp_parsed || multinode->parsed(), sizes); !s.ok()) {
+    return usage_error(s.message());
+  }
 
   const int gpus = visible_gpus();
   if (gpus == 0) {
     std::fprintf(stderr,
                  "loom-bench: no CUDA GPU is visible on this machine. loom runs its kernels on NVIDIA Hopper GPUs "
                  "(sm_90a); run loom-bench where they are (the CPU test suite runs anywhere: scripts/test.sh).\n");
-    return 2;
+    return 1;
   }
   // Ranks sharing a GPU take turns on it, and NCCL refuses them: nothing measured there means anything.
   if (loom::Result<int64_t> per_gpu = loom::env::get_int("LOOM_RANKS_PER_GPU", 1, 1, loom::env::kMaxRanksPerGpu);
@@ -327,7 +516,7 @@ int main(int argc, char** argv) {
                                 "one GPU and NCCL refuses them, so loom-bench times nothing there (run the tests in it: "
                                 "loom-run --ranks-per-gpu N -n N -- loom_gpu_tests)"
                               : per_gpu.status().to_string().c_str());
-    return 2;
+    return kUsageError;
   }
   if (g.spawn >= 0 && std::getenv("RANK") == nullptr) {
     return loom::bench::spawn_self(argc, argv, g.spawn == 0 ? gpus : g.spawn);
@@ -335,19 +524,12 @@ int main(int argc, char** argv) {
 
   // The symmetric heap must hold the largest case: world x payload (all_gather recv,
   // reduce_scatter send) or 2 x payload (all_reduce send + recv).
-  std::vector<uint64_t> sizes;
-  if (Status s = parse_sizes(coll.sizes, sizes); !s.ok()) {
-    std::fprintf(stderr, "loom-bench: %s\n", s.to_string().c_str());
-    return 1;
-  }
   uint64_t largest = 0;
   for (uint64_t b : sizes) largest = std::max(largest, b);
   const char* world_env = std::getenv("WORLD_SIZE");
   const uint64_t world = std::max<uint64_t>(2, world_env ? std::strtoull(world_env, nullptr, 10) : 1);
   loom::CommOptions comm_options;
   comm_options.heap_bytes = std::max<uint64_t>(uint64_t{1} << 30, world * largest + (uint64_t{256} << 20));
-  bool tp_parsed = all->parsed() || tune->parsed();
-  for (auto& [sub, ops] : tp_commands) tp_parsed = tp_parsed || sub->parsed();
   if (tp_parsed) {
     // gemm_ar's symmetric output and the fused operators' workspaces for the largest shape.
     loom::Result<loom::bench::TpBenchOptions> tp = tp_options({"ag_gemm", "gemm_rs", "gemm_ar"}, g, tp_cli);
@@ -370,26 +552,39 @@ int main(int argc, char** argv) {
     return 1;
   }
   loom::Communicator& comm = **comm_or;
+
+  // Shapes to run, for the progress lines.
+  const int collective_cases = static_cast<int>(coll.sizes.size() * coll.ctas.size());
+  const int gemm_cases = static_cast<int>(gemm_cli.nk.size() * gemm_cli.m.size());
+  int total = 0;
+  for (auto& [sub, ops] : collective_commands) total += sub->parsed() ? static_cast<int>(ops.size()) * collective_cases : 0;
+  if (gemm->parsed()) total += gemm_cases;
+  for (auto& [sub, ops] : tp_commands) total += sub->parsed() ? static_cast<int>(ops.size() * tp_cli.m.size()) : 0;
+  if (tune->parsed()) total += static_cast<int>(tp_cli.ops.size() * tp_cli.m.size());
+  if (multinode->parsed()) total += static_cast<int>(mn_cli.ops.size() * mn_cli.m.size());
+  if (all->parsed()) total += 3 * collective_cases + gemm_cases + static_cast<int>(3 * tp_cli.m.size());
+  loom::bench::Progress progress(total, comm.rank() == 0, started);
+
   loom::bench::Report report;
   Status status;
   for (auto& [sub, ops] : collective_commands) {
-    if (sub->parsed()) status = run_collectives(comm, ops, g, coll, report);
+    if (sub->parsed()) status = run_collectives(comm, ops, g, coll, report, progress);
   }
-  if (gemm->parsed()) status = run_gemm(&comm, g, gemm_cli, report);
+  if (gemm->parsed()) status = run_gemm(comm, g, gemm_cli, report, progress);
   for (auto& [sub, ops] : tp_commands) {
-    if (sub->parsed()) status = run_tp(comm, ops, g, tp_cli, report);
+    if (sub->parsed()) status = run_tp(comm, ops, g, tp_cli, report, progress);
   }
-  if (tune->parsed()) status = run_tune(comm, g, tp_cli, report);
+  if (tune->parsed()) status = run_tune(comm, g, tp_cli, report, progress);
   if (multinode->parsed()) {
     loom::Result<loom::bench::MultiNodeBenchOptions> mn = multinode_options(g, mn_cli);
-    status = mn.ok() ? loom::bench::run_multinode_bench(comm, *mn, report) : mn.status();
+    status = mn.ok() ? loom::bench::run_multinode_bench(comm, *mn, report, progress) : mn.status();
   }
   if (all->parsed()) {
-    status = run_collectives(comm, {"all_gather", "reduce_scatter", "all_reduce"}, g, coll, report);
-    Status s = run_gemm(&comm, g, gemm_cli, report);
+    status = run_collectives(comm, {"all_gather", "reduce_scatter", "all_reduce"}, g, coll, report, progress);
+    Status s = run_gemm(comm, g, gemm_cli, report, progress);
     if (status.ok()) status = s;
     if (comm.health().ok()) {
-      s = run_tp(comm, {"ag_gemm", "gemm_rs", "gemm_ar"}, g, tp_cli, report);
+      s = run_tp(comm, {"ag_gemm", "gemm_rs", "gemm_ar"}, g, tp_cli, report, progress);
       if (status.ok()) status = s;
     }
   }
@@ -404,6 +599,7 @@ int main(int argc, char** argv) {
     const auto& net = internal(comm).net_settings;
     info.emulated_nodes = net.emulate_nodes > 1 ? net.emulate_nodes : 0;
     if (comm.num_nodes() > 1 && net.emulate_net_gbps > 0) info.net_gbps = net.emulate_net_gbps;
+    info.environment = loom::bench::run_environment(comm.device(), argc, argv);
     if (!g.json_path.empty()) {
       Status w = report.write_json(g.json_path, info);
       if (!w.ok()) std::fprintf(stderr, "loom-bench: %s\n", w.to_string().c_str());

@@ -267,30 +267,32 @@ std::optional<double> hidden_fraction_bound(const Row& r) {
   return std::min(1.0, (*base - std::max(*gemm, *net)) / (*base - *gemm));
 }
 
-double timed_median(Communicator& comm, cudaStream_t stream, const MultiNodeBenchOptions& o, const std::function<Status()>& op,
-                    Status& status) {
-  if (!status.ok()) return 0;
+// Times `op` and records it (max over ranks) as `row`'s column `key`; nothing if `status` is
+// already an error, and a failure becomes `status`.
+void time_column(Communicator& comm, cudaStream_t stream, const MultiNodeBenchOptions& o, Row& row, const char* key,
+                 const std::function<Status()>& op, Status& status) {
+  if (!status.ok()) return;
   Status barrier = comm.barrier();
   if (!barrier.ok()) {
     status = barrier;
-    return 0;
+    return;
   }
   Result<Timing> t = time_op(stream, o.warmup, o.iters, op, [&] { return comm.synchronize(stream); });
   if (!t.ok()) {
     status = t.status();
-    return 0;
+    return;
   }
-  Result<double> m = max_over_ranks(comm, t->median_ms);
-  if (!m.ok()) {
-    status = m.status();
-    return 0;
+  Result<Timing> slowest = max_over_ranks(comm, *t);
+  if (!slowest.ok()) {
+    status = slowest.status();
+    return;
   }
-  return *m;
+  row.set_time(key, *slowest);
 }
 
 }  // namespace
 
-Status run_multinode_bench(Communicator& comm, const MultiNodeBenchOptions& o, Report& report) {
+Status run_multinode_bench(Communicator& comm, const MultiNodeBenchOptions& o, Report& report, Progress& progress) {
   if (comm.num_nodes() < 2) {
     return Status::unsupported("loom-bench multinode needs a job of several nodes (real ones, or emulated: LOOM_EMULATE_NODES=2 "
                                "LOOM_EMULATE_NET_GBPS=50 loom-bench multinode --spawn 2)");
@@ -313,6 +315,7 @@ Status run_multinode_bench(Communicator& comm, const MultiNodeBenchOptions& o, R
   LOOM_TRY(cublas.init(stream.stream));
   Status status;
   for (const Shape& shape : shapes) {
+    progress.step("multinode " + shape.text());
     Row row;
     row.op = std::string(op_name(shape.op));
     row.dtype = std::string(dtype_name(o.dtype));
@@ -356,12 +359,12 @@ Status run_multinode_bench(Communicator& comm, const MultiNodeBenchOptions& o, R
         case_status = rel.status();
       }
     }
-    if (case_status.ok()) row.ms["loom"] = timed_median(comm, stream.stream, o, [&] { return c.launch_loom(); }, case_status);
-    if (case_status.ok() && o.baselines) {
-      row.ms["gemm"] = timed_median(comm, stream.stream, o, [&] { return c.gemm_alone(); }, case_status);
-      row.ms["net"] = timed_median(comm, stream.stream, o, [&] { return c.net_alone(); }, case_status);
-      row.ms["sequential"] = timed_median(comm, stream.stream, o, [&] { return c.sequential(); }, case_status);
-      row.ms["cublas"] = timed_median(comm, stream.stream, o, [&] { return c.cublas_alone(); }, case_status);
+    time_column(comm, stream.stream, o, row, "loom", [&] { return c.launch_loom(); }, case_status);
+    if (o.baselines) {
+      time_column(comm, stream.stream, o, row, "gemm", [&] { return c.gemm_alone(); }, case_status);
+      time_column(comm, stream.stream, o, row, "net", [&] { return c.net_alone(); }, case_status);
+      time_column(comm, stream.stream, o, row, "sequential", [&] { return c.sequential(); }, case_status);
+      time_column(comm, stream.stream, o, row, "cublas", [&] { return c.cublas_alone(); }, case_status);
     }
     const std::optional<double> h = hidden_fraction(row);
     row.extra["h"] = h ? nlohmann::json(*h) : nlohmann::json(nullptr);

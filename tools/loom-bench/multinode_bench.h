@@ -9,6 +9,7 @@
 #include "loom/communicator.h"
 #include "loom/tensor_parallel.h"
 #include "loom/types.h"
+#include "progress.h"
 #include "report.h"
 #include "runtime/device_abi.h"
 
@@ -33,8 +34,9 @@ struct MultiNodeBenchOptions {
 // then timed; the same local GEMM alone (loom's engine, and cuBLAS for reference), the same
 // shaped network transfer alone (ops::net_exchange through the proxy and transport), and the
 // GEMM followed by that transfer on one stream ("sequential", the baseline). Medians of `iters`
-// after `warmup`, max over ranks. Rows carry h = (T_seq - T_loom) / (T_seq - T_gemm).
-Status run_multinode_bench(Communicator& comm, const MultiNodeBenchOptions& options, Report& report);
+// after `warmup`, max over ranks. Rows carry h = (T_seq - T_loom) / (T_seq - T_gemm). One
+// progress step per shape.
+Status run_multinode_bench(Communicator& comm, const MultiNodeBenchOptions& options, Report& report, Progress& progress);
 
 // Symmetric heap the benchmark needs for its largest shape.
 uint64_t multinode_heap_bytes(const MultiNodeBenchOptions& options, int world, int nodes);

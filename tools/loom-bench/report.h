@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "loom/status.h"
+#include "timing.h"
 
 namespace loom::bench {
 
@@ -18,8 +19,20 @@ struct Row {
   std::optional<long long> m, n, k;
   std::optional<long long> bytes;   // per-rank payload of a pure collective
   std::optional<double> rel_err;    // ||out - ref|| / ||ref|| (0 for bit-exact checks that passed)
-  std::map<std::string, double> ms;  // "loom", "cublas", "nccl", "nccl_cublas", "torch_fused", ...
-  nlohmann::json extra = nlohmann::json::object();  // op-specific fields (busbw, ctas, config)
+  // Per timed column ("loom", "cublas", "nccl", "nccl_cublas", "copy", ...): the median, the
+  // fastest and the 90th-percentile sample, each the maximum over the ranks.
+  std::map<std::string, double> ms;
+  std::map<std::string, double> ms_min;
+  std::map<std::string, double> ms_p90;
+  // op-specific fields (busbw, ctas, config); "note" says why a row shows no speedup (world 1)
+  nlohmann::json extra = nlohmann::json::object();
+
+  // Records `t` (already the maximum over the ranks) as column `key`.
+  void set_time(const std::string& key, const Timing& t) {
+    ms[key] = t.median_ms;
+    ms_min[key] = t.min_ms;
+    ms_p90[key] = t.p90_ms;
+  }
 };
 
 // r.ms[key] when it was measured (a positive time), else nullopt.
@@ -35,7 +48,13 @@ struct RunInfo {
   int nodes = 1;
   int emulated_nodes = 0;
   std::optional<double> net_gbps;
+  nlohmann::json environment = nlohmann::json::object();  // run_environment(): merged into the top level
 };
+
+// What a run was measured with, as JSON fields: loom_version, versions (CUDA runtime and driver,
+// NVIDIA kernel driver, NCCL, cuBLAS), gpu_peak_clocks_mhz (SM, memory) of `device`, command
+// (`argv`) and env (every LOOM_* and NCCL_* variable; LOOM_SECRET's value is not written).
+nlohmann::json run_environment(int device, int argc, char** argv);
 
 class Report {
  public:

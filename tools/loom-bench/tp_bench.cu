@@ -60,13 +60,14 @@ Status nccl_status(ncclResult_t r, const char* what) {
 }
 
 
-double median_max(Communicator& comm, const Timing& t, Status& status) {
-  Result<double> m = max_over_ranks(comm, t.median_ms);
+// Records `t` (max over ranks) as `row`'s column `key`; a failed exchange becomes `status`.
+void record_time(Communicator& comm, Row& row, const char* key, const Timing& t, Status& status) {
+  Result<Timing> m = max_over_ranks(comm, t);
   if (!m.ok()) {
     if (status.ok()) status = m.status();
-    return 0;
+    return;
   }
-  return *m;
+  row.set_time(key, *m);
 }
 
 // ---- one shape ----------------------------------------------------------------------------------
@@ -439,13 +440,15 @@ Row base_row(const Shape& s, const TpBenchOptions& o) {
 
 bool is_tp_row(const Row& r) { return r.op == "ag_gemm" || r.op == "gemm_rs" || r.op == "gemm_ar"; }
 
+constexpr const char* kOneRankNote = "world 1: needs 2+ ranks (loom runs a plain GEMM, nothing to overlap)";
+
 std::optional<double> hidden_fraction(const Row& r) { return hidden_share(r, "loom", "nccl_cublas", "cublas"); }
 
 }  // namespace
 
 // ---- loom-bench ag_gemm | gemm_rs | gemm_ar ---------------------------------------------------
 
-Status run_tp_bench(Communicator& comm, ncclComm_t nccl, const TpBenchOptions& o, Report& report) {
+Status run_tp_bench(Communicator& comm, ncclComm_t nccl, const TpBenchOptions& o, Report& report, Progress& progress) {
   if (o.dtype != DType::kBF16 && o.dtype != DType::kF16) {
     return Status::invalid_argument("tensor-parallel benches run bf16 or fp16 (got " + std::string(dtype_name(o.dtype)) + ")");
   }
@@ -457,9 +460,14 @@ Status run_tp_bench(Communicator& comm, ncclComm_t nccl, const TpBenchOptions& o
   LOOM_TRY(cublas.init(stream.stream));
   LOOM_ASSIGN_OR_RETURN(const planner::TuningCache* cache, planner::tuning_cache_from_env());
   auto sync = [&] { return comm.synchronize(stream.stream); };
+  // One rank has no communication to hide: the operators run a plain GEMM, and NCCL's
+  // "collective" is a copy, so only the GEMM columns are timed and the row says why there is no h.
+  const bool one_rank = comm.local_world_size() == 1;
   Status status;
   for (const Shape& shape : shapes) {
+    progress.step(shape.text());
     Row row = base_row(shape, o);
+    if (one_rank) row.extra["note"] = std::string(kOneRankNote);
     TpCase c(comm, nccl, cublas.handle, stream.stream, o, shape);
     LOOM_TRY(c.setup());
     // The plan the operator will pick (same request, options and cache).
@@ -521,23 +529,27 @@ Status run_tp_bench(Communicator& comm, ncclComm_t nccl, const TpBenchOptions& o
         }
       }
       if (o.baselines) {
-        keys.insert(keys.end(), {"cublas", "loom_gemm", "nccl", "nccl_cublas"});
+        keys.insert(keys.end(), {"cublas", "loom_gemm"});
         ops.push_back([&] { return c.cublas_alone(); });
         ops.push_back([&] { return c.loom_gemm_alone(); });
-        ops.push_back([&] { return c.nccl_alone(); });
-        ops.push_back([&] { return c.nccl_then_cublas(); });
+        if (!one_rank) {
+          keys.insert(keys.end(), {"nccl", "nccl_cublas"});
+          ops.push_back([&] { return c.nccl_alone(); });
+          ops.push_back([&] { return c.nccl_then_cublas(); });
+        }
       }
       Result<std::vector<Timing>> t =
           time_interleaved(stream.stream, o.warmup, o.iters, ops, sync, [&] { return comm.barrier(); });
       if (t.ok()) {
-        for (size_t i = 0; i < keys.size(); ++i) row.ms[keys[i]] = median_max(comm, (*t)[i], status);
+        for (size_t i = 0; i < keys.size(); ++i) record_time(comm, row, keys[i], (*t)[i], status);
         baselines_done = o.baselines;
       } else if (loom_status.ok()) {
         loom_status = t.status();
       }
     }
     if (loom_status.ok() && !o.timeline_dir.empty() && plan.ok()) {
-      loom_status = c.write_timelines(o.timeline_dir, *plan, std::max(o.warmup, 1) + 1);
+      const Status written = c.write_timelines(o.timeline_dir, *plan, std::max(o.warmup, 1) + 1);
+      loom_status = written;
     }
     if (!loom_status.ok()) {
       row.extra["loom_error"] = loom_status.to_string();
@@ -551,16 +563,18 @@ Status run_tp_bench(Communicator& comm, ncclComm_t nccl, const TpBenchOptions& o
     if (o.baselines && !baselines_done) {  // loom could not be timed: the baselines alone
       LOOM_TRY(comm.barrier());
       LOOM_ASSIGN_OR_RETURN(Timing gemm_t, time_op(stream.stream, o.warmup, o.iters, [&] { return c.cublas_alone(); }, sync));
-      row.ms["cublas"] = median_max(comm, gemm_t, status);
+      record_time(comm, row, "cublas", gemm_t, status);
       LOOM_TRY(comm.barrier());
       LOOM_ASSIGN_OR_RETURN(Timing engine_t, time_op(stream.stream, o.warmup, o.iters, [&] { return c.loom_gemm_alone(); }, sync));
-      row.ms["loom_gemm"] = median_max(comm, engine_t, status);
-      LOOM_TRY(comm.barrier());
-      LOOM_ASSIGN_OR_RETURN(Timing nccl_t, time_op(stream.stream, o.warmup, o.iters, [&] { return c.nccl_alone(); }, sync));
-      row.ms["nccl"] = median_max(comm, nccl_t, status);
-      LOOM_TRY(comm.barrier());
-      LOOM_ASSIGN_OR_RETURN(Timing base_t, time_op(stream.stream, o.warmup, o.iters, [&] { return c.nccl_then_cublas(); }, sync));
-      row.ms["nccl_cublas"] = median_max(comm, base_t, status);
+      record_time(comm, row, "loom_gemm", engine_t, status);
+      if (!one_rank) {
+        LOOM_TRY(comm.barrier());
+        LOOM_ASSIGN_OR_RETURN(Timing nccl_t, time_op(stream.stream, o.warmup, o.iters, [&] { return c.nccl_alone(); }, sync));
+        record_time(comm, row, "nccl", nccl_t, status);
+        LOOM_TRY(comm.barrier());
+        LOOM_ASSIGN_OR_RETURN(Timing base_t, time_op(stream.stream, o.warmup, o.iters, [&] { return c.nccl_then_cublas(); }, sync));
+        record_time(comm, row, "nccl_cublas", base_t, status);
+      }
     }
     const double flop = 2.0 * static_cast<double>(shape.m) * static_cast<double>(shape.n) * static_cast<double>(shape.k_rank);
     nlohmann::json tflops = nlohmann::json::object();
@@ -583,7 +597,8 @@ Status run_tp_bench(Communicator& comm, ncclComm_t nccl, const TpBenchOptions& o
       std::printf("%-34s %-2s loom %s | cuBLAS %s | loom GEMM %s | NCCL %s | NCCL+cuBLAS %s | h %s | plan %s | rel_err %s%s\n",
                   shape.text().c_str(), std::string(b_layout_name(o.b_layout)).c_str(), ms("loom").c_str(), ms("cublas").c_str(),
                   ms("loom_gemm").c_str(),
-                  ms("nccl").c_str(), ms("nccl_cublas").c_str(), h ? fmt("%.2f", *h).c_str() : "-",
+                  ms("nccl").c_str(), ms("nccl_cublas").c_str(),
+                  one_rank ? "- (needs 2+ ranks)" : h ? fmt("%.2f", *h).c_str() : "-",
                   plan.ok() ? plan_text(*plan).c_str() : plan.status().to_string().c_str(),
                   row.rel_err ? fmt("%.2e", *row.rel_err).c_str() : "-",
                   loom_status.ok() ? "" : ("  ERROR " + loom_status.to_string()).c_str());
@@ -601,7 +616,7 @@ Status run_tp_bench(Communicator& comm, ncclComm_t nccl, const TpBenchOptions& o
 
 // ---- loom-bench tune ----------------------------------------------------------------------------
 
-Status run_tp_tune(Communicator& comm, const TpTuneOptions& options, Report& report) {
+Status run_tp_tune(Communicator& comm, const TpTuneOptions& options, Report& report, Progress& progress) {
   const TpBenchOptions& o = options.bench;
   if (options.cache_path.empty()) return Status::invalid_argument("tune: --cache FILE is required");
   if (o.dtype != DType::kBF16 && o.dtype != DType::kF16) return Status::invalid_argument("tune: bf16 or fp16 only");
@@ -624,6 +639,7 @@ Status run_tp_tune(Communicator& comm, const TpTuneOptions& options, Report& rep
   std::vector<TunedEntry> tuned;
   Status status;
   for (const Shape& shape : shapes) {
+    progress.step("tune " + shape.text());
     TpCase c(comm, nullptr, cublas.handle, stream.stream, o, shape);
     LOOM_TRY(c.setup());
     const planner::TpRequest request = c.request();
@@ -660,12 +676,12 @@ Status run_tp_tune(Communicator& comm, const TpTuneOptions& options, Report& rep
       candidates.push_back({"decomposed", x});
     }
     nlohmann::json timings = nlohmann::json::object();
-    double best_ms = 0;
+    Timing best_time;
     const Candidate* best = nullptr;
     for (const Candidate& cand : candidates) {
       Result<Check> check = c.check(cand.options);
       Status cand_status = check.status();
-      double ms = 0;
+      Timing cand_time;
       if (check.ok()) {
         LOOM_ASSIGN_OR_RETURN(double rel_err, max_over_ranks(comm, check->rel_err));
         if (!(rel_err <= o.max_rel_err)) {
@@ -674,19 +690,20 @@ Status run_tp_tune(Communicator& comm, const TpTuneOptions& options, Report& rep
         } else {
           LOOM_TRY(comm.barrier());
           Result<Timing> t = time_op(stream.stream, o.warmup, o.iters, [&] { return c.launch_loom(cand.options); }, sync);
-          cand_status = t.status();
-          if (t.ok()) ms = median_max(comm, *t, status);
+          Result<Timing> slowest = t.ok() ? max_over_ranks(comm, *t) : Result<Timing>(t.status());
+          cand_status = slowest.status();
+          if (slowest.ok()) cand_time = *slowest;
         }
       }
       if (!comm.health().ok()) return cand_status;  // device-side failure: the communicator is gone
-      timings[cand.label] = cand_status.ok() ? nlohmann::json(ms) : nlohmann::json(cand_status.to_string());
-      if (cand_status.ok() && (best == nullptr || ms < best_ms)) {
+      timings[cand.label] = cand_status.ok() ? nlohmann::json(cand_time.median_ms) : nlohmann::json(cand_status.to_string());
+      if (cand_status.ok() && (best == nullptr || cand_time.median_ms < best_time.median_ms)) {
         best = &cand;
-        best_ms = ms;
+        best_time = cand_time;
       }
       if (comm.rank() == 0) {
         std::printf("tune %-34s %-12s %s\n", shape.text().c_str(), cand.label.c_str(),
-                    cand_status.ok() ? fmt("%.4f ms", ms).c_str() : cand_status.to_string().c_str());
+                    cand_status.ok() ? fmt("%.4f ms", cand_time.median_ms).c_str() : cand_status.to_string().c_str());
         std::fflush(stdout);
       }
     }
@@ -700,8 +717,8 @@ Status run_tp_tune(Communicator& comm, const TpTuneOptions& options, Report& rep
       continue;
     }
     LOOM_ASSIGN_OR_RETURN(planner::TpPlan plan, planner::plan_tp(request, best->options, nullptr));
-    tuned.push_back({planner::key_of(request), plan, best_ms});
-    row.ms["loom"] = best_ms;
+    tuned.push_back({planner::key_of(request), plan, best_time.median_ms});
+    row.set_time("loom", best_time);
     row.extra["chosen"] = best->label;
     row.extra["plan"] = plan_json(plan);
     if (comm.rank() == 0) std::printf("tune %-34s -> %s (%s)\n", shape.text().c_str(), best->label.c_str(), plan_text(plan).c_str());
@@ -762,6 +779,7 @@ void print_tp_table(const Report& report, std::FILE* out) {
     }
     std::string err = r.rel_err ? fmt("%.1e", *r.rel_err) : std::string("-");
     if (r.extra.contains("loom_error")) err += " ERROR";
+    if (r.extra.contains("note")) err += "  " + r.extra["note"].get<std::string>();
     std::fprintf(out, "%-8s %-22s %-3s %9s %9s %9s %11s %9s %9s %6s %-26s %s\n", r.op.c_str(), shape,
                  r.extra.value("b_layout", "?").c_str(), cell(loom, "%.4f").c_str(), cell(cub, "%.4f").c_str(),
                  cell(ms("nccl"), "%.4f").c_str(), cell(base, "%.4f").c_str(),

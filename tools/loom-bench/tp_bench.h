@@ -13,6 +13,7 @@
 #include "loom/communicator.h"
 #include "loom/tensor_parallel.h"
 #include "loom/types.h"
+#include "progress.h"
 #include "report.h"
 #include "runtime/device_abi.h"
 
@@ -44,8 +45,10 @@ struct TpBenchOptions {
 // with NaN), then loom, cuBLAS on the local GEMM shape, the NCCL collective alone and NCCL +
 // cuBLAS in sequence on one stream are timed (median of `iters` after `warmup`, max over
 // ranks). Rows carry h = (T_nccl_cublas - T_loom) / (T_nccl_cublas - T_cublas), the plan and the
-// cost model's estimate. Rank 0 prints one line per shape as it goes.
-Status run_tp_bench(Communicator& comm, ncclComm_t nccl, const TpBenchOptions& options, Report& report);
+// cost model's estimate. Rank 0 prints one line per shape as it goes, and a progress step
+// before it. On one rank (nothing to overlap) only the GEMM columns are timed, and the rows carry
+// a "note" instead of h.
+Status run_tp_bench(Communicator& comm, ncclComm_t nccl, const TpBenchOptions& options, Report& report, Progress& progress);
 
 struct TpTuneOptions {
   TpBenchOptions bench;                                        // ops, shapes, layout, dtype, tile, timing
@@ -56,8 +59,8 @@ struct TpTuneOptions {
 
 // Per shape: the model's plan, fused with each fused tile (128x256, 128x128; ag_gemm also with
 // every comm_ctas value) and decomposed, each checked once and timed; the fastest correct one
-// goes into the cache file.
-Status run_tp_tune(Communicator& comm, const TpTuneOptions& options, Report& report);
+// goes into the cache file. One progress step per shape.
+Status run_tp_tune(Communicator& comm, const TpTuneOptions& options, Report& report, Progress& progress);
 
 // Symmetric heap the benchmark needs for its largest shape (gemm_ar's output and the operators'
 // workspaces, estimated generously).
