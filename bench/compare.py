@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""Compares two benchmark runs of one kind: per row the time ratio new / old.
+
+    bench/compare.py OLD.json NEW.json [--column loom] [--baseline COL] [--worst 5] [--fail-over PCT]
+
+Both files are loom-bench JSON, merged TP JSON (bench/merge_results.py) or raw bench/torch_fused.py
+output (its columns are torch_fused and loom_beside_torch). Rows match on their kind (tensor-
+parallel on one node or across nodes, GEMM, collective, ...), op, dtype, B layout and shape
+(M, N, K or bytes per rank); rows in one file only are listed, not compared. The time compared is
+the row's median in `--column` (default loom); with `--baseline COL` it is that time divided by
+COL's from the same row, which was timed in the same rounds, so the GPU's clock drift between
+runs mostly cancels. A ratio above 1 means the new run is slower.
+
+Prints a table of every matched row, the geometric mean of the ratios and the worst rows.
+Exit status: 0 compared; 1 `--fail-over PCT` was given and some row is slower by more than PCT
+percent; 2 a file is missing or not a results file, an argument is wrong, or the files share no
+row with the time asked for.
+"""
+
+import argparse
+import json
+import math
+import sys
+
+TP_OPS = ("ag_gemm", "gemm_rs", "gemm_ar")
+COLLECTIVE_OPS = ("all_gather", "reduce_scatter", "all_reduce")
+KEY_FIELDS = ("op", "dtype", "b_layout", "M", "N", "K", "bytes")
+
+
+class InputError(Exception):
+    pass
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        raise InputError(f"{path} does not exist") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(f"{path} is not readable JSON: {e}") from None
+    if isinstance(doc, dict) and doc.get("kind") == "suite":
+        raise InputError(f"{path} is a test-suite summary: it holds test outcomes, no times to compare")
+    if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list):
+        raise InputError(f"{path} has no \"rows\" list (not loom-bench, merged or torch_fused JSON)")
+    for i, row in enumerate(doc["rows"]):
+        if not isinstance(row, dict) or "op" not in row:
+            raise InputError(f"{path}: row {i} is not an object with an \"op\"")
+    return doc
+
+
+def kind(row, doc):
+    """What a row measures, so that rows of different subcommands never match."""
+    op = row["op"]
+    if doc.get("what") == "torch_fused":
+        return "torch_fused"
+    if op in TP_OPS:
+        across_nodes = row.get("multinode") or (doc.get("emulated_nodes") or 0) > 0 or (doc.get("nodes") or 1) > 1
+        return "multinode" if across_nodes else "tp"
+    if op in COLLECTIVE_OPS:
+        return "collective"
+    return op
+
+
+def row_key(row, doc):
+    return (kind(row, doc),) + tuple(row.get(f) for f in KEY_FIELDS)
+
+
+def times(row):
+    """A row's median times by column (raw torch_fused rows hold torch's time as a number)."""
+    if isinstance(row.get("ms"), dict):
+        columns = dict(row["ms"])
+    else:
+        columns = {"torch_fused": row.get("ms"), "loom_beside_torch": row.get("loom_ms")}
+    return {c: t for c, t in columns.items() if isinstance(t, (int, float)) and t > 0}
+
+
+def rows_by_key(path, doc):
+    out = {}
+    for row in doc["rows"]:
+        key = row_key(row, doc)
+        if key in out:
+            raise InputError(f"{path}: two rows for {describe(key)}; compare files with one row per op and shape")
+        out[key] = row
+    return out
+
+
+def describe(key):
+    _, op, dtype, layout, m, n, k, nbytes = key
+    shape = f"{m}x{n}x{k}" if m is not None else f"{nbytes} B"
+    return " ".join(str(part) for part in (op, dtype, layout, shape) if part is not None)
+
+
+def value(row, column, baseline):
+    t = times(row)
+    if column not in t or (baseline and baseline not in t):
+        return None
+    return t[column] / t[baseline] if baseline else t[column]
+
+
+def geomean(ratios):
+    return math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+
+
+def compare(old_path, new_path, column, baseline):
+    """[(key, old value, new value)] for the rows both files have with the time asked for, the
+    keys in one file only, the keys in both without that time, and the columns both runs timed."""
+    old_doc, new_doc = load(old_path), load(new_path)
+    old, new = rows_by_key(old_path, old_doc), rows_by_key(new_path, new_doc)
+    matched, untimed, columns = [], [], set()
+    for key, old_row in old.items():
+        if key not in new:
+            continue
+        columns |= times(old_row).keys() & times(new[key]).keys()
+        before, after = value(old_row, column, baseline), value(new[key], column, baseline)
+        if before is None or after is None:
+            untimed.append(key)
+        else:
+            matched.append((key, before, after))
+    only = [(key, "old") for key in old if key not in new] + [(key, "new") for key in new if key not in old]
+    return matched, only, untimed, sorted(columns)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("old", help="the earlier run's JSON")
+    p.add_argument("new", help="the later run's JSON")
+    p.add_argument("--column", default="loom", help="ms column to compare (default: loom)")
+    p.add_argument("--baseline", default="",
+                   help="compare column / BASELINE (e.g. nccl_cublas, cublas, nccl) instead of the time itself")
+    p.add_argument("--worst", type=int, default=5, help="how many of the slowest rows to list (default: 5)")
+    p.add_argument("--fail-over", type=float, default=None, metavar="PCT",
+                   help="exit 1 if any row is more than PCT percent slower (ratio > 1 + PCT/100)")
+    args = p.parse_args(argv)
+    if args.worst < 0:
+        p.error("--worst must be 0 or more")
+    if args.fail_over is not None and not (args.fail_over >= 0 and math.isfinite(args.fail_over)):
+        p.error("--fail-over must be a percentage, 0 or more")
+
+    try:
+        matched, only, untimed, columns = compare(args.old, args.new, args.column, args.baseline)
+    except InputError as e:
+        print(f"compare.py: {e}", file=sys.stderr)
+        return 2
+    measure = f"{args.column} / {args.baseline}" if args.baseline else f"{args.column} ms"
+    if not matched and not untimed:
+        kinds = {side: sorted({describe(key).split()[0] for key, s in only if s == side}) for side in ("old", "new")}
+        print(f"compare.py: the two files share no row (old: {', '.join(kinds['old']) or 'none'}; "
+              f"new: {', '.join(kinds['new']) or 'none'}): not the same kind of run", file=sys.stderr)
+        return 2
+    if not matched:
+        print(f"compare.py: no row has a {measure} time in both runs; columns both timed: "
+              f"{', '.join(columns) or 'none'}", file=sys.stderr)
+        return 2
+    for key, side in only:
+        print(f"compare.py: only in the {side} run: {describe(key)}", file=sys.stderr)
+    for key in untimed:
+        print(f"compare.py: no {measure} in both runs: {describe(key)}", file=sys.stderr)
+
+    width = max(len(describe(key)) for key, _, _ in matched)
+    cell = max(12, len("old " + measure))
+    print(f"{'row':{width}s} {'old ' + measure:>{cell}s} {'new ' + measure:>{cell}s} {'new/old':>8s}")
+    for key, before, after in matched:
+        print(f"{describe(key):{width}s} {before:{cell}.4f} {after:{cell}.4f} {after / before:8.3f}")
+    ratios = [after / before for _, before, after in matched]
+    mean = geomean(ratios)
+    print(f"\ngeomean new/old: {mean:.3f} over {len(matched)} rows "
+          f"({abs(mean - 1) * 100:.1f}% {'slower' if mean > 1 else 'faster'})")
+    worst = sorted(matched, key=lambda m: m[2] / m[1], reverse=True)[:args.worst]
+    if worst:
+        print("worst rows: " + "; ".join(f"{describe(key)} {after / before:.3f}" for key, before, after in worst))
+    if args.fail_over is not None:
+        limit = 1 + args.fail_over / 100
+        slower = [(key, after / before) for key, before, after in matched if after / before > limit]
+        if slower:
+            print(f"FAIL: {len(slower)} rows slower by more than {args.fail_over:g}%: "
+                  + "; ".join(f"{describe(key)} {r:.3f}" for key, r in slower))
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

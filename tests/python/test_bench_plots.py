@@ -1,0 +1,131 @@
+"""bench/plot.py draws the committed current results (CPU, needs matplotlib) and bench/compare.py
+compares two runs: ratios, geometric mean, --fail-over's exit status."""
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+PLOT = REPO / "bench/plot.py"
+COMPARE = REPO / "bench/compare.py"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def run(script, *args):
+    return subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True, text=True,
+                          timeout=300)
+
+
+def write(path, doc):
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_plot_draws_the_current_results(tmp_path):
+    pytest.importorskip("matplotlib")
+    result = run(PLOT, "--out", tmp_path)
+    assert result.returncode == 0, result.stderr
+    for name in ("tp_speedup.png", "multinode.png", "gemm_tflops.png", "collectives_busbw.png"):
+        png = tmp_path / name
+        assert png.exists(), f"{name} missing; stdout: {result.stdout} stderr: {result.stderr}"
+        assert png.read_bytes()[:8] == PNG_SIGNATURE
+        assert png.stat().st_size < 150 * 1024, f"{name} is {png.stat().st_size} bytes"
+
+
+def test_the_current_files_named_in_the_results_index_exist():
+    spec = importlib.util.spec_from_file_location("bench_plot", PLOT)
+    plot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot)
+    files = plot.current_files()
+    assert len(files) >= 4
+    for path in files:
+        assert path.exists(), path
+
+
+def test_plot_skips_kinds_without_a_plot_and_draws_new_families(tmp_path):
+    pytest.importorskip("matplotlib")
+    suite = write(tmp_path / "suite.json", {"kind": "suite", "suite": "single-node_2ranks", "passed": 3})
+    rows = write(tmp_path / "rows.json", {"git_sha": "abc1234", "gpu": "H200", "world": 2, "rows": [
+        {"op": "ring_attention", "M": m, "ms": {"loom": 1.0 * m, "flash_nccl": 1.2 * m}} for m in (1024, 2048)
+    ] + [{"op": "mystery_op", "M": 1024, "ms": {"loom": 1.0}},
+         {"op": "ag_gemm", "M": 1024, "N": 8, "K": 8, "ms": {"loom": 1.0}, "note": "world 1"}]})
+    out = tmp_path / "img"
+    result = run(PLOT, "--out", out, suite, rows)
+    assert result.returncode == 0, result.stderr
+    assert (out / "attention.png").exists()
+    assert sorted(p.name for p in out.iterdir()) == ["attention.png"]
+    assert "suite.json: skipped, a test-suite summary" in result.stderr
+    assert "no plot for ops mystery_op" in result.stderr
+    assert "tp: 1 rows left out: not a comparison (world 1)" in result.stderr
+
+
+def test_plot_refuses_bad_input(tmp_path):
+    pytest.importorskip("matplotlib")
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    assert run(PLOT, "--out", tmp_path, broken).returncode == 1
+    assert run(PLOT, "--out", tmp_path, tmp_path / "missing.json").returncode == 2
+    suite = write(tmp_path / "suite.json", {"kind": "suite"})
+    result = run(PLOT, "--out", tmp_path, suite)
+    assert result.returncode == 2 and "nothing to plot" in result.stderr
+
+
+def tp_run(path, loom_ms, baseline_ms=1.0):
+    rows = [{"op": "ag_gemm", "dtype": "bf16", "b_layout": "nk", "M": m, "N": 8192, "K": 8192,
+             "ms": {"loom": t, "nccl_cublas": baseline_ms}} for m, t in loom_ms.items()]
+    return write(path, {"git_sha": "abc1234", "world": 2, "nodes": 1, "emulated_nodes": 0, "rows": rows})
+
+
+def ratio_column(stdout):
+    """{M: new/old} from compare.py's table."""
+    out = {}
+    for line in stdout.splitlines():
+        if line.startswith("ag_gemm"):
+            fields = line.split()
+            out[int(fields[3].split("x")[0])] = float(fields[-1])
+    return out
+
+
+def test_compare_ratios_geomean_and_fail_over(tmp_path):
+    old = tp_run(tmp_path / "old.json", {1024: 1.0, 2048: 2.0, 4096: 4.0})
+    new = tp_run(tmp_path / "new.json", {1024: 1.1, 2048: 2.0, 4096: 3.6, 8192: 8.0})
+    result = run(COMPARE, old, new)
+    assert result.returncode == 0, result.stderr
+    assert ratio_column(result.stdout) == {1024: 1.1, 2048: 1.0, 4096: 0.9}
+    geomean = (1.1 * 1.0 * 0.9) ** (1 / 3)
+    assert f"geomean new/old: {geomean:.3f} over 3 rows" in result.stdout
+    assert "only in the new run: ag_gemm bf16 nk 8192x8192x8192" in result.stderr
+    assert result.stdout.split("worst rows: ")[1].startswith("ag_gemm bf16 nk 1024x8192x8192 1.100")
+
+    assert run(COMPARE, old, new, "--fail-over", 15).returncode == 0
+    failed = run(COMPARE, old, new, "--fail-over", 5)
+    assert failed.returncode == 1
+    assert "FAIL: 1 rows slower by more than 5%: ag_gemm bf16 nk 1024x8192x8192 1.100" in failed.stdout
+
+
+def test_compare_against_a_baseline_cancels_a_uniformly_slower_gpu(tmp_path):
+    old = tp_run(tmp_path / "old.json", {1024: 1.0, 2048: 2.0}, baseline_ms=2.0)
+    new = tp_run(tmp_path / "new.json", {1024: 1.2, 2048: 2.4}, baseline_ms=2.4)
+    assert run(COMPARE, old, new, "--fail-over", 5).returncode == 1
+    relative = run(COMPARE, old, new, "--baseline", "nccl_cublas", "--fail-over", 5)
+    assert relative.returncode == 0, relative.stdout + relative.stderr
+    assert all(math.isclose(r, 1.0) for r in ratio_column(relative.stdout).values())
+
+
+def test_compare_refuses_runs_of_different_kinds_and_bad_arguments(tmp_path):
+    tp = tp_run(tmp_path / "tp.json", {1024: 1.0})
+    collectives = write(tmp_path / "coll.json", {"rows": [
+        {"op": "all_reduce", "dtype": "bf16", "bytes": 1 << 20, "ms": {"loom": 0.02, "nccl": 0.02}}]})
+    different = run(COMPARE, tp, collectives)
+    assert different.returncode == 2 and "share no row" in different.stderr
+    suite = write(tmp_path / "suite.json", {"kind": "suite"})
+    assert "test-suite summary" in run(COMPARE, tp, suite).stderr
+    missing_column = run(COMPARE, tp, tp, "--column", "torch_fused")
+    assert missing_column.returncode == 2 and "columns both timed: loom, nccl_cublas" in missing_column.stderr
+    assert run(COMPARE, tp, tp, "--fail-over", "-1").returncode == 2
+    assert run(COMPARE, tp, tmp_path / "missing.json").returncode == 2
