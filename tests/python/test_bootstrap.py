@@ -106,7 +106,7 @@ def test_from_env_without_a_secret_is_refused_naming_it(monkeypatch):
     ({"op_timeout_ms": -1}, r"CommOptions::op_timeout = -1 ms is outside \[0, 86400000\]"),
     ({"bootstrap_timeout_ms": 1 << 62}, r"CommOptions::bootstrap_timeout = 4611686018427387904 ms is outside"),
     ({"heap_bytes": 1000}, r"CommOptions::heap_bytes = 1000 is outside \[1 MiB, 1 TiB\]"),
-    ({"heap_bytes": -1}, r"heap_bytes = -1 does not fit its C++ field \[0, 18446744073709551615\]"),
+    ({"heap_bytes": -1}, r"heap_bytes = -1 does not fit its C\+\+ field \[0, 18446744073709551615\]"),
     ({"op_timeout_ms": 1.5}, "op_timeout_ms must be an int, got float"),
     ({"device": -2}, "CommOptions::device = -2: -1 picks LOCAL_RANK"),
 ])
