@@ -1,8 +1,11 @@
 """loom: fused multi-GPU kernels for NVIDIA Hopper, from Python.
 
 ``import loom`` needs neither torch nor a GPU. Tensors are any DLPack CUDA tensors (torch, CuPy,
-JAX); ops run on the caller's current stream (torch, CuPy) or on ``stream=`` (a cudaStream_t as
-an int). ``loom.torch`` registers the ops as torch.library operators (``torch.ops.loom.*``).
+JAX); ops run on the caller's current stream (torch, CuPy) or on ``stream=`` (torch.cuda.Stream,
+anything with ``__cuda_stream__``, or a cudaStream_t as an int). Where an op takes a communicator,
+a torch ProcessGroup works too (``Communicator.for_process_group`` caches one per group).
+``loom.torch`` registers the ops as torch.library operators (``torch.ops.loom.*``), with the same
+argument order (``comm`` first). The distribution is called ``loom-kernels``.
 
     comm = loom.Communicator.from_process_group()  # under torchrun, after init_process_group
     x = torch.from_dlpack(comm.empty((n,), "bf16"))  # symmetric memory (peers can read it)

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
 import socket
+import sys
+import warnings
 import weakref
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence, Union
 
 from . import _C
 from ._errors import LoomError, _from_status, _invalid
-from ._streams import default_stream
+from ._staging import StagingCache
+from ._streams import StreamArg, default_stream, stream_handle
+from ._types import DLPackArray, DTypeLike
+
+if TYPE_CHECKING:  # torch is never imported by `import loom`
+    from torch.distributed import ProcessGroup
 
 _DTYPE_NAMES = {
     "bf16": "bf16", "bfloat16": "bf16",
@@ -19,7 +27,7 @@ _DTYPE_NAMES = {
 }
 
 
-def dtype_name(dtype: Any) -> str:
+def dtype_name(dtype: DTypeLike) -> str:
     """'bf16', 'fp16' or 'fp32' for a string, a torch dtype or a numpy/CuPy dtype."""
     text = dtype if isinstance(dtype, str) else getattr(dtype, "name", None) or str(dtype)
     text = text.removeprefix("torch.")
@@ -31,7 +39,7 @@ def dtype_name(dtype: Any) -> str:
 
 # Communicators by int handle, for the torch operators (whose schemas take ints, not objects);
 # held weakly. A handle is given at creation so that torch.compile only ever reads it.
-_registry: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+_registry: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 _handles = itertools.count(1)
 
 
@@ -108,17 +116,20 @@ class Communicator:
     LOCAL_RANK, else rank % device count), ``heap_bytes`` (symmetric heap), ``op_timeout_ms``
     (device-side waits), ``bootstrap_timeout_ms`` (host-side waits: creation, barrier, empty()).
 
+    Every op that takes a communicator also takes a torch ``ProcessGroup`` in its place: the
+    communicator ``Communicator.for_process_group(group)`` caches for it.
+
     Ops on one communicator must be issued in the same order on every rank, from one stream order
     at a time. After a failure (timeout, abort) the communicator stays failed; later calls raise
     ``loom.Aborted`` with the first reason. ``close()`` (or ``with``) ends it on every rank.
     """
 
-    def __init__(self, native: "_C.Communicator") -> None:
+    def __init__(self, native: _C.Communicator) -> None:
         self._c = native
         register(self)
-        # loom.torch's symmetric staging buffers, per (role, shape, dtype): allocated on the first
-        # eager call of a shape, reused by every later call (and by captured CUDA graphs).
-        self._staging: dict = {}
+        # loom.torch's symmetric staging buffers (one growing buffer per role and dtype, under a
+        # byte budget: loom/_staging.py).
+        self._staging = StagingCache()
 
     # ---- creation ----------------------------------------------------------------------------
 
@@ -161,7 +172,7 @@ class Communicator:
                                                   **_options(device, heap_bytes, op_timeout_ms, bootstrap_timeout_ms)))
 
     @classmethod
-    def from_process_group(cls, group: Any = None, *, bind_addr: str | None = None, device: int | None = None,
+    def from_process_group(cls, group: ProcessGroup | None = None, *, bind_addr: str | None = None, device: int | None = None,
                            heap_bytes: int = 0, op_timeout_ms: int = 0,
                            bootstrap_timeout_ms: int = 0) -> "Communicator":
         """Over the ranks of a torch.distributed process group (default: the world group).
@@ -180,7 +191,7 @@ class Communicator:
         rank = dist.get_rank(group)
         world_size = dist.get_world_size(group)
         root = dist.get_global_rank(group, 0) if group is not dist.group.WORLD else 0
-        payload: list = [None]
+        payload: list[Any] = [None]
         if rank == 0:
             address = bind_addr if bind_addr is not None else _default_bind_addr(root == 0)
             try:
@@ -196,6 +207,27 @@ class Communicator:
             device = torch.cuda.current_device()
         return cls.from_unique_id(value, rank, world_size, device=device, heap_bytes=heap_bytes,
                                   op_timeout_ms=op_timeout_ms, bootstrap_timeout_ms=bootstrap_timeout_ms)
+
+    @classmethod
+    def for_process_group(cls, group: ProcessGroup | None = None, *, bind_addr: str | None = None,
+                          device: int | None = None, heap_bytes: int = 0, op_timeout_ms: int = 0,
+                          bootstrap_timeout_ms: int = 0) -> "Communicator":
+        """The communicator cached for `group` (default: the world group), which ops given the
+        group use. The first call for a group creates it with ``from_process_group`` (collective:
+        every rank of the group makes it; the options apply then and are ignored later); it is
+        closed at interpreter exit (or by ``close()``, after which the next call makes a new one)."""
+        import torch.distributed as dist
+
+        if group is None:
+            group = dist.group.WORLD
+        cached = _group_communicators.get(id(group))
+        if cached is not None and cached[0] is group and not cached[1].closed:
+            return cached[1]
+        comm = cls.from_process_group(group, bind_addr=bind_addr, device=device, heap_bytes=heap_bytes,
+                                      op_timeout_ms=op_timeout_ms, bootstrap_timeout_ms=bootstrap_timeout_ms)
+        # The group is held too, so that its id() is not reused by another group while cached.
+        _group_communicators[id(group)] = (group, comm)
+        return comm
 
     # ---- properties --------------------------------------------------------------------------
 
@@ -214,11 +246,16 @@ class Communicator:
 
     # ---- runtime -----------------------------------------------------------------------------
 
-    def synchronize(self, stream: int | None = None) -> None:
-        """Waits (bounded: the op timeout + 1 s) for the work queued on `stream` (default: the
-        current torch or CuPy stream, else the legacy default stream) and raises device-side
-        failures: ``loom.Timeout`` naming the rank that never arrived, ``loom.Aborted``."""
-        self._c.synchronize(default_stream(self.device) if stream is None else int(stream))
+    def synchronize(self, stream: StreamArg = None) -> None:
+        """Waits (bounded: the op timeout + 1 s) for the work queued on `stream` (a stream object
+        or a cudaStream_t as an int; default: the current torch or CuPy stream, else the legacy
+        default stream) and raises device-side failures: ``loom.Timeout`` naming the rank that
+        never arrived, ``loom.Aborted``."""
+        if stream is None:
+            handle = default_stream(self.device)
+        else:
+            handle = stream_handle(stream, "synchronize", self.device, self.rank)
+        self._c.synchronize(handle)
 
     def barrier(self) -> None:
         """Host barrier over all ranks (bounded by the bootstrap timeout)."""
@@ -237,7 +274,7 @@ class Communicator:
         code, reason = failure
         return _from_status(code, "health", self.rank, reason)
 
-    def empty(self, shape: Sequence[int] | int, dtype: Any) -> Any:
+    def empty(self, shape: Sequence[int] | int, dtype: DTypeLike) -> DLPackArray:
         """Collective: a symmetric buffer (peers can read and write it) as a DLPack array, e.g.
         ``torch.from_dlpack(comm.empty((m, k), torch.bfloat16))``. Contents are uninitialised.
 
@@ -269,3 +306,44 @@ class Communicator:
             return f"<loom.Communicator rank {self.rank}/{self.world_size}, closed>"
         return (f"<loom.Communicator rank {self.rank}/{self.world_size}, local {self.local_rank}/"
                 f"{self.local_world_size}, node {self.node}/{self.num_nodes}, cuda:{self.device}>")
+
+
+# Communicator.for_process_group's cache: id(group) -> (group, communicator), in creation order.
+_group_communicators: dict[int, tuple[Any, Communicator]] = {}
+
+
+def _close_group_communicators() -> None:
+    """At exit: closes the cached communicators, newest first (every rank made them in the same
+    order). One that cannot close (symmetric tensors still alive) is left to the process exit,
+    with a warning."""
+    while _group_communicators:
+        _, (_, comm) = _group_communicators.popitem()
+        try:
+            comm.close()
+        except LoomError as error:
+            warnings.warn(f"loom: the communicator cached for a process group was not closed at exit: {error}",
+                          RuntimeWarning, stacklevel=1)
+
+
+atexit.register(_close_group_communicators)
+
+
+def _process_group_type() -> type | None:
+    """torch.distributed.ProcessGroup when torch.distributed is loaded (an object can only be a
+    process group then), else None; loom never imports torch itself."""
+    dist = sys.modules.get("torch.distributed")
+    return getattr(dist, "ProcessGroup", None) if dist is not None else None
+
+
+CommLike = Union[Communicator, "ProcessGroup"]
+
+
+def as_communicator(comm: CommLike, op: str) -> Communicator:
+    """`comm` itself, or the communicator cached for a torch ProcessGroup."""
+    if isinstance(comm, Communicator):
+        return comm
+    group_type = _process_group_type()
+    if group_type is not None and isinstance(comm, group_type):
+        return Communicator.for_process_group(comm)
+    raise _invalid(op, f"comm must be a loom.Communicator or a torch.distributed ProcessGroup, got "
+                       f"{type(comm).__module__}.{type(comm).__qualname__}")

@@ -1,7 +1,9 @@
 """loom's ops on any DLPack CUDA tensors, with explicit outputs (nothing is allocated here).
 
-Each runs on ``stream`` if given (a cudaStream_t as an int), else on the current stream of the
-tensor's framework (torch, CuPy; other frameworks must pass ``stream=``). Arguments are checked
+Each runs on ``stream`` if given (a stream object: torch.cuda.Stream or anything with
+``__cuda_stream__``; or a cudaStream_t as an int), else on the current stream of the tensor's
+framework (torch, CuPy; other frameworks must pass ``stream=``). ``comm`` is a loom.Communicator or
+a torch ProcessGroup (then the communicator cached for it: ``Communicator.for_process_group``). Arguments are checked
 before anything is launched; problems raise ``loom.InvalidArgument`` (a ValueError) or
 ``loom.Unsupported`` naming the rank, the op and the reason. Launches are asynchronous:
 device-side failures (a peer that never arrives) surface at ``comm.synchronize()``.
@@ -12,64 +14,85 @@ reduce_scatter's send, all_reduce's send and recv, gemm_ar's out, ag_gemm's gath
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Optional, TypeVar
 
 from . import _C
-from ._streams import current_stream
+from ._comm import CommLike, as_communicator
+from ._streams import StreamArg, current_stream, stream_handle
+from ._types import DLPackArray
+
+Out = TypeVar("Out", bound=DLPackArray)
 
 
-def gemm(a: Any, b: Any, out: Any, *, b_layout: str = "kn", stream: int | None = None, tile: str = "auto",
-         num_ctas: int = 0) -> Any:
+def _stream(stream: StreamArg, tensor: DLPackArray, op: str, device: Optional[int] = None,
+            rank: Optional[int] = None) -> int:
+    if stream is None:
+        return current_stream(tensor, device)
+    return stream_handle(stream, op, device, rank)
+
+
+def gemm(a: DLPackArray, b: DLPackArray, out: Out, *, b_layout: str = "kn", stream: StreamArg = None,
+         tile: str = "auto", num_ctas: int = 0) -> Out:
     """out[M, N] = a[M, K] @ b on one GPU; b is [K, N] (b_layout 'kn') or an nn.Linear weight
     [N, K] ('nk'). bf16/fp16 inputs (the same for a and b), bf16/fp16/fp32 out; fp32 accumulation."""
-    _C.gemm(a, b, out, current_stream(a) if stream is None else stream, b_layout, tile, num_ctas)
+    # A stream object that names its device must be a's (torch tensors tell theirs).
+    device = a.get_device() if stream is not None and hasattr(a, "get_device") else None
+    _C.gemm(a, b, out, _stream(stream, a, "gemm", device), b_layout, tile, num_ctas)
     return out
 
 
-def all_gather(comm: Any, send: Any, recv: Any, *, stream: int | None = None, num_ctas: int = 0,
-               engine: str = "auto") -> Any:
+def all_gather(comm: CommLike, send: DLPackArray, recv: Out, *, stream: StreamArg = None, num_ctas: int = 0,
+               engine: str = "auto") -> Out:
     """recv (symmetric, world_size x send's elements) = every rank's send, in rank order."""
-    _C.all_gather(comm._c, send, recv, current_stream(send, comm.device) if stream is None else stream, num_ctas,
-                  engine)
+    c = as_communicator(comm, "all_gather")
+    _C.all_gather(c._c, send, recv, _stream(stream, send, "all_gather", c.device, c.rank), num_ctas, engine)
     return recv
 
 
-def reduce_scatter(comm: Any, send: Any, recv: Any, *, stream: int | None = None, num_ctas: int = 0) -> Any:
+def reduce_scatter(comm: CommLike, send: DLPackArray, recv: Out, *, stream: StreamArg = None,
+                   num_ctas: int = 0) -> Out:
     """recv = this rank's chunk of the sum over ranks of send (symmetric, world_size x recv's elements)."""
-    _C.reduce_scatter(comm._c, send, recv, current_stream(send, comm.device) if stream is None else stream, num_ctas)
+    c = as_communicator(comm, "reduce_scatter")
+    _C.reduce_scatter(c._c, send, recv, _stream(stream, send, "reduce_scatter", c.device, c.rank), num_ctas)
     return recv
 
 
-def all_reduce(comm: Any, send: Any, recv: Any = None, *, stream: int | None = None, num_ctas: int = 0) -> Any:
+def all_reduce(comm: CommLike, send: DLPackArray, recv: Optional[DLPackArray] = None, *, stream: StreamArg = None,
+               num_ctas: int = 0) -> DLPackArray:
     """recv = sum over ranks of send (both symmetric); in place when recv is omitted.
 
     Sums are fp32 in rank order with one rounding: every rank gets bit-identical results."""
+    c = as_communicator(comm, "all_reduce")
     if recv is None:
         recv = send
-    _C.all_reduce(comm._c, send, recv, current_stream(send, comm.device) if stream is None else stream, num_ctas)
+    _C.all_reduce(c._c, send, recv, _stream(stream, send, "all_reduce", c.device, c.rank), num_ctas)
     return recv
 
 
-def ag_gemm(comm: Any, a: Any, b: Any, out: Any, *, b_layout: str = "kn", gathered_a: Any = None,
-            stream: int | None = None, algorithm: str = "auto", comm_ctas: int = -1, tile: str = "auto") -> Any:
+def ag_gemm(comm: CommLike, a: DLPackArray, b: DLPackArray, out: Out, *, b_layout: str = "kn",
+            gathered_a: Optional[DLPackArray] = None, stream: StreamArg = None, algorithm: str = "auto",
+            comm_ctas: int = -1, tile: str = "auto") -> Out:
     """out[M, N] = AllGather_rows(a[M/W, K]) @ b. With gathered_a (symmetric [M, K]) the gathered
     A is kept there too."""
-    _C.ag_gemm(comm._c, a, b, out, current_stream(a, comm.device) if stream is None else stream, b_layout,
-               gathered_a, algorithm, comm_ctas, tile)
+    c = as_communicator(comm, "ag_gemm")
+    _C.ag_gemm(c._c, a, b, out, _stream(stream, a, "ag_gemm", c.device, c.rank), b_layout, gathered_a, algorithm,
+               comm_ctas, tile)
     return out
 
 
-def gemm_rs(comm: Any, a: Any, b: Any, out: Any, *, b_layout: str = "kn", stream: int | None = None,
-            algorithm: str = "auto", comm_ctas: int = -1, tile: str = "auto") -> Any:
+def gemm_rs(comm: CommLike, a: DLPackArray, b: DLPackArray, out: Out, *, b_layout: str = "kn",
+            stream: StreamArg = None, algorithm: str = "auto", comm_ctas: int = -1, tile: str = "auto") -> Out:
     """out[M/W, N] = ReduceScatter_rows(a[M, K] @ b), K being this rank's share of the reduction."""
-    _C.gemm_rs(comm._c, a, b, out, current_stream(a, comm.device) if stream is None else stream, b_layout, None,
-               algorithm, comm_ctas, tile)
+    c = as_communicator(comm, "gemm_rs")
+    _C.gemm_rs(c._c, a, b, out, _stream(stream, a, "gemm_rs", c.device, c.rank), b_layout, None, algorithm,
+               comm_ctas, tile)
     return out
 
 
-def gemm_ar(comm: Any, a: Any, b: Any, out: Any, *, b_layout: str = "kn", stream: int | None = None,
-            algorithm: str = "auto", comm_ctas: int = -1, tile: str = "auto") -> Any:
+def gemm_ar(comm: CommLike, a: DLPackArray, b: DLPackArray, out: Out, *, b_layout: str = "kn",
+            stream: StreamArg = None, algorithm: str = "auto", comm_ctas: int = -1, tile: str = "auto") -> Out:
     """out[M, N] (symmetric) = AllReduce(a[M, K] @ b)."""
-    _C.gemm_ar(comm._c, a, b, out, current_stream(a, comm.device) if stream is None else stream, b_layout, None,
-               algorithm, comm_ctas, tile)
+    c = as_communicator(comm, "gemm_ar")
+    _C.gemm_ar(c._c, a, b, out, _stream(stream, a, "gemm_ar", c.device, c.rank), b_layout, None, algorithm,
+               comm_ctas, tile)
     return out

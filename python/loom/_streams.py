@@ -1,11 +1,24 @@
-"""The caller's current CUDA stream, found from the tensor's framework (no framework imported here)."""
+"""CUDA streams: the caller's current one, found from the tensor's framework (no framework is
+imported here), and the stream objects that ``stream=`` takes."""
 
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, Union
 
 from ._errors import _invalid
+
+
+class CudaStreamLike(Protocol):
+    """The CUDA Python stream protocol: ``__cuda_stream__()`` returns (0, the cudaStream_t as an
+    int). torch.cuda.Stream, CuPy's and cuda.core's streams implement it."""
+
+    def __cuda_stream__(self) -> tuple[int, int]: ...
+
+
+# What every ``stream=`` takes: None (the current stream), a cudaStream_t as an int (0 is the
+# legacy default stream), or a stream object.
+StreamArg = Union[None, int, CudaStreamLike]
 
 # type(tensor) -> function(tensor, device or None) -> cudaStream_t as int
 _getters: dict[type, Callable[[Any, int | None], int]] = {}
@@ -85,3 +98,30 @@ def default_stream(device: int) -> int:
         with cupy.cuda.Device(device):
             return cupy.cuda.get_current_stream().ptr
     return 0
+
+
+def stream_handle(stream: StreamArg, op: str, device: int | None = None, rank: int | None = None) -> int:
+    """The cudaStream_t of a non-None ``stream=`` argument, as an int.
+
+    A stream object that tells its device (torch's ``device_index``, CuPy's ``device_id``) must be
+    on `device` when the op knows it: a kernel queued on another GPU's stream would run there."""
+    if type(stream) is int:
+        if stream < 0:
+            raise _invalid(op, f"stream = {stream}: a cudaStream_t is not negative", rank)
+        return stream
+    protocol = getattr(stream, "__cuda_stream__", None)
+    if protocol is None:
+        raise _invalid(op, f"stream must be a stream object (torch.cuda.Stream, anything with __cuda_stream__) or "
+                           f"a cudaStream_t as an int, got {type(stream).__name__}", rank)
+    reported = protocol()
+    if not (isinstance(reported, tuple) and len(reported) == 2 and all(type(v) is int for v in reported)):
+        raise _invalid(op, f"{type(stream).__name__}.__cuda_stream__() returned {reported!r}, not (version, handle)",
+                       rank)
+    version, handle = reported
+    if version != 0:
+        raise _invalid(op, f"{type(stream).__name__}.__cuda_stream__() speaks protocol version {version}; loom knows "
+                           "version 0", rank)
+    stream_device = getattr(stream, "device_index", getattr(stream, "device_id", None))
+    if device is not None and device >= 0 and type(stream_device) is int and stream_device != device:
+        raise _invalid(op, f"stream is on cuda:{stream_device} but the op runs on cuda:{device}", rank)
+    return handle

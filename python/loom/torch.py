@@ -2,28 +2,36 @@
 that torch.compile traces them and CUDA graphs capture them.
 
     import loom, loom.torch
-    comm = loom.Communicator.from_process_group()
-    y = loom.torch.ag_gemm(x_shard, w, comm)          # [M/W, K] -> [M, N]
-    z = loom.torch.gemm_rs(torch.nn.functional.gelu(y), w2, comm)
+    comm = loom.Communicator.from_process_group()     # or pass a torch ProcessGroup as comm
+    y = loom.torch.ag_gemm(comm, x_shard, w)          # [M/W, K] -> [M, N]
+    z = loom.torch.gemm_rs(comm, torch.nn.functional.gelu(y), w2)
+
+``comm`` comes first, as in ``loom.*``, and is a loom.Communicator or a torch ProcessGroup (then
+the communicator ``loom.Communicator.for_process_group(group)`` caches for it).
 
 Operators are functional: each returns a new tensor. Where loom needs symmetric memory (all_gather
 and gemm_ar outputs, all_reduce and reduce_scatter inputs) the op goes through a symmetric staging
-buffer that is cached on the communicator per (role, shape, dtype): the first call of a shape
-allocates it (collective: every rank makes the same calls), later calls reuse it, and a copy moves
-the data in or out. An input that is already symmetric (``loom.torch.empty``) is used in place.
-For zero-copy outputs use the explicit-output API on symmetric tensors (``loom.all_reduce(comm,
-x)`` etc.).
+buffer cached on the communicator, and a copy moves the data in or out. There is one staging
+buffer per (role, dtype), grown to the largest shape seen and viewed for smaller ones, under a
+byte budget (256 MiB unless ``set_staging_budget`` says otherwise; loom/_staging.py has the
+policy): varying batch sizes hold the largest one's bytes, not one buffer per shape. Growing is
+collective like every op (every rank makes the same calls). An input that is already symmetric
+(``loom.torch.empty``) is used in place. For zero-copy outputs use the explicit-output API on
+symmetric tensors (``loom.all_reduce(comm, x)`` etc.).
 
 CUDA graphs: the ops make no host synchronization and no allocation other than torch's own
 (graph-pool) outputs, and loom's launch epochs advance on the device, so a captured graph can be
-replayed any number of times. Run every op once eagerly with the shapes you capture first: that
-allocates the staging buffers and loom's tensor-parallel workspace, neither of which can be
-allocated during capture (such a call raises ``loom.InvalidArgument``).
+replayed any number of times. Run every op once eagerly with the largest shapes you capture first:
+that allocates the staging buffers and loom's tensor-parallel workspace, neither of which can be
+allocated during capture (such a call raises ``loom.InvalidArgument``). A staging buffer a graph
+captured is kept until the communicator closes even when a larger shape later replaces it.
 
-Communicators enter the operators as an int handle (``loom.torch.handle(comm)``; the functions
-below take the communicator and do it for you). The registry holds them weakly.
+Communicators enter the operators as an int handle, their first argument (``loom.torch.handle(comm)``;
+the functions below take the communicator and do it for you). The registry holds them weakly.
 
-No autograd formulas are registered: these are forward (inference) operators.
+No autograd formulas are registered: these are forward (inference) operators. Their outputs never
+require grad, as for a non-differentiable torch op (the Autograd key falls through, which costs
+nothing per call), so gradients do not flow through them.
 
 Overhead: operators are defined with ``torch.library.Library`` rather than the
 ``torch.library.custom_op`` decorator, whose extra Python layers cost ~15 us per call; a call
@@ -32,17 +40,18 @@ costs a few microseconds over the C++ launch.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import math
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
 from . import _C
 from . import _comm as _comm_registry
-from ._comm import Communicator
+from ._comm import CommLike, Communicator, _process_group_type, as_communicator
 from ._errors import _invalid
 
-__all__ = ["empty", "handle", "register_communicator", "gemm", "all_gather", "reduce_scatter", "all_reduce",
-           "ag_gemm", "gemm_rs", "gemm_ar"]
+__all__ = ["empty", "handle", "register_communicator", "set_staging_budget", "gemm", "all_gather",
+           "reduce_scatter", "all_reduce", "ag_gemm", "gemm_rs", "gemm_ar"]
 
 _HALF = (torch.bfloat16, torch.float16)
 _FLOAT = (torch.bfloat16, torch.float16, torch.float32)
@@ -51,11 +60,17 @@ _FLOAT = (torch.bfloat16, torch.float16, torch.float32)
 
 def register_communicator(comm: Any) -> int:
     """The int that stands for `comm` in operator calls (idempotent; loom.Communicator objects
-    have one from creation). Anything with ``local_world_size`` (and ``rank``; ``world_size`` when
-    it spans several nodes) can be registered, which is how fake-tensor tests run without a GPU.
-    Register before torch.compile traces."""
+    have one from creation; a torch ProcessGroup stands for its cached communicator). Anything with
+    ``local_world_size`` (and ``rank``; ``world_size`` when it spans several nodes) can be
+    registered, which is how fake-tensor tests run without a GPU. Register before torch.compile
+    traces."""
     h = getattr(comm, "_loom_handle", None)
-    return h if h is not None else _comm_registry.register(comm)
+    if h is not None:
+        return h
+    group_type = _process_group_type()
+    if group_type is not None and isinstance(comm, group_type):
+        return Communicator.for_process_group(comm)._loom_handle
+    return _comm_registry.register(comm)
 
 
 handle = register_communicator
@@ -68,9 +83,19 @@ def _comm(h: int, op: str) -> Any:
     return comm
 
 
-def empty(comm: Communicator, shape: Sequence[int] | int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+def empty(comm: CommLike, shape: Sequence[int] | int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """Collective: an uninitialised symmetric tensor on comm's device (see Communicator.empty)."""
-    return torch.from_dlpack(comm.empty(shape, dtype))
+    return torch.from_dlpack(as_communicator(comm, "empty").empty(shape, dtype))
+
+
+def set_staging_budget(comm: CommLike, nbytes: int) -> None:
+    """The bytes of symmetric memory loom.torch may hold in `comm`'s staging buffers (default 256
+    MiB). A call that would need more is refused with ``loom.InvalidArgument``; buffers already
+    held stay until a request replaces them. Set it to the same value on every rank."""
+    c = as_communicator(comm, "set_staging_budget")
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+        raise _invalid("set_staging_budget", f"nbytes must be an int >= 0, got {nbytes!r}", c.rank)
+    c._staging.budget_bytes = nbytes
 
 
 # ---- helpers -----------------------------------------------------------------------------------
@@ -99,16 +124,27 @@ def _check_input(x: torch.Tensor, name: str, op: str, comm: Any, dtypes: tuple =
         raise _invalid(op, f"{name} must have at least one dimension", comm.rank)
 
 
-def _staging(comm: Communicator, role: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
-    key = (role, shape, dtype)
-    buffer = comm._staging.get(key)
-    if buffer is None:
-        if torch.cuda.is_current_stream_capturing():
-            raise _invalid(role.split(".")[0], f"a symmetric staging buffer {list(shape)} {dtype} is needed, which cannot "
-                                               "be allocated during CUDA graph capture: run the op once eagerly with "
-                                               "this shape before capturing", comm.rank)
-        buffer = comm._staging[key] = empty(comm, shape, dtype)
-    return buffer
+def _staging(comm: Communicator, role: str, shape: tuple[int, ...], dtype: torch.dtype, stream: int) -> torch.Tensor:
+    """A symmetric [shape] dtype view for `role` (see the module's doc), used on `stream`."""
+    numel = math.prod(shape)
+    capturing = torch.cuda.is_current_stream_capturing()
+    view = comm._staging.lookup(role, shape, dtype, numel, stream, capturing)
+    if view is not None:
+        return view
+    op = role.split(".")[0]
+    if capturing:
+        raise _invalid(op, f"a symmetric staging buffer {list(shape)} {dtype} is needed, which cannot be allocated "
+                           "during CUDA graph capture: run the op once eagerly with this shape (or a larger one) "
+                           "before capturing", comm.rank)
+    # A buffer holds at least one element: symmetric allocations are never empty.
+    return comm._staging.grow(role, shape, dtype, numel, dtype.itemsize, stream,
+                              lambda count, dt: empty(comm, (max(count, 1),), dt), comm.synchronize, op, comm.rank)
+
+
+def _without_history(x: torch.Tensor) -> torch.Tensor:
+    """x, detached if it requires grad: the kernels run with autograd on (the Autograd key falls
+    through), and a copy of x into a cached staging buffer must not give that buffer a history."""
+    return x.detach() if x.requires_grad else x
 
 
 def _is_symmetric(comm: Communicator, x: torch.Tensor) -> bool:
@@ -143,25 +179,33 @@ def _tp_shapes(op: str, a: torch.Tensor, b: torch.Tensor, b_layout: str, world: 
 
 _lib = torch.library.Library("loom", "DEF")
 _lib.define("gemm(Tensor a, Tensor b, str b_layout='kn', ScalarType? out_dtype=None) -> Tensor")
-_lib.define("all_gather(Tensor x, int comm) -> Tensor")
-_lib.define("reduce_scatter(Tensor x, int comm) -> Tensor")
-_lib.define("all_reduce(Tensor x, int comm) -> Tensor")
-_lib.define("ag_gemm(Tensor a, Tensor b, int comm, str b_layout='kn') -> Tensor")
-_lib.define("gemm_rs(Tensor a, Tensor b, int comm, str b_layout='kn') -> Tensor")
-_lib.define("gemm_ar(Tensor a, Tensor b, int comm, str b_layout='kn') -> Tensor")
+# `comm` first, as in the Python functions below and in loom.*.
+_lib.define("all_gather(int comm, Tensor x) -> Tensor")
+_lib.define("reduce_scatter(int comm, Tensor x) -> Tensor")
+_lib.define("all_reduce(int comm, Tensor x) -> Tensor")
+_lib.define("ag_gemm(int comm, Tensor a, Tensor b, str b_layout='kn') -> Tensor")
+_lib.define("gemm_rs(int comm, Tensor a, Tensor b, str b_layout='kn') -> Tensor")
+_lib.define("gemm_ar(int comm, Tensor a, Tensor b, str b_layout='kn') -> Tensor")
+
+OPS = ("gemm", "all_gather", "reduce_scatter", "all_reduce", "ag_gemm", "gemm_rs", "gemm_ar")
+
+_Fn = Callable[..., torch.Tensor]
 
 
-def _impl(name: str):
+def _impl(name: str) -> Callable[[_Fn], _Fn]:
     # CPU too, so that a CPU tensor gets loom's error instead of a dispatcher message.
-    def register(fn):
+    def register(fn: _Fn) -> _Fn:
         _lib.impl(name, fn, "CUDA")
         _lib.impl(name, fn, "CPU")
+        # Non-differentiable: a Python autograd kernel would cost 5-17 us per call; the
+        # fallthrough costs nothing and leaves the outputs without autograd history.
+        _lib.impl(name, torch.library.fallthrough_kernel, "Autograd")
         return fn
     return register
 
 
-def _fake(name: str):
-    def register(fn):
+def _fake(name: str) -> Callable[[_Fn], _Fn]:
+    def register(fn: _Fn) -> _Fn:
         torch.library.register_fake(f"loom::{name}", fn, lib=_lib)
         return fn
     return register
@@ -201,16 +245,17 @@ def _gemm_fake(a, b, b_layout="kn", out_dtype=None):
 # collectives -----------------------------------------------------------------------------------
 
 @_impl("all_gather")
-def _all_gather_impl(x, comm):
+def _all_gather_impl(comm, x):
     c = _comm(comm, "all_gather")
     _check_input(x, "x", "all_gather", c)
-    recv = _staging(c, "all_gather.recv", (c.local_world_size * x.shape[0], *x.shape[1:]), x.dtype)
-    _C.all_gather(c._c, x, recv, _raw_stream(c.device))
+    stream = _raw_stream(c.device)
+    recv = _staging(c, "all_gather.recv", (c.local_world_size * x.shape[0], *x.shape[1:]), x.dtype, stream)
+    _C.all_gather(c._c, x, recv, stream)
     return recv.clone()
 
 
 @_fake("all_gather")
-def _all_gather_fake(x, comm):
+def _all_gather_fake(comm, x):
     c = _comm(comm, "all_gather")
     if x.dim() == 0:
         raise _invalid("all_gather", "x must have at least one dimension", c.rank)
@@ -225,38 +270,42 @@ def _scatter_shape(x: torch.Tensor, c: Any) -> tuple:
 
 
 @_impl("reduce_scatter")
-def _reduce_scatter_impl(x, comm):
+def _reduce_scatter_impl(comm, x):
     c = _comm(comm, "reduce_scatter")
     _check_input(x, "x", "reduce_scatter", c)
+    x = _without_history(x)
     out = x.new_empty(_scatter_shape(x, c))
+    stream = _raw_stream(c.device)
     send = x
     if not _is_symmetric(c, x):
-        send = _staging(c, "reduce_scatter.send", tuple(x.shape), x.dtype)
+        send = _staging(c, "reduce_scatter.send", tuple(x.shape), x.dtype, stream)
         send.copy_(x)
-    _C.reduce_scatter(c._c, send, out, _raw_stream(c.device))
+    _C.reduce_scatter(c._c, send, out, stream)
     return out
 
 
 @_fake("reduce_scatter")
-def _reduce_scatter_fake(x, comm):
+def _reduce_scatter_fake(comm, x):
     return x.new_empty(_scatter_shape(x, _comm(comm, "reduce_scatter")))
 
 
 @_impl("all_reduce")
-def _all_reduce_impl(x, comm):
+def _all_reduce_impl(comm, x):
     c = _comm(comm, "all_reduce")
     _check_input(x, "x", "all_reduce", c)
-    staging = _staging(c, "all_reduce.buffer", tuple(x.shape), x.dtype)
+    x = _without_history(x)
+    stream = _raw_stream(c.device)
+    staging = _staging(c, "all_reduce.buffer", tuple(x.shape), x.dtype, stream)
     if _is_symmetric(c, x):
-        _C.all_reduce(c._c, x, staging, _raw_stream(c.device))
+        _C.all_reduce(c._c, x, staging, stream)
     else:
         staging.copy_(x)
-        _C.all_reduce(c._c, staging, staging, _raw_stream(c.device))
+        _C.all_reduce(c._c, staging, staging, stream)
     return staging.clone()
 
 
 @_fake("all_reduce")
-def _all_reduce_fake(x, comm):
+def _all_reduce_fake(comm, x):
     _comm(comm, "all_reduce")
     return torch.empty_like(x)
 
@@ -264,7 +313,7 @@ def _all_reduce_fake(x, comm):
 # tensor-parallel GEMMs -----------------------------------------------------------------------
 
 @_impl("ag_gemm")
-def _ag_gemm_impl(a, b, comm, b_layout="kn"):
+def _ag_gemm_impl(comm, a, b, b_layout="kn"):
     c = _comm(comm, "ag_gemm")
     m, n, _ = _tp_shapes("ag_gemm", a, b, b_layout, _tp_world(c), c.rank)
     out = a.new_empty((m, n))
@@ -273,7 +322,7 @@ def _ag_gemm_impl(a, b, comm, b_layout="kn"):
 
 
 @_impl("gemm_rs")
-def _gemm_rs_impl(a, b, comm, b_layout="kn"):
+def _gemm_rs_impl(comm, a, b, b_layout="kn"):
     c = _comm(comm, "gemm_rs")
     m, n, _ = _tp_shapes("gemm_rs", a, b, b_layout, _tp_world(c), c.rank)
     out = a.new_empty((m // _tp_world(c), n))
@@ -282,17 +331,18 @@ def _gemm_rs_impl(a, b, comm, b_layout="kn"):
 
 
 @_impl("gemm_ar")
-def _gemm_ar_impl(a, b, comm, b_layout="kn"):
+def _gemm_ar_impl(comm, a, b, b_layout="kn"):
     c = _comm(comm, "gemm_ar")
     m, n, _ = _tp_shapes("gemm_ar", a, b, b_layout, _tp_world(c), c.rank)
     _check_input(a, "a", "gemm_ar", c, _HALF)
-    out = _staging(c, "gemm_ar.out", (m, n), a.dtype)
-    _C.gemm_ar(c._c, a, b, out, _raw_stream(c.device), b_layout)
+    stream = _raw_stream(c.device)
+    out = _staging(c, "gemm_ar.out", (m, n), a.dtype, stream)
+    _C.gemm_ar(c._c, a, b, out, stream, b_layout)
     return out.clone()
 
 
-def _tp_fake(op: str):
-    def fake(a, b, comm, b_layout="kn"):
+def _tp_fake(op: str) -> _Fn:
+    def fake(comm, a, b, b_layout="kn"):
         c = _comm(comm, op)
         m, n, _ = _tp_shapes(op, a, b, b_layout, _tp_world(c), c.rank)
         return a.new_empty((m // _tp_world(c) if op == "gemm_rs" else m, n))
@@ -305,36 +355,36 @@ for _op in ("ag_gemm", "gemm_rs", "gemm_ar"):
 
 # ---- Python entry points -----------------------------------------------------------------------
 
-def gemm(a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn", out_dtype: torch.dtype | None = None) -> torch.Tensor:
+def gemm(a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn", out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """a[M, K] @ b ([K, N], or an nn.Linear weight [N, K] with b_layout='nk'): a new [M, N] tensor."""
     return torch.ops.loom.gemm.default(a, b, b_layout, out_dtype)
 
 
-def all_gather(x: torch.Tensor, comm: Any) -> torch.Tensor:
+def all_gather(comm: CommLike, x: torch.Tensor) -> torch.Tensor:
     """[n, ...] on every rank -> [W * n, ...], rank order."""
-    return torch.ops.loom.all_gather.default(x, register_communicator(comm))
+    return torch.ops.loom.all_gather.default(register_communicator(comm), x)
 
 
-def reduce_scatter(x: torch.Tensor, comm: Any) -> torch.Tensor:
+def reduce_scatter(comm: CommLike, x: torch.Tensor) -> torch.Tensor:
     """[W * n, ...] -> this rank's [n, ...] chunk of the sum over ranks."""
-    return torch.ops.loom.reduce_scatter.default(x, register_communicator(comm))
+    return torch.ops.loom.reduce_scatter.default(register_communicator(comm), x)
 
 
-def all_reduce(x: torch.Tensor, comm: Any) -> torch.Tensor:
+def all_reduce(comm: CommLike, x: torch.Tensor) -> torch.Tensor:
     """The sum over ranks, bit-identical on every rank (a new tensor; x is not modified)."""
-    return torch.ops.loom.all_reduce.default(x, register_communicator(comm))
+    return torch.ops.loom.all_reduce.default(register_communicator(comm), x)
 
 
-def ag_gemm(a: torch.Tensor, b: torch.Tensor, comm: Any, *, b_layout: str = "kn") -> torch.Tensor:
+def ag_gemm(comm: CommLike, a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn") -> torch.Tensor:
     """AllGather_rows(a[M/W, K]) @ b -> [M, N]."""
-    return torch.ops.loom.ag_gemm.default(a, b, register_communicator(comm), b_layout)
+    return torch.ops.loom.ag_gemm.default(register_communicator(comm), a, b, b_layout)
 
 
-def gemm_rs(a: torch.Tensor, b: torch.Tensor, comm: Any, *, b_layout: str = "kn") -> torch.Tensor:
+def gemm_rs(comm: CommLike, a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn") -> torch.Tensor:
     """ReduceScatter_rows(a[M, K_r] @ b) -> [M/W, N]."""
-    return torch.ops.loom.gemm_rs.default(a, b, register_communicator(comm), b_layout)
+    return torch.ops.loom.gemm_rs.default(register_communicator(comm), a, b, b_layout)
 
 
-def gemm_ar(a: torch.Tensor, b: torch.Tensor, comm: Any, *, b_layout: str = "kn") -> torch.Tensor:
+def gemm_ar(comm: CommLike, a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn") -> torch.Tensor:
     """AllReduce(a[M, K_r] @ b) -> [M, N]."""
-    return torch.ops.loom.gemm_ar.default(a, b, register_communicator(comm), b_layout)
+    return torch.ops.loom.gemm_ar.default(register_communicator(comm), a, b, b_layout)

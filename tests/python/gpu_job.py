@@ -108,7 +108,7 @@ def check_ag_gemm_keeps_the_gathered_a(comm, seed, m, n, k):
 
 def poison(comm, *shapes_dtypes):
     """NaN into loom.torch's staging buffers and into blocks torch's allocator hands out next."""
-    for buffer in comm._staging.values():
+    for buffer in comm._staging.buffers():
         buffer.fill_(float("nan"))
     for shape, dtype in shapes_dtypes:
         torch.full(shape, float("nan"), dtype=dtype, device="cuda")  # freed at once: the next alloc of this size reuses it
@@ -131,7 +131,7 @@ def check_tp_op(comm, seed, op, m, n, k, layout, dtype):
     assert err < GEMM_TOLERANCE[dtype], (op, m, n, k, err)
 
     poison(comm, ((rows, n), dtype))
-    out2 = getattr(lt, op)(a, b, comm, b_layout=layout)
+    out2 = getattr(lt, op)(comm, a, b, b_layout=layout)
     comm.synchronize()
     assert out2.shape == (rows, n)
     assert rel_err(out2, ref) < GEMM_TOLERANCE[dtype], (op, m, n, k)

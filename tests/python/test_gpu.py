@@ -12,6 +12,7 @@ are compared with an fp32 reference by relative Frobenius error.
 
 import json
 import os
+import random
 import statistics
 import time
 
@@ -206,15 +207,38 @@ def test_torch_collectives(comm, seed, dtype, symmetric_input):
         x.copy_(parts[comm.rank])
     for _ in range(3):  # steady state: staging buffers reused, results still fresh tensors
         poison(comm, ((w * shape[0], shape[1]), dtype), (shape, dtype), ((shape[0] // w, shape[1]), dtype))
-        gathered = lt.all_gather(x, comm)
-        scattered = lt.reduce_scatter(x, comm)
-        reduced = lt.all_reduce(x, comm)
+        gathered = lt.all_gather(comm, x)
+        scattered = lt.reduce_scatter(comm, x)
+        reduced = lt.all_reduce(comm, x)
         comm.synchronize()
         assert torch.equal(gathered, torch.cat(parts))
         assert torch.equal(scattered, rank_sum(parts, dtype).chunk(w)[comm.rank])
         assert torch.equal(reduced, rank_sum(parts, dtype))
         assert torch.equal(x, parts[comm.rank]), "the input was modified"
-    assert reduced.data_ptr() != comm._staging[("all_reduce.buffer", shape, dtype)].data_ptr()
+    assert reduced.data_ptr() != comm._staging.buffer("all_reduce.buffer", dtype).data_ptr()
+
+
+# ---- torch.library.opcheck on the real kernels -----------------------------------------------------
+
+def opcheck_args(comm, seed, op, requires_grad):
+    """Arguments of `op` for opcheck: the same shapes on every rank (opcheck's runs are collective)."""
+    w, h = comm.world_size, lt.handle(comm)
+    a = rand(seed, f"opcheck-{op}", comm.rank, (128 if op == "ag_gemm" else 128 * w, 64)).requires_grad_(requires_grad)
+    b = rand(seed, f"opcheck-{op}-b", comm.rank, (96, 64), scale=0.125)
+    if op == "gemm":
+        return (a, b, "nk", FP32)
+    if op in ("ag_gemm", "gemm_rs", "gemm_ar"):
+        return (h, a, b, "nk")
+    return (h, rand(seed, f"opcheck-{op}", comm.rank, (16 * w, 24)).requires_grad_(requires_grad))
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["plain", "grad"])
+@pytest.mark.parametrize("op", lt.OPS)
+def test_opcheck(comm, seed, op, requires_grad):
+    """Schema, autograd registration, fake function against the kernel, and torch.compile
+    (aot_dispatch_dynamic), with loom's kernels."""
+    torch.library.opcheck(getattr(torch.ops.loom, op).default, opcheck_args(comm, seed, op, requires_grad))
+    comm.synchronize()
 
 
 # ---- CUDA graphs ----------------------------------------------------------------------------------
@@ -226,9 +250,9 @@ def test_cuda_graph_replayed_100_times_equals_eager(comm, seed):
     m, hidden, ffn = 1024, 512, 1024
 
     def block(x, w1, w2):
-        h = lt.ag_gemm(x, w1, comm, b_layout="nk")  # [m, ffn / w]
-        y = lt.gemm_rs(h, w2, comm, b_layout="nk")  # [m / w, hidden]
-        return lt.all_reduce(y, comm)
+        h = lt.ag_gemm(comm, x, w1, b_layout="nk")  # [m, ffn / w]
+        y = lt.gemm_rs(comm, h, w2, b_layout="nk")  # [m / w, hidden]
+        return lt.all_reduce(comm, y)
 
     w1 = rand(seed, "graph-w1", comm.rank, (ffn // w, hidden), scale=hidden ** -0.5)
     w2 = rand(seed, "graph-w2", comm.rank, (hidden, ffn // w), scale=ffn ** -0.5)
@@ -265,13 +289,136 @@ def test_cuda_graph_replayed_100_times_equals_eager(comm, seed):
 
 
 def test_capture_before_warm_up_is_refused(comm):
-    shape = (8, 8, 8, 3)  # a shape no other test used: no staging buffer yet
-    x = torch.ones(shape, dtype=BF16, device="cuda")
+    # No other test all-gathers fp16 through loom.torch: that staging buffer does not exist yet.
+    assert comm._staging.buffer("all_gather.recv", FP16) is None
+    x = torch.ones((8, 8, 8, 3), dtype=FP16, device="cuda")
     graph = torch.cuda.CUDAGraph()
     with pytest.raises(loom.InvalidArgument, match="run the op once eagerly"):
         with torch.cuda.graph(graph):
-            lt.all_gather(x, comm)
+            lt.all_gather(comm, x)
     comm.synchronize()
+
+
+def test_captured_staging_buffer_outlives_its_growth(comm, seed):
+    """A graph captured on a small staging buffer still replays correctly after a larger eager
+    call replaced that buffer: the captured one is retired, not freed."""
+    w = comm.world_size
+    parts = [rand(seed, "retire", r, (16, 64), FP32) for r in range(w)]
+    x = parts[comm.rank].clone()
+    lt.all_reduce(comm, x)  # warm-up at this size
+    comm.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = lt.all_reduce(comm, x)
+    comm.synchronize()
+    held = comm._staging.held_bytes()
+    big = lt.all_reduce(comm, torch.ones((4096, 64), dtype=FP32, device="cuda"))  # grows the buffer
+    comm.synchronize()
+    assert torch.all(big == w).item()
+    assert comm._staging.held_bytes() > held
+    out.fill_(NAN)
+    graph.replay()
+    comm.synchronize()
+    assert torch.equal(out, rank_sum(parts, FP32))
+
+
+# ---- the staging cache's budget ------------------------------------------------------------------
+
+def test_staging_stays_bounded_over_100_batch_sizes(comm, seed):
+    """Serving with 100 different batch sizes (in a shuffled order, the same on every rank): the
+    staging buffers hold at most the largest request of each role (x2 for the geometric growth),
+    and every result is still right."""
+    w, hidden = comm.world_size, 256
+    fresh = loom.Communicator.from_process_group(heap_bytes=256 << 20)
+    try:
+        sizes = list(range(1, 101))
+        random.Random(seed).shuffle(sizes)
+        weight = rand(seed, "budget-w", comm.rank, (hidden, hidden), scale=hidden ** -0.5)
+        for step, batch in enumerate(sizes):
+            x = rand(seed, f"budget{batch}", comm.rank, (batch * w, hidden))
+            reduced = lt.all_reduce(fresh, x)
+            gathered = lt.all_gather(fresh, x)
+            scattered = lt.reduce_scatter(fresh, x)
+            projected = lt.gemm_ar(fresh, x, weight)
+            if step % 10 == 0:  # a sample of the results, against the explicit API
+                fresh.synchronize()
+                parts = [rand(seed, f"budget{batch}", r, (batch * w, hidden)) for r in range(w)]
+                assert torch.equal(reduced, rank_sum(parts, BF16))
+                assert torch.equal(gathered, torch.cat(parts))
+                assert torch.equal(scattered, rank_sum(parts, BF16).chunk(w)[comm.rank])
+                assert projected.shape == (batch * w, hidden)
+        fresh.synchronize()
+        largest = 100 * w * hidden * 2  # bytes of the largest x (bf16)
+        # all_reduce.buffer and reduce_scatter.send: largest x; all_gather.recv: w x; gemm_ar.out: largest x.
+        bound = 2 * largest * (3 + w)
+        assert fresh._staging.held_bytes() <= bound, (fresh._staging.held_bytes(), bound)
+        assert fresh._staging.allocations <= 4 * 8, fresh._staging.allocations  # O(log) growths per role
+    finally:
+        fresh.close()
+
+
+def test_staging_budget_refuses_a_request_over_it(comm):
+    fresh = loom.Communicator.from_process_group(heap_bytes=64 << 20)
+    try:
+        lt.set_staging_budget(fresh, 1 << 20)
+        ok = lt.all_reduce(fresh, torch.ones((1 << 18,), dtype=FP32, device="cuda"))  # exactly 1 MiB
+        with pytest.raises(loom.InvalidArgument, match="staging budget is 1048576 bytes"):
+            lt.all_reduce(fresh, torch.ones((1 << 18) + 1, dtype=FP32, device="cuda"))
+        fresh.synchronize()
+        assert torch.all(ok == fresh.world_size).item()
+        del ok
+    finally:
+        fresh.close()
+
+
+# ---- process groups and stream objects ---------------------------------------------------------
+
+def test_ops_take_a_process_group(comm, seed):
+    """A torch ProcessGroup where a communicator goes: one cached communicator per group."""
+    group = dist.group.WORLD
+    cached = loom.Communicator.for_process_group(group, heap_bytes=64 << 20)
+    assert loom.Communicator.for_process_group(group) is cached
+    w = comm.world_size
+    parts = [rand(seed, "pg", r, (8 * w, 32)) for r in range(w)]
+    reduced = lt.all_reduce(group, parts[comm.rank])
+    sym = lt.empty(group, (8 * w, 32), BF16)
+    sym.copy_(parts[comm.rank])
+    loom.all_reduce(group, sym)
+    cached.synchronize()
+    assert torch.equal(reduced, rank_sum(parts, BF16))
+    assert torch.equal(sym, rank_sum(parts, BF16))
+    del sym
+
+
+def test_stream_objects(comm, seed):
+    """torch.cuda.Stream, any __cuda_stream__ object and ints are all streams."""
+    class ProtocolStream:
+        def __init__(self, stream):
+            self.stream = stream
+
+        def __cuda_stream__(self):
+            return (0, self.stream.cuda_stream)
+
+    side = torch.cuda.Stream()
+    a = rand(seed, "streams-a", comm.rank, (256, 128))
+    b = rand(seed, "streams-b", comm.rank, (128, 64))
+    ref = a.float() @ b.float()
+    side.wait_stream(torch.cuda.current_stream())
+    for stream in (side, ProtocolStream(side), side.cuda_stream):
+        out = torch.full((256, 64), NAN, dtype=BF16, device="cuda")
+        side.wait_stream(torch.cuda.current_stream())
+        loom.gemm(a, b, out, stream=stream)
+        comm.synchronize(stream)
+        assert rel_err(out, ref) < GEMM_TOLERANCE[BF16], type(stream)
+    x = lt.empty(comm, (1024,), BF16).fill_(1.0)
+    torch.cuda.current_stream().synchronize()
+    loom.all_reduce(comm, x, stream=side)
+    comm.synchronize(side)
+    assert torch.all(x == comm.world_size).item()
+    if torch.cuda.device_count() > 1:
+        other = torch.cuda.Stream(device=(comm.device + 1) % torch.cuda.device_count())
+        with pytest.raises(loom.InvalidArgument, match="stream is on cuda:"):
+            loom.all_reduce(comm, x, stream=other)
 
 
 # ---- errors on real devices ---------------------------------------------------------------------
@@ -313,11 +460,11 @@ def test_python_overhead_per_call(comm, seed):
     a_shard = torch.randn(128 // comm.world_size, 128, device="cuda", dtype=BF16)
 
     cases = {
-        "all_reduce": (lambda: loom.all_reduce(comm, x), lambda: lt.all_reduce(x, comm),
+        "all_reduce": (lambda: loom.all_reduce(comm, x), lambda: lt.all_reduce(comm, x),
                        ("all_reduce", (comm._c, x, x, stream))),
         "gemm": (lambda: loom.gemm(a, b, c), lambda: lt.gemm(a, b),
                  ("gemm", (a, b, c, stream))),
-        "ag_gemm": (lambda: loom.ag_gemm(comm, a_shard, b, c), lambda: lt.ag_gemm(a_shard, b, comm),
+        "ag_gemm": (lambda: loom.ag_gemm(comm, a_shard, b, c), lambda: lt.ag_gemm(comm, a_shard, b),
                     ("ag_gemm", (comm._c, a_shard, b, c, stream))),
     }
 

@@ -59,11 +59,11 @@ def test_collective_shapes(comm, dtype):
     w = comm.local_world_size
     with FakeTensorMode():
         x = fake(8 * w, 3, 5, dtype=dtype)
-        gathered = torch.ops.loom.all_gather(x, h)
+        gathered = torch.ops.loom.all_gather(h, x)
         assert gathered.shape == (8 * w * w, 3, 5) and gathered.dtype == dtype
-        scattered = torch.ops.loom.reduce_scatter(x, h)
+        scattered = torch.ops.loom.reduce_scatter(h, x)
         assert scattered.shape == (8, 3, 5) and scattered.dtype == dtype
-        reduced = torch.ops.loom.all_reduce(x, h)
+        reduced = torch.ops.loom.all_reduce(h, x)
         assert reduced.shape == x.shape and reduced.dtype == dtype
 
 
@@ -72,9 +72,9 @@ def test_collective_shape_errors(comm):
     w = comm.local_world_size
     with FakeTensorMode():
         with pytest.raises(loom.InvalidArgument, match=f"must divide by the world size {w}"):
-            torch.ops.loom.reduce_scatter(fake(w + 1, 4), h)
+            torch.ops.loom.reduce_scatter(h, fake(w + 1, 4))
         with pytest.raises(loom.InvalidArgument, match="at least one dimension"):
-            torch.ops.loom.all_gather(fake(), h)
+            torch.ops.loom.all_gather(h, fake())
 
 
 @pytest.mark.parametrize("layout", ["kn", "nk"])
@@ -84,10 +84,10 @@ def test_tp_shapes(comm, layout):
     m, n, k = 128 * w, 96, 64
     with FakeTensorMode():
         b = fake(k, n) if layout == "kn" else fake(n, k)
-        assert torch.ops.loom.ag_gemm(fake(m // w, k), b, h, layout).shape == (m, n)
-        assert torch.ops.loom.gemm_rs(fake(m, k), b, h, layout).shape == (m // w, n)
-        assert torch.ops.loom.gemm_ar(fake(m, k), b, h, layout).shape == (m, n)
-        assert torch.ops.loom.gemm_ar(fake(m, k, dtype=FP16), b.half(), h, layout).dtype == FP16
+        assert torch.ops.loom.ag_gemm(h, fake(m // w, k), b, layout).shape == (m, n)
+        assert torch.ops.loom.gemm_rs(h, fake(m, k), b, layout).shape == (m // w, n)
+        assert torch.ops.loom.gemm_ar(h, fake(m, k), b, layout).shape == (m, n)
+        assert torch.ops.loom.gemm_ar(h, fake(m, k, dtype=FP16), b.half(), layout).dtype == FP16
 
 
 @pytest.mark.parametrize("nodes", [2, 4])
@@ -101,10 +101,10 @@ def test_tp_shapes_across_nodes_split_over_every_rank(nodes):
     m, n, k = 128 * w, 96, 64
     with FakeTensorMode():
         b = fake(k, n)
-        assert torch.ops.loom.ag_gemm(fake(m // w, k), b, h, "kn").shape == (m, n)
-        assert torch.ops.loom.gemm_rs(fake(m, k), b, h, "kn").shape == (m // w, n)
-        assert torch.ops.loom.gemm_ar(fake(m, k), b, h, "kn").shape == (m, n)
-        assert torch.ops.loom.all_gather(fake(8, 4), h).shape == (8 * comm.local_world_size, 4)
+        assert torch.ops.loom.ag_gemm(h, fake(m // w, k), b, "kn").shape == (m, n)
+        assert torch.ops.loom.gemm_rs(h, fake(m, k), b, "kn").shape == (m // w, n)
+        assert torch.ops.loom.gemm_ar(h, fake(m, k), b, "kn").shape == (m, n)
+        assert torch.ops.loom.all_gather(h, fake(8, 4)).shape == (8 * comm.local_world_size, 4)
 
 
 def test_tp_shape_errors(comm):
@@ -112,19 +112,19 @@ def test_tp_shape_errors(comm):
     w = comm.local_world_size
     with FakeTensorMode():
         with pytest.raises(loom.InvalidArgument, match=f"M = {128 * w + 1} rows of a do not divide"):
-            torch.ops.loom.gemm_rs(fake(128 * w + 1, 64), fake(64, 32), h)
+            torch.ops.loom.gemm_rs(h, fake(128 * w + 1, 64), fake(64, 32))
         with pytest.raises(loom.InvalidArgument, match=r"K = 64\) but b is \[32, 64\]"):
-            torch.ops.loom.ag_gemm(fake(128, 64), fake(32, 64), h, "kn")
+            torch.ops.loom.ag_gemm(h, fake(128, 64), fake(32, 64), "kn")
         with pytest.raises(loom.InvalidArgument, match="b_layout 'xy'"):
-            torch.ops.loom.gemm_ar(fake(128, 64), fake(64, 32), h, "xy")
+            torch.ops.loom.gemm_ar(h, fake(128, 64), fake(64, 32), "xy")
         with pytest.raises(loom.InvalidArgument, match="bfloat16 or float16"):
-            torch.ops.loom.gemm_ar(fake(128, 64, dtype=FP32), fake(64, 32, dtype=FP32), h)
+            torch.ops.loom.gemm_ar(h, fake(128, 64, dtype=FP32), fake(64, 32, dtype=FP32))
 
 
 def test_unregistered_handle_is_a_clear_error():
     with FakeTensorMode():
         with pytest.raises(loom.InvalidArgument, match="no live loom communicator has handle 987654"):
-            torch.ops.loom.all_reduce(fake(4), 987654)
+            torch.ops.loom.all_reduce(987654, fake(4))
 
 
 def test_handles_are_stable_and_weak():
@@ -136,7 +136,7 @@ def test_handles_are_stable_and_weak():
     del comm
     gc.collect()
     with FakeTensorMode(), pytest.raises(loom.InvalidArgument, match="no live loom communicator"):
-        torch.ops.loom.all_reduce(fake(4), h)
+        torch.ops.loom.all_reduce(h, fake(4))
 
 
 def test_torch_compile_traces_a_tp_block():
@@ -153,10 +153,10 @@ def test_torch_compile_traces_a_tp_block():
         return lambda *args: [torch.zeros(shape, dtype=dtype) for shape, dtype in shapes]
 
     def tp_mlp(x, w1, w2, w3):
-        h = torch.nn.functional.gelu(lt.ag_gemm(x, w1, comm, b_layout="nk"))  # [128, 48]
-        y = lt.gemm_rs(h, w2, comm, b_layout="nk")                             # [64, 32]
+        h = torch.nn.functional.gelu(lt.ag_gemm(comm, x, w1, b_layout="nk"))  # [128, 48]
+        y = lt.gemm_rs(comm, h, w2, b_layout="nk")                             # [64, 32]
         z = lt.gemm(y, w3)                                                     # [64, 32]
-        return lt.all_reduce(z, comm) + lt.all_gather(z, comm)[:64] + lt.reduce_scatter(z.repeat(2, 1), comm)
+        return lt.all_reduce(comm, z) + lt.all_gather(comm, z)[:64] + lt.reduce_scatter(comm, z.repeat(2, 1))
 
     compiled = torch.compile(tp_mlp, backend=record, fullgraph=True)
     x, w1 = torch.randn(64, 32, dtype=BF16), torch.randn(48, 32, dtype=BF16)

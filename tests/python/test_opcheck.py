@@ -1,0 +1,144 @@
+"""torch.library.opcheck for every loom.torch operator, on CPU.
+
+opcheck compares an op's fake (meta) function with its real kernel, so it needs a kernel that
+runs. loom's kernels need GPUs; here a test-only CPU kernel per op computes what the op computes
+for a stand-in communicator of W ranks that all hold this rank's inputs (all_gather: W copies;
+the sums: W times the input). It replaces loom's CPU kernel (which only refuses CPU tensors) for
+the duration of the test, so the checks exercise loom's schemas, fake functions and autograd
+registration: test_schema, test_autograd_registration, test_faketensor and
+test_aot_dispatch_dynamic. test_gpu.py runs opcheck on the real kernels."""
+
+import contextlib
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import loom.torch as lt  # noqa: E402
+
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+
+
+class StandInComm:
+    def __init__(self, world: int) -> None:
+        self.local_world_size = world
+        self.rank = 0
+        self.device = 0
+
+
+WORLD = 2
+COMM = StandInComm(WORLD)
+HANDLE = lt.register_communicator(COMM)
+
+
+def _dense(b, b_layout):
+    return b if b_layout == "kn" else b.t()
+
+
+def _sum_over_ranks(x):
+    """The stand-in's reduction: W ranks holding x, summed in fp32 with one rounding."""
+    return (x.float() * WORLD).to(x.dtype)
+
+
+REFERENCE_KERNELS = {
+    "gemm": lambda a, b, b_layout="kn", out_dtype=None: (a.float() @ _dense(b, b_layout).float()).to(
+        out_dtype or a.dtype),
+    "all_gather": lambda comm, x: torch.cat([x] * WORLD),
+    "reduce_scatter": lambda comm, x: _sum_over_ranks(x).chunk(WORLD)[0].clone(),
+    "all_reduce": lambda comm, x: _sum_over_ranks(x),
+    "ag_gemm": lambda comm, a, b, b_layout="kn": (torch.cat([a] * WORLD).float() @ _dense(b, b_layout).float()).to(
+        a.dtype),
+    "gemm_rs": lambda comm, a, b, b_layout="kn": _sum_over_ranks(a.float() @ _dense(b, b_layout).float()).to(
+        a.dtype).chunk(WORLD)[0].clone(),
+    "gemm_ar": lambda comm, a, b, b_layout="kn": _sum_over_ranks(a.float() @ _dense(b, b_layout).float()).to(a.dtype),
+}
+
+
+def _like_a_kernel(reference):
+    """Computed without autograd, as loom's kernels write their outputs."""
+    def kernel(*args):
+        with torch.no_grad():
+            return reference(*args)
+    return kernel
+
+
+@contextlib.contextmanager
+def reference_kernels():
+    """The reference kernels in place of loom's CPU ones; loom's come back when the library
+    fragment is destroyed."""
+    fragment = torch.library.Library("loom", "IMPL")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "overriding a previously registered kernel" is the point
+        for name, reference in REFERENCE_KERNELS.items():
+            fragment.impl(name, _like_a_kernel(reference), "CPU", allow_override=True)
+    try:
+        yield
+    finally:
+        fragment._destroy()
+
+
+@pytest.fixture
+def reference_cpu_kernels():
+    with reference_kernels():
+        yield
+
+
+def rand(*shape, dtype=BF16, requires_grad=False):
+    return torch.randn(shape, dtype=FP32).to(dtype).requires_grad_(requires_grad)
+
+
+def cases():
+    """(op name, args) for every op: several shapes, dtypes and layouts, with and without grad."""
+    w = WORLD
+    for grad in (False, True):
+        for dtype in (BF16, FP16):
+            yield "gemm", (rand(64, 32, dtype=dtype, requires_grad=grad), rand(32, 16, dtype=dtype), "kn", None)
+            yield "gemm", (rand(64, 32, dtype=dtype), rand(16, 32, dtype=dtype, requires_grad=grad), "nk", FP32)
+            for layout in ("kn", "nk"):
+                b = rand(48, 32, dtype=dtype) if layout == "nk" else rand(32, 48, dtype=dtype)
+                yield "ag_gemm", (HANDLE, rand(16, 32, dtype=dtype, requires_grad=grad), b, layout)
+                yield "gemm_rs", (HANDLE, rand(16 * w, 32, dtype=dtype, requires_grad=grad), b, layout)
+                yield "gemm_ar", (HANDLE, rand(24, 32, dtype=dtype, requires_grad=grad), b, layout)
+        for dtype in (BF16, FP16, FP32):
+            for shape in ((8 * w,), (4 * w, 3, 5)):
+                for op in ("all_gather", "reduce_scatter", "all_reduce"):
+                    yield op, (HANDLE, rand(*shape, dtype=dtype, requires_grad=grad))
+
+
+CASES = list(cases())
+
+
+def case_id(case):
+    name, args = case
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    shapes = "x".join("-".join(map(str, t.shape)) for t in tensors)
+    grad = "-grad" if any(t.requires_grad for t in tensors) else ""
+    extra = "-".join(str(a) for a in args if isinstance(a, str))
+    return f"{name}-{shapes}-{tensors[0].dtype}{'-' + extra if extra else ''}{grad}"
+
+
+def test_every_op_is_checked():
+    assert {name for name, _ in CASES} == set(lt.OPS)
+    assert set(REFERENCE_KERNELS) == set(lt.OPS)
+
+
+@pytest.mark.usefixtures("reference_cpu_kernels")
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_opcheck(case):
+    name, args = case
+    torch.library.opcheck(getattr(torch.ops.loom, name).default, args)
+
+
+@pytest.mark.usefixtures("reference_cpu_kernels")
+def test_outputs_do_not_require_grad():
+    """Non-differentiable: an input that requires grad gives an output without autograd history."""
+    out = lt.all_reduce(COMM, rand(4 * WORLD, requires_grad=True))
+    assert not out.requires_grad and out.grad_fn is None
+
+
+def test_loom_cpu_kernels_are_back_after_the_references():
+    with reference_kernels():
+        assert lt.all_reduce(COMM, torch.ones(4)).tolist() == [2.0] * 4
+    with pytest.raises(ValueError, match="x is on cpu but the communicator uses cuda:0"):
+        lt.all_reduce(COMM, torch.zeros(4))
