@@ -72,9 +72,9 @@ Result<MultiNodePlan> plan_multinode_ag(Communicator& comm, const TpGemmArgs& ar
   MultiNodePlan out;
   out.tile = p.tile;
   out.grid = impl.sm_count;
-  out.net_send_ctas = static_cast<int>(p.roles.net_send);
-  out.net_recv_ctas = static_cast<int>(p.roles.net_recv);
-  out.nvlink_ctas = static_cast<int>(p.roles.nvlink);
+  out.net_send_ctas = static_cast<int>(p.roles.count(kmn::MultiNodeRole::kNetSend));
+  out.net_recv_ctas = static_cast<int>(p.roles.count(kmn::MultiNodeRole::kNetRecv));
+  out.nvlink_ctas = static_cast<int>(p.roles.count(kmn::MultiNodeRole::kNvlink));
   out.rows_per_chunk = p.layout.rows_per_chunk;
   out.flags = p.layout.flags();
   out.workspace_bytes = p.workspace_bytes;
@@ -90,7 +90,7 @@ Status ag_gemm_multinode(Communicator& comm, const TpGemmArgs& a, cudaStream_t s
   if (std::string why = mn::check_flags(impl, plan.layout.flags()); !why.empty()) {
     return Status::unsupported("ag_gemm: " + mn::shape_text(a, g) + ": " + why);
   }
-  if (static_cast<uint32_t>(impl.sm_count) <= plan.roles.first_compute()) {
+  if (static_cast<uint32_t>(impl.sm_count) <= plan.roles.rest_begin()) {
     return Status::unsupported("ag_gemm: the GPU has too few SMs for the multi-node roles plus a compute CTA");
   }
   LOOM_TRY(check_buffers(impl, a));
@@ -128,8 +128,9 @@ Status ag_gemm_multinode(Communicator& comm, const TpGemmArgs& a, cudaStream_t s
                               {a.m, a.k, static_cast<int64_t>(a.dtype), static_cast<int64_t>(plan.layout.rows_per_chunk),
                                static_cast<int64_t>(p.gathered_offset)});
   LOOM_DEBUG("ag_gemm multi-node %s: tile %s, %d CTAs (%u send, %u receive, %u NVLink), %u rows per chunk",
-             mn::shape_text(a, g).c_str(), std::string(gemm_tile_name(plan.tile)).c_str(), impl.sm_count, plan.roles.net_send,
-             plan.roles.net_recv, plan.roles.nvlink, plan.layout.rows_per_chunk);
+             mn::shape_text(a, g).c_str(), std::string(gemm_tile_name(plan.tile)).c_str(), impl.sm_count,
+             plan.roles.count(kmn::MultiNodeRole::kNetSend), plan.roles.count(kmn::MultiNodeRole::kNetRecv),
+             plan.roles.count(kmn::MultiNodeRole::kNvlink), plan.layout.rows_per_chunk);
   return mn::dispatch(plan.tile, a.dtype, a.b_layout, [&]<class Cfg, bool kBF16, bool kBNMajor>() -> Status {
     return launch_kernel(&kmn::mn_ag_gemm_kernel<Cfg, kBF16, kBNMajor>, static_cast<unsigned>(impl.sm_count), Cfg::kThreads,
                          Cfg::kSmemBytes, stream, p);

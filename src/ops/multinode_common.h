@@ -135,10 +135,12 @@ inline GemmTile choose_tile(const Communicator::Impl& impl, OpId op, const TpGem
 
 inline kmn::MultiNodeRoleTable roles_for(OpId op, const kmn::Grid& g) {
   kmn::MultiNodeRoleTable r;
-  r.net_send = 1;
+  r.set(kmn::MultiNodeRole::kNetSend, 1);
   const uint32_t peers = g.local - 1;
-  if (g.local > 1 && op != OpId::kGemmRs) r.net_recv = std::min(peers, kmn::MnTunables::kMaxNetRecvCtas);
-  if (g.local > 1 && op == OpId::kAgGemm) r.nvlink = kmn::MnTunables::kNvlinkCtas;
+  if (g.local > 1 && op != OpId::kGemmRs) {
+    r.set(kmn::MultiNodeRole::kNetRecv, std::min(peers, kmn::MnTunables::kMaxNetRecvCtas));
+  }
+  if (g.local > 1 && op == OpId::kAgGemm) r.set(kmn::MultiNodeRole::kNvlink, kmn::MnTunables::kNvlinkCtas);
   return r;
 }
 
@@ -259,9 +261,9 @@ inline Result<MultiNodePlan> plan_multinode_reduce(Communicator& comm, OpId op, 
   MultiNodePlan out;
   out.tile = r.tile;
   out.grid = impl.sm_count;
-  out.net_send_ctas = static_cast<int>(roles.net_send);
-  out.net_recv_ctas = static_cast<int>(roles.net_recv);
-  out.nvlink_ctas = static_cast<int>(roles.nvlink);
+  out.net_send_ctas = static_cast<int>(roles.count(kmn::MultiNodeRole::kNetSend));
+  out.net_recv_ctas = static_cast<int>(roles.count(kmn::MultiNodeRole::kNetRecv));
+  out.nvlink_ctas = static_cast<int>(roles.count(kmn::MultiNodeRole::kNvlink));
   out.rows_per_chunk = r.layout.rows_per_chunk;
   out.flags = r.layout.flags();
   out.workspace_bytes = r.workspace_bytes;
@@ -294,7 +296,7 @@ Status launch_reduce(Communicator& comm, const TpGemmArgs& a, cudaStream_t strea
   if (std::string why = check_flags(impl, layout.flags()); !why.empty()) {
     return Status::unsupported(name + ": " + shape_text(a, g) + ": " + why);
   }
-  if (static_cast<uint32_t>(impl.sm_count) <= roles.first_compute()) {
+  if (static_cast<uint32_t>(impl.sm_count) <= roles.rest_begin()) {
     return Status::unsupported(name + ": the GPU has too few SMs for the multi-node roles plus a compute CTA");
   }
   LOOM_TRY(check_reduce_buffers(impl, op, a));
@@ -357,7 +359,8 @@ Status launch_reduce(Communicator& comm, const TpGemmArgs& a, cudaStream_t strea
   }
   LOOM_DEBUG("%s multi-node %s: tile %s, %d CTAs (%u send, %u receive), %u rows per chunk, fold rows %u",
              name.c_str(), shape_text(a, g).c_str(), std::string(gemm_tile_name(r.tile)).c_str(), impl.sm_count,
-             roles.net_send, roles.net_recv, layout.rows_per_chunk, layout.fold_rows());
+             roles.count(kmn::MultiNodeRole::kNetSend), roles.count(kmn::MultiNodeRole::kNetRecv), layout.rows_per_chunk,
+             layout.fold_rows());
   return dispatch(r.tile, a.dtype, a.b_layout, [&]<class Cfg, bool kBF16, bool kBNMajor>() -> Status {
     return launch_kernel(reduce_kernel<kAllReduce, Cfg, kBF16, kBNMajor>(), static_cast<unsigned>(impl.sm_count), Cfg::kThreads,
                          Cfg::kSmemBytes, stream, p);

@@ -428,7 +428,7 @@ std::string Communicator::Impl::describe_missing_entries(OpId op, uint64_t epoch
     for (int l = 0; l < local_world; ++l) {
       if (l == topology.local_rank) continue;
       words.push_back({topology.rank_of(topology.node, l), base + 8ull * layout.nvl_entry(static_cast<uint32_t>(l)),
-                       static_cast<int>(runtime::net::kNetSignatureBits)});
+                       static_cast<int>(kEntrySignatureBits)});
     }
     const int successor = (topology.node + 1) % topology.num_nodes;
     for (int n = 0; n < topology.num_nodes; ++n) {
@@ -436,13 +436,14 @@ std::string Communicator::Impl::describe_missing_entries(OpId op, uint64_t epoch
       words.push_back({topology.rank_of(n, topology.local_rank), base + 8ull * layout.net_entry(static_cast<uint32_t>(n)), 0});
     }
   } else {
-    // One node: the collectives' entered[src] (an epoch) and the fused operators' entry[src] at the
-    // start of the op-flag region ((e << 16) | signature, kernels/tp/fused_frame.cuh).
+    // One node: the collectives' entered[src] and the fused operators' entry[src] at the start of
+    // the op-flag region, both entry words (kernels/comm/entry.cuh).
     for (int l = 0; l < local_world; ++l) {
       if (l == topology.local_rank) continue;
       const int first = static_cast<int>(words.size());
-      words.push_back({topology.local_peers[l], control.entered_offset + 8ull * l, 0, first + 1});
-      words.push_back({topology.local_peers[l], control.op_flag_offset + 8ull * l, 16, first});
+      constexpr int kShift = static_cast<int>(kEntrySignatureBits);
+      words.push_back({topology.local_peers[l], control.entered_offset + 8ull * l, kShift, first + 1});
+      words.push_back({topology.local_peers[l], control.op_flag_offset + 8ull * l, kShift, first});
     }
   }
   // Read on a private non-blocking stream into pinned memory, bounded: a synchronous copy would

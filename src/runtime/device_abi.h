@@ -129,9 +129,18 @@ LOOM_HOST_DEVICE bool epoch_reached(uint64_t flag, uint64_t target) {
   return static_cast<int64_t>(flag - target) >= 0;
 }
 
+// Entry words (kernels/comm/entry.cuh): a rank entering launch `epoch` of a plan stores
+// (epoch << kEntrySignatureBits) | signature into each peer, which checks both before its first
+// write into that rank. The host's timeout diagnosis decodes the same format.
+inline constexpr uint32_t kEntrySignatureBits = 16;
+inline constexpr uint64_t kEntrySignatureMask = (uint64_t{1} << kEntrySignatureBits) - 1;
+LOOM_HOST_DEVICE constexpr uint64_t entry_word(uint64_t epoch, uint32_t signature) {
+  return (epoch << kEntrySignatureBits) | (signature & kEntrySignatureMask);
+}
+
 // Layout of the control region at offset 0 of every rank's symmetric heap (equal on all ranks).
 // All flags are uint64_t epochs written by peers over NVLink and polled by the owner.
-//   entered[src]            local_world              * 8 B
+//   entered[src]            local_world              * 8 B   (entry words of the collectives)
 //   done[src]               local_world              * 8 B
 //   chunk[src][chunk]       local_world * max_chunks * 8 B
 //   self_test[src][word]    local_world * kSelfTestWords * 8 B

@@ -11,7 +11,8 @@
 // reset, a stale value never satisfies a later wait.
 //
 // Layout (N nodes, L GPUs per node):
-//   word [0, L)             nvl_entry[l']   (e << 16) | signature, stored by local peer l' at launch start
+//   word [0, L)             nvl_entry[l']   entry_word(e, signature) (device_abi.h), stored by
+//                                           local peer l' at launch start
 //   word [L, L + N)         net_entry[s]    e, the flag of the entry write from node s's same-index GPU
 //   word [L + N, L + 2N)    net_sig[s]      (e << 16) | signature, the data of that same write
 //   word [L + 2N]           sig_out         this rank's own (e << 16) | signature: the source of its
@@ -30,8 +31,6 @@ namespace loom::runtime::net {
 // Words in every rank's network flag window (1 MiB): entry words plus the per-launch flags of the
 // largest operator call it admits; calls needing more are refused with a message naming the need.
 inline constexpr uint32_t kNetFlagWords = 1u << 17;
-// Entry words carry the plan signature in their low bits, like the single-node operators' ones.
-inline constexpr uint32_t kNetSignatureBits = 16;
 
 struct NetWindowLayout {
   uint32_t nodes = 1;  // N
@@ -48,9 +47,6 @@ struct NetWindowLayout {
   }
 };
 
-LOOM_HOST_DEVICE constexpr uint64_t net_entry_word(uint64_t epoch, uint32_t signature) {
-  return (epoch << kNetSignatureBits) | (signature & ((1u << kNetSignatureBits) - 1));
-}
 
 // Bytes of the window allocation: the words, rounded up to 64 KiB (registration granularity of
 // some NICs; the rest stays unused).

@@ -109,8 +109,9 @@ TEST(NetWindow, EntryWordsAndLaunchFlagsDoNotOverlap) {
   }
   EXPECT_GE(runtime::net::net_window_bytes(), 8ull * runtime::net::kNetFlagWords);
   EXPECT_EQ(runtime::net::net_window_bytes() % 65536, 0u);
-  EXPECT_EQ(runtime::net::net_entry_word(5, 0x1234) >> 16, 5u);
-  EXPECT_EQ(runtime::net::net_entry_word(5, 0x1234) & 0xffff, 0x1234u);
+  EXPECT_EQ(entry_word(5, 0x1234) >> kEntrySignatureBits, 5u);
+  EXPECT_EQ(entry_word(5, 0x1234) & kEntrySignatureMask, 0x1234u);
+  EXPECT_EQ(entry_word(5, 0x51234) & kEntrySignatureMask, 0x1234u) << "the signature keeps its low 16 bits only";
 }
 
 TEST(MultiNodeLayout, RowsPerChunkAreWholeTileRowsDividingTheBlock) {

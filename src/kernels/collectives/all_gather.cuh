@@ -9,7 +9,9 @@
 #include <cstdint>
 
 #include "kernels/collectives/common.cuh"
+#include "kernels/comm/bulk_copy.cuh"
 #include "kernels/comm/copy.cuh"
+#include "kernels/frame/persistent.cuh"
 
 namespace loom::kernels {
 
@@ -20,7 +22,7 @@ struct AllGatherConfig {
   static constexpr int kUnroll = 4;        // 16-byte vectors in flight per thread
   static constexpr int kBulkStages = 4;    // TMA ring depth
   static constexpr uint32_t kBulkStageBytes = 16 * 1024;
-  using Bulk = BulkCopier<kBulkStages, kBulkStageBytes>;
+  using Bulk = BulkCopyStream<kBulkStages, kBulkStageBytes>;
   // Dynamic shared memory: the TMA ring (kBulk only) followed by nothing else.
   static constexpr uint32_t kBulkSmemBytes = Bulk::kSmemBytes;
 };
@@ -30,31 +32,28 @@ __global__ void __launch_bounds__(AllGatherConfig::kThreads, 1) all_gather_kerne
   using Config = AllGatherConfig;
   extern __shared__ __align__(128) char smem[];
   const DeviceComm& c = a.comm;
-  const uint64_t epoch = launch_epoch(c.epoch_state);
-  const WaitContext ctx = WaitContext::start(c.wait, static_cast<OpId>(a.op), epoch);
+  const frame::LaunchFrame f = frame::LaunchFrame::begin(c, static_cast<OpId>(a.op));
+  const uint64_t epoch = f.epoch;
+  const WaitContext& ctx = f.ctx;
   const int me = c.local_rank;
   const int world = c.local_world;
   const uint32_t cta = blockIdx.x;
 
-  if (cta_enter(c, epoch, ctx)) {
+  if (cta_enter_all(c, collective_entry(c), epoch, 0, ctx)) {
     const Slice slice = slice_of(a.bytes, gridDim.x, cta, kVectorBytes);
     const char* src = a.send + slice.begin;
     const uint64_t dst_offset = a.recv_offset + static_cast<uint64_t>(me) * a.bytes + slice.begin;
     bool ok = true;
     if constexpr (kEngine == CopyEngine::kBulk) {
       // The TMA engine needs 16-byte aligned, 16-byte multiple ranges: the host only picks it then.
-      __shared__ char* dsts_shared[1];
-      const Config::Bulk bulk = Config::Bulk::carve(smem);
-      if (threadIdx.x == 0) bulk.init();
-      __syncthreads();
       if (threadIdx.x == 0) {
-        uint64_t phases = 0;
+        Config::Bulk bulk(reinterpret_cast<uint8_t*>(smem));
+        bulk.init();
         for (int i = 1; i <= world && ok; ++i) {
           const int d = (me + i) % world;
-          dsts_shared[0] = peer_heap(c, d) + dst_offset;
-          if (dsts_shared[0] == src || slice.size() == 0) continue;
-          phases = bulk.copy(dsts_shared, 1, src, slice.size(), phases, ctx);
-          ok = phases != ~uint64_t{0};
+          char* dst = peer_heap(c, d) + dst_offset;
+          if (dst == src || slice.size() == 0) continue;
+          ok = bulk.copy(&dst, 1, src, slice.size(), ctx);
         }
       }
     } else {
@@ -68,7 +67,7 @@ __global__ void __launch_bounds__(AllGatherConfig::kThreads, 1) all_gather_kerne
     cta_publish_chunk(c, cta, epoch);
     cta_wait_chunk_from_all(c, cta, epoch, ctx);
   }
-  if (threadIdx.x == 0) finish_launch(c.epoch_state, epoch);
+  f.finish(c);
 }
 
 }  // namespace loom::kernels

@@ -24,12 +24,13 @@ template <typename T>
 __global__ void __launch_bounds__(ReduceConfig::kThreads, 1) all_reduce_kernel(CollectiveArgs a) {
   extern __shared__ __align__(16) uint64_t bases_smem[];  // [local_world]
   const DeviceComm& c = a.comm;
-  const uint64_t epoch = launch_epoch(c.epoch_state);
-  const WaitContext ctx = WaitContext::start(c.wait, static_cast<OpId>(a.op), epoch);
+  const frame::LaunchFrame f = frame::LaunchFrame::begin(c, static_cast<OpId>(a.op));
+  const uint64_t epoch = f.epoch;
+  const WaitContext& ctx = f.ctx;
   const uint64_t* bases = stage_peer_bases(c, bases_smem);
   const uint32_t cta = blockIdx.x;
 
-  if (cta_enter(c, epoch, ctx)) {
+  if (cta_enter_all(c, collective_entry(c), epoch, 0, ctx)) {
     const uint32_t granule = a.vectorizable ? kVectorBytes : sizeof(T);
     const Slice chunk = all_reduce_chunk(a.bytes, c.local_world, c.local_rank, granule);
     const Slice slice = slice_of(chunk.size(), gridDim.x, cta, granule);
@@ -39,7 +40,7 @@ __global__ void __launch_bounds__(ReduceConfig::kThreads, 1) all_reduce_kernel(C
     cta_publish_chunk(c, cta, epoch);
     cta_wait_chunk_from_all(c, cta, epoch, ctx);
   }
-  if (threadIdx.x == 0) finish_launch(c.epoch_state, epoch);
+  f.finish(c);
 }
 
 }  // namespace loom::kernels

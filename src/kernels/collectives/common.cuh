@@ -1,10 +1,10 @@
 // Pieces shared by loom's NVLink collectives (all_gather, reduce_scatter, all_reduce).
 //
 // Protocol, per launch with epoch e, on every local rank `me` of W:
-//   1. enter:   every CTA stores entered[me] = e into every peer's control region (the same
-//               value from each CTA, so no CTA depends on another being scheduled), then waits
-//               until entered[s] >= e for every peer s: peers' inputs are ready and their
-//               receive buffers are no longer in use by earlier stream work.
+//   1. enter:   the entry handshake (kernels/comm/entry.cuh, cta_enter_all) over the control
+//               region's entered[]: every CTA tells every peer, then waits until every peer s
+//               entered e: peers' inputs are ready and their receive buffers are no longer in
+//               use by earlier stream work.
 //   2. move:    CTA c handles slice c of the data (slices are 16-byte aligned byte ranges).
 //   3. publish: CTA c stores chunk[me][c] = e into each peer it wrote to (after a system fence).
 //   4. finish:  CTA c waits for chunk[s][c] >= e from every peer s it depends on.
@@ -14,9 +14,11 @@
 
 #include <cstdint>
 
+#include "kernels/comm/entry.cuh"
 #include "kernels/comm/epoch.cuh"
 #include "kernels/comm/signals.cuh"
 #include "kernels/comm/wait.cuh"
+#include "kernels/frame/persistent.cuh"
 #include "runtime/device_abi.h"
 
 namespace loom::kernels {
@@ -41,33 +43,12 @@ __device__ __forceinline__ uint64_t* peer_flag(const DeviceComm& c, int peer, ui
   return reinterpret_cast<uint64_t*>(peer_heap(c, peer) + offset);
 }
 
-__device__ __forceinline__ uint64_t* entered_flag(const DeviceComm& c, int owner, int src) {
-  return peer_flag(c, owner, c.control.entered_offset + 8ull * src);
-}
+// The collectives' entry words (kernels/comm/entry.cuh): the control region's entered[].
+// Collectives carry no plan signature (0).
+__device__ __forceinline__ EntryWords collective_entry(const DeviceComm& c) { return {c.control.entered_offset}; }
 
 __device__ __forceinline__ uint64_t* chunk_flag(const DeviceComm& c, int owner, int src, uint32_t chunk) {
   return peer_flag(c, owner, c.control.chunk_offset + 8ull * (static_cast<uint64_t>(src) * c.control.max_chunks + chunk));
-}
-
-// Step 1. Returns the same answer on every thread of the CTA.
-__device__ __forceinline__ bool cta_enter(const DeviceComm& c, uint64_t epoch, const WaitContext& ctx) {
-  const int me = c.local_rank;
-  if (static_cast<int>(threadIdx.x) < c.local_world && static_cast<int>(threadIdx.x) != me) {
-    flag_store_release(entered_flag(c, static_cast<int>(threadIdx.x), me), epoch);
-  }
-  __shared__ int ok_shared;
-  if (threadIdx.x == 0) {
-    int ok = 1;
-    for (int s = 0; s < c.local_world && ok; ++s) {
-      if (s == me) continue;
-      ok = wait_flag(entered_flag(c, me, s), epoch, ctx, s, FlagKind::kEntered, 0);
-    }
-    ok_shared = ok;
-  }
-  __syncthreads();
-  const bool ok = ok_shared != 0;
-  __syncthreads();
-  return ok;
 }
 
 // Step 3: every thread calls this after its writes; one thread per peer publishes.

@@ -26,6 +26,7 @@
 #include <cstdint>
 
 #include "kernels/comm/command_ring.cuh"
+#include "kernels/comm/entry.cuh"
 #include "kernels/comm/signals.cuh"
 #include "kernels/comm/wait.cuh"
 #include "runtime/command_ring.h"
@@ -93,42 +94,10 @@ __device__ __forceinline__ bool net_wait_proxy_done(const DeviceComm& c, const W
 
 // ---- entry handshakes -----------------------------------------------------------------------
 
-// NVLink: threads [0, L) of the calling CTA store this rank's entry word into every local peer's
-// window. Every CTA of a launch does it (the same value), so no CTA depends on another being
-// scheduled before it can learn that a peer entered.
-__device__ __forceinline__ void mn_publish_nvlink_entry(const DeviceComm& c, uint64_t epoch, uint32_t signature) {
-  const int peer = static_cast<int>(threadIdx.x);
-  if (peer < c.local_world && peer != c.local_rank) {
-    flag_store_release(net_word_at(c, peer, net_layout(c).nvl_entry(static_cast<uint32_t>(c.local_rank))),
-                       runtime::net::net_entry_word(epoch, signature));
-  }
-}
-
-// Fails the launch with kMismatch when `seen` carries this epoch with another signature. A word
-// of a later epoch means the peer is past this launch (it no longer needs us): no check.
-__device__ __forceinline__ bool mn_check_signature(uint64_t seen, uint64_t epoch, uint32_t signature, int waited_on,
-                                                   FlagKind kind, const WaitContext& ctx) {
-  constexpr uint32_t kMask = (1u << runtime::net::kNetSignatureBits) - 1;
-  const uint32_t theirs = static_cast<uint32_t>(seen & kMask);
-  const uint32_t ours = signature & kMask;
-  if ((seen >> runtime::net::kNetSignatureBits) == epoch && theirs != ours) {
-    ctx.fail(DeviceError::kMismatch, waited_on, kind, (theirs << runtime::net::kNetSignatureBits) | ours, seen, 0);
-    return false;
-  }
-  return true;
-}
-
-// One thread: has local peer `peer` entered this launch with the same plan? Bounded. Writes into
-// the peer that follow may be TMA (async proxy): they are ordered after the acquire.
-__device__ __forceinline__ bool mn_wait_nvlink_entry(const DeviceComm& c, int peer, uint64_t epoch, uint32_t signature,
-                                                     const WaitContext& ctx) {
-  const uint64_t* word = net_word(c, net_layout(c).nvl_entry(static_cast<uint32_t>(peer)));
-  if (!wait_flag(word, runtime::net::net_entry_word(epoch, 0), ctx, peer, FlagKind::kEntered, static_cast<uint32_t>(peer))) {
-    return false;
-  }
-  if (!mn_check_signature(flag_load_acquire(word), epoch, signature, peer, FlagKind::kEntered, ctx)) return false;
-  cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
-  return true;
+// The multi-node operators' NVLink entry words (kernels/comm/entry.cuh): the network window's
+// nvl_entry[0, L).
+__device__ __forceinline__ EntryWords nvlink_entry(const DeviceComm& c) {
+  return {net_word_offset(c, net_layout(c).nvl_entry(0))};
 }
 
 // Which network peers write into a rank in a launch, and so must learn that it entered.
@@ -143,7 +112,7 @@ __device__ __forceinline__ bool mn_announce_network_entry(const DeviceComm& c, E
                                                           const WaitContext& ctx) {
   const NetWindowLayout layout = net_layout(c);
   uint64_t* out = net_word(c, layout.sig_out());
-  *reinterpret_cast<volatile uint64_t*>(out) = runtime::net::net_entry_word(ctx.epoch, signature);
+  *reinterpret_cast<volatile uint64_t*>(out) = entry_word(ctx.epoch, signature);
   __threadfence_system();  // the proxy's transport reads the word from this heap
   const uint32_t me = static_cast<uint32_t>(c.net.node);
   const int predecessor = (c.net.node + c.net.num_nodes - 1) % c.net.num_nodes;
@@ -167,7 +136,7 @@ __device__ __forceinline__ bool mn_wait_network_entry(const DeviceComm& c, int n
                  static_cast<uint32_t>(node))) {
     return false;
   }
-  return mn_check_signature(flag_load_acquire(net_word(c, layout.net_sig(static_cast<uint32_t>(node)))), ctx.epoch,
+  return entry_signature_ok(flag_load_acquire(net_word(c, layout.net_sig(static_cast<uint32_t>(node)))), ctx.epoch,
                             signature, rank, FlagKind::kNetEntry, ctx);
 }
 

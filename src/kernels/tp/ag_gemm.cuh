@@ -2,7 +2,7 @@
 //
 // Roles (TpRoleTable): CTAs [0, comm_ctas) communicate first, then compute; the rest compute.
 //   communication  one thread per CTA pushes this rank's shard into every peer's gathered A with
-//                  TMA bulk copies (ChunkPusher), row chunk by row chunk, and after each chunk sets
+//                  TMA bulk copies (the bulk-copy stream), row chunk by row chunk, and after each chunk sets
 //                  rows[f] = e on that peer. Destinations in the order they need the rows: rank
 //                  me-1 computes our rows right after its own, me-2 after that, ... Optionally the
 //                  shard is also copied into this rank's own rows of a user-visible gathered A.
@@ -28,7 +28,7 @@
 
 #include <cstdint>
 
-#include "kernels/comm/copy.cuh"
+#include "kernels/comm/bulk_copy.cuh"
 #include "kernels/common/sm90.cuh"
 #include "kernels/gemm/compute_role.cuh"
 #include "kernels/gemm/epilogue.cuh"
@@ -70,13 +70,7 @@ struct AgPushList {
   const AgGemmParams* p;
   uint32_t comm_index;
 
-  struct Item {
-    const char* src;
-    char* dst;
-    uint64_t bytes;
-    uint64_t* flag;  // null: no flag
-    int rank;        // destination rank
-  };
+  using Item = BulkItem;
 
   __device__ uint32_t chunks() const { return p->rows_per_rank / p->rows_per_flag; }
   __device__ uint32_t positions() const {
@@ -109,142 +103,6 @@ struct AgPushList {
   __device__ uint32_t pieces(uint32_t k) const {
     const uint64_t bytes = static_cast<uint64_t>(p->rows_per_flag) * p->row_bytes;
     return static_cast<uint32_t>((bytes + TpTunables::kPushPieceBytes - 1) / TpTunables::kPushPieceBytes);
-  }
-};
-
-// Pushes a list of (src, dst, bytes, flag) items with the TMA bulk engine, one thread.
-//
-// Shared memory (in the compute role's stage area, which is free until run()):
-//   ring[kStages][kPieceBytes]   kStages * kPieceBytes bytes
-//   full[kStages]                kStages * 8 bytes (mbarriers, invalidated before the area is reused)
-// Pieces of all items form one stream: loads run kStages - 1 pieces ahead of the stores, the
-// stores of piece i form bulk group i, and the stage of piece i - 1 is reloaded once group i - 1
-// has been read (wait_group.read 1). Item k's flag is published (system fence, release store)
-// once its last group has completed: when kFlagLag newer groups exist, wait_group<kFlagLag>
-// guarantees it; at the end, wait_group 0.
-template <int kStages, uint32_t kPieceBytes, int kFlagLag>
-struct ChunkPusher {
-  static_assert(kStages >= 2, "the pusher overlaps loads and stores: at least two stages");
-  static_assert(kPieceBytes % 16 == 0, "bulk copies move multiples of 16 bytes");
-  static_assert(kFlagLag >= 0 && kFlagLag <= 8, "wait_group takes a small immediate");
-  static constexpr uint32_t kRingBytes = kStages * kPieceBytes;
-  static constexpr uint32_t kSmemBytes = kRingBytes + kStages * 8;
-
-  uint8_t* ring;
-  uint64_t* full;
-
-  __device__ explicit ChunkPusher(uint8_t* base) : ring(base), full(reinterpret_cast<uint64_t*>(base + kRingBytes)) {}
-
-  __device__ void init() const {
-    for (int s = 0; s < kStages; ++s) cuda::ptx::mbarrier_init(&full[s], 1);
-    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
-  }
-  __device__ void invalidate() const {
-    for (int s = 0; s < kStages; ++s) sm90::mbarrier_inval(&full[s]);
-  }
-
-  // Returns false after a failed wait (recorded); every issued load has landed and every store
-  // has completed when it returns, either way.
-  template <class List, class EnterFn>
-  __device__ bool run(const List& list, uint64_t epoch, const WaitContext& ctx, EnterFn&& enter) const {
-    const uint32_t items = list.count();
-    if (items == 0) return true;
-    // Load cursor (next piece to load), store cursor (next piece to store), flag cursor (oldest
-    // item whose flag is not yet published; its last group is flag_end - 1).
-    uint32_t ld_item = 0;
-    uint64_t ld_off = 0, ld_seq = 0;
-    uint32_t st_item = 0;
-    uint64_t st_off = 0, st_seq = 0;
-    uint32_t fl_item = 0;
-    uint64_t fl_end = list.pieces(0);
-    int entered_rank = -1;
-    bool ok = true;
-
-    auto load_next = [&]() {
-      const typename List::Item it = list.item(ld_item);
-      const uint64_t left = it.bytes - ld_off;
-      const uint32_t size = static_cast<uint32_t>(left < kPieceBytes ? left : kPieceBytes);
-      const uint32_t s = static_cast<uint32_t>(ld_seq % kStages);
-      cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
-                                           &full[s], size);
-      cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, ring + s * kPieceBytes,
-                               it.src + ld_off, size, &full[s]);
-      ld_off += size;
-      if (ld_off == it.bytes) {
-        ++ld_item;
-        ld_off = 0;
-      }
-      ++ld_seq;
-    };
-    auto publish = [&](uint32_t k) {
-      const typename List::Item it = list.item(k);
-      if (it.flag != nullptr) {
-        __threadfence_system();
-        flag_store_release(it.flag, epoch);
-      }
-    };
-
-    while (ld_item < items && ld_seq < static_cast<uint64_t>(kStages - 1)) load_next();
-    while (st_item < items) {
-      const typename List::Item it = list.item(st_item);
-      if (st_off == 0 && it.rank != entered_rank) {
-        // First write into this destination in this launch: it must have entered.
-        if (!enter(it.rank)) {
-          ok = false;
-          break;
-        }
-        entered_rank = it.rank;
-      }
-      const uint32_t s = static_cast<uint32_t>(st_seq % kStages);
-      if (!mbarrier_wait_bounded(&full[s], static_cast<uint32_t>((st_seq / kStages) & 1), ctx)) {
-        ok = false;
-        break;
-      }
-      const uint64_t left = it.bytes - st_off;
-      const uint32_t size = static_cast<uint32_t>(left < kPieceBytes ? left : kPieceBytes);
-      cuda::ptx::cp_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, it.dst + st_off, ring + s * kPieceBytes,
-                               size);
-      cuda::ptx::cp_async_bulk_commit_group();
-      st_off += size;
-      if (st_off == it.bytes) {
-        ++st_item;
-        st_off = 0;
-      }
-      ++st_seq;
-      // Publish the flags of items whose last group has completed.
-      if (fl_item < st_item && st_seq - fl_end >= static_cast<uint64_t>(kFlagLag)) {
-        cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<kFlagLag>{});
-        cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
-        while (fl_item < st_item && st_seq - fl_end >= static_cast<uint64_t>(kFlagLag)) {
-          publish(fl_item);
-          if (++fl_item < items) fl_end += list.pieces(fl_item);
-        }
-      }
-      if (ld_item < items) {
-        // The next load reuses the stage of piece st_seq - 2, whose group must have been read.
-        cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<1>{});
-        load_next();
-      }
-    }
-    // Loads issued but never stored (after a failure) must land before the ring goes away;
-    // their source is local memory, so this is short. The abort is already raised, hence the
-    // plain (time-bounded) wait instead of the abort-aware one.
-    for (; st_seq < ld_seq; ++st_seq) {
-      drain_wait(&full[st_seq % kStages], static_cast<uint32_t>((st_seq / kStages) & 1));
-    }
-    cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
-    cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
-    if (ok) {
-      for (; fl_item < items; ++fl_item) publish(fl_item);
-    }
-    return ok;
-  }
-
- private:
-  __device__ static void drain_wait(uint64_t* bar, uint32_t parity) {
-    const uint64_t give_up = global_timer_ns() + 100'000'000ull;  // 100 ms: a local load that never lands is a bug
-    while (!cuda::ptx::mbarrier_try_wait_parity(bar, parity) && global_timer_ns() < give_up) {
-    }
   }
 };
 
@@ -299,35 +157,21 @@ struct AgPieceFold {
   uint64_t epoch_;
 };
 
-using AgPusher = ChunkPusher<TpTunables::kPushStages, TpTunables::kPushPieceBytes, TpTunables::kPushFlagLag>;
+using AgPushStream = BulkCopyStream<TpTunables::kPushStages, TpTunables::kPushPieceBytes>;
 
-// The communication role of one CTA (all threads call; thread 0 works). Returns, on every
-// thread, whether the CTA may go on to compute.
+// The communication role of one CTA (all threads call): pushes its items of the shard, each
+// destination entered first; returns, on every thread, whether the CTA may go on to compute.
 template <class Cfg>
 __device__ bool ag_push_shard(uint8_t* smem_raw, const AgGemmParams& p, uint32_t comm_index, uint64_t epoch,
                               const WaitContext& ctx) {
-  // The ring, its barriers and the result word live in the stage buffers (no static shared
-  // memory: the dynamic area already takes all but a few hundred bytes of the SM's).
-  static_assert(AgPusher::kSmemBytes + 16 <= Cfg::kEpiOffset,
-                "the push ring must fit in the compute role's stage buffers, which are free until run()");
-  uint8_t* base = aligned_smem(smem_raw);
-  volatile int* ok_word = reinterpret_cast<volatile int*>(base + AgPusher::kSmemBytes);
-  const AgPusher pusher(base);
-  if (threadIdx.x == 0) pusher.init();
-  __syncthreads();
-  if (threadIdx.x == 0) {
+  return frame::run_data_role<AgPushStream, Cfg::kEpiOffset>(smem_raw, [&](AgPushStream& stream) {
     const AgPushList list{&p, comm_index};
     const DeviceComm& c = p.comm;
-    auto enter = [&](int rank) { return rank == c.local_rank || wait_entry(c, rank, epoch, p.signature, ctx); };
-    *ok_word = pusher.run(list, epoch, ctx, enter) ? 1 : 0;
-    pusher.invalidate();
-    // The compute role's TMA loads (async proxy) overwrite what this thread wrote here.
-    cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
-  }
-  __syncthreads();
-  const bool ok = *ok_word != 0;
-  __syncthreads();  // the compute role's loads may overwrite the word next
-  return ok;
+    auto enter = [&](int rank) {
+      return rank == c.local_rank || wait_entry(c, tp_entry(c), rank, epoch, p.signature, ctx);
+    };
+    return stream.push<TpTunables::kPushFlagLag>(list, epoch, ctx, enter);
+  });
 }
 
 template <class Cfg, bool kBF16, bool kBNMajor>
@@ -337,15 +181,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ag_gemm_kernel(const __grid_
   using Epilogue = AgEpilogue<Cfg::kBlockM, Cfg::kBlockN>;
   using Role = gemm::ComputeRole<Cfg, kBF16, kBNMajor, Scheduler, Epilogue, Cfg::kSetMaxNReg, AgPieceFold>;
   const DeviceComm& c = p.comm;
-  const uint64_t epoch = launch_epoch(c.epoch_state);
-  const WaitContext ctx = WaitContext::start(c.wait, OpId::kAgGemm, epoch);
-  publish_entry(c, epoch, p.signature);
+  const frame::LaunchFrame f = frame::LaunchFrame::enter(c, OpId::kAgGemm, tp_entry(c), p.signature);
+  const uint64_t epoch = f.epoch;
+  const WaitContext& ctx = f.ctx;
   Role::init(smem);
 
-  const TpRoleTable roles{p.comm_ctas};
+  TpRoleTable roles;
+  roles.set(TpRole::kCommunication, p.comm_ctas);
   bool compute = true;
   if (roles.role_of(blockIdx.x) == TpRole::kCommunication) {
-    compute = ag_push_shard<Cfg>(smem, p, roles.comm_index(blockIdx.x), epoch, ctx);
+    compute = ag_push_shard<Cfg>(smem, p, roles.index_in_role(blockIdx.x), epoch, ctx);
   }
   if (compute) {
     Scheduler sched(p.sched, epoch);
@@ -355,10 +200,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ag_gemm_kernel(const __grid_
     const gemm::GemmOperands ops{&p.a_gathered, &p.b,    p.m,       p.n,
                                  p.k,           &p.a_local, own_begin, own_begin + p.rows_per_rank,
                                  p.timeline};
-    (void)Role::run(smem, ops, sched, epi, roles.compute_index(blockIdx.x), gridDim.x, ctx, fold);
+    (void)Role::run(smem, ops, sched, epi, roles.rest_index(blockIdx.x, gridDim.x), gridDim.x, ctx, fold);
   }
-  __syncthreads();
-  if (threadIdx.x == 0) finish_queued_launch(p.state, c.epoch_state, epoch);
+  f.finish(p.state, c);
 }
 
 }  // namespace loom::kernels::tp

@@ -1,28 +1,25 @@
-// The frame every fused tensor-parallel kernel (ag_gemm, gemm_rs, gemm_ar) is built in: the role
-// table, the tunables, the layout of the operators' flags in the control region, the entry
-// handshake (with a plan signature) and the end of a launch.
+// What the fused tensor-parallel kernels (ag_gemm, gemm_rs, gemm_ar) add to the persistent-kernel
+// frame (kernels/frame/): their roles, the tunables, and the layout of their flags in the
+// control region, whose first words are the entry handshake's.
 //
 // One launch, on every local rank `me` of W, with launch epoch e (read on the device):
-//   1. every CTA stores entry[me] = (e << 16) | signature into every peer's op-flag region;
-//   2. before its first write into a peer's memory, a CTA waits (bounded) until that peer's
-//      entry[peer] reaches e: the peer's earlier stream work is done, so its buffers are free.
-//      A peer that entered e with another signature ran a different operation or plan: the
-//      launch fails with DeviceError::kMismatch instead of corrupting memory or hanging;
+//   1-2. the entry handshake (kernels/comm/entry.cuh) over the op-flag region's entry words:
+//      every CTA publishes, and before its first write into a peer a CTA waits (bounded) for
+//      that peer's entry of epoch e with the same plan signature;
 //   3. roles work (ag_gemm.cuh, staged_reduce.cuh); every wait is bounded (comm/wait.cuh);
-//   4. every CTA (also one that failed) counts itself out: the last one of the launch zeroes
-//      the tile queue, then finish_launch advances the epoch.
-// Data only ever moves by push (a rank writes into its peers' memory, never reads from it), and
-// every write into a rank's memory is followed by a flag that rank waits for before its launch
-// ends, so no exit handshake is needed.
+//   4. every CTA (also one that failed) counts itself out (frame::LaunchFrame::finish).
 #pragma once
 
 #include <cuda/ptx>
 
 #include <cstdint>
 
+#include "kernels/comm/entry.cuh"
 #include "kernels/comm/epoch.cuh"
 #include "kernels/comm/signals.cuh"
 #include "kernels/comm/wait.cuh"
+#include "kernels/frame/persistent.cuh"
+#include "kernels/frame/role_table.h"
 #include "runtime/device_abi.h"
 
 namespace loom::kernels::tp {
@@ -51,67 +48,23 @@ enum class TpRole : uint32_t {
 };
 
 // CTAs [0, comm_ctas) start as communication CTAs (dispatched first, so a GPU shared with other
-// work still moves data), the others compute.
-struct TpRoleTable {
-  uint32_t comm_ctas;
-  __device__ TpRole role_of(uint32_t cta) const { return cta < comm_ctas ? TpRole::kCommunication : TpRole::kCompute; }
-  __device__ uint32_t comm_index(uint32_t cta) const { return cta; }
-  // Index among the CTAs that compute from the start; communication CTAs that join later get
-  // the indices after them (the queue hands out tiles, so the index is informational).
-  __device__ uint32_t compute_index(uint32_t cta) const { return cta < comm_ctas ? gridDim.x - comm_ctas + cta : cta - comm_ctas; }
-};
+// work still moves data), the others compute; communication CTAs join the compute role when
+// their items are done (RoleTable::rest_index orders them after the compute CTAs).
+using TpRoleTable = frame::RoleTable<TpRole, TpRole::kCompute>;
 
 // ---- op-flag region (ControlLayout::op_flag_offset of every rank's heap) ----------------------
 //
-//   entry[src]                 W words   (e << kSignatureBits) | signature, written by src
+//   entry[src]                 W words   entry_word(e, signature) (device_abi.h), written by src
 //   launch flags, from word W, per operator (index formulas in ag_gemm.cuh / staged_reduce.cuh):
 //     ag_gemm   rows[f]              M / rows_per_flag
 //     gemm_rs   partial[slot][t]     (W - 1) * own_tiles
 //     gemm_ar   partial[slot][t], then final[tile]   (W - 1) * own_tiles + M/BM * N/BN
 // All words are epochs (or epoch-tagged), never reset.
-constexpr uint32_t kSignatureBits = 16;
-constexpr uint64_t kSignatureMask = (uint64_t{1} << kSignatureBits) - 1;
-
 __device__ __forceinline__ uint64_t* op_flag(const DeviceComm& c, int owner, uint64_t index) {
   return reinterpret_cast<uint64_t*>(c.peer_heap_bases[owner] + c.control.op_flag_offset + 8 * index);
 }
 
-__device__ __forceinline__ uint64_t entry_word(uint64_t epoch, uint32_t signature) {
-  return (epoch << kSignatureBits) | (signature & kSignatureMask);
-}
-
-// Step 1: threads [0, W) of the CTA each tell one peer. Every CTA does it (the same value), so
-// no CTA depends on another being scheduled.
-__device__ __forceinline__ void publish_entry(const DeviceComm& c, uint64_t epoch, uint32_t signature) {
-  const int peer = static_cast<int>(threadIdx.x);
-  if (peer < c.local_world && peer != c.local_rank) {
-    flag_store_release(op_flag(c, peer, static_cast<uint64_t>(c.local_rank)), entry_word(epoch, signature));
-  }
-}
-
-// Step 2 (one thread): has `peer` entered this launch with the same plan? Bounded; on failure
-// the error is recorded (timeout naming the peer, or kMismatch with both signatures in
-// flag_index) and false returned. A peer can only be past epoch e once this launch no longer
-// needs it, so a later epoch skips the signature check.
-__device__ __forceinline__ bool wait_entry(const DeviceComm& c, int peer, uint64_t epoch, uint32_t signature,
-                                           const WaitContext& ctx) {
-  const uint64_t* word = op_flag(c, c.local_rank, static_cast<uint64_t>(peer));
-  if (!wait_flag(word, entry_word(epoch, 0), ctx, peer, FlagKind::kEntered, static_cast<uint32_t>(peer))) return false;
-  const uint64_t seen = flag_load_acquire(word);
-  const uint32_t theirs = static_cast<uint32_t>(seen & kSignatureMask);
-  const uint32_t ours = signature & static_cast<uint32_t>(kSignatureMask);
-  if ((seen >> kSignatureBits) == epoch && theirs != ours) {
-    ctx.fail(DeviceError::kMismatch, peer, FlagKind::kEntered, (theirs << kSignatureBits) | ours, seen, 0);
-    return false;
-  }
-  // Writes to the peer that follow may be TMA (async proxy): order them after the acquire.
-  cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
-  return true;
-}
-
-// The 1024-byte aligned base of the dynamic shared memory, as the compute role aligns it.
-__device__ __forceinline__ uint8_t* aligned_smem(uint8_t* raw) {
-  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023});
-}
+// The fused operators' entry words (kernels/comm/entry.cuh): the op-flag region's first W words.
+__device__ __forceinline__ EntryWords tp_entry(const DeviceComm& c) { return {c.control.op_flag_offset}; }
 
 }  // namespace loom::kernels::tp

@@ -72,7 +72,7 @@ __device__ __forceinline__ uint64_t ag_chunk_bytes(const MnAgParams& p) {
 }
 
 // kNetSend (thread 0).
-__device__ __forceinline__ bool ag_net_send(const MnAgParams& p, MnCopier& copier, const WaitContext& ctx) {
+__device__ __forceinline__ bool ag_net_send(const MnAgParams& p, MnStream& stream, const WaitContext& ctx) {
   const DeviceComm& c = p.comm;
   const AgLayout& L = p.layout;
   const Grid& g = L.g;
@@ -89,7 +89,7 @@ __device__ __forceinline__ bool ag_net_send(const MnAgParams& p, MnCopier& copie
     if (L.send_hop(k) == 0) {
       if (p.copy_own != 0) {
         char* dst = reinterpret_cast<char*>(c.local_heap_base + offset);
-        if (!copier.copy(&dst, 1, p.shard + static_cast<uint64_t>(chunk) * bytes, bytes, ctx)) return false;
+        if (!stream.copy(&dst, 1, p.shard + static_cast<uint64_t>(chunk) * bytes, bytes, ctx)) return false;
         __threadfence_system();  // the transport reads these rows from this heap
       }
     } else if (!net_wait(c, L.row_flag(d, chunk), predecessor, ctx)) {
@@ -105,7 +105,7 @@ __device__ __forceinline__ bool ag_net_send(const MnAgParams& p, MnCopier& copie
 }
 
 // kNetRecv (thread 0): replicate network arrivals to the local peers.
-__device__ __forceinline__ bool ag_net_recv(const MnAgParams& p, uint32_t index, uint32_t count, MnCopier& copier,
+__device__ __forceinline__ bool ag_net_recv(const MnAgParams& p, uint32_t index, uint32_t count, MnStream& stream,
                                             const WaitContext& ctx) {
   const DeviceComm& c = p.comm;
   const AgLayout& L = p.layout;
@@ -121,7 +121,7 @@ __device__ __forceinline__ bool ag_net_recv(const MnAgParams& p, uint32_t index,
     cuda::ptx::fence_proxy_async(cuda::ptx::space_global);  // the TMA loads below read what the network wrote
     const uint64_t offset = ag_chunk_offset(p, d, chunk);
     if (!mn_replicate_to_local_peers(c, p.signature, offset, reinterpret_cast<const char*>(c.local_heap_base + offset), bytes,
-                                     flag, entered, copier, ctx)) {
+                                     flag, entered, stream, ctx)) {
       return false;
     }
   }
@@ -129,7 +129,7 @@ __device__ __forceinline__ bool ag_net_recv(const MnAgParams& p, uint32_t index,
 }
 
 // kNvlink (thread 0): this rank's shard to every local peer.
-__device__ __forceinline__ bool ag_nvlink_push(const MnAgParams& p, uint32_t index, uint32_t count, MnCopier& copier,
+__device__ __forceinline__ bool ag_nvlink_push(const MnAgParams& p, uint32_t index, uint32_t count, MnStream& stream,
                                                const WaitContext& ctx) {
   const DeviceComm& c = p.comm;
   const AgLayout& L = p.layout;
@@ -139,7 +139,7 @@ __device__ __forceinline__ bool ag_nvlink_push(const MnAgParams& p, uint32_t ind
   for (uint32_t chunk = index; chunk < L.chunks_per_block(); chunk += count) {
     if (!mn_replicate_to_local_peers(c, p.signature, ag_chunk_offset(p, own, chunk),
                                      p.shard + static_cast<uint64_t>(chunk) * bytes, bytes, L.row_flag(own, chunk), entered,
-                                     copier, ctx)) {
+                                     stream, ctx)) {
       return false;
     }
   }
@@ -210,25 +210,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) mn_ag_gemm_kernel(const __gr
   using Epilogue = gemm::TileEpilogue<Cfg::kBlockM>;
   using Role = gemm::ComputeRole<Cfg, kBF16, kBNMajor, Scheduler, Epilogue>;
   const DeviceComm& c = p.comm;
-  const uint64_t epoch = launch_epoch(c.epoch_state);
-  const WaitContext ctx = WaitContext::start(c.wait, OpId::kAgGemm, epoch);
-  mn_publish_nvlink_entry(c, epoch, p.signature);
+  const frame::LaunchFrame f = frame::LaunchFrame::enter(c, OpId::kAgGemm, nvlink_entry(c), p.signature);
+  const uint64_t epoch = f.epoch;
+  const WaitContext& ctx = f.ctx;
   Role::init(smem);
-  if (threadIdx.x == 0) ctx.mark(LaunchPhase::kEntered);
 
   const MultiNodeRole role = p.roles.role_of(blockIdx.x);
   const uint32_t index = p.roles.index_in_role(blockIdx.x);
+  auto data_role = [&](auto&& work) { return frame::run_data_role<MnStream, Cfg::kEpiOffset>(smem, work); };
   bool compute = true;
   if (role == MultiNodeRole::kNetSend) {
-    compute = mn_thread0_with_copier<Cfg>(smem, [&](MnCopier& copier) { return ag_net_send(p, copier, ctx); });
+    compute = data_role([&](MnStream& stream) { return ag_net_send(p, stream, ctx); });
   } else if (role == MultiNodeRole::kNetRecv) {
-    compute = mn_thread0_with_copier<Cfg>(
-        smem, [&](MnCopier& copier) { return ag_net_recv(p, index, p.roles.net_recv, copier, ctx); });
+    const uint32_t count = p.roles.count(MultiNodeRole::kNetRecv);
+    compute = data_role([&](MnStream& stream) { return ag_net_recv(p, index, count, stream, ctx); });
   } else if (role == MultiNodeRole::kNvlink) {
-    compute = mn_thread0_with_copier<Cfg>(
-        smem, [&](MnCopier& copier) { return ag_nvlink_push(p, index, p.roles.nvlink, copier, ctx); });
+    const uint32_t count = p.roles.count(MultiNodeRole::kNvlink);
+    compute = data_role([&](MnStream& stream) { return ag_nvlink_push(p, index, count, stream, ctx); });
   }
-  if (threadIdx.x == 0) ctx.mark(LaunchPhase::kRolesDone);
+  f.mark(LaunchPhase::kRolesDone);
   if (compute) {
     Scheduler sched(p, epoch);
     Epilogue epi(p.epi, &p.out);
@@ -238,14 +238,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) mn_ag_gemm_kernel(const __gr
   }
   // The proxy may still read this launch's rows (own rows, forwards) from the gathered A, which
   // the next launch overwrites (and the application may read): the launch ends once it is done.
-  if (threadIdx.x == 0) ctx.mark(LaunchPhase::kComputeDone);
+  f.mark(LaunchPhase::kComputeDone);
   if (role == MultiNodeRole::kNetSend && compute && threadIdx.x == 0) (void)net_wait_proxy_done(c, ctx);
-  if (threadIdx.x == 0) ctx.mark(LaunchPhase::kProxyDone);
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    finish_queued_launch(p.state, c.epoch_state, epoch);
-    ctx.mark(LaunchPhase::kFinished);
-  }
+  f.mark(LaunchPhase::kProxyDone);
+  f.finish(p.state, c);
 }
 
 }  // namespace loom::kernels::tp::mn

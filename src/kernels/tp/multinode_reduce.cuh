@@ -243,7 +243,7 @@ class MnReduceEpilogue {
   __device__ bool entered(uint32_t q) const {
     const uint32_t bit = 1u << q;
     if ((entered_mask_ & bit) != 0) return true;
-    if (!mn_wait_nvlink_entry(p_.comm, static_cast<int>(q), epoch_, p_.signature, ctx_)) return false;
+    if (!wait_entry(p_.comm, nvlink_entry(p_.comm), static_cast<int>(q), epoch_, p_.signature, ctx_)) return false;
     entered_mask_ |= bit;
     return true;
   }
@@ -323,8 +323,8 @@ __device__ bool reduce_net_send(const MnReduceParams& p, const WaitContext& ctx)
 }
 
 // kNetRecv (gemm_ar, L > 1; thread 0): network arrivals of blocks (s, l) to the local peers' out.
-__device__ __forceinline__ bool reduce_net_recv(const MnReduceParams& p, uint32_t index, uint32_t count, MnCopier& copier,
-                                                const WaitContext& ctx) {
+__device__ __forceinline__ bool reduce_net_recv(const MnReduceParams& p, uint32_t index, uint32_t count,
+                                                MnStream& stream, const WaitContext& ctx) {
   const DeviceComm& c = p.comm;
   const ReduceLayout& L = p.layout;
   const int predecessor = net_rank_of(c, static_cast<int>(L.g.predecessor()), c.local_rank);
@@ -340,7 +340,7 @@ __device__ __forceinline__ bool reduce_net_recv(const MnReduceParams& p, uint32_
     const uint64_t offset =
         p.out_offset + (static_cast<uint64_t>(d) * L.rows_per_block + static_cast<uint64_t>(chunk) * L.rows_per_chunk) * p.row_bytes;
     if (!mn_replicate_to_local_peers(c, p.signature, offset, reinterpret_cast<const char*>(c.local_heap_base + offset), bytes,
-                                     flag, entered, copier, ctx)) {
+                                     flag, entered, stream, ctx)) {
       return false;
     }
   }
@@ -395,25 +395,27 @@ __device__ __forceinline__ void mn_reduce_body(const MnReduceParams& p, uint8_t*
   using Fold = MnFold<Cfg::kBlockM>;
   using Role = gemm::ComputeRole<Cfg, kBF16, kBNMajor, Scheduler, Epilogue, Cfg::kSetMaxNReg, Fold>;
   const DeviceComm& c = p.comm;
-  const uint64_t epoch = launch_epoch(c.epoch_state);
-  const WaitContext ctx = WaitContext::start(c.wait, kAllReduce ? OpId::kGemmAr : OpId::kGemmRs, epoch);
-  mn_publish_nvlink_entry(c, epoch, p.signature);
+  const frame::LaunchFrame f =
+      frame::LaunchFrame::enter(c, kAllReduce ? OpId::kGemmAr : OpId::kGemmRs, nvlink_entry(c), p.signature);
+  const uint64_t epoch = f.epoch;
+  const WaitContext& ctx = f.ctx;
   Role::init(smem);
-  if (threadIdx.x == 0) ctx.mark(LaunchPhase::kEntered);
 
   const MultiNodeRole role = p.roles.role_of(blockIdx.x);
+  auto data_role = [&](auto&& work) { return frame::run_data_role<MnStream, Cfg::kEpiOffset>(smem, work); };
   bool ok = true;
   bool compute = true;
   if (role == MultiNodeRole::kNetSend) {
-    // Sends for the whole launch (no copier: the proxy reads the send buffer and out directly).
-    ok = mn_thread0_with_copier<Cfg>(smem, [&](MnCopier&) { return reduce_net_send<kAllReduce>(p, ctx); });
+    // Sends for the whole launch (no stream: the proxy reads the send buffer and out directly).
+    ok = data_role([&](MnStream&) { return reduce_net_send<kAllReduce>(p, ctx); });
     compute = false;
   } else if (role == MultiNodeRole::kNetRecv) {
     const uint32_t index = p.roles.index_in_role(blockIdx.x);
-    ok = mn_thread0_with_copier<Cfg>(smem, [&](MnCopier& copier) { return reduce_net_recv(p, index, p.roles.net_recv, copier, ctx); });
+    const uint32_t count = p.roles.count(MultiNodeRole::kNetRecv);
+    ok = data_role([&](MnStream& stream) { return reduce_net_recv(p, index, count, stream, ctx); });
     compute = ok;
   }
-  if (threadIdx.x == 0) ctx.mark(LaunchPhase::kRolesDone);
+  f.mark(LaunchPhase::kRolesDone);
   if (compute) {
     Scheduler sched(p);
     Epilogue epi(p, epoch, ctx);
@@ -422,15 +424,11 @@ __device__ __forceinline__ void mn_reduce_body(const MnReduceParams& p, uint8_t*
     const gemm::WorkItem exit = Role::run(smem, ops, sched, epi, blockIdx.x, gridDim.x, ctx, fold);
     ok = exit.kind == static_cast<uint32_t>(gemm::WorkKind::kDone);
   }
-  if (threadIdx.x == 0) ctx.mark(LaunchPhase::kComputeDone);
+  f.mark(LaunchPhase::kComputeDone);
   if constexpr (kAllReduce) {
     if (ok && threadIdx.x == 0) (void)reduce_wait_arrivals(p, ctx);
   }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    finish_queued_launch(p.state, c.epoch_state, epoch);
-    ctx.mark(LaunchPhase::kFinished);
-  }
+  f.finish(p.state, c);
 }
 
 template <class Cfg, bool kBF16, bool kBNMajor>

@@ -69,11 +69,9 @@ __device__ __forceinline__ bool transfer_body(const MnTransferParams& p, const W
 
 __global__ void mn_transfer_kernel(const __grid_constant__ MnTransferParams p) {
   const DeviceComm& c = p.comm;
-  const uint64_t epoch = launch_epoch(c.epoch_state);
-  const WaitContext ctx = WaitContext::start(c.wait, OpId::kNetExchange, epoch);
-  if (threadIdx.x == 0) (void)transfer_body(p, ctx);
-  __syncthreads();
-  if (threadIdx.x == 0) finish_queued_launch(p.state, c.epoch_state, epoch);
+  const frame::LaunchFrame f = frame::LaunchFrame::begin(c, OpId::kNetExchange);
+  if (threadIdx.x == 0) (void)transfer_body(p, f.ctx);
+  f.finish(p.state, c);
 }
 
 }  // namespace loom::kernels::tp::mn

@@ -173,7 +173,7 @@ class ReduceEpilogue {
   __device__ bool entered(uint32_t peer) const {
     const uint32_t bit = 1u << peer;
     if ((entered_mask_ & bit) != 0) return true;
-    if (!wait_entry(p_.comm, static_cast<int>(peer), epoch_, p_.signature, ctx_)) return false;
+    if (!wait_entry(p_.comm, tp_entry(p_.comm), static_cast<int>(peer), epoch_, p_.signature, ctx_)) return false;
     entered_mask_ |= bit;
     return true;
   }
@@ -260,23 +260,23 @@ __device__ __forceinline__ void reduce_gemm_body(const ReduceGemmParams& p, uint
   using Fold = StagedFold<Cfg::kBlockM>;
   using Role = gemm::ComputeRole<Cfg, kBF16, kBNMajor, Scheduler, Epilogue, Cfg::kSetMaxNReg, Fold>;
   const DeviceComm& c = p.comm;
-  const uint64_t epoch = launch_epoch(c.epoch_state);
-  const WaitContext ctx = WaitContext::start(c.wait, kBroadcast ? OpId::kGemmAr : OpId::kGemmRs, epoch);
-  publish_entry(c, epoch, p.signature);
+  const frame::LaunchFrame f =
+      frame::LaunchFrame::enter(c, kBroadcast ? OpId::kGemmAr : OpId::kGemmRs, tp_entry(c), p.signature);
+  const uint64_t epoch = f.epoch;
+  const WaitContext& ctx = f.ctx;
   Role::init(smem);
 
-  const TpRoleTable roles{0};
+  const TpRoleTable roles;  // every CTA computes
   Scheduler sched(p.sched, epoch);
   Epilogue epi(p, epoch, ctx);
   const Fold fold(p, epoch);
   const gemm::GemmOperands ops{&p.a, &p.b, p.m, p.n, p.k, nullptr, 0, 0, p.timeline};
   const gemm::WorkItem exit =
-      Role::run(smem, ops, sched, epi, roles.compute_index(blockIdx.x), gridDim.x, ctx, fold);
+      Role::run(smem, ops, sched, epi, roles.rest_index(blockIdx.x, gridDim.x), gridDim.x, ctx, fold);
   if constexpr (kBroadcast) {
     if (threadIdx.x == 0 && exit.kind == static_cast<uint32_t>(gemm::WorkKind::kDone)) (void)wait_final_tiles(p, epoch, ctx);
   }
-  __syncthreads();
-  if (threadIdx.x == 0) finish_queued_launch(p.state, c.epoch_state, epoch);
+  f.finish(p.state, c);
 }
 
 }  // namespace loom::kernels::tp
