@@ -7,12 +7,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <deque>
 #include <fstream>
 #include <limits>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <unordered_map>
@@ -22,6 +24,31 @@
 
 namespace loom::runtime::net {
 namespace {
+
+// Proxies still running when the process exits (an application that never closed its
+// communicator) are stopped before the CUDA runtime unloads: the runtime registered its exit
+// handler at the process's first CUDA call, before any proxy started, and exit handlers run last
+// registered first. A lane thread still polling CUDA while the runtime unloads gets "driver
+// shutting down" errors or crashes the process. The set is never destroyed, so it outlives every
+// static destructor.
+std::mutex& live_proxies_mutex() {
+  static std::mutex* m = new std::mutex;
+  return *m;
+}
+std::set<Proxy*>& live_proxies() {
+  static std::set<Proxy*>* live = new std::set<Proxy*>;
+  return *live;
+}
+void stop_live_proxies_at_exit() {
+  std::lock_guard<std::mutex> lock(live_proxies_mutex());
+  for (Proxy* proxy : live_proxies()) (void)proxy->stop(std::chrono::milliseconds(200));
+}
+void track_live_proxy(Proxy* proxy) {
+  static std::once_flag registered;
+  std::call_once(registered, [] { std::atexit(stop_live_proxies_at_exit); });
+  std::lock_guard<std::mutex> lock(live_proxies_mutex());
+  live_proxies().insert(proxy);
+}
 
 using SteadyClock = std::chrono::steady_clock;
 
@@ -658,10 +685,17 @@ Result<std::unique_ptr<Proxy>> Proxy::start(std::vector<ProxyLane> lanes, const 
       runner.run();
     });
   }
+  track_live_proxy(self);
   return proxy;
 }
 
-Proxy::~Proxy() { (void)stop(std::chrono::milliseconds(200)); }
+Proxy::~Proxy() {
+  {
+    std::lock_guard<std::mutex> lock(live_proxies_mutex());
+    live_proxies().erase(this);
+  }
+  (void)stop(std::chrono::milliseconds(200));
+}
 
 void Proxy::set_epoch_floor(uint64_t floor) { epoch_floor_.store(floor, std::memory_order_release); }
 

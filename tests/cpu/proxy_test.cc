@@ -158,6 +158,7 @@ class RecordingTransport final : public Transport {
   uint64_t wrong_handles() const { std::lock_guard<std::mutex> l(mutex_); return wrong_handles_; }
   uint64_t bad_pieces() const { std::lock_guard<std::mutex> l(mutex_); return bad_pieces_; }
   uint64_t writes() const { std::lock_guard<std::mutex> l(mutex_); return writes_; }
+  uint64_t polls() const { std::lock_guard<std::mutex> l(mutex_); return turn_; }
   uint64_t bytes() const { std::lock_guard<std::mutex> l(mutex_); return bytes_; }
   uint64_t flags() const { std::lock_guard<std::mutex> l(mutex_); return flags_; }
 
@@ -259,6 +260,40 @@ size_t thread_count() {
 }
 
 // ---- validation: one case per rule ------------------------------------------------------------
+
+// A proxy nobody stopped (an application that never closed its communicator) is stopped at
+// exit before the exit handlers registered earlier run — the CUDA runtime's among them, which a
+// lane thread still polling CUDA would crash into. The child registers its handler first, then
+// leaks a running proxy and exits: by the time the handler runs, the lane must poll no more.
+RecordingTransport* g_exit_transport = nullptr;
+
+TEST(ProxyShutdown, AProxyLeftRunningStopsBeforeEarlierExitHandlers) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        std::atexit([] {
+          const uint64_t before = g_exit_transport->polls();
+          std::this_thread::sleep_for(50ms);
+          std::_Exit(g_exit_transport->polls() == before ? 0 : 3);
+        });
+        g_exit_transport = new RecordingTransport(true, 1 << 20, 8);
+        g_exit_transport->set_remote(1, 4096, 8);
+        g_exit_transport->set_source_bytes(4096);
+        Result<ring::HostRing> host_ring = ring::HostRing::create(4);
+        if (!host_ring.ok()) std::_Exit(4);
+        const WindowTable table = manual_table(0, 2, 4096, {{0, 0}, {4096, 8}}, {true, true});
+        auto* ring_storage = new ring::HostRing(std::move(host_ring).value());
+        Result<std::unique_ptr<Proxy>> proxy =
+            Proxy::start({ProxyLane{ring_storage->view(), g_exit_transport, table}}, ProxyOptions{});
+        if (!proxy.ok()) std::_Exit(5);
+        (void)proxy->release();  // never stopped, never destroyed
+        const uint64_t started = g_exit_transport->polls();
+        std::this_thread::sleep_for(20ms);
+        if (g_exit_transport->polls() == started) std::_Exit(6);  // the lane must be polling
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
 
 TEST(ProxyValidation, EachRuleRejectsWithItsReason) {
   // rank 1 of 4; rank 2 has windows (100 data bytes, 4 flags); rank 3 is no peer of this transport.
