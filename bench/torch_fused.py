@@ -21,7 +21,7 @@ see the same clocks and temperature and neither always follows the other: the ro
 faster, so times taken minutes apart, or in a fixed order, are not a fair ratio; these are.
 
 Never hangs silently: collectives get --timeout-s, and a watchdog ends the process (with every thread's
-stack) after --deadline-s. NVLink multicast stays off (DESIGN.md).
+stack) after --deadline-s. NVLink multicast stays off (docs/BENCHMARKS.md, "Method").
 """
 
 import os

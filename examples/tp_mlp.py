@@ -66,8 +66,8 @@ def make_inputs(seed: int, rank: int, s_local: int, h: int, f_local: int, dtype:
 
 
 def loom_block(comm, x, w1, w2):
-    h = lt.ag_gemm(x, w1, comm, b_layout="nk")
-    return lt.gemm_rs(F.gelu(h), w2, comm, b_layout="nk")
+    h = lt.ag_gemm(comm, x, w1, b_layout="nk")
+    return lt.gemm_rs(comm, F.gelu(h), w2, b_layout="nk")
 
 
 def torch_block(x, w1, w2, world: int):

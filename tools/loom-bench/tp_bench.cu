@@ -1,5 +1,5 @@
 // loom-bench ag_gemm | gemm_rs | gemm_ar | tp | tune: the fused tensor-parallel operators against
-// the two ceilings of DESIGN.md "Measuring", on the same inputs, in one process group:
+// the two ceilings of docs/BENCHMARKS.md, on the same inputs, in one process group:
 //   cublas       cublasGemmEx alone on the local GEMM shape (the limit a fused op approaches)
 //   loom_gemm    loom's own GEMM engine alone on that shape (separates the engine's speed from
 //                what fusing costs: h_engine = (T_nccl_cublas - T_loom) / (T_nccl_cublas - T_loom_gemm))
