@@ -156,10 +156,9 @@ Result<Settings> Settings::from_env() {
   if (std::optional<std::string> raw = get_raw("LOOM_LOG")) {
     LOOM_ASSIGN_OR_RETURN(s.log_level, parse_log_level(*raw));
   }
-  constexpr int64_t kDayMs = 24LL * 3600 * 1000;
-  LOOM_ASSIGN_OR_RETURN(int64_t op_ms, get_int("LOOM_TIMEOUT_MS", 30'000, 1, kDayMs));
+  LOOM_ASSIGN_OR_RETURN(int64_t op_ms, get_int("LOOM_TIMEOUT_MS", 30'000, 1, kMaxTimeoutMs));
   s.op_timeout = std::chrono::milliseconds(op_ms);
-  LOOM_ASSIGN_OR_RETURN(int64_t boot_ms, get_int("LOOM_BOOTSTRAP_TIMEOUT_MS", 120'000, 1, kDayMs));
+  LOOM_ASSIGN_OR_RETURN(int64_t boot_ms, get_int("LOOM_BOOTSTRAP_TIMEOUT_MS", 120'000, 1, kMaxTimeoutMs));
   s.bootstrap_timeout = std::chrono::milliseconds(boot_ms);
   LOOM_ASSIGN_OR_RETURN(s.heap_bytes, get_bytes("LOOM_HEAP_BYTES", uint64_t{1} << 30, uint64_t{1} << 20,
                                                 uint64_t{1} << 40));

@@ -44,6 +44,8 @@ std::span<const VariableDoc> loom_variables();
 
 enum class HeapBackend : uint8_t { kAuto, kVmm, kIpc };
 
+// Longest LOOM_TIMEOUT_MS / LOOM_BOOTSTRAP_TIMEOUT_MS (and CommOptions timeouts): one day.
+inline constexpr int64_t kMaxTimeoutMs = 24LL * 3600 * 1000;
 // The most ranks LOOM_RANKS_PER_GPU lets share one GPU.
 inline constexpr int kMaxRanksPerGpu = 64;
 

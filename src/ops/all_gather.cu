@@ -22,6 +22,7 @@ Status all_gather_for(Communicator& comm, const void* send, void* recv, size_t c
   }
   LOOM_ASSIGN_OR_RETURN(uint64_t recv_offset, impl.symmetric_offset(recv, recv_bytes, "all_gather: recv"));
   LOOM_TRY_CTX(impl.check_local_device_buffer(send, shard, "send"), "all_gather");
+  if (world == 1) return ops::single_rank_copy(send, recv, shard, stream);
   const bool bulk_eligible = ops::is_aligned16(send) && recv_offset % 16 == 0 && shard % 16 == 0;
   LOOM_ASSIGN_OR_RETURN(planner::CollectivePlan plan,
                         ops::plan_for(impl, OpId::kAllGather, shard, options, bulk_eligible));

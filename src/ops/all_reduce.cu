@@ -20,6 +20,7 @@ Status all_reduce_for(Communicator& comm, const void* send, void* recv, size_t c
   const uint64_t bytes = static_cast<uint64_t>(count) * dtype_size(dtype);
   LOOM_ASSIGN_OR_RETURN(uint64_t send_offset, impl.symmetric_offset(send, bytes, "all_reduce: send"));
   LOOM_ASSIGN_OR_RETURN(uint64_t recv_offset, impl.symmetric_offset(recv, bytes, "all_reduce: recv"));
+  if (impl.topology.local_world_size == 1) return ops::single_rank_copy(send, recv, bytes, stream);
   const uint64_t per_rank = bytes / static_cast<uint64_t>(impl.topology.local_world_size);
   LOOM_ASSIGN_OR_RETURN(planner::CollectivePlan plan, ops::plan_for(impl, OpId::kAllReduce, per_rank, options, false));
 

@@ -11,6 +11,7 @@
 #include "loom/collectives.h"
 #include "planner/collective_plan.h"
 #include "runtime/communicator_impl.h"
+#include "runtime/cuda_check.h"
 
 namespace loom::ops {
 
@@ -29,6 +30,14 @@ inline Status check_collective_common(Communicator::Impl& impl, const char* op, 
 }
 
 inline bool is_aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// A collective over one rank moves its own data only: a device copy, or nothing in place (no
+// kernel and no flags). Called after the arguments were checked like any other call's.
+inline Status single_rank_copy(const void* send, void* recv, uint64_t bytes, cudaStream_t stream) {
+  if (send == recv || bytes == 0) return {};
+  LOOM_CUDA_TRY(cudaMemcpyAsync(recv, send, bytes, cudaMemcpyDeviceToDevice, stream));
+  return {};
+}
 
 inline Result<planner::CollectivePlan> plan_for(const Communicator::Impl& impl, OpId op, uint64_t bytes,
                                                 const CollectiveOptions& options, bool bulk_eligible) {

@@ -56,7 +56,7 @@ Result<StandaloneWait*> standalone_wait() {
   std::lock_guard<std::mutex> lock(mu);
   StandaloneWait& w = per_device[device];
   if (w.device_abort == nullptr) {
-    LOOM_ASSIGN_OR_RETURN(int64_t timeout_ms, env::get_int("LOOM_TIMEOUT_MS", 30'000, 1, int64_t{1} << 40));
+    LOOM_ASSIGN_OR_RETURN(int64_t timeout_ms, env::get_int("LOOM_TIMEOUT_MS", 30'000, 1, env::kMaxTimeoutMs));
     void* host = nullptr;
     LOOM_CUDA_TRY(cudaHostAlloc(&host, sizeof(ErrorRecord), cudaHostAllocMapped));
     std::memset(host, 0, sizeof(ErrorRecord));

@@ -25,6 +25,7 @@ Status reduce_scatter_for(Communicator& comm, const void* send, void* recv, size
   }
   LOOM_ASSIGN_OR_RETURN(uint64_t send_offset, impl.symmetric_offset(send, send_bytes, "reduce_scatter: send"));
   LOOM_TRY_CTX(impl.check_local_device_buffer(recv, chunk, "recv"), "reduce_scatter");
+  if (world == 1) return ops::single_rank_copy(send, recv, chunk, stream);
   LOOM_ASSIGN_OR_RETURN(planner::CollectivePlan plan, ops::plan_for(impl, OpId::kReduceScatter, chunk, options, false));
 
   kernels::CollectiveArgs args{};

@@ -107,7 +107,7 @@ Status check_comm_options(const CommOptions& options) {
     return Status::invalid_argument("CommOptions::device = " + std::to_string(options.device) +
                                     ": -1 picks LOCAL_RANK (else rank % device count), otherwise a CUDA device ordinal");
   }
-  constexpr int64_t kDayMs = 24LL * 3600 * 1000;
+  constexpr int64_t kDayMs = env::kMaxTimeoutMs;
   const std::pair<const char*, int64_t> timeouts[] = {{"op_timeout", options.op_timeout.count()},
                                                       {"bootstrap_timeout", options.bootstrap_timeout.count()}};
   for (const auto& [name, ms] : timeouts) {
