@@ -90,7 +90,7 @@ install(TARGETS loom_python_ext LIBRARY DESTINATION loom)
 if(NOT SKBUILD)
   # A plain `cmake --install --prefix DIR` gives a complete package: DIR/loom is importable with
   # PYTHONPATH=DIR (pip's wheel gets the sources from pyproject.toml's wheel.packages instead).
-  install(DIRECTORY ${LOOM_PYTHON_SOURCE_DIR}/python/loom/ DESTINATION loom FILES_MATCHING PATTERN "*.py")
+  install(DIRECTORY ${LOOM_PYTHON_SOURCE_DIR}/python/loom/ DESTINATION loom FILES_MATCHING PATTERN "*.py" PATTERN "*.pyi" PATTERN "py.typed")
 endif()
 if(LOOM_PREBUILT_LIBRARY)
   install(FILES "${LOOM_PREBUILT_LIBRARY}" DESTINATION loom RENAME libloom.so)

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Checks loom's CMake package as a user gets it: installs the already-built tree build/ into a
 # temporary prefix, builds examples/consumer against that install (find_package(loom)), and runs
-# it. Run after `cmake --build --preset default` (LOOM_BUILD_DIR names another build tree); any
+# it. Run after `cmake --build --preset default` (LOOM_TEST_BUILD_DIR names another build tree); any
 # failure ends the script non-zero.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/cuda/bin:$PATH"
 
-build_dir=${LOOM_BUILD_DIR:-build}
+build_dir=${LOOM_TEST_BUILD_DIR:-build}
 [[ -f $build_dir/CMakeCache.txt ]] || { echo "ci_consumer.sh: $build_dir is not a configured build (cmake --preset default)" >&2; exit 1; }
 
 build_abs=$(cd "$build_dir" && pwd)

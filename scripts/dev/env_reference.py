@@ -93,8 +93,7 @@ GROUPS = (
               Var("LOOM_TIMEOUT_MS", "integer", default=30_000, lo=1, hi=DAY_MS, unit="ms",
                   note="A non-zero `CommOptions::op_timeout` (Python: `op_timeout_ms`) overrides it. "
                        "scripts/device/ sets 20000 unless it is already set. The standalone `loom::gemm` reads "
-                       "it itself, at its first call on each device, with its own upper bound:",
-                  other_ranges={"src/ops/gemm.cu": (1, 1 << 40)}),
+                       "it itself, at its first call on each device, with the same range."),
               Var("LOOM_HEAP_BYTES", "bytes", default=1 << 30, lo=1 << 20, hi=1 << 40,
                   note="A non-zero `CommOptions::heap_bytes` (Python: `heap_bytes`) overrides it. Every rank "
                        "must ask for the same size (creation fails naming the rank that differs)."),
@@ -160,20 +159,20 @@ GROUPS = (
                   note="Parsed with strtoull (no K/M/G suffix): not checked."),
               Var("LOOM_TEST_STRESS_LAUNCHES", "integer", lo=2, hi=100000, default_text="50",
                   meaning="back-to-back launches of each operator in MultiNodeStress (shared_gpu_suite.sh sets 500)"),
-              Var("LOOM_JUNIT_DIR", "text", text_type="directory", default_text="unset: no per-rank files",
+              Var("LOOM_TEST_JUNIT_DIR", "text", text_type="directory", default_text="unset: no per-rank files",
                   meaning="every rank of a torchrun pytest job writes its JUnit XML to DIR/rank<RANK>.xml, unless "
                           "--junitxml is given (scripts/device/shared_gpu_suite.sh sets it)"),
-              Var("LOOM_PY_OVERHEAD_JSON", "text", text_type="file path", default_text="unset: not written",
+              Var("LOOM_TEST_PY_OVERHEAD_JSON", "text", text_type="file path", default_text="unset: not written",
                   meaning="where the Python launch-overhead test writes its measurements "
                           "(scripts/device/python_suite.sh sets it)"),
           )),
     Group("Build and test scripts",
           "Read by shell scripts, never by the library.",
           (
-              Var("LOOM_BUILD_DIR", "text", text_type="directory", default_text="build",
+              Var("LOOM_TEST_BUILD_DIR", "text", text_type="directory", default_text="build",
                   meaning="the configured build tree scripts/ci_consumer.sh installs and builds the consumer "
                           "example against"),
-              Var("LOOM_PIP_PREBUILT", "text", text_type="`1` (anything else: off)", default_text="0",
+              Var("LOOM_TEST_PIP_PREBUILT", "text", text_type="`1` (anything else: off)", default_text="0",
                   meaning="1: scripts/test.sh builds only the Python extension, against build/libloom.so, "
                           "instead of the whole package"),
           )),

@@ -37,7 +37,7 @@ torchrun() {  # per-rank output prefixed with [rank]: on the console (and so in 
 
 # 2. GPU pytest suite (every op vs torch, CUDA graph x100, overhead -> JSON)
 log "GPU pytest under torchrun"
-LOOM_PY_OVERHEAD_JSON="$OUT/python_overhead.json" torchrun 170 -m pytest tests/python/test_gpu.py -m gpu -p no:cacheprovider \
+LOOM_TEST_PY_OVERHEAD_JSON="$OUT/python_overhead.json" torchrun 170 -m pytest tests/python/test_gpu.py -m gpu -p no:cacheprovider \
   -q -rfE --durations=5 >> "$LOG" 2>&1
 r=$?; ((r != 0)) && rc=1
 log "GPU pytest: exit $r"

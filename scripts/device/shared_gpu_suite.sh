@@ -96,12 +96,12 @@ python_job() {  # SUITE RANKS NODES
   start=$(date +%s)
   # PyTorch brings its own CUDA libraries.
   LD_LIBRARY_PATH="$ORIG_LD_LIBRARY_PATH" PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}" \
-    LOOM_EMULATE_NODES="$nodes" LOOM_RANKS_PER_GPU="$per_gpu" LOOM_JUNIT_DIR="$dir" \
+    LOOM_EMULATE_NODES="$nodes" LOOM_RANKS_PER_GPU="$per_gpu" LOOM_TEST_JUNIT_DIR="$dir" \
     TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[${rank}]:' timeout --kill-after=10 "$t" python3 -m torch.distributed.run \
     --standalone --nproc-per-node "$ranks" --tee 3 --log-dir "$WORK/torchrun-$suite" \
     -m pytest tests/python -m gpu -p no:cacheprovider -q -rfE >> "$LOG" 2>&1
   r=$?
-  # Each rank wrote $dir/rank<RANK>.xml (tests/python/conftest.py, LOOM_JUNIT_DIR).
+  # Each rank wrote $dir/rank<RANK>.xml (tests/python/conftest.py, LOOM_TEST_JUNIT_DIR).
   summarize "$suite" "$ranks" "$per_gpu" "$nodes" "$(( $(date +%s) - start ))" "$r" "$dir"/rank*.xml
   return $r
 }

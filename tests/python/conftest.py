@@ -32,9 +32,9 @@ def gpu_job() -> bool:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
-    """LOOM_JUNIT_DIR=d: every rank of a torchrun job writes its JUnit XML to d/rank<RANK>.xml
+    """LOOM_TEST_JUNIT_DIR=d: every rank of a torchrun job writes its JUnit XML to d/rank<RANK>.xml
     (torchrun passes one command line to all ranks; scripts/device/shared_gpu_suite.sh reads them)."""
-    directory = os.environ.get("LOOM_JUNIT_DIR")
+    directory = os.environ.get("LOOM_TEST_JUNIT_DIR")
     if directory and not getattr(config.option, "xmlpath", None):
         config.option.xmlpath = os.path.join(directory, f"rank{os.environ.get('RANK', '0')}.xml")
 

@@ -509,7 +509,7 @@ def test_python_overhead_per_call(comm, seed):
         for op, r in worst.items():
             print(f"{op:<12}{r['cpp_launch_us']:>10.2f}{r['python_us']:>10.2f}{r['python_overhead_us']:>10.2f}"
                   f"{r['torch_op_us']:>12.2f}{r['torch_op_overhead_us']:>10.2f}")
-        path = os.environ.get("LOOM_PY_OVERHEAD_JSON")
+        path = os.environ.get("LOOM_TEST_PY_OVERHEAD_JSON")
         if path:
             with open(path, "w") as f:
                 json.dump(report, f, indent=2)

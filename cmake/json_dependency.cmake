@@ -1,5 +1,5 @@
-# Header-only dependencies of libloom for builds from source through pip: the top-level
-# CMakeLists.txt includes this file in place of its find_package(nlohmann_json).
+# libloom's header-only JSON dependency (tuning cache, benchmark JSON), also for builds from
+# source through pip (CMakeLists.txt includes this file).
 #
 # nlohmann_json: the system's when find_package finds it; else the headers of the `nlohmann-json`
 # PyPI package, which pyproject.toml lists as a build requirement (it ships no CMake files, so an
