@@ -11,6 +11,9 @@
 #                                   back-to-back launches of each operator, STRESS_RUNS (default 3)
 #                                   jobs in a row
 #     python-2 python-2x2           the Python GPU suite (tests/python -m gpu) under torchrun
+#     bench-1                       loom-bench's one-GPU rows (one rank, no sharing: timings are
+#                                   real): the GEMM sweep vs cuBLAS and the world-1 collectives vs a
+#                                   device copy, JSON in $OUT/<date>_<sha>_{gemm,collectives_world1}_1x<GPU>.json
 #
 # Each step is its own job under a wall-clock limit (STEP_LIMIT_S, default 240, cut to what the
 # call has left of SUITE_BUDGET_S, default 570) and leaves one summary line in $OUT/suites.jsonl
@@ -106,6 +109,20 @@ python_job() {  # SUITE RANKS NODES
   return $r
 }
 
+bench_one_gpu() {
+  local t r=0 gpu tag
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print $NF}')
+  tag="$(date -u +%Y-%m-%d)_${GIT_SHA}"
+  if ! t=$(limit); then log "bench-1: skipped, not enough time left"; return 1; fi
+  log "bench-1: loom-bench gemm and world-1 collectives on one $gpu, limit ${t}s"
+  timeout --kill-after=10 "$t" $BIN/loom-bench gemm --spawn 1 --json "$OUT/${tag}_gemm_1x${gpu}.json" >> "$LOG" 2>&1 || r=1
+  if ! t=$(limit); then log "bench-1: no time left for the collectives"; return 1; fi
+  timeout --kill-after=10 "$t" $BIN/loom-bench collectives --spawn 1 --sizes 1M,64M \
+    --json "$OUT/${tag}_collectives_world1_1x${gpu}.json" >> "$LOG" 2>&1 || r=1
+  log "bench-1: exit $r"
+  return $r
+}
+
 rc=0
 for step in "${steps[@]}"; do
   case $step in
@@ -125,6 +142,7 @@ for step in "${steps[@]}"; do
       layout=${step#python-}; n=${layout%x*}; l=${layout#*x}
       python_job "python_${layout}" $(( n * l )) "$n" ;;
     python-[0-9]*) python_job "python_${step#python-}ranks" "${step#python-}" 1 ;;
+    bench-1) bench_one_gpu ;;
     *) log "unknown step $step"; false ;;
   esac
   (( $? != 0 )) && rc=1
