@@ -16,15 +16,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import loom.torch as lt  # noqa: E402
+from stand_in import StandInComm  # noqa: E402
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
-
-
-class StandInComm:
-    def __init__(self, world: int) -> None:
-        self.local_world_size = world
-        self.rank = 0
-        self.device = 0
 
 
 WORLD = 2

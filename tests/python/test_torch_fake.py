@@ -9,17 +9,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 import loom  # noqa: E402
 import loom.torch as lt  # noqa: E402
+from stand_in import StandInComm  # noqa: E402
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
-
-
-class StandInComm:
-    """What the operators read of a communicator (never launched on)."""
-
-    def __init__(self, world: int) -> None:
-        self.local_world_size = world
-        self.rank = 0
-        self.device = 0
 
 
 @pytest.fixture(params=[2, 4, 8], ids=lambda w: f"W{w}")
