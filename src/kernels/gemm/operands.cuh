@@ -1,0 +1,40 @@
+// What a GEMM compute role computes on: the A and B operands (tensor maps and shape) and a work
+// item's k-block range. Separate from compute_role.cuh because every piece of the engine
+// (fold, timeline, epilogue staging) reads them, and a kernel builds GemmOperands without
+// needing the role.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/common/sm90.cuh"
+#include "kernels/gemm/params.h"
+#include "loom/diagnostics.h"
+
+namespace loom::kernels::gemm {
+
+// The A and B operands as the role sees them: tensor maps (kernel parameters or global memory)
+// and the problem shape.
+struct GemmOperands {
+  const sm90::TmaDescriptor* a;  // [M, K] row-major, box {64, BLOCK_M}, 128B swizzle
+  const sm90::TmaDescriptor* b;  // N-major: [K, N], box {64, 64}; K-major: [N, K], box {64, BLOCK_N}
+  uint32_t m, n, k;
+  // Optional second source of A (a fused AllGather+GEMM reads this rank's own rows where they
+  // already are, not from the gathered copy): tiles whose first row r lies in
+  // [local_row_begin, local_row_end) load row r - local_row_begin of a_local (same box). The
+  // range must be a multiple of BLOCK_M rows so no tile straddles it.
+  const sm90::TmaDescriptor* a_local = nullptr;
+  uint32_t local_row_begin = 0;
+  uint32_t local_row_end = 0;
+  // Optional per-tile timeline (diagnostics; loom/diagnostics.h), indexed by WorkItem::tile.
+  TileTimelineRecord* timeline = nullptr;
+};
+
+// A tile's k-block range: [begin, end).
+struct KRange {
+  uint32_t begin, end;
+};
+__device__ __forceinline__ KRange k_range_of(const WorkItem& item, uint32_t k_blocks) {
+  return KRange{item.k_begin, min(item.k_end, k_blocks)};
+}
+
+}  // namespace loom::kernels::gemm

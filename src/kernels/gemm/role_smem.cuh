@@ -1,0 +1,75 @@
+// The compute role's shared memory as typed accessors over config.h's layout (stage buffers,
+// epilogue boxes, the mbarriers of the three rings, the ring items and the persisted role
+// state), and the ring item load. Separate so that the role's pieces (fold, signaler, epilogue
+// staging) address the same layout without being members of ComputeRole.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/gemm/config.h"
+#include "kernels/gemm/params.h"
+
+namespace loom::kernels::gemm {
+
+// Per-call pipeline state kept in shared memory between run() calls.
+struct RoleState {
+  uint32_t producer_stage, producer_phase, producer_slot, producer_slot_phase;
+  uint32_t consumer_stage, consumer_phase, consumer_slot, consumer_slot_phase;
+  WorkItem exit;
+  uint32_t epi_parity;
+  uint32_t signal_post;  // consumers' next signal slot | phase << 16
+  uint32_t signal_take;  // the signaler's next signal slot | phase << 16
+};
+static_assert(sizeof(RoleState) <= kRoleStateBytes, "RoleState must fit its kRoleStateBytes slot");
+
+// A ring item written by another thread of the CTA (the ring's mbarrier ordered it).
+__device__ __forceinline__ WorkItem load_item(const WorkItem* slot) {
+  const volatile WorkItem* v = slot;
+  WorkItem w;
+  w.kind = v->kind;
+  w.m_block = v->m_block;
+  w.n_block = v->n_block;
+  w.tile = v->tile;
+  w.k_begin = v->k_begin;
+  w.k_end = v->k_end;
+  w.split_slot = v->split_slot;
+  w.split_count = v->split_count;
+  return w;
+}
+
+// Offsets from the 1024-byte aligned base (Cfg: a TileConfig; sizes in config.h):
+//   a[s] kStages * BM*64*2, b[s] kStages * BN*64*2, epi[w][2] consumers*4*2 * 2048,
+//   full[s], empty[s], tile_full[t], tile_empty[t] (8 B each), ring[t] (32 B each),
+//   signal_full[t], signal_empty[t] (8 B each), signal_ring[t] (32 B each), state (128 B).
+template <class Cfg>
+struct RoleSmem {
+  uint8_t* base;
+  __device__ explicit RoleSmem(uint8_t* raw)
+      : base(reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023})) {}
+  __device__ uint8_t* a(int s) const { return base + Cfg::kAOffset + s * Cfg::kABytes; }
+  __device__ uint8_t* b(int s) const { return base + Cfg::kBOffset + s * Cfg::kBBytes; }
+  __device__ uint8_t* epi(int g, int w, uint32_t parity) const {
+    return base + Cfg::kEpiOffset + ((g * 4 + w) * 2 + parity) * kEpiBoxBytes;
+  }
+  __device__ uint64_t* full(int s) const { return reinterpret_cast<uint64_t*>(base + Cfg::kFullOffset) + s; }
+  __device__ uint64_t* empty(int s) const { return reinterpret_cast<uint64_t*>(base + Cfg::kEmptyOffset) + s; }
+  __device__ uint64_t* tile_full(int t) const {
+    return reinterpret_cast<uint64_t*>(base + Cfg::kTileFullOffset) + t;
+  }
+  __device__ uint64_t* tile_empty(int t) const {
+    return reinterpret_cast<uint64_t*>(base + Cfg::kTileEmptyOffset) + t;
+  }
+  __device__ WorkItem* ring(int t) const { return reinterpret_cast<WorkItem*>(base + Cfg::kTileRingOffset) + t; }
+  __device__ uint64_t* signal_full(int t) const {
+    return reinterpret_cast<uint64_t*>(base + Cfg::kSignalFullOffset) + t;
+  }
+  __device__ uint64_t* signal_empty(int t) const {
+    return reinterpret_cast<uint64_t*>(base + Cfg::kSignalEmptyOffset) + t;
+  }
+  __device__ WorkItem* signal_ring(int t) const {
+    return reinterpret_cast<WorkItem*>(base + Cfg::kSignalRingOffset) + t;
+  }
+  __device__ RoleState* state() const { return reinterpret_cast<RoleState*>(base + Cfg::kStateOffset); }
+};
+
+}  // namespace loom::kernels::gemm
