@@ -12,8 +12,9 @@
 #                                   jobs in a row
 #     python-2 python-2x2           the Python GPU suite (tests/python -m gpu) under torchrun
 #     bench-1                       loom-bench's one-GPU rows (one rank, no sharing: timings are
-#                                   real): the GEMM sweep vs cuBLAS and the world-1 collectives vs a
-#                                   device copy, JSON in $OUT/<date>_<sha>_{gemm,collectives_world1}_1x<GPU>.json
+#                                   real): the GEMM sweep vs cuBLAS, the world-1 collectives vs a device
+#                                   copy and the world-1 TP rows (what the main job prints on one GPU),
+#                                   JSON in $OUT/<date>_<sha>_{gemm,collectives_world1,tp_world1}_1x<GPU>.json
 #
 # Each step is its own job under a wall-clock limit (STEP_LIMIT_S, default 240, cut to what the
 # call has left of SUITE_BUDGET_S, default 570) and leaves one summary line in $OUT/suites.jsonl
@@ -119,6 +120,9 @@ bench_one_gpu() {
   if ! t=$(limit); then log "bench-1: no time left for the collectives"; return 1; fi
   timeout --kill-after=10 "$t" $BIN/loom-bench collectives --spawn 1 --sizes 1M,64M \
     --json "$OUT/${tag}_collectives_world1_1x${gpu}.json" >> "$LOG" 2>&1 || r=1
+  if ! t=$(limit); then log "bench-1: no time left for the TP rows"; return 1; fi
+  timeout --kill-after=10 "$t" $BIN/loom-bench tp --spawn 1 --m 1024,8192 \
+    --json "$OUT/${tag}_tp_world1_1x${gpu}.json" >> "$LOG" 2>&1 || r=1
   log "bench-1: exit $r"
   return $r
 }
