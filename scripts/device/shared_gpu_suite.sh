@@ -153,7 +153,9 @@ for step in "${steps[@]}"; do
 done
 log "done: exit $rc"
 python3 - "$SUMMARIES" <<'PY'
-import json, sys
+import json, os, sys
+if not os.path.exists(sys.argv[1]):
+    sys.exit(0)  # only steps without a suite summary ran (bench-1)
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
 print(f"{'suite':<34}{'ranks':>6}{'per GPU':>8}{'nodes':>6}{'passed':>8}{'failed':>8}{'skipped':>8}{'wall s':>8}")
 for s in rows:
