@@ -35,9 +35,11 @@
 // state persists in shared memory; the scheduler object must be the same).
 //
 // The pieces (each its own file, reusable by other kernels on the engine): role_smem.cuh (the
-// shared-memory layout and persisted RoleState), operands.cuh (GemmOperands), fold.cuh (the
-// opt-in Fold policy: fused reduce-scatter and tail-split pieces), signaler.cuh (the signal
-// ring), epilogue_stage.cuh (accumulators to swizzled boxes to the epilogue), timeline.cuh.
+// shared-memory layout and persisted RoleState), operands.cuh (GemmOperands), pipeline.cuh
+// (PipelineState: a ring's slot and phase), mainloop_sm90.cuh (one k-block's TMA loads, one
+// k-block's wgmma), fold.cuh (the opt-in Fold policy: fused reduce-scatter and tail-split
+// pieces), signaler.cuh (the signal ring), epilogue_stage.cuh (accumulators to swizzled boxes
+// to the epilogue), timeline.cuh.
 #pragma once
 
 #include <cuda/ptx>
@@ -52,8 +54,10 @@
 #include "kernels/gemm/config.h"
 #include "kernels/gemm/epilogue_stage.cuh"
 #include "kernels/gemm/fold.cuh"
+#include "kernels/gemm/mainloop_sm90.cuh"
 #include "kernels/gemm/operands.cuh"
 #include "kernels/gemm/params.h"
+#include "kernels/gemm/pipeline.cuh"
 #include "kernels/gemm/role_smem.cuh"
 #include "kernels/gemm/signaler.cuh"
 #include "kernels/gemm/timeline.cuh"
@@ -138,12 +142,14 @@ class ComputeRole {
   using Folding = TileFold<Cfg, Fold>;
   using Signals = TileSignaler<Cfg, Epilogue>;
   using Staging = EpilogueStage<BM, BN>;
+  using Loads = Sm90Loads<Cfg, kBNMajor>;
+  using Mma = Sm90Mma<BN, kBF16, kBNMajor>;
 
   // ---- producer (one thread) -----------------------------------------------------------------
   __device__ static void producer(const Smem& sm, const GemmOperands& ops, Scheduler& sched, const Fold& fold,
                                   uint32_t compute_index, uint32_t num_compute, const WaitContext& ctx) {
     RoleState* st = sm.state();
-    uint32_t stage = st->producer_stage, phase = st->producer_phase;
+    PipelineState<kStages> stages{st->producer_stage, st->producer_phase};
     uint32_t slot = st->producer_slot, slot_phase = st->producer_slot_phase;
     sm90::prefetch_tensormap(ops.a);
     sm90::prefetch_tensormap(ops.b);
@@ -178,38 +184,8 @@ class ComputeRole {
         a_map = ops.a_local;
         a_row = m0 - static_cast<int32_t>(ops.local_row_begin);
       }
-      // One k-block: wait for a free stage, then its A and B loads.
       auto load_k_block = [&](uint32_t kb) -> bool {
-        if (!sm90::mbarrier_wait(sm.empty(stage), phase ^ 1, ctx,
-                                 sm90::barrier_what(sm90::BarrierWhat::kStageEmpty, stage))) {
-          return false;
-        }
-        uint64_t* full = sm.full(stage);
-        constexpr uint32_t kStageTxBytes = Cfg::kStageTxBytes;
-        cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
-                                             full, kStageTxBytes);
-        const int32_t k0 = static_cast<int32_t>(kb * kBlockK);
-        const int32_t a_coords[2] = {k0, a_row};
-        cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, sm.a(stage), a_map,
-                                        a_coords, full);
-        if constexpr (kBNMajor) {
-          // [K, N] row-major: BN/64 boxes of 64 N-columns x 64 K-rows, 8 KiB apart.
-#pragma unroll
-          for (int i = 0; i < BN / 64; ++i) {
-            const int32_t b_coords[2] = {n0 + 64 * i, k0};
-            cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
-                                            sm.b(stage) + i * 64 * kBlockK * 2, ops.b, b_coords, full);
-          }
-        } else {
-          const int32_t b_coords[2] = {k0, n0};
-          cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, sm.b(stage), ops.b,
-                                          b_coords, full);
-        }
-        if (++stage == kStages) {
-          stage = 0;
-          phase ^= 1;
-        }
-        return true;
+        return Loads::load_k_block(sm, stages, a_map, a_row, ops.b, n0, kb, ctx);
       };
       const KRange range = k_range_of(item, k_blocks);
       const bool fold_tile = Fold::kEnabled && item.kind == static_cast<uint32_t>(WorkKind::kTileFold);
@@ -219,15 +195,15 @@ class ComputeRole {
       }
       if constexpr (Fold::kEnabled) {
         if (fold_tile) {
-          if (!Folding::load_partials(sm, ops, fold, item, n0, stage, phase, ctx)) return;
+          if (!Folding::load_partials(sm, ops, fold, item, n0, stages, ctx)) return;
           for (uint32_t kb = split; kb < range.end; ++kb) {
             if (!load_k_block(kb)) return;
           }
         }
       }
     }
-    st->producer_stage = stage;
-    st->producer_phase = phase;
+    st->producer_stage = stages.index;
+    st->producer_phase = stages.phase;
     st->producer_slot = slot;
     st->producer_slot_phase = slot_phase;
   }
@@ -239,6 +215,7 @@ class ComputeRole {
     const uint32_t warp = t / 32;
     const uint32_t lane = t % 32;
     RoleState* st = sm.state();
+    // Two scalars per ring here, not PipelineStates (pipeline.cuh says why).
     uint32_t stage = st->consumer_stage, phase = st->consumer_phase;
     uint32_t slot = st->consumer_slot, slot_phase = st->consumer_slot_phase;
     uint32_t parity = st->epi_parity;
@@ -320,21 +297,8 @@ class ComputeRole {
           ok = false;
           break;
         }
-        const uint64_t desc_a = sm90::make_smem_desc_sw128(sm90::smem_u32(sm.a(stage)) + g * 64 * 128, 16, 1024);
-        const uint64_t desc_b =
-            sm90::make_smem_desc_sw128(sm90::smem_u32(sm.b(stage)), kBNMajor ? 64 * kBlockK * 2 : 16, 1024);
-        sm90::fence_operands(acc);
-        sm90::wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < kBlockK / 16; ++k) {
-          // K-major: the next 16 columns are 32 bytes further along each 128-byte row.
-          // N-major B: the next 16 K-rows are 16 * 128 bytes further.
-          const uint64_t a_k = desc_a + static_cast<uint64_t>((k * 32) >> 4);
-          const uint64_t b_k = desc_b + static_cast<uint64_t>(kBNMajor ? (k * 16 * 128) >> 4 : (k * 32) >> 4);
-          sm90::wgmma_m64k16<BN, kBF16, kBNMajor ? 1 : 0>(acc, a_k, b_k, (kb > range.begin || k > 0) ? 1u : 0u);
-        }
-        sm90::wgmma_commit();
-        sm90::fence_operands(acc);
+        Mma::mma_k_block(acc, sm90::smem_u32(sm.a(stage)) + g * 64 * 128, sm90::smem_u32(sm.b(stage)),
+                         kb > range.begin);
         if (in_flight) {
           sm90::wgmma_wait<1>();  // the previous k-block's wgmma are done: its stage is free
           sm90::fence_operands(acc);

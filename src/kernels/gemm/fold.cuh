@@ -33,6 +33,7 @@
 #include "kernels/common/sm90.cuh"
 #include "kernels/gemm/operands.cuh"
 #include "kernels/gemm/params.h"
+#include "kernels/gemm/pipeline.cuh"
 #include "kernels/gemm/role_smem.cuh"
 
 namespace loom::kernels::gemm {
@@ -74,24 +75,18 @@ struct TileFold {
   // the order the consumers add them: 64-column chunk by chunk; within a chunk the other ranks in
   // rank order (this rank's own accumulators are not loaded), then the pieces in slot order.
   __device__ static bool load_partials(const Smem& sm, const GemmOperands& ops, const Fold& fold, const WorkItem& item,
-                                       int32_t n0, uint32_t& stage, uint32_t& phase, const WaitContext& ctx) {
+                                       int32_t n0, PipelineState<kStages>& stages, const WaitContext& ctx) {
     static_assert(Cfg::kABytes == BM * 64 * 2, "a staged 64-column x BLOCK_M box of 16-bit elements fills an A buffer");
     if (!fold.wait_sources(item, ctx)) return false;
     auto load_box = [&](const sm90::TmaDescriptor* map, int32_t col, int32_t row) -> bool {
-      if (!sm90::mbarrier_wait(sm.empty(stage), phase ^ 1, ctx,
-                               sm90::barrier_what(sm90::BarrierWhat::kStageEmpty, stage))) {
-        return false;
-      }
-      uint64_t* full = sm.full(stage);
+      if (!stages.wait_released(sm.empty(stages.index), ctx, sm90::BarrierWhat::kStageEmpty)) return false;
+      uint64_t* full = sm.full(stages.index);
       constexpr uint32_t kBoxBytes = Cfg::kABytes;  // a local copy: the PTX wrapper takes a reference
       cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, full,
                                            kBoxBytes);
       const int32_t coords[2] = {col, row};
-      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, sm.a(stage), map, coords, full);
-      if (++stage == kStages) {
-        stage = 0;
-        phase ^= 1;
-      }
+      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, sm.a(stages.index), map, coords, full);
+      stages.advance();
       return true;
     };
     const uint32_t world = fold.world();
