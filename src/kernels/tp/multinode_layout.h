@@ -207,7 +207,7 @@ struct ReduceLayout {
   // Fold sources, in the order they are added: v < L the local GPUs (v = me is this rank's own
   // fp32 accumulator, which the others are added to), then v = L + i the node partials of the
   // other nodes in increasing node order (i -> node i, or i + 1 from this node on). acc = (((a +
-  // p_v1) + p_v2) + ...) + q_0 + ..., a this rank's accumulator (ComputeRole::fold_partials):
+  // p_v1) + p_v2) + ...) + q_0 + ..., a this rank's accumulator (TileFold::fold_partials (gemm/fold.cuh)):
   // fixed for each block, so the result is the same on every launch.
   LOOM_HOST_DEVICE uint32_t fold_sources() const { return g.local + g.nodes - 1; }
   LOOM_HOST_DEVICE uint32_t fold_source_node(uint32_t v) const {

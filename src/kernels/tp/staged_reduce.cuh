@@ -11,7 +11,7 @@
 //   own tile (kTileFold)   before the last kStages k-blocks the producer waits for partial[*][t]
 //                          from every peer and loads the W-1 staged partials through the stage
 //                          ring; the consumers add them to the fp32 accumulators in rank order
-//                          (ComputeRole::fold_partials: acc = ((a + p_s1) + p_s2) + ..., a the
+//                          (TileFold::fold_partials (gemm/fold.cuh): acc = ((a + p_s1) + p_s2) + ..., a the
 //                          accumulator so far), the last k-blocks follow, the epilogue
 //                          rounds once and stores: gemm_rs into out [M/W, N];
 //                          gemm_ar into every rank's out [M, N] (one TMA store per rank), then
