@@ -422,6 +422,16 @@ int main(int argc, char** argv) {
   gemm->add_option("--ctas", gemm_cli.ctas, "persistent CTAs (0: planner)")->check(kNonNegative);
   gemm->add_option("--group-m", gemm_cli.group_m, "raster group height in tile rows (0: planner)")
       ->check(kNonNegative);
+  // The shape options every tensor-parallel subcommand takes.
+  auto add_tp_shape_options = [&](CLI::App* sub, TpCli& cli) {
+    sub->add_option("--m", cli.m, "M values (global rows)")->delimiter(',')->check(kPositive);
+    sub->add_option("--n", cli.n, "N of each rank's B (0: 14336 for ag_gemm, 8192 otherwise)")->check(kNonNegative);
+    sub->add_option("--k", cli.k,
+                    "K (0: 8192 for ag_gemm; gemm_rs / gemm_ar: 14336, the global K split over the ranks)")
+        ->check(kNonNegative);
+    sub->add_option("--layout", cli.layout, "B layout: nk (nn.Linear weight) or kn")
+        ->check(CLI::IsMember({"nk", "kn"}));
+  };
   TpCli tp_cli;
   std::vector<std::pair<CLI::App*, std::vector<std::string>>> tp_commands;
   for (const char* name : {"ag_gemm", "gemm_rs", "gemm_ar", "tp"}) {
@@ -429,12 +439,7 @@ int main(int argc, char** argv) {
     CLI::App* sub = app.add_subcommand(
         name, all_three ? "ag_gemm, gemm_rs and gemm_ar vs cuBLAS alone and NCCL + cuBLAS"
                         : std::string("loom ") + name + " vs cuBLAS alone, NCCL alone and NCCL + cuBLAS in sequence");
-    sub->add_option("--m", tp_cli.m, "M values (global rows)")->delimiter(',')->check(kPositive);
-    sub->add_option("--n", tp_cli.n, "N of each rank's B (0: 14336 for ag_gemm, 8192 otherwise)")
-        ->check(kNonNegative);
-    sub->add_option("--k", tp_cli.k, "K (0: 8192 for ag_gemm; gemm_rs / gemm_ar: 14336, the global K split over the ranks)")
-        ->check(kNonNegative);
-    sub->add_option("--layout", tp_cli.layout, "B layout: nk (nn.Linear weight) or kn")->check(CLI::IsMember({"nk", "kn"}));
+    add_tp_shape_options(sub, tp_cli);
     sub->add_option("--algorithm", tp_cli.algorithm, "force auto, fused or decomposed")
         ->check(CLI::IsMember({"auto", "fused", "decomposed"}));
     sub->add_option("--comm-ctas", tp_cli.comm_ctas, "force the communication CTAs (-1: planner)")
@@ -459,12 +464,7 @@ int main(int argc, char** argv) {
   tune->add_option("--cache", tp_cli.cache, "tuning cache to write (merged if it exists); use it with LOOM_TUNING_CACHE")
       ->required();
   tune->add_option("--ops", tp_cli.ops, "operators, e.g. ag_gemm,gemm_rs,gemm_ar")->delimiter(',')->check(tp_op_names);
-  tune->add_option("--m", tp_cli.m, "M values (global rows)")->delimiter(',')->check(kPositive);
-  tune->add_option("--n", tp_cli.n, "N of each rank's B (0: 14336 for ag_gemm, 8192 otherwise)")
-      ->check(kNonNegative);
-  tune->add_option("--k", tp_cli.k, "K (0: 8192 for ag_gemm; gemm_rs / gemm_ar: 14336, the global K)")
-      ->check(kNonNegative);
-  tune->add_option("--layout", tp_cli.layout, "B layout: nk or kn")->check(CLI::IsMember({"nk", "kn"}));
+  add_tp_shape_options(tune, tp_cli);
   tune->add_option("--tile", tp_cli.tile, "force the compute tile for every candidate (auto: each fused tile)")
       ->check(kGemmTile);
   tune->add_option("--comm-ctas", tp_cli.sweep_ctas, "comm CTA counts to try (fused)")
@@ -475,12 +475,7 @@ int main(int argc, char** argv) {
   CLI::App* multinode = app.add_subcommand(
       "multinode", "ag_gemm, gemm_rs, gemm_ar across (real or LOOM_EMULATE_NODES) nodes vs the GEMM then the transfer");
   multinode->add_option("--ops", mn_cli.ops, "operators, e.g. ag_gemm,gemm_rs,gemm_ar")->delimiter(',')->check(tp_op_names);
-  multinode->add_option("--m", mn_cli.m, "M values (global rows)")->delimiter(',')->check(kPositive);
-  multinode->add_option("--n", mn_cli.n, "N of each rank's B (0: 14336 for ag_gemm, 8192 otherwise)")
-      ->check(kNonNegative);
-  multinode->add_option("--k", mn_cli.k, "K (0: 8192 for ag_gemm; gemm_rs / gemm_ar: 14336, the global K split over the ranks)")
-      ->check(kNonNegative);
-  multinode->add_option("--layout", mn_cli.layout, "B layout: nk or kn")->check(CLI::IsMember({"nk", "kn"}));
+  add_tp_shape_options(multinode, mn_cli);
   multinode->add_option("--tile", mn_cli.tile, "force the compute tile: 128x256 or 128x128 (auto: planner)")->check(kGemmTile);
   multinode->add_flag("--no-baselines", mn_cli.no_baselines, "time loom only");
   CLI::App* all = app.add_subcommand("all", "the main job: every implemented operator at its headline sizes");

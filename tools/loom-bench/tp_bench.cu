@@ -484,6 +484,17 @@ Status run_tp_bench(Communicator& comm, ncclComm_t nccl, const TpBenchOptions& o
                                {"comm", e.comm_s * 1e3}};
     }
 
+    // The baselines (JSON key, launch): timed beside loom in alternating rounds, or alone when loom
+    // could not be timed.
+    std::vector<std::pair<const char*, std::function<Status()>>> baselines;
+    if (o.baselines) {
+      baselines = {{"cublas", [&] { return c.cublas_alone(); }}, {"loom_gemm", [&] { return c.loom_gemm_alone(); }}};
+      if (!one_rank) {
+        baselines.push_back({"nccl", [&] { return c.nccl_alone(); }});
+        baselines.push_back({"nccl_cublas", [&] { return c.nccl_then_cublas(); }});
+      }
+    }
+
     // Correctness once, then loom's timing (with the baselines').
     Status loom_status;
     bool baselines_done = false;
@@ -528,21 +539,15 @@ Status run_tp_bench(Communicator& comm, ncclComm_t nccl, const TpBenchOptions& o
           loom_status = variant_status;
         }
       }
-      if (o.baselines) {
-        keys.insert(keys.end(), {"cublas", "loom_gemm"});
-        ops.push_back([&] { return c.cublas_alone(); });
-        ops.push_back([&] { return c.loom_gemm_alone(); });
-        if (!one_rank) {
-          keys.insert(keys.end(), {"nccl", "nccl_cublas"});
-          ops.push_back([&] { return c.nccl_alone(); });
-          ops.push_back([&] { return c.nccl_then_cublas(); });
-        }
+      for (const auto& [key, op] : baselines) {
+        keys.push_back(key);
+        ops.push_back(op);
       }
       Result<std::vector<Timing>> t =
           time_interleaved(stream.stream, o.warmup, o.iters, ops, sync, [&] { return comm.barrier(); });
       if (t.ok()) {
         for (size_t i = 0; i < keys.size(); ++i) record_time(comm, row, keys[i], (*t)[i], status);
-        baselines_done = o.baselines;
+        baselines_done = true;
       } else if (loom_status.ok()) {
         loom_status = t.status();
       }
@@ -560,20 +565,11 @@ Status run_tp_bench(Communicator& comm, ncclComm_t nccl, const TpBenchOptions& o
       }
     }
 
-    if (o.baselines && !baselines_done) {  // loom could not be timed: the baselines alone
-      LOOM_TRY(comm.barrier());
-      LOOM_ASSIGN_OR_RETURN(Timing gemm_t, time_op(stream.stream, o.warmup, o.iters, [&] { return c.cublas_alone(); }, sync));
-      record_time(comm, row, "cublas", gemm_t, status);
-      LOOM_TRY(comm.barrier());
-      LOOM_ASSIGN_OR_RETURN(Timing engine_t, time_op(stream.stream, o.warmup, o.iters, [&] { return c.loom_gemm_alone(); }, sync));
-      record_time(comm, row, "loom_gemm", engine_t, status);
-      if (!one_rank) {
+    if (!baselines_done) {  // loom could not be timed: the baselines alone, one after the other
+      for (const auto& [key, op] : baselines) {
         LOOM_TRY(comm.barrier());
-        LOOM_ASSIGN_OR_RETURN(Timing nccl_t, time_op(stream.stream, o.warmup, o.iters, [&] { return c.nccl_alone(); }, sync));
-        record_time(comm, row, "nccl", nccl_t, status);
-        LOOM_TRY(comm.barrier());
-        LOOM_ASSIGN_OR_RETURN(Timing base_t, time_op(stream.stream, o.warmup, o.iters, [&] { return c.nccl_then_cublas(); }, sync));
-        record_time(comm, row, "nccl_cublas", base_t, status);
+        LOOM_ASSIGN_OR_RETURN(Timing t, time_op(stream.stream, o.warmup, o.iters, op, sync));
+        record_time(comm, row, key, t, status);
       }
     }
     const double flop = 2.0 * static_cast<double>(shape.m) * static_cast<double>(shape.n) * static_cast<double>(shape.k_rank);
