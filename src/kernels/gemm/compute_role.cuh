@@ -2,17 +2,18 @@
 // kernel (the standalone GEMM kernel, or a fused kernel whose role table makes this CTA a
 // compute CTA).
 //
-// Roles inside the CTA (Cfg::kThreads threads):
-//   warpgroup 0            producer: thread 0 asks the scheduler for tiles (the scheduler gates
-//                          each tile on its arrival flags), publishes them in the tile ring and
-//                          issues the TMA loads of A and B into the kStages-deep ring of stages.
-//                          Thread 32 is the signaler (when the epilogue signals): it takes
+// Roles inside the CTA (Cfg::kThreads threads; the enums of warp_roles.cuh):
+//   warpgroup 0            WarpGroupRole::kProducer. ProducerWarpRole::kMainloop (its lane 0)
+//                          asks the scheduler for tiles (the scheduler may gate each tile on its
+//                          arrival flags), publishes them in the tile ring and issues the TMA
+//                          loads of A and B into the kStages-deep ring of stages.
+//                          ProducerWarpRole::kSignaler (when the epilogue signals): it takes
 //                          finished tiles from the signal ring and calls Epilogue::signal (system
 //                          fence, flag stores into peers: microseconds that would otherwise stall
 //                          a consumer warpgroup every tile). Registers drop to kProducerRegs.
 //                          The other threads idle.
-//   warpgroups 1..C        consumers: read the tile ring, run the wgmma mainloop (warpgroup g
-//                          owns tile rows [64g, 64g + 64), m64nBNk16 per 16-wide k step, one
+//   warpgroups 1..C        WarpGroupRole::kConsumer: read the tile ring, run the wgmma mainloop
+//                          (warpgroup g owns tile rows [64g, 64g + 64), m64nBNk16 per k16, one
 //                          k-block of wgmma in flight while the next stage is waited for), then
 //                          the epilogue: each warp stages its 16 rows x 128 bytes at a time
 //                          (converted to the output type, 128B-swizzled, double-buffered) and
@@ -61,6 +62,7 @@
 #include "kernels/gemm/role_smem.cuh"
 #include "kernels/gemm/signaler.cuh"
 #include "kernels/gemm/timeline.cuh"
+#include "kernels/gemm/warp_roles.cuh"
 
 namespace loom::kernels::gemm {
 
@@ -79,7 +81,6 @@ class ComputeRole {
   static constexpr int BN = Cfg::kBlockN;
   static constexpr int kStages = Cfg::kStages;
   static constexpr int kAcc = BN / 2;  // fp32 accumulators per consumer thread
-  static constexpr int kSignalerThread = 32;  // lane 0 of the producer warpgroup's second warp
 
   // Every thread of the CTA, once per launch, before the first run().
   __device__ static void init(uint8_t* smem_raw) {
@@ -113,14 +114,19 @@ class ComputeRole {
                                  uint32_t compute_index, uint32_t num_compute, const WaitContext& ctx,
                                  const Fold& fold) {
     const Smem sm(smem_raw);
-    const uint32_t warpgroup = threadIdx.x / 128;
-    if (warpgroup == 0) {
+    const uint32_t warpgroup = threadIdx.x / kWarpGroupThreads;
+    const WarpGroupRole role = warp_group_role(warpgroup);
+    if (role == WarpGroupRole::kProducer) {
       if constexpr (kManageRegisters) sm90::setmaxnreg_dec<Cfg::kProducerRegs>();
-      if (threadIdx.x == 0) producer(sm, ops, sched, fold, compute_index, num_compute, ctx);
-      if (threadIdx.x == kSignalerThread && epi.signals()) Signals::signaler(sm, ops, epi, ctx);
+      if (threadIdx.x == elected_thread(ProducerWarpRole::kMainloop)) {
+        producer(sm, ops, sched, fold, compute_index, num_compute, ctx);
+      }
+      if (threadIdx.x == elected_thread(ProducerWarpRole::kSignaler) && epi.signals()) {
+        Signals::signaler(sm, ops, epi, ctx);
+      }
     } else {
       if constexpr (kManageRegisters) sm90::setmaxnreg_inc<Cfg::kConsumerRegs>();
-      consumer(sm, ops, epi, fold, warpgroup - 1, ctx);
+      consumer(sm, ops, epi, fold, consumer_index(warpgroup), ctx);
       if constexpr (kManageRegisters) sm90::setmaxnreg_dec<Cfg::kEntryRegs>();
     }
     // The producer warpgroup takes its registers back only after this barrier: the CTA's pool is
@@ -129,7 +135,7 @@ class ComputeRole {
     // was granted, the consumers' setmaxnreg.inc would wait forever (a hang no abort reaches).
     __syncthreads();
     if constexpr (kManageRegisters) {
-      if (warpgroup == 0) sm90::setmaxnreg_inc<Cfg::kEntryRegs>();
+      if (role == WarpGroupRole::kProducer) sm90::setmaxnreg_inc<Cfg::kEntryRegs>();
     }
     const WorkItem exit = sm.state()->exit;
     __syncthreads();  // the next run() may overwrite it
@@ -144,6 +150,7 @@ class ComputeRole {
   using Staging = EpilogueStage<BM, BN>;
   using Loads = Sm90Loads<Cfg, kBNMajor>;
   using Mma = Sm90Mma<BN, kBF16, kBNMajor>;
+  using Pair = typename std::conditional<kBF16, __nv_bfloat162, __half2>::type;  // two input elements
 
   // ---- producer (one thread) -----------------------------------------------------------------
   __device__ static void producer(const Smem& sm, const GemmOperands& ops, Scheduler& sched, const Fold& fold,
@@ -260,16 +267,14 @@ class ComputeRole {
       for (uint32_t kb = range.begin; kb <= range.end; ++kb) {  // kb == end: only a fold after the last
         if constexpr (Fold::kEnabled) {
           if (kb == fold_at) {
+            // fold_at > range.begin: the k-block in flight is drained (the accumulators are read
+            // and written next) and its stage freed; the previous tile's signal goes out before
+            // the fold may block (a fold waits for other ranks' partials, and theirs may wait for
+            // this signal: deadlock otherwise).
             const uint64_t fold_begin = timed ? clock64() : 0;
-            // fold_at > range.begin, so the previous k-block is in flight: drain it (the
-            // accumulators are read and written next) and free its stage.
-            sm90::wgmma_wait<0>();
-            sm90::fence_operands(acc);
-            if (lane == 0) cuda::ptx::mbarrier_arrive(sm.empty(prev_stage));
+            Folding::drain(sm, acc, lane, prev_stage);
             in_flight = false;
             const uint64_t drained = timed ? clock64() : 0;
-            // The previous tile's signal goes out before the fold may block: a fold waits for
-            // other ranks' partials, and theirs may wait for this signal (deadlock otherwise).
             if (pending) {
               pending = false;
               if (!Signals::post_signal(sm, pending_item, g, warp, lane, signal_slot, signal_phase, ctx)) {
@@ -278,17 +283,11 @@ class ComputeRole {
               }
             }
             const uint64_t signalled = timed ? clock64() : 0;
-            using Pair = typename std::conditional<kBF16, __nv_bfloat162, __half2>::type;
             if (!Folding::template fold_partials<Pair>(sm, acc, item, ops, fold, g, warp, lane, stage, phase, ctx)) {
               ok = false;
               break;
             }
-            if (timed) {
-              TileTimelineRecord& rec = *record;
-              rec.fold_cycles = static_cast<uint32_t>(clock64() - fold_begin);
-              rec.fold_drain_cycles = static_cast<uint32_t>(drained - fold_begin);
-              rec.fold_signal_cycles = static_cast<uint32_t>(signalled - drained);
-            }
+            if (timed) Timeline::record_fold(*record, fold_begin, drained, signalled);
           }
         }
         if (kb == range.end) break;

@@ -109,6 +109,15 @@ struct TileFold {
     return true;
   }
 
+  // The consumers at a fold tile's fold_position: wait for the k-block in flight (its wgmma read
+  // and write the accumulators the fold adds to) and free its stage.
+  __device__ __forceinline__ static void drain(const Smem& sm, float (&acc)[kAcc], uint32_t lane,
+                                               uint32_t in_flight_stage) {
+    sm90::wgmma_wait<0>();
+    sm90::fence_operands(acc);
+    if (lane == 0) cuda::ptx::mbarrier_arrive(sm.empty(in_flight_stage));
+  }
+
   // Adds the staged partials of a fold tile into the accumulators, one 64-column chunk at a time,
   // the other sources in increasing order, then the tile's pieces in slot order:
   // acc = ((a + p_s1) + p_s2) + ... with a this rank's fp32 accumulator so far (the k-blocks of

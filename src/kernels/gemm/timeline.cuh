@@ -32,6 +32,13 @@ struct TileTimeline {
     r.smid = smid;
     r.kind = item.kind;
   }
+  // A fold tile's fold (clock64 values): begun, its k-block drained, the previous signal posted,
+  // and the partials added (now).
+  __device__ static void record_fold(TileTimelineRecord& r, uint64_t begin, uint64_t drained, uint64_t signalled) {
+    r.fold_cycles = static_cast<uint32_t>(clock64() - begin);
+    r.fold_drain_cycles = static_cast<uint32_t>(drained - begin);
+    r.fold_signal_cycles = static_cast<uint32_t>(signalled - drained);
+  }
   __device__ static void record_stored(TileTimelineRecord& r) {
     r.stored_ns = global_timer_ns();
     r.stored_clock = clock64();
