@@ -156,8 +156,8 @@ class ComputeRole {
   __device__ static void producer(const Smem& sm, const GemmOperands& ops, Scheduler& sched, const Fold& fold,
                                   uint32_t compute_index, uint32_t num_compute, const WaitContext& ctx) {
     RoleState* st = sm.state();
-    PipelineState<kStages> stages{st->producer_stage, st->producer_phase};
-    uint32_t slot = st->producer_slot, slot_phase = st->producer_slot_phase;
+    auto stages = PipelineState<kStages>::at(st->producer_stage);
+    auto tiles = PipelineState<kTileSlots>::at(st->producer_tile);
     sm90::prefetch_tensormap(ops.a);
     sm90::prefetch_tensormap(ops.b);
     if (ops.a_local != nullptr) sm90::prefetch_tensormap(ops.a_local);
@@ -167,16 +167,12 @@ class ComputeRole {
     for (;;) {
       const WorkItem item = sched.next(compute_index, num_compute, ctx);
       // Publish the item (tiles, and the sentinel that tells the consumers to leave).
-      if (!sm90::mbarrier_wait(sm.tile_empty(slot), slot_phase ^ 1, ctx,
-                               sm90::barrier_what(sm90::BarrierWhat::kTileEmpty, slot))) {
+      if (!tiles.wait_released(sm.tile_empty(tiles.index), ctx, sm90::BarrierWhat::kTileEmpty)) {
         return;  // consumers leave on the abort this raised
       }
-      *sm.ring(slot) = item;
-      cuda::ptx::mbarrier_arrive(sm.tile_full(slot));
-      if (++slot == kTileSlots) {
-        slot = 0;
-        slot_phase ^= 1;
-      }
+      *sm.ring(tiles.index) = item;
+      cuda::ptx::mbarrier_arrive(sm.tile_full(tiles.index));
+      tiles.advance();
       if (!is_tile_kind(item.kind)) break;
       if (ops.timeline != nullptr && Timeline::record_index(ops, item) != Timeline::kNoRecord) {
         Timeline::record_claim(ops.timeline[Timeline::record_index(ops, item)], item);
@@ -209,10 +205,8 @@ class ComputeRole {
         }
       }
     }
-    st->producer_stage = stages.index;
-    st->producer_phase = stages.phase;
-    st->producer_slot = slot;
-    st->producer_slot_phase = slot_phase;
+    st->producer_stage = stages.position();
+    st->producer_tile = tiles.position();
   }
 
   // ---- consumers -------------------------------------------------------------------------------
@@ -222,11 +216,10 @@ class ComputeRole {
     const uint32_t warp = t / 32;
     const uint32_t lane = t % 32;
     RoleState* st = sm.state();
-    // Two scalars per ring here, not PipelineStates (pipeline.cuh says why).
-    uint32_t stage = st->consumer_stage, phase = st->consumer_phase;
-    uint32_t slot = st->consumer_slot, slot_phase = st->consumer_slot_phase;
+    auto stages = PipelineState<kStages>::at(st->consumer_stage);
+    auto tiles = PipelineState<kTileSlots>::at(st->consumer_tile);
+    auto signals = PipelineState<kTileSlots>::at(st->signal_post);
     uint32_t parity = st->epi_parity;
-    uint32_t signal_slot = st->signal_post & 0xFFFFu, signal_phase = st->signal_post >> 16;
     const uint32_t k_blocks = (ops.k + kBlockK - 1) / kBlockK;
     if (t == 0 && g == 0) epi.prefetch();
 
@@ -236,17 +229,11 @@ class ComputeRole {
     WorkItem exit{static_cast<uint32_t>(WorkKind::kFailed), 0, 0, 0};
 
     for (;;) {
-      if (!sm90::mbarrier_wait(sm.tile_full(slot), slot_phase, ctx,
-                               sm90::barrier_what(sm90::BarrierWhat::kTileFull, slot))) {
-        break;
-      }
-      const WorkItem item = load_item(sm.ring(slot));
+      if (!tiles.wait_filled(sm.tile_full(tiles.index), ctx, sm90::BarrierWhat::kTileFull)) break;
+      const WorkItem item = load_item(sm.ring(tiles.index));
       __syncwarp();
-      if (lane == 0) cuda::ptx::mbarrier_arrive(sm.tile_empty(slot));
-      if (++slot == kTileSlots) {
-        slot = 0;
-        slot_phase ^= 1;
-      }
+      if (lane == 0) cuda::ptx::mbarrier_arrive(sm.tile_empty(tiles.index));
+      tiles.advance();
       if (!is_tile_kind(item.kind)) {
         exit = item;
         break;
@@ -277,13 +264,13 @@ class ComputeRole {
             const uint64_t drained = timed ? clock64() : 0;
             if (pending) {
               pending = false;
-              if (!Signals::post_signal(sm, pending_item, g, warp, lane, signal_slot, signal_phase, ctx)) {
+              if (!Signals::post_signal(sm, pending_item, g, warp, lane, signals, ctx)) {
                 ok = false;
                 break;
               }
             }
             const uint64_t signalled = timed ? clock64() : 0;
-            if (!Folding::template fold_partials<Pair>(sm, acc, item, ops, fold, g, warp, lane, stage, phase, ctx)) {
+            if (!Folding::template fold_partials<Pair>(sm, acc, item, ops, fold, g, warp, lane, stages, ctx)) {
               ok = false;
               break;
             }
@@ -291,12 +278,11 @@ class ComputeRole {
           }
         }
         if (kb == range.end) break;
-        if (!sm90::mbarrier_wait(sm.full(stage), phase, ctx,
-                                 sm90::barrier_what(sm90::BarrierWhat::kStageFull, stage))) {
+        if (!stages.wait_filled(sm.full(stages.index), ctx, sm90::BarrierWhat::kStageFull)) {
           ok = false;
           break;
         }
-        Mma::mma_k_block(acc, sm90::smem_u32(sm.a(stage)) + g * 64 * 128, sm90::smem_u32(sm.b(stage)),
+        Mma::mma_k_block(acc, sm90::smem_u32(sm.a(stages.index)) + g * 64 * 128, sm90::smem_u32(sm.b(stages.index)),
                          kb > range.begin);
         if (in_flight) {
           sm90::wgmma_wait<1>();  // the previous k-block's wgmma are done: its stage is free
@@ -304,11 +290,8 @@ class ComputeRole {
           if (lane == 0) cuda::ptx::mbarrier_arrive(sm.empty(prev_stage));
         }
         in_flight = true;
-        prev_stage = stage;
-        if (++stage == kStages) {
-          stage = 0;
-          phase ^= 1;
-        }
+        prev_stage = stages.index;
+        stages.advance();
       }
       sm90::wgmma_wait<0>();
       sm90::fence_operands(acc);
@@ -316,7 +299,7 @@ class ComputeRole {
       if (lane == 0 && in_flight) cuda::ptx::mbarrier_arrive(sm.empty(prev_stage));
       if (timed) record->mainloop_clock = clock64();
       if (pending) {  // a plain tile: its mainloop never blocks on other ranks
-        if (!Signals::post_signal(sm, pending_item, g, warp, lane, signal_slot, signal_phase, ctx)) break;
+        if (!Signals::post_signal(sm, pending_item, g, warp, lane, signals, ctx)) break;
         pending = false;
       }
       const uint32_t out = epi.out_dtype();
@@ -332,7 +315,7 @@ class ComputeRole {
         if (piece) {
           // The tile's fold item (on another CTA, maybe already waiting) needs this piece now;
           // its writes are local, so waiting for them costs little.
-          if (!Signals::post_signal(sm, item, g, warp, lane, signal_slot, signal_phase, ctx)) break;
+          if (!Signals::post_signal(sm, item, g, warp, lane, signals, ctx)) break;
         } else {
           pending = true;
           pending_item = item;
@@ -344,19 +327,17 @@ class ComputeRole {
     // signaler, unless the launch is failing (the signaler then leaves on the abort); every
     // staged box must be out of shared memory.
     if (exit.kind != static_cast<uint32_t>(WorkKind::kFailed) && epi.signals()) {
-      if ((pending && !Signals::post_signal(sm, pending_item, g, warp, lane, signal_slot, signal_phase, ctx)) ||
-          !Signals::post_signal(sm, exit, g, warp, lane, signal_slot, signal_phase, ctx)) {
+      if ((pending && !Signals::post_signal(sm, pending_item, g, warp, lane, signals, ctx)) ||
+          !Signals::post_signal(sm, exit, g, warp, lane, signals, ctx)) {
         exit = WorkItem{static_cast<uint32_t>(WorkKind::kFailed), 0, 0, 0};
       }
     }
     if (lane == 0) cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
     if (g == 0 && t == 0) {
-      st->consumer_stage = stage;
-      st->consumer_phase = phase;
-      st->consumer_slot = slot;
-      st->consumer_slot_phase = slot_phase;
+      st->consumer_stage = stages.position();
+      st->consumer_tile = tiles.position();
+      st->signal_post = signals.position();
       st->epi_parity = parity;
-      st->signal_post = signal_slot | (signal_phase << 16);
       st->exit = exit;
     }
   }

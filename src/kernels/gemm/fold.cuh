@@ -130,7 +130,7 @@ struct TileFold {
   template <class Pair>
   __device__ static bool fold_partials(const Smem& sm, float (&acc)[kAcc], const WorkItem& item,
                                        const GemmOperands& ops, const Fold& fold, uint32_t g, uint32_t warp,
-                                       uint32_t lane, uint32_t& stage, uint32_t& phase, const WaitContext& ctx) {
+                                       uint32_t lane, PipelineState<kStages>& stages, const WaitContext& ctx) {
     const uint32_t boxes = fold.world() - 1 + pieces_of(fold, item);  // per chunk
     const uint32_t r = lane / 4;
     const uint32_t row = g * 64 + warp * 16 + r;  // this thread's first row in the BLOCK_M-row box
@@ -141,7 +141,7 @@ struct TileFold {
       if (n0 + c * 64 >= ops.n) break;  // nothing was loaded past N (uniform over the CTA)
 #pragma unroll 1
       for (uint32_t i = 0; i < boxes; ++i) {
-        if (!add_staged_box<Pair>(sm, acc, c, row, r, col_bytes, lane, stage, phase, ctx)) return false;
+        if (!add_staged_box<Pair>(sm, acc, c, row, r, col_bytes, lane, stages, ctx)) return false;
       }
     }
     return true;
@@ -152,12 +152,10 @@ struct TileFold {
   // constant there, or the accumulators would be indexed at run time (local memory).
   template <class Pair>
   __device__ __forceinline__ static bool add_staged_box(const Smem& sm, float (&acc)[kAcc], int c, uint32_t row,
-                                                        uint32_t r, uint32_t col_bytes, uint32_t lane, uint32_t& stage,
-                                                        uint32_t& phase, const WaitContext& ctx) {
-    if (!sm90::mbarrier_wait(sm.full(stage), phase, ctx, sm90::barrier_what(sm90::BarrierWhat::kStageFull, stage))) {
-      return false;
-    }
-    const uint32_t box = sm90::smem_u32(sm.a(stage));
+                                                        uint32_t r, uint32_t col_bytes, uint32_t lane,
+                                                        PipelineState<kStages>& stages, const WaitContext& ctx) {
+    if (!stages.wait_filled(sm.full(stages.index), ctx, sm90::BarrierWhat::kStageFull)) return false;
+    const uint32_t box = sm90::smem_u32(sm.a(stages.index));
 #pragma unroll
     for (int q = 0; q < 8; ++q) {
       const uint32_t off = ((static_cast<uint32_t>(q) ^ r) << 4) + col_bytes;
@@ -174,11 +172,8 @@ struct TileFold {
       a4[3] += f_hi.y;
     }
     __syncwarp();
-    if (lane == 0) cuda::ptx::mbarrier_arrive(sm.empty(stage));
-    if (++stage == kStages) {
-      stage = 0;
-      phase ^= 1;
-    }
+    if (lane == 0) cuda::ptx::mbarrier_arrive(sm.empty(stages.index));
+    stages.advance();
     return true;
   }
 

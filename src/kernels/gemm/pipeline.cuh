@@ -3,12 +3,6 @@
 // the slot index and the phase parity of the current pass, the bounded waits on a slot's
 // barriers and the step to the next slot. Separate so that other kernels' pipelines (an
 // attention kernel's K/V stages) need not write the stage/phase bookkeeping out again.
-//
-// In the compute role it runs the producer's stage ring (ComputeRole::producer,
-// Sm90Loads::load_k_block, TileFold::load_partials). The consumer side of the stage ring and the
-// tile and signal rings still keep two scalars: written with PipelineState they compiled to
-// different machine code (register allocation and a few instructions in the standalone 64x128
-// and the folding kernels; scripts/dev/sass_compare.sh), and this split must not change it.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +11,12 @@
 #include "kernels/common/sm90.cuh"
 
 namespace loom::kernels::gemm {
+
+// A ring position as it is kept between calls (in shared memory, RoleState).
+struct RingPosition {
+  uint32_t index = 0;
+  uint32_t phase = 0;
+};
 
 // A slot has a "filled" barrier (the producer side completes a phase when the slot holds data)
 // and a "released" one (the consumer side completes a phase when it is done with the slot). The
@@ -27,6 +27,9 @@ template <int kDepth>
 struct PipelineState {
   uint32_t index;  // the slot this side is at, 0 .. kDepth - 1
   uint32_t phase;  // parity of the current pass over the ring
+
+  __device__ static PipelineState at(RingPosition p) { return PipelineState{p.index, p.phase}; }
+  __device__ RingPosition position() const { return RingPosition{index, phase}; }
 
   // Consumer side: waits until the slot has been filled in this pass.
   __device__ __forceinline__ bool wait_filled(uint64_t* bar, const WaitContext& ctx, sm90::BarrierWhat what) const {

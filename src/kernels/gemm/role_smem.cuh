@@ -8,17 +8,18 @@
 
 #include "kernels/gemm/config.h"
 #include "kernels/gemm/params.h"
+#include "kernels/gemm/pipeline.cuh"
 
 namespace loom::kernels::gemm {
 
-// Per-call pipeline state kept in shared memory between run() calls.
+// Per-call pipeline state kept in shared memory between run() calls: where each side of each
+// ring is (PipelineState, pipeline.cuh).
 struct RoleState {
-  uint32_t producer_stage, producer_phase, producer_slot, producer_slot_phase;
-  uint32_t consumer_stage, consumer_phase, consumer_slot, consumer_slot_phase;
+  RingPosition producer_stage, producer_tile;  // stage ring, tile ring: the producer's side
+  RingPosition consumer_stage, consumer_tile;  // ... the consumers' side
+  RingPosition signal_post, signal_take;       // signal ring: the consumers', the signaler's
   WorkItem exit;
   uint32_t epi_parity;
-  uint32_t signal_post;  // consumers' next signal slot | phase << 16
-  uint32_t signal_take;  // the signaler's next signal slot | phase << 16
 };
 static_assert(sizeof(RoleState) <= kRoleStateBytes, "RoleState must fit its kRoleStateBytes slot");
 

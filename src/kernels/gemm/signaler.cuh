@@ -14,13 +14,14 @@
 #include "kernels/gemm/config.h"
 #include "kernels/gemm/operands.cuh"
 #include "kernels/gemm/params.h"
+#include "kernels/gemm/pipeline.cuh"
 #include "kernels/gemm/role_smem.cuh"
 
 namespace loom::kernels::gemm {
 
 // Synchronisation: signal_full[t] (one arrival per consumer warp; the item is written by
-// warpgroup 1's first warp), signal_empty[t] (the signaler). Both ends keep their slot and phase
-// in RoleState between run() calls.
+// warpgroup 1's first warp), signal_empty[t] (the signaler). Both ends keep their ring position
+// (a PipelineState) in RoleState between run() calls.
 template <class Cfg, class Epilogue>
 struct TileSignaler {
   using Smem = RoleSmem<Cfg>;
@@ -32,23 +33,19 @@ struct TileSignaler {
   // proxy, takes the next signal slot, and arrives; warpgroup 1's first warp also writes the
   // item. Every consumer warp posts the same items in the same order. False after a failed wait.
   __device__ static bool post_signal(const Smem& sm, const WorkItem& item, uint32_t g, uint32_t warp, uint32_t lane,
-                                     uint32_t& slot, uint32_t& phase, const WaitContext& ctx) {
+                                     PipelineState<kTileSlots>& slots, const WaitContext& ctx) {
     bool ok = true;
     if (lane == 0) {
       cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
       cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
-      ok = sm90::mbarrier_wait(sm.signal_empty(slot), phase ^ 1, ctx,
-                               sm90::barrier_what(sm90::BarrierWhat::kSignalEmpty, slot));
+      ok = slots.wait_released(sm.signal_empty(slots.index), ctx, sm90::BarrierWhat::kSignalEmpty);
       if (ok) {
-        if (g == 0 && warp == 0) *sm.signal_ring(slot) = item;
-        cuda::ptx::mbarrier_arrive(sm.signal_full(slot));  // release: the item and the writes above
+        if (g == 0 && warp == 0) *sm.signal_ring(slots.index) = item;
+        cuda::ptx::mbarrier_arrive(sm.signal_full(slots.index));  // release: the item and the writes above
       }
     }
     ok = __shfl_sync(0xFFFFFFFFu, ok ? 1 : 0, 0) != 0;
-    if (++slot == kTileSlots) {
-      slot = 0;
-      phase ^= 1;
-    }
+    slots.advance();
     return ok;
   }
 
@@ -57,23 +54,18 @@ struct TileSignaler {
   // post nothing more.
   __device__ static void signaler(const Smem& sm, const GemmOperands& ops, const Epilogue& epi, const WaitContext& ctx) {
     RoleState* st = sm.state();
-    uint32_t slot = st->signal_take & 0xFFFFu, phase = st->signal_take >> 16;
+    auto slots = PipelineState<kTileSlots>::at(st->signal_take);
     const uint32_t m_blocks = (ops.m + BM - 1) / BM;
     const uint32_t n_blocks = (ops.n + BN - 1) / BN;
     for (;;) {
-      if (!sm90::mbarrier_wait(sm.signal_full(slot), phase, ctx, sm90::barrier_what(sm90::BarrierWhat::kSignalFull, slot))) {
-        return;
-      }
-      const WorkItem item = load_item(sm.signal_ring(slot));
+      if (!slots.wait_filled(sm.signal_full(slots.index), ctx, sm90::BarrierWhat::kSignalFull)) return;
+      const WorkItem item = load_item(sm.signal_ring(slots.index));
       if (is_tile_kind(item.kind)) epi.signal(item, m_blocks, n_blocks);
-      cuda::ptx::mbarrier_arrive(sm.signal_empty(slot));
-      if (++slot == kTileSlots) {
-        slot = 0;
-        phase ^= 1;
-      }
+      cuda::ptx::mbarrier_arrive(sm.signal_empty(slots.index));
+      slots.advance();
       if (!is_tile_kind(item.kind)) break;
     }
-    st->signal_take = slot | (phase << 16);
+    st->signal_take = slots.position();
   }
 };
 
