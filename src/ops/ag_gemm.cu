@@ -129,15 +129,16 @@ Status run_fused(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, c
   s.group_m = ops::tp::group_m_for(d.grid, d.tile, rank_blocks);  // groups never straddle two ranks' rows
   s.m_block_start = static_cast<uint32_t>(me * rank_blocks);       // our rows first: they wait for nothing
   s.queue = &p.state->tile_queue;
-  s.row_flags = reinterpret_cast<const uint64_t*>(static_cast<char*>(impl.heap->local_base()) + impl.control.op_flag_offset) +
+  kt::TpSchedulerParams& t = p.tiles;
+  t.row_flags = reinterpret_cast<const uint64_t*>(static_cast<char*>(impl.heap->local_base()) + impl.control.op_flag_offset) +
                 world;
-  s.rows_per_flag = static_cast<uint32_t>(rows_per_flag);
-  s.rows_per_source = static_cast<uint32_t>(rows);
-  s.ungated_begin = static_cast<uint32_t>(me * rows);
-  s.ungated_end = static_cast<uint32_t>((me + 1) * rows);
-  s.k_blocks = static_cast<uint32_t>((a.k + info.block_k - 1) / info.block_k);
+  t.rows_per_flag = static_cast<uint32_t>(rows_per_flag);
+  t.rows_per_source = static_cast<uint32_t>(rows);
+  t.ungated_begin = static_cast<uint32_t>(me * rows);
+  t.ungated_end = static_cast<uint32_t>((me + 1) * rows);
   LOOM_TRY(ops::tp::set_tail_split(split, piece_slots > 0 ? static_cast<char*>(workspace) + gathered_bytes : nullptr,
-                                    d.tile, a.dtype, world + a.m / rows_per_flag /* after the rows flags */, &s, &p.pieces));
+                                    d.tile, a.dtype, a.k, world + a.m / rows_per_flag /* after the rows flags */, &p.split,
+                                    &p.pieces));
   kg::EpilogueParams& epi = p.epi;
   epi.op = static_cast<uint32_t>(kg::EpilogueOp::kStore);
   epi.out_dtype = static_cast<uint32_t>(a.dtype);

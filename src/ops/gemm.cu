@@ -127,9 +127,6 @@ Status check_launch_fields(const GemmLaunch& l, const planner::GemmPlan& plan) {
       }
     }
   }
-  if (s.row_flags != nullptr && s.rows_per_flag == 0) {
-    return Status::invalid_argument("gemm launch: row_flags need rows_per_flag > 0");
-  }
   if (s.m_block_start >= static_cast<uint64_t>(std::max<int64_t>(plan.m_blocks, 1))) {
     return Status::invalid_argument("gemm launch: m_block_start must be < m_blocks");
   }
@@ -146,14 +143,16 @@ Result<GemmLaunchPlan> plan_gemm_launch(const GemmArgs& args, const GemmOptions&
   return GemmLaunchPlan{plan.tile, plan.num_ctas, plan.group_m, plan.m_blocks, plan.n_blocks};
 }
 
-Status launch_gemm(const GemmLaunch& l, cudaStream_t stream) {
+Status gemm_kernel_params(const GemmLaunch& l, kg::GemmKernelParams* params, GemmLaunchPlan* launch_plan) {
   LOOM_TRY(validate_gemm(l.args, l.options));
-  if (l.args.m == 0) return Status{};
+  if (l.args.m == 0) return Status::invalid_argument("gemm launch: M = 0 has no kernel parameters");
   LOOM_ASSIGN_OR_RETURN(planner::GemmDeviceLimits limits, device_limits());
   LOOM_ASSIGN_OR_RETURN(planner::GemmPlan plan, planner::plan_gemm(l.args, l.options, limits));
   LOOM_TRY(check_launch_fields(l, plan));
+  *launch_plan = GemmLaunchPlan{plan.tile, plan.num_ctas, plan.group_m, plan.m_blocks, plan.n_blocks};
 
-  kg::GemmKernelParams p{};
+  kg::GemmKernelParams& p = *params;
+  p = kg::GemmKernelParams{};
   LOOM_TRY(encode_gemm_operand_maps(l.args, plan.tile, &p.a, &p.b));
   const planner::GemmLeadingDims ld = planner::resolve_leading_dims(l.args);
   const uint32_t num_dst = l.epi.num_dst;
@@ -178,7 +177,15 @@ Status launch_gemm(const GemmLaunch& l, cudaStream_t stream) {
   p.epi.out_dtype = static_cast<uint32_t>(l.args.out_dtype);
   p.wait = l.wait;
   p.timeline = l.options.timeline;
+  return Status{};
+}
 
+Status launch_gemm(const GemmLaunch& l, cudaStream_t stream) {
+  LOOM_TRY(validate_gemm(l.args, l.options));
+  if (l.args.m == 0) return Status{};
+  kg::GemmKernelParams p;
+  GemmLaunchPlan plan;
+  LOOM_TRY(gemm_kernel_params(l, &p, &plan));
   const bool bf16 = l.args.in_dtype == DType::kBF16;
   const bool n_major = l.args.b_layout == BLayout::kKN;
   switch (plan.tile) {

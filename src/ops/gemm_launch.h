@@ -16,13 +16,16 @@
 namespace loom::kernels::sm90 {
 struct TmaDescriptor;
 }
+namespace loom::kernels::gemm {
+struct GemmKernelParams;
+}
 
 namespace loom::ops {
 
 struct GemmLaunch {
   GemmArgs args;                         // A, B, shape, dtypes; D is destination 0 by default
   GemmOptions options;                   // tile / num_ctas / group_m (0 = planner)
-  kernels::gemm::SchedulerParams sched;  // queue, compute_limit, gate, trace, order start;
+  kernels::gemm::SchedulerParams sched;  // queue, compute_limit, trace, order start, epoch;
                                          // m_rows, m_blocks, n_blocks and group_m are filled in
   kernels::gemm::EpilogueParams epi;     // op, num_dst, rows_per_dst, signal fields; out_dtype filled in
   void* dst[kernels::gemm::kMaxDst] = {};  // epi.num_dst destinations (null dst[0]: args.d), each
@@ -32,8 +35,8 @@ struct GemmLaunch {
 
 // Validates, plans, encodes the tensor maps and launches. Rules beyond validate_gemm():
 // num_dst in 1..8 with rows_per_dst > 0 when num_dst > 1 (a multiple of BLOCK_M, times
-// chunk_m_blocks if set, when signalling); rows_per_flag > 0 with row_flags; chunk_counters with
-// chunk_m_blocks; wait.device_abort non-null.
+// chunk_m_blocks if set, when signalling); chunk_counters with chunk_m_blocks;
+// wait.device_abort non-null.
 Status launch_gemm(const GemmLaunch& launch, cudaStream_t stream);
 
 // The plan launch_gemm would use (tile, grid, raster), for tests and the bench.
@@ -44,6 +47,10 @@ struct GemmLaunchPlan {
   int64_t m_blocks, n_blocks;
 };
 Result<GemmLaunchPlan> plan_gemm_launch(const GemmArgs& args, const GemmOptions& options);
+
+// What launch_gemm would launch (M > 0): the standalone kernel's parameters and its plan, for a
+// kernel that runs the engine with other policies (the GPU tests of the fused kernels' scheduling).
+Status gemm_kernel_params(const GemmLaunch& launch, kernels::gemm::GemmKernelParams* params, GemmLaunchPlan* plan);
 
 // Tensor maps for building fused kernels' parameters: A and B for `tile`, and an epilogue
 // destination ([rows, n] row-major with leading dimension ld elements of `dtype`).

@@ -290,19 +290,21 @@ inline size_t piece_slot_bytes(int64_t piece_slots, GemmTile tile, DType dtype) 
          dtype_size(dtype);
 }
 
-// Fills a launch's tail split: the scheduler's split and, with pieces, the piece slots at `base`
-// (kernels/tp/tail_pieces.cuh) and their flags from op_flags[flag_base].
-inline Status set_tail_split(const planner::TailSplit& split, void* base, GemmTile tile, DType dtype, uint64_t flag_base,
-                             kernels::gemm::SchedulerParams* sched, kernels::tp::TailPieces* pieces) {
+// Fills a launch's tail split (kernels/gemm/tail_split.cuh) of a GEMM with `k` columns of A and,
+// with pieces, the piece slots at `base` (kernels/tp/tail_pieces.cuh) and their flags from
+// op_flags[flag_base].
+inline Status set_tail_split(const planner::TailSplit& split, void* base, GemmTile tile, DType dtype, int64_t k,
+                             uint64_t flag_base, kernels::gemm::TailSplitParams* params, kernels::tp::TailPieces* pieces) {
+  const GemmTileInfo info = gemm_tile_info(tile);
+  params->k_blocks = static_cast<uint32_t>((k + info.block_k - 1) / info.block_k);
   pieces->flag_base = static_cast<uint32_t>(flag_base);
   const int64_t slots = piece_slots_of(split);
   if (slots == 0) return {};
-  const GemmTileInfo info = gemm_tile_info(tile);
   const int64_t rows = slots * info.block_m;
   LOOM_TRY(encode_gemm_output_map(base, rows, info.block_n, info.block_n, dtype, &pieces->store));
   LOOM_TRY(encode_gemm_rows_map(base, rows, info.block_n, info.block_n, dtype, info.block_m, &pieces->load));
-  sched->split_tiles = static_cast<uint32_t>(split.tiles);
-  sched->split_pieces = static_cast<uint32_t>(split.pieces);
+  params->tiles = static_cast<uint32_t>(split.tiles);
+  params->pieces = static_cast<uint32_t>(split.pieces);
   return {};
 }
 
@@ -373,18 +375,18 @@ inline Status build_reduce_params(Communicator::Impl& impl, const TpGemmArgs& a,
   s.n_blocks = static_cast<uint32_t>(n_blocks);
   s.group_m = group_m_for(d.grid, d.tile, band);  // a raster group never spans two owners
   s.queue = &p.state->tile_queue;
-  s.order_world = static_cast<uint32_t>(world);
-  s.order_self = static_cast<uint32_t>(me);
-  s.order_owner_offset = 1;  // the next rank's rows first, our own last in every band
-  s.order_m_blocks_per_rank = static_cast<uint32_t>(rank_blocks);
-  s.order_band_m_blocks = static_cast<uint32_t>(band);
-  s.fold_m_begin = static_cast<uint32_t>(me * rank_blocks);
-  s.fold_m_end = static_cast<uint32_t>((me + 1) * rank_blocks);
-  s.k_blocks = static_cast<uint32_t>((a.k + info.block_k - 1) / info.block_k);
+  kernels::tp::TpSchedulerParams& t = p.tiles;
+  t.order_world = static_cast<uint32_t>(world);
+  t.order_self = static_cast<uint32_t>(me);
+  t.order_owner_offset = 1;  // the next rank's rows first, our own last in every band
+  t.order_m_blocks_per_rank = static_cast<uint32_t>(rank_blocks);
+  t.order_band_m_blocks = static_cast<uint32_t>(band);
+  t.fold_m_begin = static_cast<uint32_t>(me * rank_blocks);
+  t.fold_m_end = static_cast<uint32_t>((me + 1) * rank_blocks);
   const int64_t piece_slots = piece_slots_of(split);
   // Local only: pieces are staged and folded by this rank (peers never address them).
-  LOOM_TRY(set_tail_split(split, static_cast<char*>(staging) + reduce_peer_staging_bytes(a, world), d.tile, a.dtype,
-                          world + reduce_flags_for(a.m, a.n, world, d.tile, broadcast, 0), &s, &p.pieces));
+  LOOM_TRY(set_tail_split(split, static_cast<char*>(staging) + reduce_peer_staging_bytes(a, world), d.tile, a.dtype, a.k,
+                          world + reduce_flags_for(a.m, a.n, world, d.tile, broadcast, 0), &p.split, &p.pieces));
 
   p.rows_per_rank = static_cast<uint32_t>(rows);
   p.m_blocks_per_rank = static_cast<uint32_t>(rank_blocks);

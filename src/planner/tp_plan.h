@@ -132,7 +132,7 @@ struct TpEstimate {
 // gemm_ar ignore it).
 TpEstimate estimate_tp(const TpRequest& request, int comm_ctas, GemmTile tile, const TpCostModel& model = {});
 
-// The fused kernels' tail split (kernels/gemm/params.h, SchedulerParams): the last `tiles` of the
+// The fused kernels' tail split (kernels/gemm/tail_split.cuh): the last `tiles` of the
 // order are each handed out as `pieces` K ranges. Whole tiles leave the last partial wave's
 // idle SMs idle for a tile's time; the model takes the pieces count that ends the tail soonest,
 // ceil(r * pieces / grid) / pieces tile times for r = min(tiles % grid + late_claims, grid)

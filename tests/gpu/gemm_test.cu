@@ -22,14 +22,17 @@
 #include "kernels/gemm/reference.cuh"
 #include "kernels/gemm/sm90_gemm.cuh"
 #include "kernels/tp/flags.h"
+#include "kernels/tp/tp_scheduler.cuh"
 #include "loom/gemm.h"
 #include "ops/gemm_launch.h"
 #include "planner/gemm_heuristic.h"
+#include "runtime/cuda_check.h"
 
 namespace loom {
 namespace {
 
 namespace kg = kernels::gemm;
+namespace kt = kernels::tp;
 namespace ref = kernels::gemm::reference;
 
 #define GT_CUDA(expr)                                                                               \
@@ -636,6 +639,38 @@ __global__ void set_flags_late(uint64_t* flags, const int* order, int count, uin
   }
 }
 
+// The fused kernels' scheduling policy (kernels/tp/tp_scheduler.cuh: gates, rank-banded order)
+// on the GEMM engine: launch_gemm's parameters, run with TpTiles instead of the default tiles.
+using TpCfg = kg::Tile128x128;
+
+__global__ void __launch_bounds__(TpCfg::kThreads, 1)
+    tp_scheduled_kernel(const __grid_constant__ kg::GemmKernelParams p, const __grid_constant__ kt::TpSchedulerParams tp) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  using Tiles = kt::TpTiles<TpCfg::kBlockM>;
+  using Role = kg::ComputeRole<TpCfg, true, false, kg::TileScheduler<Tiles>, kg::TileEpilogue<TpCfg::kBlockM>>;
+  const kernels::WaitContext ctx = kernels::WaitContext::start(p.wait, OpId::kGemm, p.sched.epoch);
+  Role::init(smem);
+  kg::TileScheduler<Tiles> sched(p.sched, Tiles(tp, p.sched.epoch));
+  kg::TileEpilogue<TpCfg::kBlockM> epi(p.epi, p.dst);
+  const kg::GemmOperands ops{&p.a, &p.b, p.m, p.n, p.k, nullptr, 0, 0, p.timeline};
+  (void)Role::run(smem, ops, sched, epi, blockIdx.x, gridDim.x, ctx);
+}
+
+// Launches `l` (bf16 A, B [N, K], the 128x128 tile: LaunchCase's) with the TP scheduling `tp`.
+Status launch_tp_scheduled(const ops::GemmLaunch& l, const kt::TpSchedulerParams& tp, cudaStream_t stream) {
+  if (l.args.in_dtype != DType::kBF16 || l.args.b_layout != BLayout::kNK || l.options.tile != GemmTile::k128x128) {
+    return Status::internal("tp_scheduled_kernel is built for bf16, B [N, K] and the 128x128 tile only");
+  }
+  kg::GemmKernelParams p;
+  ops::GemmLaunchPlan plan;
+  LOOM_TRY(ops::gemm_kernel_params(l, &p, &plan));
+  LOOM_CUDA_TRY(cudaFuncSetAttribute(tp_scheduled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(TpCfg::kSmemBytes)));
+  tp_scheduled_kernel<<<plan.num_ctas, TpCfg::kThreads, TpCfg::kSmemBytes, stream>>>(p, tp);
+  LOOM_CUDA_TRY(cudaGetLastError());
+  return Status{};
+}
+
 // Gated order: local rows first, every other tile only after its flag. Tiles record when their
 // loads were released (trace); the setter records when each flag was set.
 TEST(Sm90GemmScheduler, GatedTilesNeverStartBeforeTheirFlag) {
@@ -653,11 +688,12 @@ TEST(Sm90GemmScheduler, GatedTilesNeverStartBeforeTheirFlag) {
   const std::vector<int> late = {15, 14, 13, 12, 0, 1, 2, 3, 11, 10, 9, 8};
   cudaMemcpy(order.p, late.data(), late.size() * 4, cudaMemcpyHostToDevice);
   c.l.options.num_ctas = 6;
-  c.l.sched.row_flags = flags.as<uint64_t>();
-  c.l.sched.rows_per_flag = 64;
-  c.l.sched.rows_per_source = 256;
-  c.l.sched.ungated_begin = 256;
-  c.l.sched.ungated_end = 512;
+  kt::TpSchedulerParams gate;
+  gate.row_flags = flags.as<uint64_t>();
+  gate.rows_per_flag = 64;
+  gate.rows_per_source = 256;
+  gate.ungated_begin = 256;
+  gate.ungated_end = 512;
   c.l.sched.m_block_start = 2;
   c.l.sched.epoch = epoch;
   c.l.sched.trace = trace.as<uint64_t>();
@@ -668,7 +704,7 @@ TEST(Sm90GemmScheduler, GatedTilesNeverStartBeforeTheirFlag) {
   // wait for the running GEMM, which waits for the setter.
   set_flags_late<<<1, 1, 0, s2>>>(flags.as<uint64_t>(), order.as<int>(), 0, epoch, 0, set_time.as<uint64_t>());
   GT_CUDA(cudaDeviceSynchronize());
-  GT_OK(ops::launch_gemm(c.l, s1));
+  GT_OK(launch_tp_scheduled(c.l, gate, s1));
   set_flags_late<<<1, 1, 0, s2>>>(flags.as<uint64_t>(), order.as<int>(), static_cast<int>(late.size()), epoch,
                                   2'000'000ull, set_time.as<uint64_t>());
   GT_CUDA(cudaStreamSynchronize(s1));
@@ -717,13 +753,14 @@ TEST(Sm90GemmScheduler, MissingFlagTimesOutCleanly) {
   DevBuf flags(4 * 8);
   std::vector<uint64_t> f = {epoch, epoch, epoch - 1, epoch};  // flag 2 (rows 256..383) never set
   cudaMemcpy(flags.p, f.data(), 32, cudaMemcpyHostToDevice);
-  c.l.sched.row_flags = flags.as<uint64_t>();
-  c.l.sched.rows_per_flag = 128;
-  c.l.sched.rows_per_source = 256;
+  kt::TpSchedulerParams gate;
+  gate.row_flags = flags.as<uint64_t>();
+  gate.rows_per_flag = 128;
+  gate.rows_per_source = 256;
   c.l.sched.epoch = epoch;
   c.l.options.num_ctas = 4;
   const auto t0 = std::chrono::steady_clock::now();
-  GT_OK(ops::launch_gemm(c.l, nullptr));
+  GT_OK(launch_tp_scheduled(c.l, gate, nullptr));
   GT_CUDA(cudaDeviceSynchronize());
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_LT(s, 5.0) << "the launch took too long to give up";
@@ -744,12 +781,13 @@ TEST(Sm90GemmScheduler, HostAbortEndsAGatedLaunch) {
   LaunchCase c(512, 256, 128, DType::kBF16, GemmTile::k128x128, 73, /*timeout_ns=*/20'000'000'000ull);
   DevBuf flags(4 * 8);
   cudaMemset(flags.p, 0, flags.bytes);
-  c.l.sched.row_flags = flags.as<uint64_t>();
-  c.l.sched.rows_per_flag = 128;
+  kt::TpSchedulerParams gate;
+  gate.row_flags = flags.as<uint64_t>();
+  gate.rows_per_flag = 128;
   c.l.sched.epoch = 1;
   c.l.options.num_ctas = 4;
   const auto t0 = std::chrono::steady_clock::now();
-  GT_OK(ops::launch_gemm(c.l, nullptr));
+  GT_OK(launch_tp_scheduled(c.l, gate, nullptr));
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   *static_cast<volatile uint32_t*>(c.wait.host_abort.p) = 1;
   GT_CUDA(cudaDeviceSynchronize());
@@ -795,7 +833,7 @@ __global__ void __launch_bounds__(QueueCfg::kThreads, 1)
   extern __shared__ __align__(1024) uint8_t smem[];
   const kernels::WaitContext ctx = kernels::WaitContext::start(p.wait, OpId::kGemm, 0);
   QueueRole::init(smem);
-  kg::TileScheduler<QueueCfg::kBlockM> sched(p.sched);
+  kg::TileScheduler<> sched(p.sched);
   kg::TileEpilogue<QueueCfg::kBlockM> epi(p.epi, p.dst);
   const kg::GemmOperands ops{&p.a, &p.b, p.m, p.n, p.k};
   for (int rounds = 0; rounds < 64; ++rounds) {
@@ -859,6 +897,7 @@ TEST(Sm90GemmScheduler, WorkQueueWithRoleChanges) {
 struct FoldTestParams {
   kernels::sm90::TmaDescriptor staged;  // box {64, BLOCK_M}
   kernels::sm90::TmaDescriptor a_local;  // rows [local_begin, local_end) of A, box {64, BLOCK_M}
+  kt::TpSchedulerParams fold_range;      // the tiles that fold
   const uint64_t* flags;
   uint32_t world, self, m_rows, tiles, local_begin, local_end;
   uint64_t epoch;
@@ -896,11 +935,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fold_test_kernel(const __grid_constant__ kg::GemmKernelParams p, const __grid_constant__ FoldTestParams f) {
   extern __shared__ __align__(1024) uint8_t smem[];
   using Fold = std::conditional_t<kFold, TestFold<Cfg::kBlockM>, kg::NoFold>;
-  using Role = kg::ComputeRole<Cfg, true, false, kg::TileScheduler<Cfg::kBlockM>, kg::TileEpilogue<Cfg::kBlockM>,
-                               Cfg::kSetMaxNReg, Fold>;
+  using Tiles = kt::TpTiles<Cfg::kBlockM>;
+  using Role = kg::ComputeRole<Cfg, true, false, kg::TileScheduler<Tiles>, kg::TileEpilogue<Cfg::kBlockM>, Cfg::kSetMaxNReg,
+                               Fold>;
   const kernels::WaitContext ctx = kernels::WaitContext::start(p.wait, OpId::kGemm, f.epoch);
   Role::init(smem);
-  kg::TileScheduler<Cfg::kBlockM> sched(p.sched, f.epoch);
+  kg::TileScheduler<Tiles> sched(p.sched, Tiles(f.fold_range, f.epoch));
   kg::TileEpilogue<Cfg::kBlockM> epi(p.epi, p.dst);
   if constexpr (kFold) {
     const kg::GemmOperands ops{&p.a, &p.b, p.m, p.n, p.k};
@@ -946,8 +986,6 @@ void run_fold_case(GemmTile tile, uint32_t world, uint32_t self, bool missing, u
   p.sched.m_blocks = static_cast<uint32_t>(m_blocks);
   p.sched.n_blocks = static_cast<uint32_t>(n_blocks);
   p.sched.group_m = 1;
-  p.sched.fold_m_begin = 0;
-  p.sched.fold_m_end = kFold ? static_cast<uint32_t>(m_blocks) : 0;
   p.epi.op = static_cast<uint32_t>(kg::EpilogueOp::kStore);
   p.epi.out_dtype = static_cast<uint32_t>(DType::kBF16);
   p.epi.num_dst = 1;
@@ -955,6 +993,8 @@ void run_fold_case(GemmTile tile, uint32_t world, uint32_t self, bool missing, u
   FoldTestParams fp{};
   GT_OK(ops::encode_gemm_rows_map(staged.p, (world - 1) * m, n, n, DType::kBF16, info.block_m, &fp.staged));
   GT_OK(ops::encode_gemm_rows_map(a_local.p, info.block_m, k, k, DType::kBF16, info.block_m, &fp.a_local));
+  fp.fold_range.fold_m_begin = 0;
+  fp.fold_range.fold_m_end = kFold ? static_cast<uint32_t>(m_blocks) : 0;
   fp.flags = flags.as<uint64_t>();
   fp.world = world;
   fp.self = self;
@@ -1023,7 +1063,7 @@ TEST(Sm90GemmFused, MissingPartialTimesOutCleanly) {
   run_fold_case<kg::Tile128x256, true>(GemmTile::k128x256, 3, 1, true, 8100);
 }
 
-// Host model of the rank-banded order (SchedulerParams) with group_m = 1: logical row i.
+// Host model of the rank-banded order (TpSchedulerParams) with group_m = 1: logical row i.
 int64_t banded_row(int64_t i, int64_t world, int64_t self, int64_t offset, int64_t per_rank, int64_t band) {
   const int64_t round = i / (band * world), in_round = i % (band * world), slot = in_round / band;
   return ((self + offset + slot) % world) * per_rank + round * band + in_round % band;
@@ -1041,12 +1081,13 @@ TEST(Sm90GemmScheduler, RankBandedOrder) {
   c.l.options.num_ctas = 1;
   c.l.options.group_m = 1;
   c.l.sched.trace = trace.as<uint64_t>();
-  c.l.sched.order_world = static_cast<uint32_t>(world);
-  c.l.sched.order_self = static_cast<uint32_t>(self);
-  c.l.sched.order_owner_offset = 1;
-  c.l.sched.order_m_blocks_per_rank = static_cast<uint32_t>(per_rank);
-  c.l.sched.order_band_m_blocks = static_cast<uint32_t>(band);
-  GT_OK(ops::launch_gemm(c.l, nullptr));
+  kt::TpSchedulerParams order;
+  order.order_world = static_cast<uint32_t>(world);
+  order.order_self = static_cast<uint32_t>(self);
+  order.order_owner_offset = 1;
+  order.order_m_blocks_per_rank = static_cast<uint32_t>(per_rank);
+  order.order_band_m_blocks = static_cast<uint32_t>(band);
+  GT_OK(launch_tp_scheduled(c.l, order, nullptr));
   GT_CUDA(cudaDeviceSynchronize());
   c.expect_no_device_error();
   std::vector<uint64_t> tr(static_cast<size_t>(m_blocks * n_blocks));

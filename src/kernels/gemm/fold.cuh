@@ -16,7 +16,7 @@
 //   int32_t source_row(const WorkItem& tile, uint32_t source) const; // map row of the tile's row 0
 //   bool wait_sources(const WorkItem& tile, const WaitContext&) const;  // producer thread, bounded:
 //                                                    // the other ranks' partials and the tile's pieces
-// Tail split (SchedulerParams): a kTilePiece item computes part of a tile's K range and stages
+// Tail split (tail_split.cuh): a kTilePiece item computes part of a tile's K range and stages
 // its partial through the epilogue like any tile; the tile's kTileFold item (which computes K
 // range 0) then also adds its item.split_count pieces, after the other ranks' partials, from
 //   const sm90::TmaDescriptor* piece_map() const;    // pieces [slots * BLOCK_M, BLOCK_N], box {64, BLOCK_M}

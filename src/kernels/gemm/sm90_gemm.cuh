@@ -31,7 +31,7 @@ struct GemmKernelParams {
 
 template <class Cfg, bool kBF16, bool kBNMajor, bool kManageRegisters = Cfg::kSetMaxNReg>
 using StandaloneRole =
-    ComputeRole<Cfg, kBF16, kBNMajor, TileScheduler<Cfg::kBlockM>, TileEpilogue<Cfg::kBlockM>, kManageRegisters>;
+    ComputeRole<Cfg, kBF16, kBNMajor, TileScheduler<>, TileEpilogue<Cfg::kBlockM>, kManageRegisters>;
 
 template <class Cfg, bool kBF16, bool kBNMajor>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) sm90_gemm_kernel(const __grid_constant__ GemmKernelParams p) {
@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) sm90_gemm_kernel(const __gri
   using Role = StandaloneRole<Cfg, kBF16, kBNMajor>;
   const WaitContext ctx = WaitContext::start(p.wait, OpId::kGemm, p.sched.epoch);
   Role::init(smem);
-  TileScheduler<Cfg::kBlockM> sched(p.sched);
+  TileScheduler<> sched(p.sched);
   TileEpilogue<Cfg::kBlockM> epi(p.epi, p.dst);
   const GemmOperands ops{&p.a, &p.b, p.m, p.n, p.k, nullptr, 0, 0, p.timeline};
   (void)Role::run(smem, ops, sched, epi, blockIdx.x, gridDim.x, ctx);

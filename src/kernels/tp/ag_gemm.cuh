@@ -10,8 +10,8 @@
 //   compute        the GEMM engine's ComputeRole; tiles come from the launch's queue in a raster
 //                  rotated to start at this rank's rows, which are read straight from the shard
 //                  (GemmOperands::a_local), so the first tiles wait for nothing. Every other tile
-//                  waits (bounded, TileScheduler's gate) for the row-chunk flags it covers.
-//                  Tail split (SchedulerParams): the last partial wave's tiles run as K pieces
+//                  waits (bounded, TpTiles' gate) for the row-chunk flags it covers.
+//                  Tail split (gemm/tail_split.cuh): the last partial wave's tiles run as K pieces
 //                  staged in this rank's piece slots (local; piece[slot] = e after each piece's
 //                  epilogue) and folded by the tile's fold item (AgPieceFold), which stores out.
 //
@@ -20,7 +20,7 @@
 //                [s*M/W, (s+1)*M/W) are written by rank s
 //   rows flags   op_flags[W + f], f < M / rows_per_flag: "rows [f*rpf, (f+1)*rpf) have arrived",
 //                written by the owner of those rows (f / (M/W/rpf)) into every peer
-//   pieces       [split_tiles * (pieces - 1) * BM, BN] in the TP workspace (after the gathered A
+//   pieces       [split.tiles * (split.pieces - 1) * BM, BN] in the TP workspace (after the gathered A
 //                when that lives there), local; flags piece[slot] after the rows flags (tail_pieces.cuh)
 #pragma once
 
@@ -33,9 +33,10 @@
 #include "kernels/gemm/compute_role.cuh"
 #include "kernels/gemm/epilogue.cuh"
 #include "kernels/gemm/params.h"
-#include "kernels/gemm/scheduler.cuh"
+#include "kernels/gemm/tail_split.cuh"
 #include "kernels/tp/fused_frame.cuh"
 #include "kernels/tp/tail_pieces.cuh"
+#include "kernels/tp/tp_scheduler.cuh"
 
 namespace loom::kernels::tp {
 
@@ -48,7 +49,9 @@ struct AgGemmParams {
   DeviceComm comm;
   LaunchState* state;
   uint32_t m, n, k;
-  gemm::SchedulerParams sched;  // queue = &tp->tile_queue, gate on rows flags, rotation to our rows
+  gemm::SchedulerParams sched;  // queue = the family's tile queue, rotation to our rows
+  TpSchedulerParams tiles;      // gate on the rows flags
+  gemm::TailSplitParams split;
   gemm::EpilogueParams epi;     // one destination (out), no signals
   const char* shard;            // this rank's rows (device memory of this GPU)
   uint64_t gathered_offset;     // heap offset of the gathered A
@@ -114,7 +117,7 @@ class AgEpilogue {
   __device__ AgEpilogue(const AgGemmParams& p, uint64_t epoch) : p_(p), out_(p.epi, &p.out), epoch_(epoch) {}
 
   __device__ uint32_t out_dtype() const { return out_.out_dtype(); }
-  __device__ bool signals() const { return p_.sched.split_pieces >= 2; }  // only pieces signal
+  __device__ bool signals() const { return p_.split.pieces >= 2; }  // only pieces signal
   __device__ void prefetch() const {
     out_.prefetch();
     if (signals()) sm90::prefetch_tensormap(&p_.pieces.store);
@@ -177,7 +180,7 @@ __device__ bool ag_push_shard(uint8_t* smem_raw, const AgGemmParams& p, uint32_t
 template <class Cfg, bool kBF16, bool kBNMajor>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) ag_gemm_kernel(const __grid_constant__ AgGemmParams p) {
   extern __shared__ __align__(1024) uint8_t smem[];
-  using Scheduler = gemm::TileScheduler<Cfg::kBlockM>;
+  using Scheduler = TpScheduler<Cfg::kBlockM>;
   using Epilogue = AgEpilogue<Cfg::kBlockM, Cfg::kBlockN>;
   using Role = gemm::ComputeRole<Cfg, kBF16, kBNMajor, Scheduler, Epilogue, Cfg::kSetMaxNReg, AgPieceFold>;
   const DeviceComm& c = p.comm;
@@ -193,7 +196,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ag_gemm_kernel(const __grid_
     compute = ag_push_shard<Cfg>(smem, p, roles.index_in_role(blockIdx.x), epoch, ctx);
   }
   if (compute) {
-    Scheduler sched(p.sched, epoch);
+    Scheduler sched(p.sched, TpTiles<Cfg::kBlockM>(p.tiles, epoch), gemm::TailSplit(p.split));
     Epilogue epi(p, epoch);
     const AgPieceFold fold(p, epoch);
     const uint32_t own_begin = static_cast<uint32_t>(c.local_rank) * p.rows_per_rank;

@@ -2,7 +2,7 @@
 // the owner's memory and folded into the owner's accumulators.
 //
 // Rank r computes its whole partial product P_r = a_r @ b_r (all M rows). Rows
-// [d*M/W, (d+1)*M/W) belong to rank d. Tile order (SchedulerParams' rank-banded order, offset 1):
+// [d*M/W, (d+1)*M/W) belong to rank d. Tile order (TpTiles' rank-banded order, offset 1):
 // band by band, the other ranks' rows first (r+1, r+2, ...) and its own last, so what it owes
 // leaves early and what it is owed has arrived when its own tiles come.
 //   tile owned by d != r   epilogue: TMA-store the rounded 16-bit partial into d's staging slot
@@ -20,7 +20,7 @@
 //                          others, so the launch ends with the whole of out in place.
 //   tail split             the last partial wave of whole tiles would leave SMs idle for a tile's
 //                          time: its tiles (own tiles, the order's last) are cut into `pieces` K
-//                          ranges (SchedulerParams). Pieces (kTilePiece) TMA-store their rounded
+//                          ranges (gemm/tail_split.cuh). Pieces (kTilePiece) TMA-store their rounded
 //                          16-bit partial into this rank's piece slots and set piece[slot] = e
 //                          right after their epilogue; the tile's fold item (K range 0, claimed
 //                          after its pieces) adds them after the other ranks' partials.
@@ -30,7 +30,7 @@
 //   staging   [(W-1) * M/W, N] in the TP workspace: slot(s, d) = (s - d - 1) mod W holds rank s's
 //             partial of d's rows, rows [slot * M/W, (slot+1) * M/W)
 //   out       gemm_rs: [M/W, N] local; gemm_ar: [M, N] symmetric
-//   pieces    [split_tiles * (pieces - 1) * BM, BN] in the TP workspace after the staging (local
+//   pieces    [split.tiles * (split.pieces - 1) * BM, BN] in the TP workspace after the staging (local
 //             only): slot q * (pieces - 1) + i holds piece i + 1 of the q-th split tile
 // Flags (op_flags of the owner, after the W entry words), own_tiles = (M/W/BM) * n_blocks:
 //   partial[slot][t]   W + slot * own_tiles + t, t = (m_block - d*M/W/BM) * n_blocks + n_block
@@ -45,10 +45,11 @@
 #include "kernels/common/sm90.cuh"
 #include "kernels/gemm/compute_role.cuh"
 #include "kernels/gemm/params.h"
-#include "kernels/gemm/scheduler.cuh"
+#include "kernels/gemm/tail_split.cuh"
 #include "kernels/tp/flags.h"
 #include "kernels/tp/fused_frame.cuh"
 #include "kernels/tp/tail_pieces.cuh"
+#include "kernels/tp/tp_scheduler.cuh"
 
 namespace loom::kernels::tp {
 
@@ -63,7 +64,9 @@ struct ReduceGemmParams {
   DeviceComm comm;
   LaunchState* state;
   uint32_t m, n, k;
-  gemm::SchedulerParams sched;  // queue, rank-banded order (offset 1), fold range = our tile rows
+  gemm::SchedulerParams sched;  // queue
+  TpSchedulerParams tiles;      // rank-banded order (offset 1), fold range = our tile rows
+  gemm::TailSplitParams split;
   uint32_t rows_per_rank;       // M / W, a multiple of BLOCK_M
   uint32_t m_blocks_per_rank;
   uint32_t n_blocks;
@@ -109,7 +112,7 @@ class ReduceEpilogue {
     for (int d = 0; d < world; ++d) {
       if (d != p_.comm.local_rank) sm90::prefetch_tensormap(&p_.stage_to[d]);
     }
-    if (p_.sched.split_pieces >= 2) sm90::prefetch_tensormap(&p_.pieces.store);
+    if (p_.split.pieces >= 2) sm90::prefetch_tensormap(&p_.pieces.store);
   }
 
   // Lane 0 of a consumer warp: the 16 x 64 box of `tile` whose top-left element is (row, col).
@@ -255,7 +258,7 @@ __device__ __forceinline__ bool wait_final_tiles(const ReduceGemmParams& p, uint
 // role: the partial and final tiles leave from the epilogues, at the rate tiles finish).
 template <class Cfg, bool kBF16, bool kBNMajor, bool kBroadcast>
 __device__ __forceinline__ void reduce_gemm_body(const ReduceGemmParams& p, uint8_t* smem) {
-  using Scheduler = gemm::TileScheduler<Cfg::kBlockM>;
+  using Scheduler = TpScheduler<Cfg::kBlockM>;
   using Epilogue = ReduceEpilogue<Cfg::kBlockM, Cfg::kBlockN, kBroadcast>;
   using Fold = StagedFold<Cfg::kBlockM>;
   using Role = gemm::ComputeRole<Cfg, kBF16, kBNMajor, Scheduler, Epilogue, Cfg::kSetMaxNReg, Fold>;
@@ -267,7 +270,7 @@ __device__ __forceinline__ void reduce_gemm_body(const ReduceGemmParams& p, uint
   Role::init(smem);
 
   const TpRoleTable roles;  // every CTA computes
-  Scheduler sched(p.sched, epoch);
+  Scheduler sched(p.sched, TpTiles<Cfg::kBlockM>(p.tiles, epoch), gemm::TailSplit(p.split));
   Epilogue epi(p, epoch, ctx);
   const Fold fold(p, epoch);
   const gemm::GemmOperands ops{&p.a, &p.b, p.m, p.n, p.k, nullptr, 0, 0, p.timeline};

@@ -1,4 +1,4 @@
-// The piece slots of a fused kernel's tail split (SchedulerParams::split_tiles / split_pieces),
+// The piece slots of a fused kernel's tail split (gemm/tail_split.cuh, TailSplitParams),
 // shared by ag_gemm and gemm_rs / gemm_ar: a kTilePiece item's epilogue TMA-stores its rounded
 // 16-bit partial into slot `split_slot` of this rank's slots and, once the writes have landed,
 // the signaler sets piece[slot] = e; the tile's fold item waits for its pieces' flags and loads
