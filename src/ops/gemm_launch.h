@@ -56,6 +56,9 @@ Status gemm_kernel_params(const GemmLaunch& launch, kernels::gemm::GemmKernelPar
 // destination ([rows, n] row-major with leading dimension ld elements of `dtype`).
 Status encode_gemm_operand_maps(const GemmArgs& args, GemmTile tile, kernels::sm90::TmaDescriptor* a,
                                 kernels::sm90::TmaDescriptor* b);
+// B of a grouped GEMM (kernels/gemm/operands.cuh): `groups` matrices shaped like args' B (its
+// layout, N, K and leading dimension) one after the other from args.b, as one 3-D tensor map.
+Status encode_gemm_grouped_b_map(const GemmArgs& args, int64_t groups, GemmTile tile, kernels::sm90::TmaDescriptor* b);
 Status encode_gemm_output_map(void* ptr, int64_t rows, int64_t n, int64_t ld, DType dtype,
                               kernels::sm90::TmaDescriptor* out);
 // A [rows, cols] row-major 16-bit matrix read in boxes of 64 columns x box_rows rows (128B

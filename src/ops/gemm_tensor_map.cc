@@ -48,28 +48,44 @@ CUtensorMapDataType tma_type(DType t) {
   return CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
 }
 
-// A 2-D row-major tensor [outer, inner] with `ld` elements between rows, boxes of
-// [box_outer, box_inner], 128-byte swizzle (box_inner * element size must be 128 bytes).
-Status encode_2d(const void* ptr, DType dtype, uint64_t inner, uint64_t outer, uint64_t ld, uint32_t box_inner,
-                 uint32_t box_outer, kernels::sm90::TmaDescriptor* out, const char* what) {
+// A row-major tensor [outer, inner] (groups = 0) or [groups, outer, inner] with `ld` elements
+// between rows and outer * ld between groups, boxes of [1,] box_outer, box_inner, 128-byte swizzle
+// (box_inner * element size must be 128 bytes).
+Status encode_tiled_map(const void* ptr, DType dtype, uint64_t inner, uint64_t outer, uint64_t ld, uint64_t groups,
+                        uint32_t box_inner, uint32_t box_outer, kernels::sm90::TmaDescriptor* out, const char* what) {
   LOOM_ASSIGN_OR_RETURN(EncodeTiled fn, encode_tiled());
-  const cuuint64_t dims[2] = {inner, outer};
-  const cuuint64_t strides[1] = {ld * dtype_size(dtype)};
-  const cuuint32_t box[2] = {box_inner, box_outer};
-  const cuuint32_t elem_strides[2] = {1, 1};
+  const cuuint32_t rank = groups > 0 ? 3 : 2;
+  const cuuint64_t dims[3] = {inner, outer, groups};
+  const cuuint64_t strides[2] = {ld * dtype_size(dtype), outer * ld * dtype_size(dtype)};
+  const cuuint32_t box[3] = {box_inner, box_outer, 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
   CUtensorMap map;
-  const CUresult r = fn(&map, tma_type(dtype), 2, const_cast<void*>(ptr), dims, strides, box, elem_strides,
+  const CUresult r = fn(&map, tma_type(dtype), rank, const_cast<void*>(ptr), dims, strides, box, elem_strides,
                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     return Status::internal(std::string("cuTensorMapEncodeTiled failed for ") + what + " (CUresult " +
                             std::to_string(static_cast<int>(r)) + ", dims " + std::to_string(inner) + " x " +
-                            std::to_string(outer) + ", ld " + std::to_string(ld) + ")");
+                            std::to_string(outer) + " x " + std::to_string(groups) + ", ld " + std::to_string(ld) + ")");
   }
   static_assert(sizeof(CUtensorMap) == sizeof(kernels::sm90::TmaDescriptor), "TmaDescriptor must mirror CUtensorMap");
   static_assert(alignof(kernels::sm90::TmaDescriptor) >= 64, "TMA needs 64-byte aligned tensor maps");
   std::memcpy(out, &map, sizeof map);
   return Status{};
+}
+
+Status encode_2d(const void* ptr, DType dtype, uint64_t inner, uint64_t outer, uint64_t ld, uint32_t box_inner,
+                 uint32_t box_outer, kernels::sm90::TmaDescriptor* out, const char* what) {
+  return encode_tiled_map(ptr, dtype, inner, outer, ld, 0, box_inner, box_outer, out, what);
+}
+
+// B of `args` ([K, N] or [N, K]); with groups > 0, that many of them one after the other (3-D).
+Status encode_b(const GemmArgs& args, int64_t groups, GemmTile tile, kernels::sm90::TmaDescriptor* b) {
+  const GemmTileInfo info = gemm_tile_info(tile);
+  const planner::GemmLeadingDims ld = planner::resolve_leading_dims(args);
+  const uint64_t n = static_cast<uint64_t>(args.n), k = static_cast<uint64_t>(args.k), g = static_cast<uint64_t>(groups);
+  if (args.b_layout == BLayout::kKN) return encode_tiled_map(args.b, args.in_dtype, n, k, ld.ldb, g, 64, 64, b, "B [K, N]");
+  return encode_tiled_map(args.b, args.in_dtype, k, n, ld.ldb, g, 64, static_cast<uint32_t>(info.block_n), b, "B [N, K]");
 }
 
 }  // namespace
@@ -79,14 +95,15 @@ Status encode_gemm_operand_maps(const GemmArgs& args, GemmTile tile, kernels::sm
   const GemmTileInfo info = gemm_tile_info(tile);
   if (info.block_m == 0) return Status::invalid_argument("encode_gemm_operand_maps: tile must be resolved");
   const planner::GemmLeadingDims ld = planner::resolve_leading_dims(args);
-  const uint64_t m = static_cast<uint64_t>(args.m), n = static_cast<uint64_t>(args.n), k = static_cast<uint64_t>(args.k);
+  const uint64_t m = static_cast<uint64_t>(args.m), k = static_cast<uint64_t>(args.k);
   LOOM_TRY(encode_2d(args.a, args.in_dtype, k, m, ld.lda, 64, info.block_m, a, "A"));
-  if (args.b_layout == BLayout::kKN) {
-    LOOM_TRY(encode_2d(args.b, args.in_dtype, n, k, ld.ldb, 64, 64, b, "B [K, N]"));
-  } else {
-    LOOM_TRY(encode_2d(args.b, args.in_dtype, k, n, ld.ldb, 64, info.block_n, b, "B [N, K]"));
-  }
-  return Status{};
+  return encode_b(args, 0, tile, b);
+}
+
+Status encode_gemm_grouped_b_map(const GemmArgs& args, int64_t groups, GemmTile tile, kernels::sm90::TmaDescriptor* b) {
+  if (gemm_tile_info(tile).block_m == 0) return Status::invalid_argument("encode_gemm_grouped_b_map: tile must be resolved");
+  if (groups < 1) return Status::invalid_argument("encode_gemm_grouped_b_map: groups must be positive");
+  return encode_b(args, groups, tile, b);
 }
 
 Status encode_gemm_rows_map(const void* ptr, int64_t rows, int64_t cols, int64_t ld, DType dtype, int box_rows,

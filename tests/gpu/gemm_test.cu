@@ -889,6 +889,80 @@ TEST(Sm90GemmScheduler, WorkQueueWithRoleChanges) {
   c.check_output(c.p.d.p, reference(c.p.args), " queue+role change");
 }
 
+// ---- grouped GEMM: a scheduler policy alone ------------------------------------------------------
+
+// The Tiles policy of a grouped GEMM whose groups own m_blocks_per_group tile rows of A and D each
+// and one B: the default order, each tile's group from its row (kernels/gemm/operands.cuh).
+struct GroupedTiles : kg::RotatedTiles {
+  static constexpr bool kGroupedB = true;
+  uint32_t m_blocks_per_group;
+  __device__ explicit GroupedTiles(uint32_t per_group) : m_blocks_per_group(per_group) {}
+  __device__ void place(kg::WorkItem& item) const { item.group = item.m_block / m_blocks_per_group; }
+};
+
+using GroupedCfg = kg::Tile128x128;
+
+template <bool kBNMajor>
+__global__ void __launch_bounds__(GroupedCfg::kThreads, 1)
+    grouped_gemm_kernel(const __grid_constant__ kg::GemmKernelParams p, uint32_t m_blocks_per_group) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  using Role =
+      kg::ComputeRole<GroupedCfg, true, kBNMajor, kg::TileScheduler<GroupedTiles>, kg::TileEpilogue<GroupedCfg::kBlockM>>;
+  const kernels::WaitContext ctx = kernels::WaitContext::start(p.wait, OpId::kGemm, 0);
+  Role::init(smem);
+  kg::TileScheduler<GroupedTiles> sched(p.sched, GroupedTiles(m_blocks_per_group));
+  kg::TileEpilogue<GroupedCfg::kBlockM> epi(p.epi, p.dst);
+  const kg::GemmOperands ops{&p.a, &p.b, p.m, p.n, p.k};
+  (void)Role::run(smem, ops, sched, epi, blockIdx.x, gridDim.x, ctx);
+}
+
+// Three groups of 256 rows, each times its own B (N and K tails): D's rows of group g must be
+// A_g * B_g, every group's product through the same engine with only the policy changed.
+template <bool kBNMajor>
+void run_grouped_case(uint64_t seed) {
+  const int64_t groups = 3, rows = 256, n = 320, k = 200;
+  const BLayout layout = kBNMajor ? BLayout::kKN : BLayout::kNK;
+  Problem p(groups * rows, n, k, DType::kBF16, DType::kBF16, layout, seed);
+  DevBuf b_all(static_cast<size_t>(groups * n * k) * 2);
+  if (kBNMajor) fill(b_all.p, DType::kBF16, groups * k, n, n, seed * 2 + 3);
+  else fill(b_all.p, DType::kBF16, groups * n, k, k, seed * 2 + 3);
+  WaitSetup wait;
+  ops::GemmLaunch l;
+  l.args = p.args;
+  l.args.b = b_all.p;
+  l.options.tile = GemmTile::k128x128;
+  l.wait = wait.params(10'000'000'000ull);
+  kg::GemmKernelParams params;
+  ops::GemmLaunchPlan plan;
+  GT_OK(ops::gemm_kernel_params(l, &params, &plan));
+  GT_OK(ops::encode_gemm_grouped_b_map(l.args, groups, GemmTile::k128x128, &params.b));
+  auto* kernel = &grouped_gemm_kernel<kBNMajor>;
+  GT_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(GroupedCfg::kSmemBytes)));
+  kernel<<<plan.num_ctas, GroupedCfg::kThreads, GroupedCfg::kSmemBytes>>>(params, static_cast<uint32_t>(rows / 128));
+  GT_CUDA(cudaGetLastError());
+  GT_CUDA(cudaDeviceSynchronize());
+  EXPECT_EQ(wait.record().code, 0u) << "device error in the grouped GEMM";
+  std::vector<float> want;
+  for (int64_t g = 0; g < groups; ++g) {
+    GemmArgs one = l.args;
+    one.a = static_cast<const char*>(p.a.p) + static_cast<size_t>(g * rows * k) * 2;
+    one.b = static_cast<const char*>(b_all.p) + static_cast<size_t>(g * n * k) * 2;
+    one.m = rows;
+    const std::vector<float> part = reference(one);
+    want.insert(want.end(), part.begin(), part.end());
+  }
+  const std::vector<float> got = to_host_f32(p.d.p, DType::kBF16, groups * rows, n, n);
+  const Comparison c =
+      compare(got, want, groups * rows, n, DType::kBF16, 128, 128, describe(l.args, GemmTile::k128x128, " 3 groups"));
+  EXPECT_TRUE(c.ok) << c.report;
+}
+
+TEST(Sm90GemmGrouped, EachGroupMultipliesItsOwnB) {
+  REQUIRE_HOPPER();
+  run_grouped_case<false>(8300);
+  run_grouped_case<true>(8301);
+}
+
 // ---- fused-kernel extensions: fold, second A source, rank-banded order ---------------------------
 
 // A Fold policy for one GPU: `world` ranks, this one `self`; the other ranks' partials of every

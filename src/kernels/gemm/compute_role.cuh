@@ -148,7 +148,7 @@ class ComputeRole {
   using Folding = TileFold<Cfg, Fold>;
   using Signals = TileSignaler<Cfg, Epilogue>;
   using Staging = EpilogueStage<BM, BN>;
-  using Loads = Sm90Loads<Cfg, kBNMajor>;
+  using Loads = Sm90Loads<Cfg, kBNMajor, groups_tiles<Scheduler>()>;
   using Mma = Sm90Mma<BN, kBF16, kBNMajor>;
   using Pair = typename std::conditional<kBF16, __nv_bfloat162, __half2>::type;  // two input elements
 
@@ -188,7 +188,7 @@ class ComputeRole {
         a_row = m0 - static_cast<int32_t>(ops.local_row_begin);
       }
       auto load_k_block = [&](uint32_t kb) -> bool {
-        return Loads::load_k_block(sm, stages, a_map, a_row, ops.b, n0, kb, ctx);
+        return Loads::load_k_block(sm, stages, a_map, a_row, ops.b, n0, kb, ctx, static_cast<int32_t>(item.group));
       };
       const KRange range = k_range_of(item, k_blocks);
       const bool fold_tile = Fold::kEnabled && item.kind == static_cast<uint32_t>(WorkKind::kTileFold);

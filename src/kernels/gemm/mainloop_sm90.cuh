@@ -18,16 +18,17 @@
 namespace loom::kernels::gemm {
 
 // The producer side, for configuration Cfg and B's layout (kBNMajor: [K, N] row-major, else
-// [N, K]).
-template <class Cfg, bool kBNMajor>
+// [N, K]; kGroupedB: one such B per group, a 3-D map with the group outermost).
+template <class Cfg, bool kBNMajor, bool kGroupedB = false>
 struct Sm90Loads {
   static constexpr int BN = Cfg::kBlockN;
 
   // One k-block: waits for a free stage, then issues its A and B loads (the stage's full barrier
-  // expects kStageTxBytes) and moves to the next stage. False after a failed wait.
+  // expects kStageTxBytes) and moves to the next stage. False after a failed wait. `group`
+  // selects B's group (kGroupedB only).
   __device__ static bool load_k_block(const RoleSmem<Cfg>& sm, PipelineState<Cfg::kStages>& stages,
                                       const sm90::TmaDescriptor* a_map, int32_t a_row, const sm90::TmaDescriptor* b_map,
-                                      int32_t n0, uint32_t kb, const WaitContext& ctx) {
+                                      int32_t n0, uint32_t kb, const WaitContext& ctx, int32_t group = 0) {
     if (!stages.wait_released(sm.empty(stages.index), ctx, sm90::BarrierWhat::kStageEmpty)) return false;
     uint64_t* full = sm.full(stages.index);
     constexpr uint32_t kStageTxBytes = Cfg::kStageTxBytes;
@@ -41,17 +42,25 @@ struct Sm90Loads {
       // [K, N] row-major: BN/64 boxes of 64 N-columns x 64 K-rows, 8 KiB apart.
 #pragma unroll
       for (int i = 0; i < BN / 64; ++i) {
-        const int32_t b_coords[2] = {n0 + 64 * i, k0};
-        cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
-                                        sm.b(stages.index) + i * 64 * kBlockK * 2, b_map, b_coords, full);
+        load_b(b_map, sm.b(stages.index) + i * 64 * kBlockK * 2, n0 + 64 * i, k0, group, full);
       }
     } else {
-      const int32_t b_coords[2] = {k0, n0};
-      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, sm.b(stages.index), b_map,
-                                      b_coords, full);
+      load_b(b_map, sm.b(stages.index), k0, n0, group, full);
     }
     stages.advance();
     return true;
+  }
+
+  // One box of B: (inner, outer) of a 2-D map, or of group `group` of a grouped one.
+  __device__ __forceinline__ static void load_b(const sm90::TmaDescriptor* map, uint8_t* dst, int32_t inner, int32_t outer,
+                                                int32_t group, uint64_t* full) {
+    if constexpr (kGroupedB) {
+      const int32_t coords[3] = {inner, outer, group};
+      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, dst, map, coords, full);
+    } else {
+      const int32_t coords[2] = {inner, outer};
+      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, dst, map, coords, full);
+    }
   }
 };
 

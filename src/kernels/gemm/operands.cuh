@@ -14,9 +14,14 @@ namespace loom::kernels::gemm {
 
 // The A and B operands as the role sees them: tensor maps (kernel parameters or global memory)
 // and the problem shape.
+// Grouped GEMM (a scheduler whose Tiles policy sets kGroupedB, scheduler.cuh): b is a 3-D map with
+// the group outermost ([groups, K, N] or [groups, N, K], box depth 1), each tile's B loaded at its
+// WorkItem::group; A's and D's rows stay absolute (the policy hands out each group's tile rows
+// where its rows sit, each group padded to whole tile rows), so no other operand changes.
 struct GemmOperands {
   const sm90::TmaDescriptor* a;  // [M, K] row-major, box {64, BLOCK_M}, 128B swizzle
   const sm90::TmaDescriptor* b;  // N-major: [K, N], box {64, 64}; K-major: [N, K], box {64, BLOCK_N}
+                                 // (grouped: one such matrix per group, see above)
   uint32_t m, n, k;
   // Optional second source of A (a fused AllGather+GEMM reads this rank's own rows where they
   // already are, not from the gathered copy): tiles whose first row r lies in
@@ -28,6 +33,16 @@ struct GemmOperands {
   // Optional per-tile timeline (diagnostics; loom/diagnostics.h), indexed by WorkItem::tile.
   TileTimelineRecord* timeline = nullptr;
 };
+
+// Does scheduler (or Tiles policy) S group its tiles (static constexpr bool kGroupedB = true)?
+template <class S>
+constexpr bool groups_tiles() {
+  if constexpr (requires { S::kGroupedB; }) {
+    return S::kGroupedB;
+  } else {
+    return false;
+  }
+}
 
 // A tile's k-block range: [begin, end).
 struct KRange {

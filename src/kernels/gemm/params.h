@@ -39,6 +39,9 @@ struct WorkItem {
   // other ranks' partials. 0 / 0 for a whole tile.
   uint32_t split_slot = 0;
   uint32_t split_count = 0;
+  // Grouped GEMM (a MoE layer's experts): the group whose B the tile multiplies, set by a
+  // scheduler policy that groups tiles (scheduler.cuh, kGroupedB); 0 for every other GEMM.
+  uint32_t group = 0;
 };
 static_assert(sizeof(WorkItem) == kWorkItemBytes, "the tile and signal rings hold kWorkItemBytes per item");
 

@@ -35,13 +35,14 @@ __device__ __forceinline__ WorkItem load_item(const WorkItem* slot) {
   w.k_end = v->k_end;
   w.split_slot = v->split_slot;
   w.split_count = v->split_count;
+  w.group = v->group;
   return w;
 }
 
 // Offsets from the 1024-byte aligned base (Cfg: a TileConfig; sizes in config.h):
 //   a[s] kStages * BM*64*2, b[s] kStages * BN*64*2, epi[w][2] consumers*4*2 * 2048,
-//   full[s], empty[s], tile_full[t], tile_empty[t] (8 B each), ring[t] (32 B each),
-//   signal_full[t], signal_empty[t] (8 B each), signal_ring[t] (32 B each), state (128 B).
+//   full[s], empty[s], tile_full[t], tile_empty[t] (8 B each), ring[t] (kWorkItemBytes each),
+//   signal_full[t], signal_empty[t] (8 B each), signal_ring[t] (kWorkItemBytes each), state (128 B).
 template <class Cfg>
 struct RoleSmem {
   uint8_t* base;

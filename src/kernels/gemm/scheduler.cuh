@@ -20,12 +20,15 @@
 //   bool gate(uint32_t m_block, const SchedulerParams&, const WaitContext&);  // tile row m_block's
 //                                                       // inputs have arrived (bounded wait)
 //   void place(WorkItem& item) const;                   // kind (kTile / kTileFold), group
+//   static constexpr bool kGroupedB;                    // optional: true when place() sets groups
+//                                                       // (B is then grouped, operands.cuh)
 #pragma once
 
 #include <cstdint>
 
 #include "kernels/comm/signals.cuh"
 #include "kernels/comm/wait.cuh"
+#include "kernels/gemm/operands.cuh"
 #include "kernels/gemm/params.h"
 #include "kernels/gemm/tail_split.cuh"
 
@@ -47,6 +50,8 @@ struct RotatedTiles {
 template <class Tiles = RotatedTiles, class Split = NoTailSplit>
 class TileScheduler {
  public:
+  static constexpr bool kGroupedB = groups_tiles<Tiles>();
+
   __device__ explicit TileScheduler(const SchedulerParams& params, Tiles tiles = Tiles{}, Split split = Split{})
       : p_(params), tiles_(tiles), split_(split) {}
 
