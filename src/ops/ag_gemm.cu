@@ -1,4 +1,4 @@
-// Host launcher of ag_gemm: validate -> plan -> workspace -> launch (kernel: kernels/tp/ag_gemm.cuh).
+// Host launcher of ag_gemm: validate -> plan -> workspace -> launch (kernel: kernels/tp/sm90_ag_gemm.cuh).
 //
 // Rules beyond tp_common.h: a is this GPU's device memory [M/W, K]; b [K, N] or [N, K]; out
 // [M, N] (this GPU); gathered_a, when given, symmetric [M, K] (it receives AllGather(a); a may be
@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <string>
 
-#include "kernels/tp/ag_gemm.cuh"
+#include "kernels/tp/sm90_ag_gemm.cuh"
 #include "loom/collectives.h"
 #include "loom/gemm.h"
 #include "ops/collective_common.h"

@@ -1,4 +1,4 @@
-// Host launcher of gemm_ar: validate -> plan -> workspace -> launch (kernel: kernels/tp/gemm_ar.cuh).
+// Host launcher of gemm_ar: validate -> plan -> workspace -> launch (kernel: kernels/tp/sm90_gemm_ar.cuh).
 //
 // Rules beyond tp_common.h: a is this GPU's device memory [M, K] (K = this rank's K_r); b [K, N]
 // or [N, K]; out symmetric [M, N] (Communicator::alloc: peers store their reduced rows into it),
@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "kernels/tp/gemm_ar.cuh"
+#include "kernels/tp/sm90_gemm_ar.cuh"
 #include "loom/collectives.h"
 #include "loom/gemm.h"
 #include "ops/collective_common.h"

@@ -1,4 +1,4 @@
-// Host launcher of gemm_rs: validate -> plan -> workspace -> launch (kernel: kernels/tp/gemm_rs.cuh).
+// Host launcher of gemm_rs: validate -> plan -> workspace -> launch (kernel: kernels/tp/sm90_gemm_rs.cuh).
 //
 // Rules beyond tp_common.h: a is this GPU's device memory [M, K] (K = this rank's K_r); b [K, N]
 // or [N, K]; out [M/W, N] on this GPU, not overlapping a or b.
@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "kernels/tp/gemm_rs.cuh"
+#include "kernels/tp/sm90_gemm_rs.cuh"
 #include "loom/collectives.h"
 #include "loom/gemm.h"
 #include "ops/collective_common.h"

@@ -1,18 +1,18 @@
 // Host launcher of the multi-node ag_gemm: validate -> plan -> workspace -> launch
-// (kernel: kernels/tp/multinode_ag_gemm.cuh). Instantiates its 8 kernels (128x256 / 128x128 x
+// (kernel: kernels/tp/multinode/sm90_ag_gemm.cuh). Instantiates its 8 kernels (128x256 / 128x128 x
 // bf16 / fp16 x B layout).
 #include <cuda_runtime_api.h>
 
 #include <string>
 
-#include "kernels/tp/multinode_ag_gemm.cuh"
+#include "kernels/tp/multinode/sm90_ag_gemm.cuh"
 #include "ops/multinode.h"
 #include "ops/multinode_common.h"
 
 namespace loom::ops {
 namespace {
 
-namespace kmn = kernels::tp::mn;
+namespace kmn = kernels::tp::multinode;
 namespace kg = kernels::gemm;
 
 Status check_buffers(Communicator::Impl& impl, const TpGemmArgs& a) {
@@ -45,7 +45,7 @@ Status check_buffers(Communicator::Impl& impl, const TpGemmArgs& a) {
 struct AgPlan {
   kmn::AgLayout layout;
   GemmTile tile = GemmTile::k128x128;
-  kmn::MultiNodeRoleTable roles;
+  kmn::RoleTable roles;
   size_t workspace_bytes = 0;
 };
 
@@ -72,9 +72,9 @@ Result<MultiNodePlan> plan_multinode_ag(Communicator& comm, const TpGemmArgs& ar
   MultiNodePlan out;
   out.tile = p.tile;
   out.grid = impl.sm_count;
-  out.net_send_ctas = static_cast<int>(p.roles.count(kmn::MultiNodeRole::kNetSend));
-  out.net_recv_ctas = static_cast<int>(p.roles.count(kmn::MultiNodeRole::kNetRecv));
-  out.nvlink_ctas = static_cast<int>(p.roles.count(kmn::MultiNodeRole::kNvlink));
+  out.net_send_ctas = static_cast<int>(p.roles.count(kmn::CtaRole::kNetSend));
+  out.net_recv_ctas = static_cast<int>(p.roles.count(kmn::CtaRole::kNetRecv));
+  out.nvlink_ctas = static_cast<int>(p.roles.count(kmn::CtaRole::kNvlink));
   out.rows_per_chunk = p.layout.rows_per_chunk;
   out.flags = p.layout.flags();
   out.workspace_bytes = p.workspace_bytes;
@@ -103,7 +103,7 @@ Status ag_gemm_multinode(Communicator& comm, const TpGemmArgs& a, cudaStream_t s
   const int64_t rows = plan.layout.rows_per_block;
   const char* own_rows = static_cast<const char*>(gathered) + static_cast<size_t>(g.own_block()) * rows * a.k * e;
 
-  kmn::MnAgParams p{};
+  kmn::AgParams p{};
   LOOM_TRY(encode_gemm_operand_maps(mn::gemm_args(gathered, a.b, a.out, a.m, a), plan.tile, &p.a_gathered, &p.b));
   LOOM_TRY(encode_gemm_rows_map(a.a, rows, a.k, a.k, a.dtype, info.block_m, &p.a_local));
   LOOM_TRY(encode_gemm_output_map(a.out, a.m, a.n, a.n, a.dtype, &p.out));
@@ -129,10 +129,10 @@ Status ag_gemm_multinode(Communicator& comm, const TpGemmArgs& a, cudaStream_t s
                                static_cast<int64_t>(p.gathered_offset)});
   LOOM_DEBUG("ag_gemm multi-node %s: tile %s, %d CTAs (%u send, %u receive, %u NVLink), %u rows per chunk",
              mn::shape_text(a, g).c_str(), std::string(gemm_tile_name(plan.tile)).c_str(), impl.sm_count,
-             plan.roles.count(kmn::MultiNodeRole::kNetSend), plan.roles.count(kmn::MultiNodeRole::kNetRecv),
-             plan.roles.count(kmn::MultiNodeRole::kNvlink), plan.layout.rows_per_chunk);
+             plan.roles.count(kmn::CtaRole::kNetSend), plan.roles.count(kmn::CtaRole::kNetRecv),
+             plan.roles.count(kmn::CtaRole::kNvlink), plan.layout.rows_per_chunk);
   return mn::dispatch(plan.tile, a.dtype, a.b_layout, [&]<class Cfg, bool kBF16, bool kBNMajor>() -> Status {
-    return launch_kernel(&kmn::mn_ag_gemm_kernel<Cfg, kBF16, kBNMajor>, static_cast<unsigned>(impl.sm_count), Cfg::kThreads,
+    return launch_kernel(&kmn::ag_gemm_kernel<Cfg, kBF16, kBNMajor>, static_cast<unsigned>(impl.sm_count), Cfg::kThreads,
                          Cfg::kSmemBytes, stream, p);
   });
 }
@@ -142,7 +142,7 @@ namespace mn {
 Status load_ag_gemm_kernels() {
   // [&]: a lambda with a capture default has no conversion to a function pointer, whose template
   // parameters nvcc would warn cannot be deduced.
-  return load_every_config([&]<class Cfg, bool kBF16, bool kBNMajor>() { return &kmn::mn_ag_gemm_kernel<Cfg, kBF16, kBNMajor>; });
+  return load_every_config([&]<class Cfg, bool kBF16, bool kBNMajor>() { return &kmn::ag_gemm_kernel<Cfg, kBF16, kBNMajor>; });
 }
 
 }  // namespace mn

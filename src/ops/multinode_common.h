@@ -20,9 +20,9 @@
 
 #include "core/log.h"
 #include "kernels/gemm/config.h"
-#include "kernels/tp/multinode_frame.cuh"
-#include "kernels/tp/multinode_layout.h"
-#include "kernels/tp/multinode_reduce.cuh"
+#include "kernels/tp/multinode/frame.cuh"
+#include "kernels/tp/multinode/layout.h"
+#include "kernels/tp/multinode/sm90_reduce.cuh"
 #include "loom/gemm.h"
 #include "loom/tensor_parallel.h"
 #include "ops/gemm_launch.h"
@@ -34,7 +34,7 @@
 
 namespace loom::ops::mn {
 
-namespace kmn = kernels::tp::mn;
+namespace kmn = kernels::tp::multinode;
 
 inline std::string op_text(OpId op) { return op_name(op); }
 
@@ -103,9 +103,9 @@ inline Status check_call(const Communicator::Impl& impl, OpId op, const TpGemmAr
   if (a.m >= kLimit || a.n >= kLimit || a.k >= kLimit) {
     return Status::unsupported(name + ": sizes of 2^31 or more are not supported (" + shape_text(a, g) + ")");
   }
-  if (g.local > static_cast<uint32_t>(kmn::MnTunables::kMaxLocalWorld)) {
+  if (g.local > static_cast<uint32_t>(kernels::tp::TpTunables::kMaxLocalWorld)) {
     return Status::unsupported(name + ": the multi-node kernels address at most " +
-                               std::to_string(kmn::MnTunables::kMaxLocalWorld) + " GPUs per node (this node has " +
+                               std::to_string(kernels::tp::TpTunables::kMaxLocalWorld) + " GPUs per node (this node has " +
                                std::to_string(g.local) + ")");
   }
   if (options.algorithm == TpAlgorithm::kDecomposed) {
@@ -133,14 +133,14 @@ inline GemmTile choose_tile(const Communicator::Impl& impl, OpId op, const TpGem
   return t == GemmTile::k128x256 ? GemmTile::k128x256 : GemmTile::k128x128;
 }
 
-inline kmn::MultiNodeRoleTable roles_for(OpId op, const kmn::Grid& g) {
-  kmn::MultiNodeRoleTable r;
-  r.set(kmn::MultiNodeRole::kNetSend, 1);
+inline kmn::RoleTable roles_for(OpId op, const kmn::Grid& g) {
+  kmn::RoleTable r;
+  r.set(kmn::CtaRole::kNetSend, 1);
   const uint32_t peers = g.local - 1;
   if (g.local > 1 && op != OpId::kGemmRs) {
-    r.set(kmn::MultiNodeRole::kNetRecv, std::min(peers, kmn::MnTunables::kMaxNetRecvCtas));
+    r.set(kmn::CtaRole::kNetRecv, std::min(peers, kernels::tp::TpTunables::kMaxNetRecvCtas));
   }
-  if (g.local > 1 && op == OpId::kAgGemm) r.set(kmn::MultiNodeRole::kNvlink, kmn::MnTunables::kNvlinkCtas);
+  if (g.local > 1 && op == OpId::kAgGemm) r.set(kmn::CtaRole::kNvlink, kernels::tp::TpTunables::kNvlinkCtas);
   return r;
 }
 
@@ -257,13 +257,13 @@ inline Result<MultiNodePlan> plan_multinode_reduce(Communicator& comm, OpId op, 
   Communicator::Impl& impl = internal(comm);
   LOOM_TRY(check_call(impl, op, a, options));
   const ReducePlan r = plan_reduce(impl, op, a, options);
-  const kmn::MultiNodeRoleTable roles = roles_for(op, r.layout.g);
+  const kmn::RoleTable roles = roles_for(op, r.layout.g);
   MultiNodePlan out;
   out.tile = r.tile;
   out.grid = impl.sm_count;
-  out.net_send_ctas = static_cast<int>(roles.count(kmn::MultiNodeRole::kNetSend));
-  out.net_recv_ctas = static_cast<int>(roles.count(kmn::MultiNodeRole::kNetRecv));
-  out.nvlink_ctas = static_cast<int>(roles.count(kmn::MultiNodeRole::kNvlink));
+  out.net_send_ctas = static_cast<int>(roles.count(kmn::CtaRole::kNetSend));
+  out.net_recv_ctas = static_cast<int>(roles.count(kmn::CtaRole::kNetRecv));
+  out.nvlink_ctas = static_cast<int>(roles.count(kmn::CtaRole::kNvlink));
   out.rows_per_chunk = r.layout.rows_per_chunk;
   out.flags = r.layout.flags();
   out.workspace_bytes = r.workspace_bytes;
@@ -274,9 +274,9 @@ inline Result<MultiNodePlan> plan_multinode_reduce(Communicator& comm, OpId op, 
 template <bool kAllReduce, class Cfg, bool kBF16, bool kBNMajor>
 auto reduce_kernel() {
   if constexpr (kAllReduce) {
-    return &kmn::mn_gemm_ar_kernel<Cfg, kBF16, kBNMajor>;
+    return &kmn::gemm_ar_kernel<Cfg, kBF16, kBNMajor>;
   } else {
-    return &kmn::mn_gemm_rs_kernel<Cfg, kBF16, kBNMajor>;
+    return &kmn::gemm_rs_kernel<Cfg, kBF16, kBNMajor>;
   }
 }
 
@@ -292,7 +292,7 @@ Status launch_reduce(Communicator& comm, const TpGemmArgs& a, cudaStream_t strea
   const ReducePlan r = plan_reduce(impl, op, a, options);
   const kmn::ReduceLayout& layout = r.layout;
   const kmn::Grid g = layout.g;
-  const kmn::MultiNodeRoleTable roles = roles_for(op, g);
+  const kmn::RoleTable roles = roles_for(op, g);
   if (std::string why = check_flags(impl, layout.flags()); !why.empty()) {
     return Status::unsupported(name + ": " + shape_text(a, g) + ": " + why);
   }
@@ -310,7 +310,7 @@ Status launch_reduce(Communicator& comm, const TpGemmArgs& a, cudaStream_t strea
   const bool all_reduce = op == OpId::kGemmAr;
   const uint64_t out_offset = all_reduce ? impl.heap->offset_of(a.out) : 0;
 
-  kmn::MnReduceParams p{};
+  kmn::ReduceParams p{};
   LOOM_TRY(encode_gemm_operand_maps(gemm_args(a.a, a.b, a.out, a.m, a), r.tile, &p.a, &p.b));
   LOOM_TRY(encode_gemm_rows_map(fold, layout.fold_rows(), a.n, a.n, a.dtype, info.block_m, &p.fold_src));
   LOOM_TRY(encode_gemm_output_map(send, layout.send_rows(), a.n, a.n, a.dtype, &p.send));
@@ -359,7 +359,7 @@ Status launch_reduce(Communicator& comm, const TpGemmArgs& a, cudaStream_t strea
   }
   LOOM_DEBUG("%s multi-node %s: tile %s, %d CTAs (%u send, %u receive), %u rows per chunk, fold rows %u",
              name.c_str(), shape_text(a, g).c_str(), std::string(gemm_tile_name(r.tile)).c_str(), impl.sm_count,
-             roles.count(kmn::MultiNodeRole::kNetSend), roles.count(kmn::MultiNodeRole::kNetRecv), layout.rows_per_chunk,
+             roles.count(kmn::CtaRole::kNetSend), roles.count(kmn::CtaRole::kNetRecv), layout.rows_per_chunk,
              layout.fold_rows());
   return dispatch(r.tile, a.dtype, a.b_layout, [&]<class Cfg, bool kBF16, bool kBNMajor>() -> Status {
     return launch_kernel(reduce_kernel<kAllReduce, Cfg, kBF16, kBNMajor>(), static_cast<unsigned>(impl.sm_count), Cfg::kThreads,

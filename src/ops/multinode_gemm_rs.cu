@@ -1,6 +1,6 @@
-// Host launcher of the multi-node gemm_rs (kernel: kernels/tp/multinode_reduce.cuh). Instantiates
+// Host launcher of the multi-node gemm_rs (kernel: kernels/tp/multinode/sm90_reduce.cuh). Instantiates
 // its 8 kernels (128x256 / 128x128 x bf16 / fp16 x B layout).
-#include "kernels/tp/multinode_reduce.cuh"
+#include "kernels/tp/multinode/sm90_reduce.cuh"
 #include "ops/multinode.h"
 #include "ops/multinode_common.h"
 

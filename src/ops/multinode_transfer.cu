@@ -1,4 +1,4 @@
-// Host side of the raw network exchange (kernels/tp/multinode_transfer.cuh) and of
+// Host side of the raw network exchange (kernels/tp/multinode/transfer.cuh) and of
 // plan_multinode (the plan of any multi-node operator call).
 #include <cuda_runtime_api.h>
 
@@ -6,7 +6,7 @@
 #include <set>
 #include <string>
 
-#include "kernels/tp/multinode_transfer.cuh"
+#include "kernels/tp/multinode/transfer.cuh"
 #include "ops/multinode.h"
 #include "ops/launch/kernel_launch.h"
 #include "ops/launch/queued_work.h"
@@ -14,7 +14,7 @@
 
 namespace loom::ops {
 
-namespace kmn = kernels::tp::mn;
+namespace kmn = kernels::tp::multinode;
 
 Result<MultiNodePlan> plan_multinode(Communicator& comm, OpId op, const TpGemmArgs& args, const TpGemmOptions& options) {
   switch (op) {
@@ -45,7 +45,7 @@ Status net_exchange(Communicator& comm, const void* src, void* dst, size_t bytes
   if (mn::bytes_of(src, 1, static_cast<int64_t>(bytes), 1).overlaps(mn::bytes_of(dst, g.nodes - 1, static_cast<int64_t>(bytes), 1))) {
     return Status::invalid_argument("net_exchange: src overlaps dst");
   }
-  kmn::MnTransferParams p{};
+  kmn::TransferParams p{};
   p.comm = impl.device_comm();
   LOOM_ASSIGN_OR_RETURN(p.state, family_launch_state(impl, mn::kFamily));
   p.src_offset = src_offset;
@@ -55,7 +55,7 @@ Status net_exchange(Communicator& comm, const void* src, void* dst, size_t bytes
   p.flag_base = impl.network->device_view().launch_flag_base;
   p.signature = mn::signature(OpId::kNetExchange, GemmTile::kAuto, g,
                               {static_cast<int64_t>(bytes), static_cast<int64_t>(chunk_bytes), static_cast<int64_t>(dst_offset)});
-  return noted(comm, launch_kernel(&kmn::mn_transfer_kernel, 1, 32, 0, stream, p), stream);
+  return noted(comm, launch_kernel(&kmn::transfer_kernel, 1, 32, 0, stream, p), stream);
 }
 
 namespace mn {
@@ -70,7 +70,7 @@ Status load_multinode_kernels() {
   LOOM_TRY(load_ag_gemm_kernels());
   LOOM_TRY(load_gemm_rs_kernels());
   LOOM_TRY(load_gemm_ar_kernels());
-  LOOM_TRY(prepare_kernel(reinterpret_cast<const void*>(&kmn::mn_transfer_kernel), 0));
+  LOOM_TRY(prepare_kernel(reinterpret_cast<const void*>(&kmn::transfer_kernel), 0));
   loaded.insert(device);
   return {};
 }

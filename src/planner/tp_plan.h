@@ -153,7 +153,7 @@ TailSplit plan_tail_split(int64_t total_tiles, int grid, int64_t k_blocks, int s
                           int64_t late_claims = 0, const TpCostModel& model = {});
 
 // ag_gemm's arrival flags: rows of a rank's shard per flag, each flag's rows one push chunk
-// (kernels/tp/ag_gemm.cuh). Whole tile rows (as many as keep a chunk within ag_chunk_bytes, at
+// (kernels/tp/sm90_ag_gemm.cuh). Whole tile rows (as many as keep a chunk within ag_chunk_bytes, at
 // least one) when they cut the shard into enough chunks for every comm CTA to push one
 // (destinations * chunks >= comm_ctas); else the largest divisor of rows_per_rank that does and
 // fits, not below ag_min_rows_per_flag; else the finest allowed. Whole tile rows alone left most

@@ -18,7 +18,7 @@
 //   word [L + 2N]           sig_out         this rank's own (e << 16) | signature: the source of its
 //                                           entry writes (the proxy copies it out of this heap)
 //   word [launch_base, kNetFlagWords)       per-launch flags of the multi-node operators, laid out
-//                                           by each operator from its shape (kernels/tp/multinode_layout.h)
+//                                           by each operator from its shape (kernels/tp/multinode/layout.h)
 // launch_base = L + 2N + 1 rounded up to 8 words (a 64-byte line).
 #pragma once
 

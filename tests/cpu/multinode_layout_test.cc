@@ -1,5 +1,5 @@
 // Host logic of the multi-node path: topology with emulated nodes, the network window layout, and
-// the index math the multi-node kernels and launchers share (kernels/tp/multinode_layout.h):
+// the index math the multi-node kernels and launchers share (kernels/tp/multinode/layout.h):
 // orders are permutations, flags of one launch never collide, what a sender writes is what its
 // receiver reads, the ring delivers every block once, and the gemm_rs/gemm_ar tile order cannot
 // deadlock (a simulation of W GPUs whose fold tiles block until their sources exist).
@@ -13,19 +13,19 @@
 #include <tuple>
 #include <vector>
 
-#include "kernels/tp/multinode_layout.h"
+#include "kernels/tp/multinode/layout.h"
 #include "runtime/network_layout.h"
 #include "runtime/topology.h"
 
 namespace loom {
 namespace {
 
-using kernels::tp::mn::AgLayout;
-using kernels::tp::mn::Grid;
-using kernels::tp::mn::kBlockM;
-using kernels::tp::mn::raster_ramped;
-using kernels::tp::mn::ReduceLayout;
-using kernels::tp::mn::rows_per_chunk_for;
+using kernels::tp::multinode::AgLayout;
+using kernels::tp::multinode::Grid;
+using kernels::tp::multinode::kBlockM;
+using kernels::tp::multinode::raster_ramped;
+using kernels::tp::multinode::ReduceLayout;
+using kernels::tp::multinode::rows_per_chunk_for;
 using runtime::net::NetWindowLayout;
 
 std::vector<runtime::RankDescriptor> ranks_on_hosts(int hosts, int per_host) {

@@ -43,7 +43,7 @@
 #include "core/env.h"
 #include "kernels/comm/epoch.cuh"
 #include "kernels/comm/net.cuh"
-#include "kernels/tp/multinode_layout.h"
+#include "kernels/tp/multinode/layout.h"
 #include "loom/tensor_parallel.h"
 #include "ops/multinode.h"
 #include "runtime/communicator_impl.h"
@@ -147,13 +147,13 @@ __global__ void put_kernel(const __grid_constant__ PutParams p) {
   const kernels::WaitContext ctx = kernels::WaitContext::start(c.wait, OpId::kNetExchange, epoch);
   const uint32_t nodes = static_cast<uint32_t>(c.net.num_nodes);
   const uint32_t node = static_cast<uint32_t>(c.net.node);
-  using kernels::tp::mn::Grid;
+  using kernels::tp::multinode::Grid;
   if (blockIdx.x == 0) {
     if (threadIdx.x == 0) {
-      bool ok = kernels::mn_announce_network_entry(c, kernels::EntryPeers::kAll, kPutSignature, ctx);
+      bool ok = kernels::announce_network_entry(c, kernels::EntryPeers::kAll, kPutSignature, ctx);
       for (uint32_t o = 1; ok && o < nodes; ++o) {
         const uint32_t dst_node = (node + o) % nodes;
-        ok = kernels::mn_wait_network_entry(c, static_cast<int>(dst_node), kPutSignature, ctx);
+        ok = kernels::wait_network_entry(c, static_cast<int>(dst_node), kPutSignature, ctx);
         const uint32_t k = Grid::slot(node, dst_node, nodes);
         for (uint32_t m = 0; ok && m < p.count; ++m) {
           const PutMessage msg = p.messages[m];
@@ -281,7 +281,7 @@ TEST(MultiNodeNet, ExchangeOperatorIsBitExact) {
     size_t wrong = 0;
     for (uint32_t s = 0; s < nodes; ++s) {
       if (s == static_cast<uint32_t>(comm.node())) continue;
-      const uint32_t k = kernels::tp::mn::Grid::slot(s, static_cast<uint32_t>(comm.node()), nodes);
+      const uint32_t k = kernels::tp::multinode::Grid::slot(s, static_cast<uint32_t>(comm.node()), nodes);
       const int sender = topo.rank_of(static_cast<int>(s), comm.local_rank());
       for (uint64_t i = 0; i < bytes; ++i) wrong += got[k * bytes + i] != payload_byte(sender, i) ? 1 : 0;
     }

@@ -108,7 +108,7 @@ enum class EntryPeers : uint32_t {
 
 // One thread: tells the network peers that write into this rank that it entered the launch.
 // Each write carries the signature word (data), then net_entry[my node] = epoch.
-__device__ __forceinline__ bool mn_announce_network_entry(const DeviceComm& c, EntryPeers peers, uint32_t signature,
+__device__ __forceinline__ bool announce_network_entry(const DeviceComm& c, EntryPeers peers, uint32_t signature,
                                                           const WaitContext& ctx) {
   const NetWindowLayout layout = net_layout(c);
   uint64_t* out = net_word(c, layout.sig_out());
@@ -128,7 +128,7 @@ __device__ __forceinline__ bool mn_announce_network_entry(const DeviceComm& c, E
 
 // One thread: has the same-index GPU of node `node` entered this launch with the same plan?
 // Bounded; call before the first network write into it.
-__device__ __forceinline__ bool mn_wait_network_entry(const DeviceComm& c, int node, uint32_t signature,
+__device__ __forceinline__ bool wait_network_entry(const DeviceComm& c, int node, uint32_t signature,
                                                       const WaitContext& ctx) {
   const NetWindowLayout layout = net_layout(c);
   const int rank = net_rank_of(c, node, c.local_rank);

@@ -1,5 +1,5 @@
 // What the fused tensor-parallel kernels (ag_gemm, gemm_rs, gemm_ar) add to the persistent-kernel
-// frame (kernels/frame/): their roles, the tunables, and the layout of their flags in the
+// frame (kernels/frame/): their roles and the layout of their flags in the
 // control region, whose first words are the entry handshake's.
 //
 // One launch, on every local rank `me` of W, with launch epoch e (read on the device):
@@ -20,26 +20,10 @@
 #include "kernels/comm/wait.cuh"
 #include "kernels/frame/persistent.cuh"
 #include "kernels/frame/role_table.h"
+#include "kernels/tp/tunables.h"
 #include "runtime/device_abi.h"
 
 namespace loom::kernels::tp {
-
-// Every tunable of the fused kernels (host launchers read them too).
-struct TpTunables {
-  // Local ranks a fused kernel addresses: per-destination tensor maps live in the kernel
-  // parameters (one NVLink domain of an HGX board; W itself is a run-time value).
-  static constexpr int kMaxLocalWorld = 8;
-  // ag_gemm communication CTAs push the shard through a ring of TMA bulk copies (one thread):
-  // kPushStages pieces of kPushPieceBytes in flight; a chunk's flag is published once at most
-  // kPushFlagLag newer bulk groups are still pending (so the pipeline never drains per chunk).
-  static constexpr int kPushStages = 8;
-  static constexpr uint32_t kPushPieceBytes = 16 * 1024;
-  static constexpr int kPushFlagLag = 4;
-  // gemm_rs / gemm_ar rank-banded order: a band of one owner's rows holds at least this many
-  // waves of tiles, so the partials a band owes are computed (and flown) a wave before the
-  // owner needs them.
-  static constexpr uint32_t kBandWaves = 2;
-};
 
 // Roles a CTA takes in a fused kernel, from the role table (never from bare index arithmetic).
 enum class TpRole : uint32_t {

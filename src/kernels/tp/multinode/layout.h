@@ -23,9 +23,10 @@
 
 #include <cstdint>
 
+#include "kernels/frame/role_table.h"
 #include "runtime/device_abi.h"
 
-namespace loom::kernels::tp::mn {
+namespace loom::kernels::tp::multinode {
 
 // Every multi-node configuration has 128-row tiles (BLOCK_M); rows of a rank never share a tile.
 inline constexpr uint32_t kBlockM = 128;
@@ -47,6 +48,19 @@ LOOM_HOST_DEVICE uint32_t rows_per_chunk_for(uint32_t rows_per_block, uint64_t r
   }
   return best * kBlockM;
 }
+
+// Roles a CTA takes, from the role table (never from bare index arithmetic).
+enum class CtaRole : uint32_t {
+  kNetSend = 0,  // pushes network commands (own data, forwards, reduced partials); entry announcer
+  kNetRecv = 1,  // waits for network arrivals and replicates them to the local peers over NVLink
+  kNvlink = 2,   // pushes this rank's own data to the local peers over NVLink
+  kCompute = 3,  // the GEMM engine's compute role on tiles from the launch's queue
+};
+
+// CTAs [0, net_send) send, then [.., + net_recv) receive, then [.., + nvlink) NVLink, the rest
+// compute (kernels/frame/role_table.h). Roles other than kNetSend join the compute role when
+// their items are done (ag_gemm); the reduce kernels' kNetSend works for the whole launch.
+using RoleTable = frame::RoleTable<CtaRole, CtaRole::kCompute>;
 
 // N nodes x L GPUs, and this rank (node, me).
 struct Grid {
@@ -278,4 +292,4 @@ LOOM_HOST_DEVICE void raster_ramped(uint32_t within, uint32_t m_blocks, uint32_t
   n_block = local / rows;
 }
 
-}  // namespace loom::kernels::tp::mn
+}  // namespace loom::kernels::tp::multinode

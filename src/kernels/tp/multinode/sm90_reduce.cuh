@@ -1,5 +1,5 @@
 // Multi-node GEMM + ReduceScatter and GEMM + AllReduce over N nodes x L GPUs: one persistent kernel
-// each (the same body; gemm_ar adds an all-gather stage). Index math: multinode_layout.h
+// each (the same body; gemm_ar adds an all-gather stage). Index math: layout.h
 // (ReduceLayout), which also draws the buffers and flags.
 //
 // Every rank (n, l) computes its partial P = a @ b of all M rows; block d = (n', l') of the result
@@ -22,7 +22,7 @@
 //                                     on the local peers, and the tile done for the network.
 //   kSend     L = 1, another node's block: no local partials, so no fold: round into the send
 //             buffer, tile done.
-// Roles (MultiNodeRoleTable):
+// Roles (RoleTable):
 //   kNetSend  one CTA, the whole launch: announces the entry to every network peer, then for each
 //             other node n' (round order) and each chunk of block (n', l) waits until the chunk's
 //             tiles are done and pushes a network write of the send buffer rows to (n', l)'s net
@@ -53,19 +53,19 @@
 #include "kernels/gemm/compute_role.cuh"
 #include "kernels/gemm/params.h"
 #include "kernels/tp/flags.h"
-#include "kernels/tp/multinode_frame.cuh"
-#include "kernels/tp/multinode_layout.h"
+#include "kernels/tp/multinode/frame.cuh"
+#include "kernels/tp/multinode/layout.h"
 
-namespace loom::kernels::tp::mn {
+namespace loom::kernels::tp::multinode {
 
-struct MnReduceParams {
+struct ReduceParams {
   sm90::TmaDescriptor a;         // [M, K_r]
   sm90::TmaDescriptor b;
   sm90::TmaDescriptor fold_src;  // this rank's fold source [fold_rows, N], box {64, BLOCK_M}: the fold's loads
   sm90::TmaDescriptor send;      // this rank's send buffer [(N-1) R, N], box {64, 16}
-  sm90::TmaDescriptor out[MnTunables::kMaxLocalWorld];       // gemm_rs: [0] = out [R, N];
+  sm90::TmaDescriptor out[TpTunables::kMaxLocalWorld];       // gemm_rs: [0] = out [R, N];
                                                              // gemm_ar: [q] = local rank q's out [M, N]; box {64, 16}
-  sm90::TmaDescriptor stage_to[MnTunables::kMaxLocalWorld];  // [q] = local rank q's fold source (q != l), box {64, 16}
+  sm90::TmaDescriptor stage_to[TpTunables::kMaxLocalWorld];  // [q] = local rank q's fold source (q != l), box {64, 16}
   DeviceComm comm;
   LaunchState* state;
   uint32_t m, n, k;
@@ -78,9 +78,9 @@ struct MnReduceParams {
   uint64_t send_offset;    // heap offset of the send buffer
   uint64_t out_offset;     // gemm_ar: heap offset of out (symmetric)
   uint64_t row_bytes;      // N * element size: a row of the partial buffers and of out
-  MultiNodeRoleTable roles;
+  RoleTable roles;
 };
-static_assert(sizeof(MnReduceParams) <= 4096, "the multi-node reduce kernels' parameters must fit the classic 4 KiB limit");
+static_assert(sizeof(ReduceParams) <= 4096, "the multi-node reduce kernels' parameters must fit the classic 4 KiB limit");
 
 // Tile-done flags (ReduceLayout::done_flag) live in the network window after the operator's other
 // flags: a window word is only ever an epoch, so they need no reset between launches.
@@ -91,10 +91,10 @@ __device__ __forceinline__ uint32_t done_flag(const ReduceLayout& L, uint32_t m_
 // The compute role's scheduler: the queue in block_at order, rasters within a block, the tile's
 // kind from tile_role. Nothing to wait for (a and b are local).
 template <int kTileM>
-class MnReduceScheduler {
+class ReduceScheduler {
  public:
   static_assert(kTileM == static_cast<int>(kBlockM), "the multi-node layouts assume 128-row tiles");
-  __device__ explicit MnReduceScheduler(const MnReduceParams& p) : p_(p) {}
+  __device__ explicit ReduceScheduler(const ReduceParams& p) : p_(p) {}
 
   __device__ gemm::WorkItem next(uint32_t /*compute_index*/, uint32_t /*num_compute*/, const WaitContext& /*ctx*/) {
     const ReduceLayout& L = p_.layout;
@@ -112,15 +112,15 @@ class MnReduceScheduler {
   }
 
  private:
-  const MnReduceParams& p_;
+  const ReduceParams& p_;
 };
 
 // The compute role's Fold policy (ComputeRole explains the interface).
 template <int kTileM>
-class MnFold {
+class ReduceFold {
  public:
   static constexpr bool kEnabled = true;
-  __device__ MnFold(const MnReduceParams& p, uint64_t epoch) : p_(p), epoch_(epoch) {}
+  __device__ ReduceFold(const ReduceParams& p, uint64_t epoch) : p_(p), epoch_(epoch) {}
 
   __device__ uint32_t world() const { return p_.layout.fold_sources(); }
   __device__ uint32_t self() const { return p_.layout.g.me; }
@@ -163,16 +163,16 @@ class MnFold {
   }
 
  private:
-  const MnReduceParams& p_;
+  const ReduceParams& p_;
   uint64_t epoch_;
 };
 
 // The compute role's epilogue policy (TileEpilogue explains the interface): routes each staged
 // box by the tile's role and signals per tile.
 template <int kTileM, bool kAllReduce>
-class MnReduceEpilogue {
+class ReduceEpilogue {
  public:
-  __device__ MnReduceEpilogue(const MnReduceParams& p, uint64_t epoch, const WaitContext& ctx) : p_(p), ctx_(ctx), epoch_(epoch) {}
+  __device__ ReduceEpilogue(const ReduceParams& p, uint64_t epoch, const WaitContext& ctx) : p_(p), ctx_(ctx), epoch_(epoch) {}
 
   __device__ uint32_t out_dtype() const { return p_.out_dtype; }
   __device__ bool signals() const { return true; }
@@ -253,14 +253,14 @@ class MnReduceEpilogue {
     cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, map, coords, box);
   }
 
-  const MnReduceParams& p_;
+  const ReduceParams& p_;
   const WaitContext& ctx_;
   uint64_t epoch_;
   mutable uint32_t entered_mask_ = 0;  // per thread: local peers known to have entered
 };
 
 // Waits (one thread) until the tiles of chunk `chunk` of block d are done on this rank.
-__device__ __forceinline__ bool wait_chunk_tiles(const MnReduceParams& p, uint32_t d, uint32_t chunk, const WaitContext& ctx) {
+__device__ __forceinline__ bool wait_chunk_tiles(const ReduceParams& p, uint32_t d, uint32_t chunk, const WaitContext& ctx) {
   const ReduceLayout& L = p.layout;
   const uint32_t first = d * L.m_blocks_per_block() + chunk * L.tile_rows_per_chunk();
   for (uint32_t m = first; m < first + L.tile_rows_per_chunk(); ++m) {
@@ -274,11 +274,11 @@ __device__ __forceinline__ bool wait_chunk_tiles(const MnReduceParams& p, uint32
 
 // kNetSend (thread 0), for the whole launch.
 template <bool kAllReduce>
-__device__ bool reduce_net_send(const MnReduceParams& p, const WaitContext& ctx) {
+__device__ bool reduce_net_send(const ReduceParams& p, const WaitContext& ctx) {
   const DeviceComm& c = p.comm;
   const ReduceLayout& L = p.layout;
   const Grid& g = L.g;
-  if (!mn_announce_network_entry(c, EntryPeers::kAll, p.signature, ctx)) return false;
+  if (!announce_network_entry(c, EntryPeers::kAll, p.signature, ctx)) return false;
   const uint32_t cpb = L.chunks_per_block();
   const uint64_t bytes = static_cast<uint64_t>(L.rows_per_chunk) * p.row_bytes;
   // Reduce-scatter: this node's partial of block (n', l), straight to its owner.
@@ -288,7 +288,7 @@ __device__ bool reduce_net_send(const MnReduceParams& p, const WaitContext& ctx)
     const uint32_t chunk = k % cpb;
     if (!wait_chunk_tiles(p, g.block(dst_node, g.me), chunk, ctx)) return false;
     if (dst_node != entered_node) {
-      if (!mn_wait_network_entry(c, static_cast<int>(dst_node), p.signature, ctx)) return false;
+      if (!wait_network_entry(c, static_cast<int>(dst_node), p.signature, ctx)) return false;
       entered_node = dst_node;
     }
     const uint32_t k_dst = Grid::slot(g.node, dst_node, g.nodes);  // this node's slot at the owner
@@ -303,7 +303,7 @@ __device__ bool reduce_net_send(const MnReduceParams& p, const WaitContext& ctx)
     // All-gather over the ring: our reduced block, then (N > 2) forwards from the predecessor.
     const int successor = net_rank_of(c, static_cast<int>(g.successor()), c.local_rank);
     const int predecessor = net_rank_of(c, static_cast<int>(g.predecessor()), c.local_rank);
-    if (L.ag_sends() > 0 && !mn_wait_network_entry(c, static_cast<int>(g.successor()), p.signature, ctx)) return false;
+    if (L.ag_sends() > 0 && !wait_network_entry(c, static_cast<int>(g.successor()), p.signature, ctx)) return false;
     for (uint32_t k = 0; k < L.ag_sends(); ++k) {
       const uint32_t d = L.ag_send_block(k);
       const uint32_t chunk = k % cpb;
@@ -323,8 +323,8 @@ __device__ bool reduce_net_send(const MnReduceParams& p, const WaitContext& ctx)
 }
 
 // kNetRecv (gemm_ar, L > 1; thread 0): network arrivals of blocks (s, l) to the local peers' out.
-__device__ __forceinline__ bool reduce_net_recv(const MnReduceParams& p, uint32_t index, uint32_t count,
-                                                MnStream& stream, const WaitContext& ctx) {
+__device__ __forceinline__ bool reduce_net_recv(const ReduceParams& p, uint32_t index, uint32_t count,
+                                                CopyStream& stream, const WaitContext& ctx) {
   const DeviceComm& c = p.comm;
   const ReduceLayout& L = p.layout;
   const int predecessor = net_rank_of(c, static_cast<int>(L.g.predecessor()), c.local_rank);
@@ -339,7 +339,7 @@ __device__ __forceinline__ bool reduce_net_recv(const MnReduceParams& p, uint32_
     cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
     const uint64_t offset =
         p.out_offset + (static_cast<uint64_t>(d) * L.rows_per_block + static_cast<uint64_t>(chunk) * L.rows_per_chunk) * p.row_bytes;
-    if (!mn_replicate_to_local_peers(c, p.signature, offset, reinterpret_cast<const char*>(c.local_heap_base + offset), bytes,
+    if (!replicate_to_local_peers(c, p.signature, offset, reinterpret_cast<const char*>(c.local_heap_base + offset), bytes,
                                      flag, entered, stream, ctx)) {
       return false;
     }
@@ -349,7 +349,7 @@ __device__ __forceinline__ bool reduce_net_recv(const MnReduceParams& p, uint32_
 
 // gemm_ar's end (thread 0 of every CTA): this CTA's share of the flags of blocks computed
 // elsewhere (ReduceLayout::arrivals).
-__device__ __forceinline__ bool reduce_wait_arrivals(const MnReduceParams& p, const WaitContext& ctx) {
+__device__ __forceinline__ bool reduce_wait_arrivals(const ReduceParams& p, const WaitContext& ctx) {
   const DeviceComm& c = p.comm;
   const ReduceLayout& L = p.layout;
   const Grid& g = L.g;
@@ -388,11 +388,11 @@ __device__ __forceinline__ bool reduce_wait_arrivals(const MnReduceParams& p, co
 }
 
 template <class Cfg, bool kBF16, bool kBNMajor, bool kAllReduce>
-__device__ __forceinline__ void mn_reduce_body(const MnReduceParams& p, uint8_t* smem) {
+__device__ __forceinline__ void reduce_body(const ReduceParams& p, uint8_t* smem) {
   static_assert(Cfg::kBlockM == static_cast<int>(kBlockM), "the multi-node layouts assume 128-row tiles");
-  using Scheduler = MnReduceScheduler<Cfg::kBlockM>;
-  using Epilogue = MnReduceEpilogue<Cfg::kBlockM, kAllReduce>;
-  using Fold = MnFold<Cfg::kBlockM>;
+  using Scheduler = ReduceScheduler<Cfg::kBlockM>;
+  using Epilogue = ReduceEpilogue<Cfg::kBlockM, kAllReduce>;
+  using Fold = ReduceFold<Cfg::kBlockM>;
   using Role = gemm::ComputeRole<Cfg, kBF16, kBNMajor, Scheduler, Epilogue, Cfg::kSetMaxNReg, Fold>;
   const DeviceComm& c = p.comm;
   const frame::LaunchFrame f =
@@ -401,18 +401,18 @@ __device__ __forceinline__ void mn_reduce_body(const MnReduceParams& p, uint8_t*
   const WaitContext& ctx = f.ctx;
   Role::init(smem);
 
-  const MultiNodeRole role = p.roles.role_of(blockIdx.x);
-  auto data_role = [&](auto&& work) { return frame::run_data_role<MnStream, Cfg::kEpiOffset>(smem, work); };
+  const CtaRole role = p.roles.role_of(blockIdx.x);
+  auto data_role = [&](auto&& work) { return frame::run_data_role<CopyStream, Cfg::kEpiOffset>(smem, work); };
   bool ok = true;
   bool compute = true;
-  if (role == MultiNodeRole::kNetSend) {
+  if (role == CtaRole::kNetSend) {
     // Sends for the whole launch (no stream: the proxy reads the send buffer and out directly).
-    ok = data_role([&](MnStream&) { return reduce_net_send<kAllReduce>(p, ctx); });
+    ok = data_role([&](CopyStream&) { return reduce_net_send<kAllReduce>(p, ctx); });
     compute = false;
-  } else if (role == MultiNodeRole::kNetRecv) {
+  } else if (role == CtaRole::kNetRecv) {
     const uint32_t index = p.roles.index_in_role(blockIdx.x);
-    const uint32_t count = p.roles.count(MultiNodeRole::kNetRecv);
-    ok = data_role([&](MnStream& stream) { return reduce_net_recv(p, index, count, stream, ctx); });
+    const uint32_t count = p.roles.count(CtaRole::kNetRecv);
+    ok = data_role([&](CopyStream& stream) { return reduce_net_recv(p, index, count, stream, ctx); });
     compute = ok;
   }
   f.mark(LaunchPhase::kRolesDone);
@@ -432,15 +432,15 @@ __device__ __forceinline__ void mn_reduce_body(const MnReduceParams& p, uint8_t*
 }
 
 template <class Cfg, bool kBF16, bool kBNMajor>
-__global__ void __launch_bounds__(Cfg::kThreads, 1) mn_gemm_rs_kernel(const __grid_constant__ MnReduceParams p) {
+__global__ void __launch_bounds__(Cfg::kThreads, 1) gemm_rs_kernel(const __grid_constant__ ReduceParams p) {
   extern __shared__ __align__(1024) uint8_t smem[];
-  mn_reduce_body<Cfg, kBF16, kBNMajor, /*kAllReduce=*/false>(p, smem);
+  reduce_body<Cfg, kBF16, kBNMajor, /*kAllReduce=*/false>(p, smem);
 }
 
 template <class Cfg, bool kBF16, bool kBNMajor>
-__global__ void __launch_bounds__(Cfg::kThreads, 1) mn_gemm_ar_kernel(const __grid_constant__ MnReduceParams p) {
+__global__ void __launch_bounds__(Cfg::kThreads, 1) gemm_ar_kernel(const __grid_constant__ ReduceParams p) {
   extern __shared__ __align__(1024) uint8_t smem[];
-  mn_reduce_body<Cfg, kBF16, kBNMajor, /*kAllReduce=*/true>(p, smem);
+  reduce_body<Cfg, kBF16, kBNMajor, /*kAllReduce=*/true>(p, smem);
 }
 
-}  // namespace loom::kernels::tp::mn
+}  // namespace loom::kernels::tp::multinode

@@ -1,7 +1,7 @@
 // Multi-node AllGather + GEMM: out[M, N] = AllGather_rows(a_r[M/W, K]) @ b_r over N nodes x L GPUs,
-// one persistent kernel. Rank (n, l) owns row block d = n L + l (multinode_layout.h, AgLayout).
+// one persistent kernel. Rank (n, l) owns row block d = n L + l (layout.h, AgLayout).
 //
-// Roles (MultiNodeRoleTable):
+// Roles (RoleTable):
 //   kNetSend  one CTA. Announces the entry to the ring predecessor. Then, chunk by chunk (about
 //             1 MiB of rows, one flag each): copies the shard into its rows of the gathered A
 //             when they are not already there (TMA; the proxy reads the heap), and pushes a
@@ -16,7 +16,7 @@
 //             on each. Then it computes.
 //   kNvlink   L > 1: pushes the shard to the local peers' gathered A (flag row[own][c] on each),
 //             as the single-node kernel does. Then it computes.
-//   kCompute  the GEMM engine's ComputeRole with MnAgScheduler: tiles from the launch's queue,
+//   kCompute  the GEMM engine's ComputeRole with AgScheduler: tiles from the launch's queue,
 //             this rank's block first (read straight from the shard, waits for nothing), then the
 //             node's other blocks, then the other nodes' blocks in the order the ring delivers
 //             them; a tile waits (bounded) for the flag of the chunk holding its rows.
@@ -35,12 +35,12 @@
 #include "kernels/gemm/compute_role.cuh"
 #include "kernels/gemm/epilogue.cuh"
 #include "kernels/gemm/params.h"
-#include "kernels/tp/multinode_frame.cuh"
-#include "kernels/tp/multinode_layout.h"
+#include "kernels/tp/multinode/frame.cuh"
+#include "kernels/tp/multinode/layout.h"
 
-namespace loom::kernels::tp::mn {
+namespace loom::kernels::tp::multinode {
 
-struct MnAgParams {
+struct AgParams {
   sm90::TmaDescriptor a_gathered;  // [M, K] gathered A in this rank's heap, box {64, BLOCK_M}
   sm90::TmaDescriptor a_local;     // [R, K] this rank's shard, box {64, BLOCK_M}
   sm90::TmaDescriptor b;
@@ -57,26 +57,26 @@ struct MnAgParams {
   uint64_t row_bytes;              // K * element size (a multiple of 16)
   uint32_t copy_own;               // 1: copy the shard into this rank's rows of the gathered A
   uint32_t signature;              // plan signature (entry words)
-  MultiNodeRoleTable roles;
+  RoleTable roles;
 };
-static_assert(sizeof(MnAgParams) <= 4096, "the multi-node ag_gemm parameters must fit the classic 4 KiB limit");
+static_assert(sizeof(AgParams) <= 4096, "the multi-node ag_gemm parameters must fit the classic 4 KiB limit");
 
 // Bytes of chunk `c` of block `d` start at gathered_offset + row_offset(d, c) in every heap.
-__device__ __forceinline__ uint64_t ag_chunk_offset(const MnAgParams& p, uint32_t d, uint32_t c) {
+__device__ __forceinline__ uint64_t ag_chunk_offset(const AgParams& p, uint32_t d, uint32_t c) {
   const uint64_t row = static_cast<uint64_t>(d) * p.layout.rows_per_block + static_cast<uint64_t>(c) * p.layout.rows_per_chunk;
   return p.gathered_offset + row * p.row_bytes;
 }
 
-__device__ __forceinline__ uint64_t ag_chunk_bytes(const MnAgParams& p) {
+__device__ __forceinline__ uint64_t ag_chunk_bytes(const AgParams& p) {
   return static_cast<uint64_t>(p.layout.rows_per_chunk) * p.row_bytes;
 }
 
 // kNetSend (thread 0).
-__device__ __forceinline__ bool ag_net_send(const MnAgParams& p, MnStream& stream, const WaitContext& ctx) {
+__device__ __forceinline__ bool ag_net_send(const AgParams& p, CopyStream& stream, const WaitContext& ctx) {
   const DeviceComm& c = p.comm;
   const AgLayout& L = p.layout;
   const Grid& g = L.g;
-  if (!mn_announce_network_entry(c, EntryPeers::kRingPredecessor, p.signature, ctx)) return false;
+  if (!announce_network_entry(c, EntryPeers::kRingPredecessor, p.signature, ctx)) return false;
   const int successor = net_rank_of(c, static_cast<int>(g.successor()), c.local_rank);
   const int predecessor = net_rank_of(c, static_cast<int>(g.predecessor()), c.local_rank);
   const uint32_t cpb = L.chunks_per_block();
@@ -96,7 +96,7 @@ __device__ __forceinline__ bool ag_net_send(const MnAgParams& p, MnStream& strea
       return false;
     }
     if (!entered) {
-      if (!mn_wait_network_entry(c, static_cast<int>(g.successor()), p.signature, ctx)) return false;
+      if (!wait_network_entry(c, static_cast<int>(g.successor()), p.signature, ctx)) return false;
       entered = true;
     }
     if (!net_put(c, k, successor, offset, offset, bytes, L.row_flag(d, chunk), ctx)) return false;
@@ -105,7 +105,7 @@ __device__ __forceinline__ bool ag_net_send(const MnAgParams& p, MnStream& strea
 }
 
 // kNetRecv (thread 0): replicate network arrivals to the local peers.
-__device__ __forceinline__ bool ag_net_recv(const MnAgParams& p, uint32_t index, uint32_t count, MnStream& stream,
+__device__ __forceinline__ bool ag_net_recv(const AgParams& p, uint32_t index, uint32_t count, CopyStream& stream,
                                             const WaitContext& ctx) {
   const DeviceComm& c = p.comm;
   const AgLayout& L = p.layout;
@@ -120,7 +120,7 @@ __device__ __forceinline__ bool ag_net_recv(const MnAgParams& p, uint32_t index,
     if (!net_wait(c, flag, predecessor, ctx)) return false;
     cuda::ptx::fence_proxy_async(cuda::ptx::space_global);  // the TMA loads below read what the network wrote
     const uint64_t offset = ag_chunk_offset(p, d, chunk);
-    if (!mn_replicate_to_local_peers(c, p.signature, offset, reinterpret_cast<const char*>(c.local_heap_base + offset), bytes,
+    if (!replicate_to_local_peers(c, p.signature, offset, reinterpret_cast<const char*>(c.local_heap_base + offset), bytes,
                                      flag, entered, stream, ctx)) {
       return false;
     }
@@ -129,7 +129,7 @@ __device__ __forceinline__ bool ag_net_recv(const MnAgParams& p, uint32_t index,
 }
 
 // kNvlink (thread 0): this rank's shard to every local peer.
-__device__ __forceinline__ bool ag_nvlink_push(const MnAgParams& p, uint32_t index, uint32_t count, MnStream& stream,
+__device__ __forceinline__ bool ag_nvlink_push(const AgParams& p, uint32_t index, uint32_t count, CopyStream& stream,
                                                const WaitContext& ctx) {
   const DeviceComm& c = p.comm;
   const AgLayout& L = p.layout;
@@ -137,7 +137,7 @@ __device__ __forceinline__ bool ag_nvlink_push(const MnAgParams& p, uint32_t ind
   const uint64_t bytes = ag_chunk_bytes(p);
   uint32_t entered = 0;
   for (uint32_t chunk = index; chunk < L.chunks_per_block(); chunk += count) {
-    if (!mn_replicate_to_local_peers(c, p.signature, ag_chunk_offset(p, own, chunk),
+    if (!replicate_to_local_peers(c, p.signature, ag_chunk_offset(p, own, chunk),
                                      p.shard + static_cast<uint64_t>(chunk) * bytes, bytes, L.row_flag(own, chunk), entered,
                                      stream, ctx)) {
       return false;
@@ -150,10 +150,10 @@ __device__ __forceinline__ bool ag_nvlink_push(const MnAgParams& p, uint32_t ind
 // AgLayout::block_at order, each block rastered in groups of group_m tile rows; every tile of a
 // block other than ours waits for its chunk's flag.
 template <int kTileM>
-class MnAgScheduler {
+class AgScheduler {
  public:
   static_assert(kTileM == static_cast<int>(kBlockM), "the multi-node layouts assume 128-row tiles");
-  __device__ MnAgScheduler(const MnAgParams& p, uint64_t epoch) : p_(p), epoch_(epoch) {}
+  __device__ AgScheduler(const AgParams& p, uint64_t epoch) : p_(p), epoch_(epoch) {}
 
   __device__ gemm::WorkItem next(uint32_t /*compute_index*/, uint32_t /*num_compute*/, const WaitContext& ctx) {
     const AgLayout& L = p_.layout;
@@ -196,17 +196,17 @@ class MnAgScheduler {
     return true;
   }
 
-  const MnAgParams& p_;
+  const AgParams& p_;
   uint64_t epoch_;
   uint32_t passed_block_ = ~0u;
   uint32_t passed_chunk_ = ~0u;
 };
 
 template <class Cfg, bool kBF16, bool kBNMajor>
-__global__ void __launch_bounds__(Cfg::kThreads, 1) mn_ag_gemm_kernel(const __grid_constant__ MnAgParams p) {
+__global__ void __launch_bounds__(Cfg::kThreads, 1) ag_gemm_kernel(const __grid_constant__ AgParams p) {
   extern __shared__ __align__(1024) uint8_t smem[];
   static_assert(Cfg::kBlockM == static_cast<int>(kBlockM), "the multi-node layouts assume 128-row tiles");
-  using Scheduler = MnAgScheduler<Cfg::kBlockM>;
+  using Scheduler = AgScheduler<Cfg::kBlockM>;
   using Epilogue = gemm::TileEpilogue<Cfg::kBlockM>;
   using Role = gemm::ComputeRole<Cfg, kBF16, kBNMajor, Scheduler, Epilogue>;
   const DeviceComm& c = p.comm;
@@ -215,18 +215,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) mn_ag_gemm_kernel(const __gr
   const WaitContext& ctx = f.ctx;
   Role::init(smem);
 
-  const MultiNodeRole role = p.roles.role_of(blockIdx.x);
+  const CtaRole role = p.roles.role_of(blockIdx.x);
   const uint32_t index = p.roles.index_in_role(blockIdx.x);
-  auto data_role = [&](auto&& work) { return frame::run_data_role<MnStream, Cfg::kEpiOffset>(smem, work); };
+  auto data_role = [&](auto&& work) { return frame::run_data_role<CopyStream, Cfg::kEpiOffset>(smem, work); };
   bool compute = true;
-  if (role == MultiNodeRole::kNetSend) {
-    compute = data_role([&](MnStream& stream) { return ag_net_send(p, stream, ctx); });
-  } else if (role == MultiNodeRole::kNetRecv) {
-    const uint32_t count = p.roles.count(MultiNodeRole::kNetRecv);
-    compute = data_role([&](MnStream& stream) { return ag_net_recv(p, index, count, stream, ctx); });
-  } else if (role == MultiNodeRole::kNvlink) {
-    const uint32_t count = p.roles.count(MultiNodeRole::kNvlink);
-    compute = data_role([&](MnStream& stream) { return ag_nvlink_push(p, index, count, stream, ctx); });
+  if (role == CtaRole::kNetSend) {
+    compute = data_role([&](CopyStream& stream) { return ag_net_send(p, stream, ctx); });
+  } else if (role == CtaRole::kNetRecv) {
+    const uint32_t count = p.roles.count(CtaRole::kNetRecv);
+    compute = data_role([&](CopyStream& stream) { return ag_net_recv(p, index, count, stream, ctx); });
+  } else if (role == CtaRole::kNvlink) {
+    const uint32_t count = p.roles.count(CtaRole::kNvlink);
+    compute = data_role([&](CopyStream& stream) { return ag_nvlink_push(p, index, count, stream, ctx); });
   }
   f.mark(LaunchPhase::kRolesDone);
   if (compute) {
@@ -239,9 +239,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) mn_ag_gemm_kernel(const __gr
   // The proxy may still read this launch's rows (own rows, forwards) from the gathered A, which
   // the next launch overwrites (and the application may read): the launch ends once it is done.
   f.mark(LaunchPhase::kComputeDone);
-  if (role == MultiNodeRole::kNetSend && compute && threadIdx.x == 0) (void)net_wait_proxy_done(c, ctx);
+  if (role == CtaRole::kNetSend && compute && threadIdx.x == 0) (void)net_wait_proxy_done(c, ctx);
   f.mark(LaunchPhase::kProxyDone);
   f.finish(p.state, c);
 }
 
-}  // namespace loom::kernels::tp::mn
+}  // namespace loom::kernels::tp::multinode

@@ -105,7 +105,7 @@ struct AgPushList {
   }
   __device__ uint32_t pieces(uint32_t k) const {
     const uint64_t bytes = static_cast<uint64_t>(p->rows_per_flag) * p->row_bytes;
-    return static_cast<uint32_t>((bytes + TpTunables::kPushPieceBytes - 1) / TpTunables::kPushPieceBytes);
+    return static_cast<uint32_t>((bytes + TpTunables::kCopyStageBytes - 1) / TpTunables::kCopyStageBytes);
   }
 };
 
@@ -160,7 +160,7 @@ struct AgPieceFold {
   uint64_t epoch_;
 };
 
-using AgPushStream = BulkCopyStream<TpTunables::kPushStages, TpTunables::kPushPieceBytes>;
+using AgPushStream = BulkCopyStream<TpTunables::kCopyStages, TpTunables::kCopyStageBytes>;
 
 // The communication role of one CTA (all threads call): pushes its items of the shard, each
 // destination entered first; returns, on every thread, whether the CTA may go on to compute.

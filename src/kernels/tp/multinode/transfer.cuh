@@ -13,12 +13,12 @@
 #include <cstdint>
 
 #include "kernels/comm/net.cuh"
-#include "kernels/tp/multinode_frame.cuh"
-#include "kernels/tp/multinode_layout.h"
+#include "kernels/tp/multinode/frame.cuh"
+#include "kernels/tp/multinode/layout.h"
 
-namespace loom::kernels::tp::mn {
+namespace loom::kernels::tp::multinode {
 
-struct MnTransferParams {
+struct TransferParams {
   DeviceComm comm;
   LaunchState* state;
   uint64_t src_offset;   // heap offset of the bytes this rank sends
@@ -33,7 +33,7 @@ __host__ __device__ inline uint64_t transfer_chunks(uint64_t bytes, uint64_t chu
   return (bytes + chunk_bytes - 1) / chunk_bytes;
 }
 
-__device__ __forceinline__ bool transfer_body(const MnTransferParams& p, const WaitContext& ctx) {
+__device__ __forceinline__ bool transfer_body(const TransferParams& p, const WaitContext& ctx) {
   const DeviceComm& c = p.comm;
   Grid g;
   g.nodes = static_cast<uint32_t>(c.net.num_nodes);
@@ -41,11 +41,11 @@ __device__ __forceinline__ bool transfer_body(const MnTransferParams& p, const W
   g.node = static_cast<uint32_t>(c.net.node);
   g.me = static_cast<uint32_t>(c.local_rank);
   const uint32_t chunks = static_cast<uint32_t>(transfer_chunks(p.bytes, p.chunk_bytes));
-  if (!mn_announce_network_entry(c, EntryPeers::kAll, p.signature, ctx)) return false;
+  if (!announce_network_entry(c, EntryPeers::kAll, p.signature, ctx)) return false;
   uint32_t lane = 0;
   for (uint32_t o = 1; o < g.nodes; ++o) {
     const uint32_t dst_node = (g.node + o) % g.nodes;
-    if (!mn_wait_network_entry(c, static_cast<int>(dst_node), p.signature, ctx)) return false;
+    if (!wait_network_entry(c, static_cast<int>(dst_node), p.signature, ctx)) return false;
     const uint32_t k = Grid::slot(g.node, dst_node, g.nodes);  // our slot at the destination
     for (uint32_t chunk = 0; chunk < chunks; ++chunk) {
       const uint64_t at = static_cast<uint64_t>(chunk) * p.chunk_bytes;
@@ -67,11 +67,11 @@ __device__ __forceinline__ bool transfer_body(const MnTransferParams& p, const W
   return net_wait_proxy_done(c, ctx);  // the source may be overwritten after the launch
 }
 
-__global__ void mn_transfer_kernel(const __grid_constant__ MnTransferParams p) {
+__global__ void transfer_kernel(const __grid_constant__ TransferParams p) {
   const DeviceComm& c = p.comm;
   const frame::LaunchFrame f = frame::LaunchFrame::begin(c, OpId::kNetExchange);
   if (threadIdx.x == 0) (void)transfer_body(p, f.ctx);
   f.finish(p.state, c);
 }
 
-}  // namespace loom::kernels::tp::mn
+}  // namespace loom::kernels::tp::multinode
