@@ -19,7 +19,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "loom/communicator.h"
 #include "loom/gemm.h"
@@ -63,5 +65,43 @@ struct TpGemmOptions {
 Status ag_gemm(Communicator& comm, const TpGemmArgs& args, cudaStream_t stream, const TpGemmOptions& options = {});
 Status gemm_rs(Communicator& comm, const TpGemmArgs& args, cudaStream_t stream, const TpGemmOptions& options = {});
 Status gemm_ar(Communicator& comm, const TpGemmArgs& args, cudaStream_t stream, const TpGemmOptions& options = {});
+
+// ---- plans and workspace, before a call (e.g. before CUDA-graph capture) ---------------------
+//
+// The calls above plan on every call and grow loom's symmetric workspace when a shape needs more
+// (collectively, no host round trip); growing is impossible during CUDA-graph capture. These
+// queries answer what a call would do, from the same arguments and with the same checks, without
+// launching anything. tp_reserve_workspace grows the workspace now, so that a captured call
+// allocates nothing (collective: every rank calls it alike, in the same order as its calls).
+
+enum class TpOp : uint8_t { kAgGemm, kGemmRs, kGemmAr };
+
+enum class TpPath : uint8_t {
+  kPlainGemm,   // one rank in the NVLink domain: the plain GEMM (nothing to move)
+  kFused,       // the fused persistent kernel (one NVLink domain)
+  kDecomposed,  // loom's collective, then loom's GEMM
+  kMultiNode,   // the multi-node persistent kernel (several nodes)
+};
+
+struct TpPlanInfo {
+  TpPath path = TpPath::kDecomposed;
+  GemmTile tile = GemmTile::kAuto;  // the GEMM's (or the persistent kernel's compute) tile
+  int ctas = 0;                     // fused / multi-node: persistent CTAs (this GPU's SMs)
+  int comm_ctas = 0;                // CTAs that start moving data (ag_gemm fused; multi-node roles)
+  int64_t tail_tiles = 0;           // fused: tiles of the last wave split into tail_pieces K pieces
+  int tail_pieces = 0;
+  size_t workspace_bytes = 0;       // loom's workspace the call needs (tp_reserve_workspace)
+  std::string source;               // "options", "cache", "model", or "fixed" (multi-node roles)
+};
+
+// What the call would run: every check of the call except those of the buffers.
+Result<TpPlanInfo> tp_plan(Communicator& comm, TpOp op, const TpGemmArgs& args, const TpGemmOptions& options = {});
+// ok when the call would launch: every check of the call, the buffers included.
+Status tp_can_implement(Communicator& comm, TpOp op, const TpGemmArgs& args, const TpGemmOptions& options = {});
+// tp_plan(...).workspace_bytes.
+Result<size_t> tp_workspace_bytes(Communicator& comm, TpOp op, const TpGemmArgs& args, const TpGemmOptions& options = {});
+// Grows loom's workspace to what the call needs (stream: where the growth waits for earlier work).
+Status tp_reserve_workspace(Communicator& comm, TpOp op, const TpGemmArgs& args, cudaStream_t stream,
+                            const TpGemmOptions& options = {});
 
 }  // namespace loom

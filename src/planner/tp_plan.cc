@@ -27,17 +27,22 @@ using nlohmann::json;
 
 constexpr int64_t kMaxDim = (int64_t{1} << 31) - 1;
 
+int world_of(const TpRequest& r) { return r.nodes * r.local_world; }
+
 std::string shape_text(const TpRequest& r) {
-  return "M=" + std::to_string(r.m) + " N=" + std::to_string(r.n) + " K=" + std::to_string(r.k) + " W=" +
-         std::to_string(r.local_world);
+  std::string world = "W=" + std::to_string(world_of(r));
+  if (r.nodes > 1) world += " (" + std::to_string(r.nodes) + " nodes x " + std::to_string(r.local_world) + " GPUs)";
+  return "M=" + std::to_string(r.m) + " N=" + std::to_string(r.n) + " K=" + std::to_string(r.k) + " " + world;
 }
 
 bool is_tp_op(OpId op) { return op == OpId::kAgGemm || op == OpId::kGemmRs || op == OpId::kGemmAr; }
 
-Status check_shape(const TpRequest& r) {
+}  // namespace
+
+Status check_tp_shape(const TpRequest& r) {
   if (!is_tp_op(r.op)) return Status::internal("plan_tp: not a tensor-parallel operator");
   const std::string op(tp_op_name(r.op));
-  if (r.local_world < 1) return Status::internal("plan_tp: local world below 1");
+  if (r.local_world < 1 || r.nodes < 1) return Status::internal("plan_tp: local world or nodes below 1");
   if (r.dtype != DType::kBF16 && r.dtype != DType::kF16) {
     return Status::unsupported(op + ": " + std::string(dtype_name(r.dtype)) +
                                " inputs are not supported (bf16 or fp16)");
@@ -46,9 +51,10 @@ Status check_shape(const TpRequest& r) {
   if (r.m <= 0 || r.n <= 0 || r.k <= 0) {
     return Status::invalid_argument(op + ": " + shape_text(r) + ": M, N and K must be positive");
   }
-  if (r.m % r.local_world != 0) {
+  if (r.m % world_of(r) != 0) {
     return Status::invalid_argument(op + ": " + shape_text(r) + ": M must be a multiple of the " +
-                                    std::to_string(r.local_world) + " local ranks (each owns M/W rows)");
+                                    std::to_string(world_of(r)) + (r.nodes > 1 ? " ranks" : " local ranks") +
+                                    " (each owns M/W rows)");
   }
   if (r.n % 8 != 0 || r.k % 8 != 0) {
     return Status::unsupported(op + ": " + shape_text(r) + ": N and K must be multiples of 8 (16-byte rows for TMA)");
@@ -59,7 +65,7 @@ Status check_shape(const TpRequest& r) {
   return {};
 }
 
-Status check_options(const TpRequest& r, const TpGemmOptions& options) {
+Status check_tp_options(const TpRequest& r, const TpGemmOptions& options) {
   const std::string op(tp_op_name(r.op));
   if (options.algorithm != TpAlgorithm::kAuto && options.algorithm != TpAlgorithm::kFused &&
       options.algorithm != TpAlgorithm::kDecomposed) {
@@ -82,6 +88,8 @@ Status check_options(const TpRequest& r, const TpGemmOptions& options) {
   }
   return {};
 }
+
+namespace {
 
 double comm_bytes_of(const TpRequest& r) {
   const double w = r.local_world;
@@ -311,9 +319,28 @@ TpKey key_of(const TpRequest& r) { return TpKey{r.op, r.m, r.n, r.k, r.local_wor
 
 bool is_fused_tile(GemmTile tile) { return tile == GemmTile::k128x256 || tile == GemmTile::k128x128; }
 
-bool fused_can_run(const TpRequest& r, const TpCostModel& model) {
-  return r.local_world >= 2 && r.local_world <= model.fused_max_local_world && model.fused_block_m > 0 &&
-         (r.m / r.local_world) % model.fused_block_m == 0;
+std::string fused_refusal(const TpRequest& r, const TpCostModel& model) {
+  if (r.local_world < 2) return "one local rank has nothing to fuse (it runs the plain GEMM)";
+  if (r.local_world > model.fused_max_local_world) {
+    return "the fused kernels address at most " + std::to_string(model.fused_max_local_world) + " local ranks";
+  }
+  if (model.fused_block_m <= 0 || (r.m / r.local_world) % model.fused_block_m != 0) {
+    return "each rank's M/W = " + std::to_string(r.m / r.local_world) + " rows must be a multiple of " +
+           std::to_string(model.fused_block_m) + " (BLOCK_M: a tile row never spans two ranks)";
+  }
+  return {};
+}
+
+bool fused_can_run(const TpRequest& r, const TpCostModel& model) { return fused_refusal(r, model).empty(); }
+
+uint32_t tp_group_m(int grid, GemmTile tile, int64_t unit) {
+  const GemmTileInfo info = gemm_tile_info(tile);
+  const double g = std::sqrt(static_cast<double>(grid) * info.block_n / info.block_m);
+  int64_t best = 1;
+  for (int64_t d = 1; d <= unit && d <= 64; ++d) {
+    if (unit % d == 0 && d <= std::max<int64_t>(1, std::llround(g))) best = d;
+  }
+  return static_cast<uint32_t>(best);
 }
 
 TpEstimate estimate_tp(const TpRequest& r, int comm_ctas, GemmTile tile, const TpCostModel& model) {
@@ -410,9 +437,9 @@ int64_t ag_late_claims(const TpRequest& r, GemmTile tile, int comm_ctas, int64_t
 
 Result<TpPlan> plan_tp(const TpRequest& r, const TpGemmOptions& options, const TuningCache* cache,
                        const TpCostModel& model) {
-  LOOM_TRY(check_shape(r));
+  LOOM_TRY(check_tp_shape(r));
   if (r.sm_count <= 0) return Status::internal("plan_tp: unknown SM count");
-  LOOM_TRY(check_options(r, options));
+  LOOM_TRY(check_tp_options(r, options));
   const ModelPlans models = model_plans(r, model);
   TpPlan plan;
   const TpPlan* hit = cache != nullptr ? cache->find(key_of(r)) : nullptr;

@@ -46,6 +46,7 @@
 #include "loom/gemm.h"
 #include "loom/status.h"
 #include "loom/tensor_parallel.h"
+#include "kernels/tp/tunables.h"
 #include "loom/types.h"
 #include "runtime/device_abi.h"
 
@@ -55,6 +56,7 @@ struct TpRequest {
   OpId op = OpId::kAgGemm;  // kAgGemm, kGemmRs or kGemmAr
   int64_t m = 0, n = 0, k = 0;  // as in TpGemmArgs
   int local_world = 1;
+  int nodes = 1;            // the world is nodes x local_world (multi-node planning, multinode_plan.h)
   DType dtype = DType::kBF16;
   BLayout b_layout = BLayout::kKN;
   int sm_count = 0;
@@ -95,9 +97,9 @@ struct TpCostModel {
   double fused_tile_tolerance = 0.05;
   int min_comm_ctas = 2;
   int max_comm_ctas_sm_divisor = 4;  // at most sm_count / 4 comm CTAs
-  // What the fused kernels run (ops/tp_common.h re-checks and falls back to decomposed): at most
+  // What the fused kernels run (fused_refusal; the launchers fall back to decomposed): at most
   // this many local ranks, each owning whole BLOCK_M tile rows, with a 128x256 or 128x128 tile.
-  int fused_max_local_world = 8;
+  int fused_max_local_world = kernels::tp::TpTunables::kMaxLocalWorld;
   int64_t fused_block_m = 128;
   // Whether the model may pick the fused kernels at all (false: always decomposed unless options
   // or the tuning cache say fused). On 2 x H200 (Nov 2026) the fused gemm_rs / gemm_ar beat
@@ -116,8 +118,20 @@ struct TpCostModel {
 
 // True for the tiles the fused kernels are built for (128x256, 128x128).
 bool is_fused_tile(GemmTile tile);
-// True when the fused kernels can run the request's shape (see TpCostModel).
+// Why the fused kernels cannot run the request's shape (see TpCostModel), "" when they can.
+std::string fused_refusal(const TpRequest& request, const TpCostModel& model = {});
+// True when the fused kernels can run the request's shape.
 bool fused_can_run(const TpRequest& request, const TpCostModel& model = {});
+
+// The rules every tensor-parallel call's shape follows, one node or several (ops, bf16 or fp16, a
+// known B layout, positive sizes, M a multiple of the nodes x local_world ranks, N and K multiples
+// of 8, each below 2^31), and the range checks of its options against request.sm_count.
+Status check_tp_shape(const TpRequest& request);
+Status check_tp_options(const TpRequest& request, const TpGemmOptions& options);
+
+// Raster group height (tile rows) for `grid` CTAs, as the GEMM planner picks it, limited to a
+// divisor of `unit` tile rows (a band or a rank's rows) so that no group straddles two.
+uint32_t tp_group_m(int grid, GemmTile tile, int64_t unit);
 
 // The model's view of one configuration (seconds unless named otherwise).
 struct TpEstimate {

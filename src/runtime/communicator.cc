@@ -31,7 +31,7 @@ constexpr uint32_t kMaxChunksPerSource = 4096;
 // Capacity of the fused operators' flags in the control region (1 MiB): entry words plus one
 // flag per row chunk (ag_gemm) or per output tile (gemm_rs: M/BM * N/BN; gemm_ar: twice that),
 // e.g. gemm_ar M = N = 16384 with 128 x 128 tiles needs 32768 + a few. Operators whose shape needs
-// more are refused with a message naming the need (src/ops/tp_common.h).
+// more are refused with a message naming the need (src/ops/tp/tp_common.h check_flag_capacity).
 constexpr uint32_t kMaxOpFlags = 1u << 17;
 
 std::string host_identity() {

@@ -45,7 +45,7 @@
 #include "kernels/comm/net.cuh"
 #include "kernels/tp/multinode/layout.h"
 #include "loom/tensor_parallel.h"
-#include "ops/multinode.h"
+#include "ops/tp/multinode/multinode.h"
 #include "runtime/communicator_impl.h"
 #include "runtime/network_layout.h"
 #include "tests/common/verifiable.cuh"

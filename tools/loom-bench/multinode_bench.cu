@@ -31,7 +31,7 @@
 #include "collectives_bench.h"
 #include "kernels/gemm/reference.cuh"
 #include "loom/gemm.h"
-#include "ops/multinode.h"
+#include "ops/tp/multinode/multinode.h"
 #include "runtime/communicator_impl.h"
 #include "runtime/cuda_check.h"
 #include "tests/common/verifiable.cuh"
@@ -332,13 +332,14 @@ Status run_multinode_bench(Communicator& comm, const MultiNodeBenchOptions& o, R
     row.extra["warmup"] = o.warmup;
     Case c(comm, cublas.handle, stream.stream, o, shape);
     Status case_status = c.setup();
-    Result<ops::MultiNodePlan> plan = ops::plan_multinode(comm, shape.op, c.loom_args(), o.loom);
+    Result<planner::MultiNodePlan> plan = ops::tp::multinode::plan(internal(comm), shape.op, c.loom_args(), o.loom);
     if (plan.ok()) {
+      namespace kmn = kernels::tp::multinode;
       row.extra["plan"] = {{"tile", std::string(gemm_tile_name(plan->tile))},
                            {"grid", plan->grid},
-                           {"net_send_ctas", plan->net_send_ctas},
-                           {"net_recv_ctas", plan->net_recv_ctas},
-                           {"nvlink_ctas", plan->nvlink_ctas},
+                           {"net_send_ctas", plan->roles.count(kmn::CtaRole::kNetSend)},
+                           {"net_recv_ctas", plan->roles.count(kmn::CtaRole::kNetRecv)},
+                           {"nvlink_ctas", plan->roles.count(kmn::CtaRole::kNvlink)},
                            {"rows_per_chunk", plan->rows_per_chunk}};
     }
     if (case_status.ok()) {

@@ -1,7 +1,7 @@
 // The fold policy's device side: where a fold tile's staged partials sit in the stage ring, how
 // the producer loads them and how the consumers add them into their accumulators. Separate from
 // the compute role because folding is opt-in (a standalone GEMM uses NoFold and compiles none
-// of it) and only the fused reduce operators (kernels/tp/staged_reduce.cuh) supply a policy.
+// of it) and only the fused reduce operators (kernels/tp/sm90_staged_reduce.cuh) supply a policy.
 //
 // Fold (fused reduce-scatter): a kTileFold item also adds partial tiles that other ranks staged
 // for this tile, in rank order, into its fp32 accumulators, which the epilogue rounds once. The

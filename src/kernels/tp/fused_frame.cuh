@@ -6,7 +6,7 @@
 //   1-2. the entry handshake (kernels/comm/entry.cuh) over the op-flag region's entry words:
 //      every CTA publishes, and before its first write into a peer a CTA waits (bounded) for
 //      that peer's entry of epoch e with the same plan signature;
-//   3. roles work (ag_gemm.cuh, staged_reduce.cuh); every wait is bounded (comm/wait.cuh);
+//   3. roles work (sm90_ag_gemm.cuh, sm90_staged_reduce.cuh); every wait is bounded (comm/wait.cuh);
 //   4. every CTA (also one that failed) counts itself out (frame::LaunchFrame::finish).
 #pragma once
 
@@ -39,7 +39,7 @@ using TpRoleTable = frame::RoleTable<TpRole, TpRole::kCompute>;
 // ---- op-flag region (ControlLayout::op_flag_offset of every rank's heap) ----------------------
 //
 //   entry[src]                 W words   entry_word(e, signature) (device_abi.h), written by src
-//   launch flags, from word W, per operator (index formulas in ag_gemm.cuh / staged_reduce.cuh):
+//   launch flags, from word W, per operator (index formulas in sm90_ag_gemm.cuh / sm90_staged_reduce.cuh):
 //     ag_gemm   rows[f]              M / rows_per_flag
 //     gemm_rs   partial[slot][t]     (W - 1) * own_tiles
 //     gemm_ar   partial[slot][t], then final[tile]   (W - 1) * own_tiles + M/BM * N/BN

@@ -1,6 +1,6 @@
 // An operator family's resources on a communicator (Communicator::Impl::family): the launch state
 // its kernels' entry handshake uses, and its symmetric workspace. Each family names itself once
-// (tp_common.h kFamily = "tp", multinode_common.h kFamily = "multinode", ...) and asks here.
+// (ops/tp/tp_common.h kFamily = "tp", ops/tp/multinode/multinode.h kFamily = "multinode", ...) and asks here.
 #pragma once
 
 #include <cuda_runtime_api.h>

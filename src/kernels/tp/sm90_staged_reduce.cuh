@@ -1,5 +1,15 @@
-// What the fused GEMM + ReduceScatter and GEMM + AllReduce kernels share: partial tiles staged in
-// the owner's memory and folded into the owner's accumulators.
+// The fused GEMM + ReduceScatter and GEMM + AllReduce kernels, one persistent kernel each (the
+// same body; gemm_ar broadcasts): partial tiles staged in the owner's memory and folded into the
+// owner's accumulators.
+//   gemm_rs  out[M/W, N] = ReduceScatter_rows(a_r[M, K_r] @ b_r)
+//   gemm_ar  out[M, N]   = AllReduce(a_r[M, K_r] @ b_r): each owner also stores its reduced tiles
+//            into every rank's out (symmetric; one TMA store per rank from the same staged box)
+//            and sets final[tile] on every peer; the launch ends when this rank has seen every
+//            final tile of the other owners, so out is complete and bit-identical on all ranks
+//            (each element is rounded once, by its owner).
+// Roles: every CTA computes (TpRole::kCompute). The partial tiles owed to other ranks leave from
+// the compute epilogues (TMA stores into the owner's staging) at the rate tiles finish, so no CTA
+// is set aside to move data; the sums happen where the owner's accumulators already are.
 //
 // Rank r computes its whole partial product P_r = a_r @ b_r (all M rows). Rows
 // [d*M/W, (d+1)*M/W) belong to rank d. Tile order (TpTiles' rank-banded order, offset 1):
@@ -254,10 +264,12 @@ __device__ __forceinline__ bool wait_final_tiles(const ReduceGemmParams& p, uint
   return true;
 }
 
-// The kernel body of both operators: every CTA computes (there is no separate communication
-// role: the partial and final tiles leave from the epilogues, at the rate tiles finish).
+// Both operators' kernel (kBroadcast: gemm_ar): every CTA computes (there is no separate
+// communication role: the partial and final tiles leave from the epilogues, at the rate tiles
+// finish).
 template <class Cfg, bool kBF16, bool kBNMajor, bool kBroadcast>
-__device__ __forceinline__ void reduce_gemm_body(const ReduceGemmParams& p, uint8_t* smem) {
+__global__ void __launch_bounds__(Cfg::kThreads, 1) gemm_reduce_kernel(const __grid_constant__ ReduceGemmParams p) {
+  extern __shared__ __align__(1024) uint8_t smem[];
   using Scheduler = TpScheduler<Cfg::kBlockM>;
   using Epilogue = ReduceEpilogue<Cfg::kBlockM, Cfg::kBlockN, kBroadcast>;
   using Fold = StagedFold<Cfg::kBlockM>;
