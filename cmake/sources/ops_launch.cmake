@@ -1,4 +1,6 @@
 # Area: the operators' shared host layer (kernel launches). Owner: lead.
 list(APPEND LOOM_LIB_SOURCES
   src/ops/launch/family_resources.cc
-  src/ops/launch/kernel_launch.cc)
+  src/ops/launch/kernel_launch.cc
+  src/ops/launch/standalone_wait.cc
+  src/ops/launch/tensor_map.cc)
