@@ -62,8 +62,10 @@ LOOM_HOST_DEVICE constexpr bool flag_kind_names_global_rank(FlagKind kind) {
 const char* flag_kind_name(FlagKind kind);
 
 // kMismatch: a peer entered the same launch epoch with a different operation or plan (shapes,
-// tile): every rank must issue the same loom calls in the same order.
-enum class DeviceError : uint32_t { kNone = 0, kTimeout = 1, kAborted = 2, kMismatch = 3 };
+// tile): every rank must issue the same loom calls in the same order. kInvalidInput: arguments
+// that live on the device (sequence offsets) failed the kernel's check before anything was
+// written; flag_index names the item (e.g. the sequence).
+enum class DeviceError : uint32_t { kNone = 0, kTimeout = 1, kAborted = 2, kMismatch = 3, kInvalidInput = 4 };
 
 // Written once, by the first CTA that fails, into host-mapped memory; the host turns it into a
 // Status after the stream's work completes (or after the host deadline).
