@@ -51,7 +51,7 @@ from ._comm import CommLike, Communicator, _process_group_type, as_communicator
 from ._errors import _invalid
 
 __all__ = ["empty", "handle", "register_communicator", "set_staging_budget", "gemm", "all_gather",
-           "reduce_scatter", "all_reduce", "ag_gemm", "gemm_rs", "gemm_ar"]
+           "reduce_scatter", "all_reduce", "ag_gemm", "gemm_rs", "gemm_ar", "attention", "attention_merge"]
 
 _HALF = (torch.bfloat16, torch.float16)
 _FLOAT = (torch.bfloat16, torch.float16, torch.float32)
@@ -186,8 +186,12 @@ _lib.define("all_reduce(int comm, Tensor x) -> Tensor")
 _lib.define("ag_gemm(int comm, Tensor a, Tensor b, str b_layout='kn') -> Tensor")
 _lib.define("gemm_rs(int comm, Tensor a, Tensor b, str b_layout='kn') -> Tensor")
 _lib.define("gemm_ar(int comm, Tensor a, Tensor b, str b_layout='kn') -> Tensor")
+_lib.define("attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None, Tensor? cu_seqlens_q=None, "
+            "Tensor? cu_seqlens_k=None, int max_seqlen_q=0, int max_seqlen_k=0, bool partial=False) -> (Tensor, Tensor)")
+_lib.define("attention_merge(Tensor partial_out, Tensor partial_lse, ScalarType? out_dtype=None) -> (Tensor, Tensor)")
 
-OPS = ("gemm", "all_gather", "reduce_scatter", "all_reduce", "ag_gemm", "gemm_rs", "gemm_ar")
+OPS = ("gemm", "all_gather", "reduce_scatter", "all_reduce", "ag_gemm", "gemm_rs", "gemm_ar", "attention",
+       "attention_merge")
 
 _Fn = Callable[..., torch.Tensor]
 
@@ -353,6 +357,73 @@ for _op in ("ag_gemm", "gemm_rs", "gemm_ar"):
     torch.library.register_fake(f"loom::{_op}", _tp_fake(_op), lib=_lib)
 
 
+# attention ---------------------------------------------------------------------------------------
+
+def _attention_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k, partial) -> tuple:
+    """(out shape, out dtype, lse shape) with the shape rules checked (loom/attention.h)."""
+    packed = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if packed and (cu_seqlens_q is None or cu_seqlens_k is None):
+        raise _invalid("attention", "packed sequences need both cu_seqlens_q and cu_seqlens_k")
+    nd = 3 if packed else 4
+    layout = "[T, H, D]" if packed else "[B, S, H, D]"
+    if q.dim() != nd or k.dim() != nd or v.dim() != nd:
+        raise _invalid("attention", f"q, k and v must be {layout}, got {list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
+    if k.shape != v.shape:
+        raise _invalid("attention", f"k {list(k.shape)} and v {list(v.shape)} must have the same shape")
+    if q.dtype != k.dtype or q.dtype != v.dtype or q.dtype not in _HALF:
+        raise _invalid("attention", f"q, k and v must all be bfloat16 or all float16, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not packed and q.shape[0] != k.shape[0]:
+        raise _invalid("attention", f"q {list(q.shape)} and k {list(k.shape)} have different batch sizes")
+    if q.shape[-1] != k.shape[-1]:
+        raise _invalid("attention", f"q {list(q.shape)} and k {list(k.shape)} have different head dims")
+    heads = q.shape[-2]
+    lse_shape = (heads, q.shape[0]) if packed else (q.shape[0], heads, q.shape[1])
+    return tuple(q.shape), torch.float32 if partial else q.dtype, lse_shape
+
+
+@_impl("attention")
+def _attention_impl(q, k, v, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
+                    max_seqlen_k=0, partial=False):
+    out_shape, out_dtype, lse_shape = _attention_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k, partial)
+    out = q.new_empty(out_shape, dtype=out_dtype)
+    lse = q.new_empty(lse_shape, dtype=torch.float32)
+    _C.attention(q, k, v, out, lse, _stream(q.get_device()), causal, 0.0 if scale is None else scale, cu_seqlens_q,
+                 cu_seqlens_k, max_seqlen_q, max_seqlen_k, partial)
+    return out, lse
+
+
+@_fake("attention")
+def _attention_fake(q, k, v, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
+                    max_seqlen_k=0, partial=False):
+    out_shape, out_dtype, lse_shape = _attention_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k, partial)
+    return q.new_empty(out_shape, dtype=out_dtype), q.new_empty(lse_shape, dtype=torch.float32)
+
+
+def _merge_shapes(partial_out, partial_lse, out_dtype) -> tuple:
+    if partial_out.dim() not in (4, 5) or partial_out.dtype != torch.float32 or partial_lse.dtype != torch.float32:
+        raise _invalid("attention_merge", f"partial_out must be [n, B, S, H, D] or [n, T, H, D] float32 and partial_lse "
+                                          f"float32, got {list(partial_out.shape)} {partial_out.dtype} and "
+                                          f"{partial_lse.dtype}")
+    if out_dtype is not None and out_dtype not in _FLOAT:
+        raise _invalid("attention_merge", f"out_dtype {out_dtype}: expected bfloat16, float16 or float32")
+    return tuple(partial_out.shape[1:]), out_dtype or torch.float32, tuple(partial_lse.shape[1:])
+
+
+@_impl("attention_merge")
+def _attention_merge_impl(partial_out, partial_lse, out_dtype=None):
+    out_shape, dtype, lse_shape = _merge_shapes(partial_out, partial_lse, out_dtype)
+    out = partial_out.new_empty(out_shape, dtype=dtype)
+    lse = partial_lse.new_empty(lse_shape)
+    _C.attention_merge(partial_out, partial_lse, out, lse, _stream(partial_out.get_device()))
+    return out, lse
+
+
+@_fake("attention_merge")
+def _attention_merge_fake(partial_out, partial_lse, out_dtype=None):
+    out_shape, dtype, lse_shape = _merge_shapes(partial_out, partial_lse, out_dtype)
+    return partial_out.new_empty(out_shape, dtype=dtype), partial_lse.new_empty(lse_shape)
+
+
 # ---- Python entry points -----------------------------------------------------------------------
 
 def gemm(a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn", out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
@@ -388,3 +459,21 @@ def gemm_rs(comm: CommLike, a: torch.Tensor, b: torch.Tensor, *, b_layout: str =
 def gemm_ar(comm: CommLike, a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn") -> torch.Tensor:
     """AllReduce(a[M, K_r] @ b) -> [M, N]."""
     return torch.ops.loom.gemm_ar.default(register_communicator(comm), a, b, b_layout)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+              scale: Optional[float] = None, cu_seqlens_q: Optional[torch.Tensor] = None,
+              cu_seqlens_k: Optional[torch.Tensor] = None, max_seqlen_q: int = 0, max_seqlen_k: int = 0,
+              partial: bool = False) -> tuple:
+    """(out, lse) = flash attention forward on one GPU: q [B, Sq, Hq, D], k and v [B, Sk, Hkv, D]
+    (packed: [T, H, D] with int32 cu_seqlens and the longest lengths); out like q (float32 when
+    partial), lse [B, Hq, Sq] ([Hq, Tq]) float32. See loom.attention."""
+    return torch.ops.loom.attention.default(q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                            max_seqlen_k, partial)
+
+
+def attention_merge(partial_out: torch.Tensor, partial_lse: torch.Tensor, *,
+                    out_dtype: Optional[torch.dtype] = None) -> tuple:
+    """(out, lse) combining partial-mode results over disjoint key sets (fp32): partial_out
+    [n, B, S, H, D] float32, partial_lse [n, B, H, S]; out in out_dtype (default float32)."""
+    return torch.ops.loom.attention_merge.default(partial_out, partial_lse, out_dtype)
