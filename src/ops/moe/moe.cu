@@ -308,17 +308,21 @@ Result<MoeReport> moe_report(Communicator& comm, const MoePlan& plan, cudaStream
   constexpr const char* kOp = "moe_report";
   Communicator::Impl& impl = internal(comm);
   LOOM_ASSIGN_OR_RETURN(planner::MoeLayouts l, check_plan(impl, plan, kOp));
-  // The copy is queued behind the routing and waited for with the communicator's bounded wait.
-  km::MoeStatusWords* host = nullptr;
-  LOOM_CUDA_TRY(cudaMallocHost(reinterpret_cast<void**>(&host), sizeof(km::MoeStatusWords)));
+  // The copy is queued behind the routing and waited for with the communicator's bounded wait,
+  // into a pinned buffer of this host thread (allocated once: freeing pinned memory may wait for
+  // the whole device). After a failed wait the copy may still be queued: the buffer is then left
+  // to it (128 bytes) and the thread's next call takes a new one.
+  thread_local km::MoeStatusWords* host = nullptr;
+  if (host == nullptr) LOOM_CUDA_TRY(cudaMallocHost(reinterpret_cast<void**>(&host), sizeof(km::MoeStatusWords)));
   const Status copied = cuda_status(cudaMemcpyAsync(host, static_cast<const char*>(plan.plan) + l.plan.status,
                                                     sizeof(km::MoeStatusWords), cudaMemcpyDeviceToHost, stream),
                                     "cudaMemcpyAsync(status words)", __FILE__, __LINE__);
   const Status synced = copied.ok() ? comm.synchronize(stream) : copied;
-  // After a failed wait the copy may still be queued: the buffer is then left to it (128 bytes).
-  if (!synced.ok()) return synced;
+  if (!synced.ok()) {
+    host = nullptr;
+    return synced;
+  }
   const km::MoeStatusWords st = *host;
-  LOOM_CUDA_TRY(cudaFreeHost(host));
   return MoeReport{verdict_of(st, plan, impl.topology.local_peers), st.recv_rows, st.kept_rows, st.dropped_rows,
                    st.dropped_slots, st.max_recv_rows};
 }
