@@ -6,15 +6,30 @@
 #include <climits>
 #include <cstdint>
 #include <set>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/moe/flags.h"
 #include "kernels/moe/layout.h"
+#include "loom/loom.h"
 #include "planner/moe_plan.h"
 #include "common/moe_reference.h"  // tests/ is on the CPU tests' include path
 
 namespace loom::planner {
 namespace {
+
+// The public calls' signatures (checked at compile time: the CPU tests link no CUDA code).
+static_assert(std::is_same_v<decltype(&moe_routing),
+                             Result<MoePlan> (*)(Communicator&, const MoeConfig&, const MoeRoutingArgs&, cudaStream_t)>,
+              "loom/moe.h must declare loom::moe_routing");
+static_assert(std::is_same_v<decltype(&moe_dispatch), Status (*)(Communicator&, const MoePlan&, const void*, void*,
+                                                                  cudaStream_t, const MoeDispatchOptions&)>,
+              "loom/moe.h must declare loom::moe_dispatch");
+static_assert(std::is_same_v<decltype(&moe_combine), Status (*)(Communicator&, const MoePlan&, const MoeCombineArgs&,
+                                                                 cudaStream_t, const MoeCombineOptions&)>,
+              "loom/moe.h must declare loom::moe_combine");
+static_assert(std::is_same_v<decltype(&moe_report), Result<MoeReport> (*)(Communicator&, const MoePlan&, cudaStream_t)>,
+              "loom/moe.h must declare loom::moe_report");
 
 namespace km = kernels::moe;
 using km::MoeTunables;
@@ -32,6 +47,16 @@ MoeRequest request(int64_t experts, int top_k, int64_t hidden, int64_t max_token
 }
 
 StatusCode code_of(const MoeRequest& r) { return plan_moe(r).status().code(); }
+
+TEST(MoePlan, DefaultsRefuseOverflowAndUseTheRoutingWeights) {
+  const MoeConfig c;
+  EXPECT_EQ(c.overflow, MoeOverflow::kError);
+  EXPECT_EQ(c.capacity, 0);
+  const MoeCombineArgs a;
+  EXPECT_EQ(a.topk_weights, nullptr);
+  EXPECT_EQ(a.hidden, 0);
+  EXPECT_EQ(MoeDispatchOptions{}.num_ctas, 0);
+}
 
 TEST(MoePlan, DeepSeekSliceSizes) {
   // 256 experts over 8 ranks, top-8, H 7168 bf16, 4096 tokens per rank, default capacity.
