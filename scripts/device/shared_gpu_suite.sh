@@ -5,6 +5,7 @@
 #
 #   scripts/device/shared_gpu_suite.sh [step ...]      (default: every step below, in this order)
 #     single-2 single-4 single-8    Collectives*, TpOps*, ProxyCopyEngine* at 2, 4, 8 ranks
+#     moe-2 moe-4 moe-8             Moe* (routing, dispatch, combine) at 2, 4, 8 ranks on one node
 #     multi-2x1 multi-2x2 multi-2x4 multi-4x2
 #                                   MultiNode*, ProxyCopyEngine* on N emulated nodes x L ranks
 #     stress-2x2                    MultiNodeStress at 2 x 2 with STRESS_LAUNCHES (default 500)
@@ -32,7 +33,7 @@ SUITE_BUDGET_S=${SUITE_BUDGET_S:-570}
 STEP_LIMIT_S=${STEP_LIMIT_S:-240}
 log() { echo "[shared_suite +$(( $(date +%s) - suite_start ))s] $*" | tee -a "$LOG"; }
 steps=("$@")
-((${#steps[@]})) || steps=(single-2 multi-2x2 stress-2x2 multi-2x1 multi-4x2 multi-2x4 single-4 single-8 python-2 python-2x2)
+((${#steps[@]})) || steps=(single-2 moe-2 multi-2x2 stress-2x2 multi-2x1 multi-4x2 multi-2x4 single-4 single-8 python-2 python-2x2)
 
 BIN=.device-carry/bin
 if [[ ! -x $BIN/loom_gpu_tests ]]; then echo "no $BIN: run scripts/device/stage.sh here first and carry .device-carry"; exit 1; fi
@@ -131,6 +132,7 @@ rc=0
 for step in "${steps[@]}"; do
   case $step in
     single-[0-9]*) gtest_job "single-node_${step#single-}ranks" "${step#single-}" 1 'Collectives*:TpOps*:ProxyCopyEngine*' ;;
+    moe-[0-9]*) gtest_job "moe_${step#moe-}ranks" "${step#moe-}" 1 'Moe*' ;;
     multi-[0-9]*x[0-9]*)
       layout=${step#multi-}; n=${layout%x*}; l=${layout#*x}
       gtest_job "multi-node_${layout}" $(( n * l )) "$n" 'MultiNode*:ProxyCopyEngine*' ;;
