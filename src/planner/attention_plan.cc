@@ -316,6 +316,11 @@ AttentionArgs ring_core_args(const RingAttentionArgs& r) {
 
 Status validate_ring_attention(const RingAttentionArgs& r, const RingAttentionOptions& o, int world) {
   if (world < 1) return Status::invalid_argument("ring_attention: the ring needs at least one rank");
+  if ((o.causal ? 2 : 1) * world > ka::kMaxSegments) {
+    return Status::unsupported("ring_attention: a query tile visits " + std::string(o.causal ? "two key segments" : "one key segment") +
+                               " per rank, at most " + std::to_string(ka::kMaxSegments) + " in all: " + std::to_string(world) +
+                               " local ranks are too many");
+  }
   AttentionOptions core;
   core.causal = o.causal;
   core.scale = o.scale;

@@ -246,6 +246,8 @@ TEST(AttentionPlan, RingRulesAndWorkspace) {
   bad.heads_kv = 3;
   EXPECT_EQ(can_implement_ring_attention(bad, o, 4).message().rfind("ring_attention: ", 0), 0u);
   EXPECT_EQ(can_implement_ring_attention(r, o, 0).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(can_implement_ring_attention(r, o, 8).ok());
+  EXPECT_EQ(can_implement_ring_attention(r, o, 9).code(), StatusCode::kUnsupported);  // 18 segments
   RingAttentionOptions neg;
   neg.kv_ctas = -1;
   EXPECT_EQ(can_implement_ring_attention(r, neg, 2).code(), StatusCode::kInvalidArgument);
