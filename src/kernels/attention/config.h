@@ -36,17 +36,13 @@ constexpr uint32_t kPingpongBarrier1 = 2;  // consumer 1 waits here for its turn
 // Key segments a query tile may visit (ring attention: two per rank of up to 8 local ranks).
 constexpr int kMaxSegments = 16;
 
-template <int kHeadDim_, int kBlockN_, int kStages_, int kQStages_, int kPolyExp2PerEight_ = 0>
+template <int kHeadDim_, int kBlockN_, int kStages_, int kQStages_>
 struct FlashConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = 128;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
   static constexpr int kQStages = kQStages_;
-  // Of every 8 scores, how many take the FMA-pipe exp2 (softmax.cuh poly_exp2) instead of MUFU:
-  // at hd64 the exponentials alone take as long as the tensor cores (16 per clock per SM against
-  // 2 GEMMs of 128 x BLOCK_N x 64 per block), so part of them moves to the idle FMA pipe.
-  static constexpr int kPolyExp2PerEight = kPolyExp2PerEight_;
   static constexpr int kConsumers = 2;
   static constexpr int kConsumerRows = kBlockM / kConsumers;  // one m64 wgmma row block
   static constexpr int kThreads = 128 * (1 + kConsumers);
@@ -101,7 +97,7 @@ struct RingTunables {
 // leaves room for one Q slot only). The planner picks one per head dim; AttentionOptions::block_n
 // forces another.
 using Flash64x128 = FlashConfig<64, 128, 4, 2>;
-using Flash64x192 = FlashConfig<64, 192, 3, 2, 2>;
+using Flash64x192 = FlashConfig<64, 192, 3, 2>;
 using Flash128x128 = FlashConfig<128, 128, 2, 2>;
 using Flash128x176 = FlashConfig<128, 176, 2, 1>;
 using Flash256x64 = FlashConfig<256, 64, 2, 1>;

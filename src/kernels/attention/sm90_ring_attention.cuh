@@ -25,7 +25,10 @@
 //                                   rank src's K and V (batch b) landed here (written by rank r-1)
 // Entry: every CTA publishes its entry word in every peer's control-region entered[] words; a push
 // stream waits (bounded) for rank r+1's word of this epoch and plan signature before its first
-// write. Every flag is an epoch, never reset.
+// write. Flags are epochs, zeroed by the host before each call (a grown workspace holds stale
+// bytes); before the launch ends, CTA 0 waits for every chunk pushed into this rank (ring_drain), so
+// no peer writes into the workspace after it. Forwarded chunks are loaded only once arrived, and a
+// push stream never blocks on one while it still has loaded pieces to store (bulk_copy.cuh).
 #pragma once
 
 #include <cuda/ptx>
@@ -187,6 +190,26 @@ struct RingKeys {
 
 using RingPushStream = BulkCopyStream<RingTunables::kPushStages, RingTunables::kPushPieceBytes>;
 
+// One thread, before the launch ends: every chunk pushed into this rank in this launch has
+// arrived. Under causal masks some chunks are never awaited by a query tile; without this a peer's
+// late writes could land after the launch, in a workspace the next call may have moved.
+__device__ __forceinline__ bool ring_drain(const RingParams& p, uint64_t epoch, const WaitContext& ctx) {
+  const int world = p.comm.local_world, me = p.comm.local_rank, left = (me - 1 + world) % world;
+  for (int src = 0; src < world; ++src) {
+    if (src == me) continue;
+    for (uint32_t b = 0; b < static_cast<uint32_t>(p.core.batch); ++b) {
+      for (uint32_t c = 0; c < p.chunks; ++c) {
+        const uint32_t index = (static_cast<uint32_t>(src) * static_cast<uint32_t>(p.core.batch) + b) * p.chunks + c;
+        if (!wait_flag(ring_arrived(p, me, static_cast<uint32_t>(src), b, c), epoch, ctx, left, kRingChunkFlag,
+                       index)) {
+          return false;
+        }
+      }
+    }
+  }
+  return true;
+}
+
 template <class Cfg, bool kBF16, bool kCausal>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) sm90_ring_attention_kernel(const __grid_constant__ RingParams p) {
   extern __shared__ __align__(1024) uint8_t smem[];
@@ -214,6 +237,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) sm90_ring_attention_kernel(c
     const Keys keys(p, f.epoch);
     run_attention<Cfg, kBF16, kCausal, Keys>(sm, p.core, keys, f.ctx);
   }
+  if (blockIdx.x == 0 && threadIdx.x == 0) (void)ring_drain(p, f.epoch, f.ctx);
   f.finish(p.core.queue, c);
 }
 

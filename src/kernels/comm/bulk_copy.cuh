@@ -119,11 +119,18 @@ class BulkCopyStream {
     int entered_rank = -1;
     bool ok = true;
 
-    auto load_next = [&]() -> bool {
+    // Loads the next piece: 1 done, 0 deferred (a forwarded item's source has not arrived and
+    // `block` is false), -1 a failed wait. A forwarded item waits only when nothing loaded is left
+    // to store: blocking on it with earlier items' stores pending could make a ring of ranks wait
+    // on each other (every rank's next piece behind a piece the next rank has not sent yet).
+    auto load_next = [&](bool block) -> int {
       const auto it = list.item(ld_item);
       if constexpr (std::remove_cvref_t<decltype(it)>::kWaitsReady) {
+        if (ld_off == 0 && it.ready != nullptr && !epoch_reached(flag_load_acquire(it.ready), epoch)) {
+          if (!block) return 0;
+          if (!wait_flag(it.ready, epoch, ctx, it.ready_rank, it.ready_kind, it.ready_index)) return -1;
+        }
         if (ld_off == 0 && it.ready != nullptr) {
-          if (!wait_flag(it.ready, epoch, ctx, it.ready_rank, it.ready_kind, it.ready_index)) return false;
           cuda::ptx::fence_proxy_async(cuda::ptx::space_global);  // the bulk load reads what the peer wrote
         }
       }
@@ -139,7 +146,7 @@ class BulkCopyStream {
         ld_off = 0;
       }
       ++ld_seq;
-      return true;
+      return 1;
     };
     auto publish = [&](uint32_t k) {
       const auto it = list.item(k);
@@ -149,8 +156,25 @@ class BulkCopyStream {
       }
     };
 
-    while (ok && ld_item < items && ld_seq < static_cast<uint64_t>(kStages - 1)) ok = load_next();
+    // Loads run up to kStages - 1 pieces ahead of the stores (the stage of piece q is reused by
+    // piece q + kStages once group q has been read: wait_group.read 1 before each load).
+    auto load_ahead = [&]() -> bool {
+      while (ld_item < items && ld_seq < st_seq + static_cast<uint64_t>(kStages - 1)) {
+        const int r = load_next(false);
+        if (r < 0) return false;
+        if (r == 0) break;
+      }
+      return true;
+    };
+    ok = load_ahead();
     while (ok && st_item < items) {
+      if (st_seq == ld_seq) {  // nothing loaded: the next piece's source must arrive first
+        cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<1>{});
+        if (load_next(true) < 0) {
+          ok = false;
+          break;
+        }
+      }
       const auto it = list.item(st_item);
       if (st_off == 0 && it.rank >= 0 && it.rank != entered_rank) {
         // First write into this destination in this launch: it must have entered.
@@ -186,10 +210,10 @@ class BulkCopyStream {
           if (++fl_item < items) fl_end += pieces_of(list.item(fl_item).bytes);
         }
       }
-      if (ld_item < items) {
-        // The next load reuses the stage of piece st_seq - 2, whose group must have been read.
+      if (ld_item < items && ld_seq < st_seq + static_cast<uint64_t>(kStages - 1)) {
+        // The next loads reuse the stages of pieces up to st_seq - 2, whose groups must have been read.
         cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<1>{});
-        if (!load_next()) {
+        if (!load_ahead()) {
           ok = false;
           break;
         }

@@ -17,6 +17,7 @@
 #include "ops/launch/queued_work.h"
 #include "planner/attention_plan.h"
 #include "runtime/communicator_impl.h"
+#include "runtime/cuda_check.h"
 
 namespace loom {
 
@@ -69,6 +70,12 @@ Status ring_one_node(Communicator& comm, const RingAttentionArgs& args, cudaStre
   const planner::RingWorkspace layout = planner::ring_workspace(args, world);
   LOOM_ASSIGN_OR_RETURN(void* workspace,
                         ops::family_workspace(impl, kFamily, static_cast<size_t>(layout.bytes), stream, "ring_attention"));
+
+  // The arrival flags start at zero for every call: a grown workspace holds stale bytes, which a
+  // flag wait could take for a later epoch. Every chunk of the previous call arrived before it
+  // ended (ring_drain), so nothing writes into them meanwhile.
+  const size_t flag_bytes = static_cast<size_t>(world) * static_cast<size_t>(args.batch) * layout.chunks * 8;
+  LOOM_CUDA_TRY(cudaMemsetAsync(static_cast<char*>(workspace) + layout.arrived, 0, flag_bytes, stream));
 
   ka::RingParams p{};
   LOOM_ASSIGN_OR_RETURN(p.core, ops::attention::make_flash_params(core, core_options, plan));
