@@ -22,6 +22,11 @@
 // moe_report on every rank with nothing moved; kDrop must drop exactly the reference's rows. 100
 // back-to-back launches (LOOM_TEST_MOE_LAUNCHES) of the three calls without host synchronization
 // must give the same bits every time.
+//
+// A failed call fails its test fast (every wait is bounded: LOOM_TIMEOUT_MS plus two seconds at
+// most) and leaves the shared communicator failed: every later MoE test then skips on every rank,
+// device buffers are leaked rather than freed (cudaFree would wait for work that may never end),
+// and main() ends the process once the results are written (tests/gpu/harness.h).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -54,6 +59,18 @@ using test::shared_comm;
 namespace ref = test::moe;
 
 bool agree(bool ok) { return test::all_ranks_agree(shared_comm(), ok); }
+
+// Every MoE test: skipped on every rank once the shared communicator has failed on any (after a
+// failed call it refuses every call, and the call's work may still hold the GPU), so that one
+// failure ends the job in seconds instead of every later case failing (or blocking) in turn.
+class MoeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!agree(!test::shared_comm_failed())) {
+      GTEST_SKIP() << "the shared communicator failed in an earlier test (see its first failure)";
+    }
+  }
+};
 
 // ---- element values -----------------------------------------------------------------------------
 
@@ -193,9 +210,13 @@ std::vector<float> make_weights(const Case& c, int s) {
 
 // ---- buffers --------------------------------------------------------------------------------------
 
-// Device memory of this GPU, freed at the end of its scope (null when cudaMalloc failed).
+// Device memory of this GPU, freed at the end of its scope (null when cudaMalloc failed). Once the
+// shared communicator has failed it is leaked instead: the failed call's work may still be running
+// (for good, if no abort can end it), and cudaFree would wait for it (test::shared_comm_failed).
 struct CudaFree {
-  void operator()(void* p) const { cudaFree(p); }
+  void operator()(void* p) const {
+    if (!test::shared_comm_failed()) cudaFree(p);
+  }
 };
 using DeviceBuffer = std::unique_ptr<void, CudaFree>;
 DeviceBuffer device_buffer(size_t bytes) {
@@ -466,7 +487,7 @@ void run_case(const Case& c) {
   EXPECT_TRUE(agree(!::testing::Test::HasFailure())) << what << ": a peer failed";
 }
 
-class MoeOps : public ::testing::TestWithParam<Case> {};
+class MoeOps : public MoeTest, public ::testing::WithParamInterface<Case> {};
 
 TEST_P(MoeOps, RoutingDispatchCombineMatchTheReference) { run_case(GetParam()); }
 
@@ -523,9 +544,11 @@ INSTANTIATE_TEST_SUITE_P(Moe, MoeOps, ::testing::ValuesIn(cases()), case_name);
 
 // ---- capacity ---------------------------------------------------------------------------------------
 
+class MoeCapacity : public MoeTest {};
+
 // kDrop: rows past a rank's capacity are dropped exactly as the reference drops them; combine
 // adds nothing for their slots.
-TEST(MoeCapacity, DropKeepsTheReceiveOrderAndCountsTheRest) {
+TEST_F(MoeCapacity, DropKeepsTheReceiveOrderAndCountsTheRest) {
   Case c = make_case(Routing::kSkewed, 31);
   c.overflow = MoeOverflow::kDrop;
   // About 60% of the mean rank's rows: the hot ranks drop, possibly all of them.
@@ -534,7 +557,7 @@ TEST(MoeCapacity, DropKeepsTheReceiveOrderAndCountsTheRest) {
 }
 
 // kError: any rank over capacity fails the call on every rank; nothing is written anywhere.
-TEST(MoeCapacity, OverCapacityIsReportedAndNothingMoves) {
+TEST_F(MoeCapacity, OverCapacityIsReportedAndNothingMoves) {
   Communicator& comm = shared_comm();
   Case c = make_case(Routing::kAllToOne, 32);
   c.capacity = 8;
@@ -560,8 +583,10 @@ TEST(MoeCapacity, OverCapacityIsReportedAndNothingMoves) {
 
 // ---- bad input ----------------------------------------------------------------------------------------
 
+class MoeBadInput : public MoeTest {};
+
 // An expert id out of range on the last rank: every rank's report names it; nothing moves.
-TEST(MoeBadInput, ExpertIdOutOfRangeIsReportedEverywhere) {
+TEST_F(MoeBadInput, ExpertIdOutOfRangeIsReportedEverywhere) {
   Communicator& comm = shared_comm();
   Case c = make_case(Routing::kUniform, 41);
   CaseBuffers s(c);
@@ -591,7 +616,7 @@ TEST(MoeBadInput, ExpertIdOutOfRangeIsReportedEverywhere) {
 }
 
 // What the host can check is refused before anything is launched, identically on every rank.
-TEST(MoeBadInput, HostCheckableInputIsRefusedBeforeLaunch) {
+TEST_F(MoeBadInput, HostCheckableInputIsRefusedBeforeLaunch) {
   Communicator& comm = shared_comm();
   const int world = comm.local_world_size();
   MoeConfig config;
@@ -639,6 +664,9 @@ TEST(MoeBadInput, HostCheckableInputIsRefusedBeforeLaunch) {
 
 // ---- repetition ----------------------------------------------------------------------------------------
 
+class MoeStress : public MoeTest {};
+class MoeCompose : public MoeTest {};
+
 __global__ void checksum_kernel(const uint64_t* p, uint64_t words, unsigned long long* out) {
   unsigned long long sum = 0;
   for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < words; i += uint64_t{gridDim.x} * blockDim.x) {
@@ -650,7 +678,7 @@ __global__ void checksum_kernel(const uint64_t* p, uint64_t words, unsigned long
 // The three calls LOOM_TEST_MOE_LAUNCHES times (default 100) without host synchronization, the
 // outputs poisoned before each launch: every launch leaves the same bits (checksums of recv_x and
 // out on the stream), and the first launch's bits are the reference's.
-TEST(MoeStress, BackToBackLaunchesAreBitIdentical) {
+TEST_F(MoeStress, BackToBackLaunchesAreBitIdentical) {
   Communicator& comm = shared_comm();
   const char* env = std::getenv("LOOM_TEST_MOE_LAUNCHES");
   const int launches = env != nullptr ? std::max(1, std::atoi(env)) : 100;
@@ -702,7 +730,7 @@ TEST(MoeStress, BackToBackLaunchesAreBitIdentical) {
 
 // Composition: combine straight over the dispatched rows (identity experts): out[t] is the
 // slot-order fp32 sum of w[t, j] * x[t] over t's kept slots.
-TEST(MoeCompose, CombineOfDispatchIsTheWeightedToken) {
+TEST_F(MoeCompose, CombineOfDispatchIsTheWeightedToken) {
   Communicator& comm = shared_comm();
   Case c = make_case(Routing::kUniform, 71);
   const std::string what = "compose: " + c.text(comm.local_world_size());
