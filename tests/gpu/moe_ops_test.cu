@@ -21,7 +21,7 @@
 // with zero tokens. Bad input (an id out of range, over the capacity) must be reported by
 // moe_report on every rank with nothing moved; kDrop must drop exactly the reference's rows. 100
 // back-to-back launches (LOOM_TEST_MOE_LAUNCHES) of the three calls without host synchronization
-// must give the same bits every time.
+// must give the same bits every time. MoeSmoke (first) runs each kernel alone on a tiny case.
 //
 // A failed call fails its test fast (every wait is bounded: LOOM_TIMEOUT_MS plus two seconds at
 // most) and leaves the shared communicator failed: every later MoE test then skips on every rank,
@@ -497,6 +497,56 @@ Case make_case(Routing r, uint64_t seed) {
   c.seed = seed;
   return c;
 }
+
+// ---- smoke ----------------------------------------------------------------------------------------
+
+// The calls one kernel at a time on a tiny case: E = 2W, k = 2, T = 16 (+ 37 (r mod 3)), H = 40
+// bf16 (80-byte rows: 5 vectors, fewer than a warp has lanes). MoeSmoke is registered before every
+// other MoE suite, so under --gtest_filter='Moe*' it runs first, and each test runs alone too
+// (--gtest_filter=MoeSmoke.Routing, .Dispatch, .Combine): a failure names its kernel.
+//   Routing   moe_routing, then the report: expert_offsets, slot destinations, counts
+//   Dispatch  moe_routing + moe_dispatch: the routing's checks and recv_x
+//   Combine   moe_routing + moe_combine over expert outputs the test writes (no dispatch): out
+enum class SmokeStage { kRouting, kDispatch, kCombine };
+
+void run_smoke(SmokeStage stage, uint64_t seed) {
+  Communicator& comm = shared_comm();
+  Case c = make_case(Routing::kUniform, seed);
+  c.experts_per_rank = 2;
+  c.top_k = 2;
+  c.hidden = 40;
+  c.tokens = 16;
+  const char* name = stage == SmokeStage::kRouting ? "routing" : stage == SmokeStage::kDispatch ? "dispatch" : "combine";
+  const std::string what = std::string("smoke ") + name + ": " + c.text(comm.local_world_size());
+  CaseBuffers s(c);
+  ASSERT_TRUE(agree(s.ok && (stage != SmokeStage::kCombine || s.fill_expert_outputs())))
+      << what << ": rank " << process().rank << " or a peer could not set up";
+  Result<MoePlan> plan = moe_routing(comm, s.config, s.routing_args(), nullptr);
+  ASSERT_TRUE(agree(plan.ok())) << what << ": rank " << process().rank << ": moe_routing: " << plan.status().to_string();
+  if (stage == SmokeStage::kDispatch) {
+    const Status dispatched = moe_dispatch(comm, *plan, s.d_x.get(), s.recv, nullptr);
+    ASSERT_TRUE(agree(dispatched.ok())) << what << ": rank " << process().rank << ": moe_dispatch: " << dispatched.to_string();
+  }
+  if (stage == SmokeStage::kCombine) {
+    const Status combined = moe_combine(comm, *plan, s.combine_args(), nullptr);
+    ASSERT_TRUE(agree(combined.ok())) << what << ": rank " << process().rank << ": moe_combine: " << combined.to_string();
+  }
+  Result<MoeReport> report = moe_report(comm, *plan, nullptr);  // synchronizes the stream
+  ASSERT_TRUE(agree(report.ok())) << what << ": rank " << process().rank << ": " << report.status().to_string();
+  EXPECT_TRUE(report->status.ok()) << what << ": " << report->status.to_string();
+  check_routing(s, *plan, *report, what);
+  if (stage == SmokeStage::kDispatch) check_dispatch(s, what);
+  if (stage == SmokeStage::kCombine) check_combine(s, what);
+  EXPECT_TRUE(agree(!::testing::Test::HasFailure())) << what << ": a peer failed";
+}
+
+class MoeSmoke : public MoeTest {};
+
+TEST_F(MoeSmoke, Routing) { run_smoke(SmokeStage::kRouting, 81); }
+TEST_F(MoeSmoke, Dispatch) { run_smoke(SmokeStage::kDispatch, 82); }
+TEST_F(MoeSmoke, Combine) { run_smoke(SmokeStage::kCombine, 83); }
+
+// ---- every routing -----------------------------------------------------------------------------------
 
 std::vector<Case> cases() {
   std::vector<Case> v;
