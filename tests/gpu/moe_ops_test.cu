@@ -33,6 +33,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -41,6 +42,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "loom/moe.h"
@@ -742,7 +744,8 @@ TEST_F(MoeStress, BackToBackLaunchesAreBitIdentical) {
   cudaStream_t stream;
   LOOM_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   MoePlan plan;
-  // One launch of the three calls, the outputs poisoned first; then the checksums.
+  std::vector<cudaEvent_t> finished(static_cast<size_t>(launches), nullptr);  // recorded after each launch
+  // One launch of the three calls, the outputs poisoned first; then the checksums and the event.
   auto launch = [&](int i) -> Status {
     LOOM_CUDA_TRY(cudaMemsetAsync(s.recv, 0xFF, s.recv_bytes(), stream));
     LOOM_CUDA_TRY(cudaMemsetAsync(s.d_out.get(), 0xFF, s.out_bytes(), stream));
@@ -752,14 +755,44 @@ TEST_F(MoeStress, BackToBackLaunchesAreBitIdentical) {
     checksum_kernel<<<64, 256, 0, stream>>>(static_cast<const uint64_t*>(s.recv), s.recv_bytes() / 8, d_sums + 2 * i);
     checksum_kernel<<<64, 256, 0, stream>>>(static_cast<const uint64_t*>(s.d_out.get()), s.out_bytes() / 8, d_sums + 2 * i + 1);
     LOOM_CUDA_TRY(cudaGetLastError());
+    LOOM_CUDA_TRY(cudaEventCreateWithFlags(&finished[i], cudaEventDisableTiming));
+    LOOM_CUDA_TRY(cudaEventRecord(finished[i], stream));
     return {};
   };
+  // Every launch is queued before the host waits for any. comm.synchronize bounds ALL the work
+  // queued before it by one call's limit (LOOM_TIMEOUT_MS + 1 s, then it aborts), which 300 calls
+  // taking turns with the peers' on a shared GPU may exceed with nothing stuck. So the host first
+  // watches the launches finish one by one (an event after each), each within that limit of the
+  // one before, and synchronizes only then (for the device's verdict).
   std::string failure;
+  int queued = 0;
   for (int i = 0; i < launches && failure.empty(); ++i) {
     const Status st = launch(i);
     if (!st.ok()) failure = "launch " + std::to_string(i) + ": " + st.to_string();
+    if (st.ok()) ++queued;
   }
-  const Status synced = comm.synchronize(stream);
+  const auto per_launch = internal(comm).settings.op_timeout + std::chrono::seconds(1);
+  for (int i = 0; i < queued && failure.empty(); ++i) {
+    const auto deadline = std::chrono::steady_clock::now() + per_launch;
+    for (;;) {
+      const cudaError_t q = cudaEventQuery(finished[i]);
+      if (q == cudaSuccess) break;
+      if (q != cudaErrorNotReady) {
+        failure = "launch " + std::to_string(i) + ": " + cudaGetErrorString(q);
+        break;
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        failure = "launch " + std::to_string(i) + " of " + std::to_string(queued) + " did not finish within " +
+                  std::to_string(per_launch.count()) + " ms of the one before";
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+  const Status synced = comm.synchronize(stream);  // immediate when the watch saw every launch finish
+  for (cudaEvent_t e : finished) {
+    if (e != nullptr) cudaEventDestroy(e);  // returns at once, finished or not
+  }
   cudaStreamDestroy(stream);
   ASSERT_TRUE(agree(failure.empty() && synced.ok())) << what << ": rank " << process().rank << ": " << failure << " / "
                                                     << synced.to_string();
