@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "loom/communicator.h"
 #include "loom/status.h"
 #include "loom/types.h"
 
@@ -115,6 +116,46 @@ struct AttentionMergeArgs {
 };
 Status can_implement_attention_merge(const AttentionMergeArgs& args);
 Status attention_merge(const AttentionMergeArgs& args, cudaStream_t stream);
+
+// ---- ring attention: sequence parallelism over the ranks of one node ------------------------------
+//
+// Rank r of W (= comm.local_world_size()) holds its chunk of every sequence: q [B, S_l, Hq, D],
+// k and v [B, S_l, Hkv, D] (contiguous); it gets out [B, S_l, Hq, D] (and lse [B, Hq, S_l], fp32)
+// = attention of its queries over the keys of all W chunks. Non-causal: any assignment of chunks
+// to ranks. Causal: the zigzag layout — the sequence of W * S_l rows is cut into 2W chunks of
+// S_l / 2, and rank r holds chunks r and 2W-1-r (in that order), which balances the causal work;
+// zigzag_shard / zigzag_unshard in loom.torch move a whole sequence into and out of that layout.
+// One persistent kernel per call: K/V chunks travel around the ring over NVLink (each rank's K/V
+// reaches every other rank) while the attention engine starts every query tile on its own keys and
+// takes the others' as they arrive, merging in fp32 registers. Collective: every rank calls it with
+// the same shapes and options (compared at the kernel's entry: a mismatch fails the launch).
+// The attention family's symmetric workspace holds every rank's K/V
+// (ring_attention_workspace_bytes). Across nodes: not built yet (unsupported).
+struct RingAttentionArgs {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;
+  float* lse = nullptr;  // optional
+  DType dtype = DType::kBF16;
+  int64_t batch = 0;
+  int64_t seqlen = 0;  // S_l: this rank's rows of every sequence (the same on every rank; even when causal)
+  int64_t heads_q = 0, heads_kv = 0, head_dim = 0;
+};
+
+struct RingAttentionOptions {
+  bool causal = false;  // zigzag layout (above)
+  float scale = 0.f;    // 0: 1 / sqrt(head_dim)
+  int kv_ctas = 0;      // CTAs that push K/V before they compute (0: the planner's; W = 1: none)
+  int block_n = 0;      // as AttentionOptions::block_n
+};
+
+// Checks everything that can be checked without a GPU for a ring of `world` ranks.
+Status can_implement_ring_attention(const RingAttentionArgs& args, const RingAttentionOptions& options, int world);
+// The symmetric workspace a call needs on every rank (every rank's K and V, and arrival flags).
+size_t ring_attention_workspace_bytes(const RingAttentionArgs& args, int world);
+Status ring_attention(Communicator& comm, const RingAttentionArgs& args, cudaStream_t stream,
+                      const RingAttentionOptions& options = {});
 
 // Waits for `stream` (bounded by LOOM_TIMEOUT_MS) and returns what a standalone launch (attention,
 // attention_merge, gemm) on the current device recorded since the last such check: bad packed

@@ -113,6 +113,11 @@ def attention(q: object | None, k: object | None, v: object | None, out: object 
     out = softmax(scale q k^T) v (flash attention forward on one GPU); lse (optional) gets the fp32 log-sum-exp.
     """
 
+def ring_attention(comm: Communicator, q: object | None, k: object | None, v: object | None, out: object | None, lse: object | None, stream: int, causal: bool = False, scale: float = 0.0, kv_ctas: int = 0, block_n: int = 0) -> None:
+    """
+    Ring attention over the communicator's ranks: out = attention of this rank's queries over every rank's keys.
+    """
+
 def attention_merge(partial_out: object | None, partial_lse: object | None, out: object | None, lse: object | None, stream: int) -> None:
     """Combines partial-mode attention results over disjoint key sets (fp32)."""
 

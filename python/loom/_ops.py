@@ -139,3 +139,17 @@ def synchronize_standalone(stream: StreamArg = None, like: Optional[DLPackArray]
     handle = stream_handle(stream, "synchronize_standalone", None, None) if stream is not None else (
         current_stream(like, None) if like is not None else 0)
     _C.synchronize_standalone(handle)
+
+
+def ring_attention(comm: CommLike, q: DLPackArray, k: DLPackArray, v: DLPackArray, out: Out, *,
+                   lse: Optional[DLPackArray] = None, causal: bool = False, scale: Optional[float] = None,
+                   stream: StreamArg = None, kv_ctas: int = 0, block_n: int = 0) -> Out:
+    """Sequence-parallel attention over the ranks of one node (collective): this rank's chunk q
+    [B, S_l, Hq, D], k and v [B, S_l, Hkv, D] attend over every rank's keys; out like q, lse
+    [B, Hq, S_l] float32. causal: the zigzag layout (rank r holds chunks r and 2W-1-r of S_l / 2;
+    loom.torch.zigzag_shard builds it). One persistent kernel: K/V travel around the ring while
+    the attention engine computes."""
+    c = as_communicator(comm, "ring_attention")
+    _C.ring_attention(c._c, q, k, v, out, lse, _stream(stream, q, "ring_attention", c.device, c.rank), causal,
+                      0.0 if scale is None else float(scale), kv_ctas, block_n)
+    return out

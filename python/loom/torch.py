@@ -51,7 +51,8 @@ from ._comm import CommLike, Communicator, _process_group_type, as_communicator
 from ._errors import _invalid
 
 __all__ = ["empty", "handle", "register_communicator", "set_staging_budget", "gemm", "all_gather",
-           "reduce_scatter", "all_reduce", "ag_gemm", "gemm_rs", "gemm_ar", "attention", "attention_merge"]
+           "reduce_scatter", "all_reduce", "ag_gemm", "gemm_rs", "gemm_ar", "attention", "attention_merge",
+           "ring_attention", "zigzag_shard", "zigzag_unshard"]
 
 _HALF = (torch.bfloat16, torch.float16)
 _FLOAT = (torch.bfloat16, torch.float16, torch.float32)
@@ -189,9 +190,10 @@ _lib.define("gemm_ar(int comm, Tensor a, Tensor b, str b_layout='kn') -> Tensor"
 _lib.define("attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None, Tensor? cu_seqlens_q=None, "
             "Tensor? cu_seqlens_k=None, int max_seqlen_q=0, int max_seqlen_k=0, bool partial=False) -> (Tensor, Tensor)")
 _lib.define("attention_merge(Tensor partial_out, Tensor partial_lse, ScalarType? out_dtype=None) -> (Tensor, Tensor)")
+_lib.define("ring_attention(int comm, Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None) -> (Tensor, Tensor)")
 
 OPS = ("gemm", "all_gather", "reduce_scatter", "all_reduce", "ag_gemm", "gemm_rs", "gemm_ar", "attention",
-       "attention_merge")
+       "attention_merge", "ring_attention")
 
 _Fn = Callable[..., torch.Tensor]
 
@@ -424,6 +426,37 @@ def _attention_merge_fake(partial_out, partial_lse, out_dtype=None):
     return partial_out.new_empty(out_shape, dtype=dtype), partial_lse.new_empty(lse_shape)
 
 
+# ring attention ----------------------------------------------------------------------------------
+
+def _ring_shapes(q, k, v, rank) -> tuple:
+    if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape:
+        raise _invalid("ring_attention", f"q must be [B, S_l, Hq, D] and k, v [B, S_l, Hkv, D], got {list(q.shape)}, "
+                                         f"{list(k.shape)}, {list(v.shape)}", rank)
+    if q.shape[0] != k.shape[0] or q.shape[1] != k.shape[1] or q.shape[3] != k.shape[3]:
+        raise _invalid("ring_attention", f"q {list(q.shape)} and k {list(k.shape)} must agree in B, S_l and D", rank)
+    if q.dtype != k.dtype or q.dtype != v.dtype or q.dtype not in _HALF:
+        raise _invalid("ring_attention", f"q, k and v must all be bfloat16 or all float16", rank)
+    return tuple(q.shape), (q.shape[0], q.shape[2], q.shape[1])
+
+
+@_impl("ring_attention")
+def _ring_attention_impl(comm, q, k, v, causal=False, scale=None):
+    c = _comm(comm, "ring_attention")
+    out_shape, lse_shape = _ring_shapes(q, k, v, c.rank)
+    q, k, v = (_without_history(x) for x in (q, k, v))
+    out = q.new_empty(out_shape)
+    lse = q.new_empty(lse_shape, dtype=torch.float32)
+    _C.ring_attention(c._c, q, k, v, out, lse, _raw_stream(c.device), causal, 0.0 if scale is None else scale)
+    return out, lse
+
+
+@_fake("ring_attention")
+def _ring_attention_fake(comm, q, k, v, causal=False, scale=None):
+    c = _comm(comm, "ring_attention")
+    out_shape, lse_shape = _ring_shapes(q, k, v, c.rank)
+    return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=torch.float32)
+
+
 # ---- Python entry points -----------------------------------------------------------------------
 
 def gemm(a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn", out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
@@ -477,3 +510,30 @@ def attention_merge(partial_out: torch.Tensor, partial_lse: torch.Tensor, *,
     """(out, lse) combining partial-mode results over disjoint key sets (fp32): partial_out
     [n, B, S, H, D] float32, partial_lse [n, B, H, S]; out in out_dtype (default float32)."""
     return torch.ops.loom.attention_merge.default(partial_out, partial_lse, out_dtype)
+
+
+def ring_attention(comm: CommLike, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                   scale: Optional[float] = None) -> tuple:
+    """(out, lse) of this rank's chunk q [B, S_l, Hq, D] over every rank's k, v [B, S_l, Hkv, D]
+    (collective over comm's node; causal: the zigzag layout, see zigzag_shard). See loom.ring_attention."""
+    return torch.ops.loom.ring_attention.default(register_communicator(comm), q, k, v, causal, scale)
+
+
+def zigzag_shard(x: torch.Tensor, world: int, rank: int, dim: int = 1) -> torch.Tensor:
+    """Rank `rank`'s chunk of a whole sequence for causal ring attention: the sequence (dimension
+    `dim`, length divisible by 2 * world) cut into 2 * world chunks, chunks rank and 2W-1-rank."""
+    n = x.shape[dim]
+    if world < 1 or not 0 <= rank < world or n % (2 * world) != 0:
+        raise _invalid("zigzag_shard", f"a sequence of {n} rows does not split into 2 x {world} chunks for rank {rank}")
+    chunks = x.chunk(2 * world, dim=dim)
+    return torch.cat([chunks[rank], chunks[2 * world - 1 - rank]], dim=dim)
+
+
+def zigzag_unshard(parts: Sequence[torch.Tensor], dim: int = 1) -> torch.Tensor:
+    """The whole sequence from every rank's zigzag chunk (parts[r] from rank r), in order."""
+    world = len(parts)
+    halves = [None] * (2 * world)
+    for r, p in enumerate(parts):
+        a, b = p.chunk(2, dim=dim)
+        halves[r], halves[2 * world - 1 - r] = a, b
+    return torch.cat(halves, dim=dim)

@@ -593,6 +593,77 @@ AttentionCall prepare_attention(nb::handle q, nb::handle k, nb::handle v, nb::ha
   return c;
 }
 
+struct RingAttentionCall {
+  Communicator* comm = nullptr;
+  int comm_rank = -1;
+  TensorArg q, k, v, out, lse;
+  RingAttentionArgs args;
+  RingAttentionOptions options;
+  cudaStream_t stream = nullptr;
+  Status launch() const { return ring_attention(*comm, args, stream, options); }
+  std::string_view op() const { return "ring_attention"; }
+  int rank() const { return comm_rank; }
+};
+
+// This rank's chunk: q [B, S_l, Hq, D], k and v [B, S_l, Hkv, D], out like q, lse [B, Hq, S_l].
+RingAttentionCall prepare_ring_attention(const CommView& pc, nb::handle q, nb::handle k, nb::handle v, nb::handle out,
+                                         nb::handle lse, uintptr_t stream, bool causal, double scale, int kv_ctas,
+                                         int block_n) {
+  const char* op = "ring_attention";
+  const int rank = pc.rank;
+  RingAttentionCall c;
+  c.comm = pc.comm;
+  c.comm_rank = rank;
+  c.q = tensor_arg(q, "q", op, rank);
+  c.k = tensor_arg(k, "k", op, rank);
+  c.v = tensor_arg(v, "v", op, rank);
+  c.out = tensor_arg(out, "out", op, rank);
+  const bool has_lse = !lse.is_none();
+  if (has_lse) c.lse = tensor_arg(lse, "lse", op, rank);
+  require_ndim(c.q, 4, "[B, S_l, Hq, D]", op, rank);
+  require_ndim(c.k, 4, "[B, S_l, Hkv, D]", op, rank);
+  require_ndim(c.v, 4, "[B, S_l, Hkv, D]", op, rank);
+  require_ndim(c.out, 4, "[B, S_l, Hq, D] like q", op, rank);
+  require_same_dtype(c.q, c.k, op, rank);
+  require_same_dtype(c.q, c.v, op, rank);
+  require_same_dtype(c.q, c.out, op, rank);
+  require_half(c.q, op, rank);
+  for (int i = 0; i < 4; ++i) {
+    if (c.out.dim(i) != c.q.dim(i)) invalid(op, rank, "out " + c.out.shape_text() + " must have q's shape " + c.q.shape_text());
+    if (c.v.dim(i) != c.k.dim(i)) invalid(op, rank, "v " + c.v.shape_text() + " must have k's shape " + c.k.shape_text());
+  }
+  if (c.k.dim(0) != c.q.dim(0) || c.k.dim(1) != c.q.dim(1) || c.k.dim(3) != c.q.dim(3)) {
+    invalid(op, rank, "q " + c.q.shape_text() + " and k " + c.k.shape_text() + " must agree in B, S_l and D");
+  }
+  RingAttentionArgs& a = c.args;
+  a.q = c.q.data;
+  a.k = c.k.data;
+  a.v = c.v.data;
+  a.out = c.out.data;
+  a.dtype = c.q.dtype;
+  a.batch = c.q.dim(0);
+  a.seqlen = c.q.dim(1);
+  a.heads_q = c.q.dim(2);
+  a.heads_kv = c.k.dim(2);
+  a.head_dim = c.q.dim(3);
+  if (has_lse) {
+    if (c.lse.dtype != DType::kF32 || c.lse.ndim != 3 || c.lse.dim(0) != a.batch || c.lse.dim(1) != a.heads_q ||
+        c.lse.dim(2) != a.seqlen) {
+      invalid(op, rank, "lse must be [B, Hq, S_l] float32, got " + c.lse.shape_text());
+    }
+    a.lse = static_cast<float*>(c.lse.data);
+  }
+  c.options.causal = causal;
+  c.options.scale = static_cast<float>(scale);
+  c.options.kv_ctas = kv_ctas;
+  c.options.block_n = block_n;
+  require_device(c.q, pc.device, op, rank);
+  for (const TensorArg* t : {&c.k, &c.v, &c.out}) require_device(*t, pc.device, op, rank);
+  if (has_lse) require_device(c.lse, pc.device, op, rank);
+  c.stream = as_stream(stream);
+  return c;
+}
+
 struct AttentionMergeCall {
   TensorArg parts, part_lse, out, lse;
   AttentionMergeArgs args;
@@ -865,6 +936,16 @@ NB_MODULE(_C, m) {
       "scale"_a = 0.0, "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(),
       "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0, "partial"_a = false, "num_ctas"_a = 0, "block_n"_a = 0,
       "out = softmax(scale q k^T) v (flash attention forward on one GPU); lse (optional) gets the fp32 log-sum-exp.");
+  m.def(
+      "ring_attention",
+      [](PyCommunicator& pc, nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, uintptr_t stream,
+         bool causal, double scale, int kv_ctas, int block_n) {
+        run(prepare_ring_attention(view_of(pc, "ring_attention"), q, k, v, out, lse, stream, causal, scale, kv_ctas,
+                                   block_n));
+      },
+      "comm"_a, "q"_a.none(), "k"_a.none(), "v"_a.none(), "out"_a.none(), "lse"_a.none(), "stream"_a,
+      "causal"_a = false, "scale"_a = 0.0, "kv_ctas"_a = 0, "block_n"_a = 0,
+      "Ring attention over the communicator's ranks: out = attention of this rank's queries over every rank's keys.");
   m.def(
       "attention_merge",
       [](nb::handle partial_out, nb::handle partial_lse, nb::handle out, nb::handle lse, uintptr_t stream) {

@@ -298,7 +298,84 @@ Status validate_attention_merge(const AttentionMergeArgs& a) {
   return Status{};
 }
 
+AttentionArgs ring_core_args(const RingAttentionArgs& r) {
+  AttentionArgs a;
+  a.q = r.q;
+  a.k = r.k;
+  a.v = r.v;
+  a.out = r.out;
+  a.lse = r.lse;
+  a.dtype = r.dtype;
+  a.batch = r.batch;
+  a.seqlen_q = a.seqlen_k = r.seqlen;
+  a.heads_q = r.heads_q;
+  a.heads_kv = r.heads_kv;
+  a.head_dim = r.head_dim;
+  return a;
+}
+
+Status validate_ring_attention(const RingAttentionArgs& r, const RingAttentionOptions& o, int world) {
+  if (world < 1) return Status::invalid_argument("ring_attention: the ring needs at least one rank");
+  if ((o.causal ? 2 : 1) * world > ka::kMaxSegments) {
+    return Status::unsupported("ring_attention: a query tile visits " + std::string(o.causal ? "two key segments" : "one key segment") +
+                               " per rank, at most " + std::to_string(ka::kMaxSegments) + " in all: " + std::to_string(world) +
+                               " local ranks are too many");
+  }
+  AttentionOptions core;
+  core.causal = o.causal;
+  core.scale = o.scale;
+  core.block_n = o.block_n;
+  const Status s = validate_attention(ring_core_args(r), core);
+  if (!s.ok()) {
+    std::string m(s.message());
+    if (m.rfind("attention: ", 0) == 0) m = "ring_attention: " + m.substr(11);
+    return Status(s.code(), m);
+  }
+  if (r.seqlen < 1 || r.batch < 1) {
+    return Status::invalid_argument("ring_attention: batch (" + str(r.batch) + ") and seqlen (" + str(r.seqlen) +
+                                    ") must be at least 1");
+  }
+  if (o.causal && r.seqlen % 2 != 0) {
+    return Status::invalid_argument("ring_attention: causal masks use the zigzag layout (two chunks of seqlen / 2 per "
+                                    "rank): seqlen " + str(r.seqlen) + " must be even");
+  }
+  if (o.kv_ctas < 0) return Status::invalid_argument("ring_attention: kv_ctas must be >= 0 (0: the planner's)");
+  if (static_cast<double>(world) * r.seqlen * 2 >= 2147483647.0) {
+    return Status::unsupported("ring_attention: world x seqlen x 2 must stay below 2^31");
+  }
+  const RingWorkspace w = ring_workspace(r, world);
+  if (w.bytes > (uint64_t{1} << 46)) return Status::unsupported("ring_attention: the workspace would exceed 64 TiB");
+  return Status{};
+}
+
+RingWorkspace ring_workspace(const RingAttentionArgs& r, int world) {
+  RingWorkspace w;
+  const uint64_t kv = static_cast<uint64_t>(world) * static_cast<uint64_t>(r.batch) * static_cast<uint64_t>(r.seqlen) *
+                      static_cast<uint64_t>(r.heads_kv) * static_cast<uint64_t>(r.head_dim) * dtype_size(r.dtype);
+  auto align = [](uint64_t x) { return (x + 1023) / 1024 * 1024; };
+  w.chunks = static_cast<uint32_t>((r.seqlen + ka::RingTunables::kChunkRows - 1) / ka::RingTunables::kChunkRows);
+  w.recv_k = 0;
+  w.recv_v = align(kv);
+  w.arrived = w.recv_v + align(kv);
+  w.bytes = w.arrived + align(static_cast<uint64_t>(world) * static_cast<uint64_t>(r.batch) * w.chunks * 8);
+  return w;
+}
+
+int ring_kv_ctas(const RingAttentionOptions& o, int world, int sm_count) {
+  if (world < 2) return 0;
+  const int want = o.kv_ctas > 0 ? o.kv_ctas : ka::RingTunables::kDefaultKvCtas;
+  return std::max(1, std::min({want, ka::RingTunables::kMaxKvCtas, sm_count - 1}));
+}
+
 }  // namespace planner
+
+size_t ring_attention_workspace_bytes(const RingAttentionArgs& args, int world) {
+  return static_cast<size_t>(planner::ring_workspace(args, world).bytes);
+}
+
+Status can_implement_ring_attention(const RingAttentionArgs& args, const RingAttentionOptions& options, int world) {
+  return planner::validate_ring_attention(args, options, world);
+}
 
 Status can_implement_attention(const AttentionArgs& args, const AttentionOptions& options) {
   return planner::validate_attention(args, options);

@@ -46,4 +46,17 @@ Result<AttentionPlan> plan_attention(const AttentionArgs& args, const AttentionO
 
 Status validate_attention_merge(const AttentionMergeArgs& args);
 
+// Ring attention: the rules of loom/attention.h, and the workspace layout (byte offsets in the
+// attention family's symmetric workspace; kernels/attention/sm90_ring_attention.cuh).
+Status validate_ring_attention(const RingAttentionArgs& args, const RingAttentionOptions& options, int world);
+struct RingWorkspace {
+  uint64_t recv_k = 0, recv_v = 0, arrived = 0, bytes = 0;
+  uint32_t chunks = 0;  // arrival flags per (rank, batch)
+};
+RingWorkspace ring_workspace(const RingAttentionArgs& args, int world);
+// The engine's view of one rank's share (batched, S_l queries and keys, contiguous).
+AttentionArgs ring_core_args(const RingAttentionArgs& args);
+// CTAs that push K/V first: the option, or the planner's (none for a ring of one).
+int ring_kv_ctas(const RingAttentionOptions& options, int world, int sm_count);
+
 }  // namespace loom::planner

@@ -222,6 +222,47 @@ TEST(AttentionPlan, BlockNDefaultsAndOverrides) {
   EXPECT_EQ(plan.value().info.stages, 2);
 }
 
+TEST(AttentionPlan, RingRulesAndWorkspace) {
+  RingAttentionArgs r;
+  r.q = at(1);
+  r.k = at(2);
+  r.v = at(3);
+  r.out = const_cast<void*>(at(4));
+  r.batch = 2;
+  r.seqlen = 1000;
+  r.heads_q = 8;
+  r.heads_kv = 2;
+  r.head_dim = 128;
+  RingAttentionOptions o;
+  EXPECT_TRUE(can_implement_ring_attention(r, o, 4).ok());
+  o.causal = true;
+  EXPECT_TRUE(can_implement_ring_attention(r, o, 4).ok());
+  RingAttentionArgs odd = r;
+  odd.seqlen = 999;
+  const Status s = can_implement_ring_attention(odd, o, 4);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("even"), std::string::npos) << s.message();
+  RingAttentionArgs bad = r;
+  bad.heads_kv = 3;
+  EXPECT_EQ(can_implement_ring_attention(bad, o, 4).message().rfind("ring_attention: ", 0), 0u);
+  EXPECT_EQ(can_implement_ring_attention(r, o, 0).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(can_implement_ring_attention(r, o, 8).ok());
+  EXPECT_EQ(can_implement_ring_attention(r, o, 9).code(), StatusCode::kUnsupported);  // 18 segments
+  RingAttentionOptions neg;
+  neg.kv_ctas = -1;
+  EXPECT_EQ(can_implement_ring_attention(r, neg, 2).code(), StatusCode::kInvalidArgument);
+  // Every rank's K and V, 1 KiB aligned, then W * B * chunks flags.
+  const planner::RingWorkspace w = planner::ring_workspace(r, 4);
+  const uint64_t kv = 4ull * 2 * 1000 * 2 * 128 * 2;
+  EXPECT_EQ(w.chunks, 8u);  // ceil(1000 / 128)
+  EXPECT_EQ(w.recv_v, (kv + 1023) / 1024 * 1024);
+  EXPECT_EQ(w.arrived, 2 * ((kv + 1023) / 1024 * 1024));
+  EXPECT_GE(w.bytes, w.arrived + 4ull * 2 * 8 * 8);
+  EXPECT_EQ(ring_attention_workspace_bytes(r, 4), w.bytes);
+  EXPECT_EQ(planner::ring_kv_ctas({}, 1, 132), 0);  // a ring of one moves nothing
+  EXPECT_EQ(planner::ring_kv_ctas({}, 8, 132), 4);
+}
+
 TEST(AttentionPlan, MergeRules) {
   AttentionMergeArgs m;
   m.partial_out = static_cast<const float*>(at(1));

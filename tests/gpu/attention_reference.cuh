@@ -28,12 +28,12 @@ struct RefAttention {
   int bf16;
 };
 
-__device__ inline float ref_load(const void* p, int64_t i, int bf16) {
+static __device__ __forceinline__ float ref_load(const void* p, int64_t i, int bf16) {
   return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]) : __half2float(static_cast<const __half*>(p)[i]);
 }
 
 // grid (rows of the longest sequence, heads_q, batch); dynamic shared memory: seqlen_k floats.
-__global__ void reference_attention(const RefAttention a) {
+static __global__ void reference_attention(const RefAttention a) {
   extern __shared__ float scores[];
   __shared__ float red[32];
   const int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z;

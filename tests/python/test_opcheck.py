@@ -58,8 +58,16 @@ def _attention_merge(partial_out, partial_lse, out_dtype=None):
     return (weights * partial_out).sum(0).to(out_dtype or FP32), lse
 
 
+def _ring_attention(comm, q, k, v, causal=False, scale=None):
+    """The stand-in's W ranks all hold this chunk: every key appears W times, which leaves the
+    output as is and adds log W to the LSE (non-causal cases only)."""
+    out, lse = _attention(q, k, v, causal, scale)
+    return out, lse + torch.log(torch.tensor(float(WORLD)))
+
+
 REFERENCE_KERNELS = {
     "attention": _attention,
+    "ring_attention": _ring_attention,
     "attention_merge": _attention_merge,
     "gemm": lambda a, b, b_layout="kn", out_dtype=None: (a.float() @ _dense(b, b_layout).float()).to(
         out_dtype or a.dtype),
@@ -125,6 +133,8 @@ def cases():
                                         rand(2, 7, 2, 64, dtype=dtype), causal, None, None, None, 0, 0, partial)
             yield "attention_merge", (rand(3, 2, 5, 4, 64, dtype=FP32, requires_grad=grad), rand(3, 2, 4, 5, dtype=FP32),
                                       dtype)
+            yield "ring_attention", (HANDLE, rand(2, 6, 4, 64, dtype=dtype, requires_grad=grad), rand(2, 6, 2, 64, dtype=dtype),
+                                     rand(2, 6, 2, 64, dtype=dtype), False, None)
         for dtype in (BF16, FP16, FP32):
             for shape in ((8 * w,), (4 * w, 3, 5)):
                 for op in ("all_gather", "reduce_scatter", "all_reduce"):

@@ -197,3 +197,20 @@ def test_attention_shape_errors():
         with pytest.raises(loom.InvalidArgument, match="both cu_seqlens"):
             cu = torch.empty(3, dtype=torch.int32, device="cuda")
             torch.ops.loom.attention(fake(100, 8, 128), fake(3, 2, 128), fake(3, 2, 128), False, None, cu)
+
+
+def test_ring_attention_shapes_and_zigzag(comm):
+    h = lt.register_communicator(comm)
+    with FakeTensorMode():
+        out, lse = torch.ops.loom.ring_attention(h, fake(2, 100, 8, 128), fake(2, 100, 2, 128), fake(2, 100, 2, 128), True)
+        assert out.shape == (2, 100, 8, 128) and lse.shape == (2, 8, 100) and lse.dtype == FP32
+        with pytest.raises(loom.InvalidArgument, match="must agree"):
+            torch.ops.loom.ring_attention(h, fake(2, 100, 8, 128), fake(2, 99, 2, 128), fake(2, 99, 2, 128))
+    w = comm.local_world_size
+    x = torch.arange(2 * w * 3 * 2, dtype=FP32).reshape(2, 2 * w * 3)
+    parts = [lt.zigzag_shard(x, w, r) for r in range(w)]
+    assert parts[0].shape == (2, 6)
+    assert torch.equal(parts[0][:, :3], x[:, :3]) and torch.equal(parts[0][:, 3:], x[:, -3:])
+    assert torch.equal(lt.zigzag_unshard(parts), x)
+    with pytest.raises(loom.InvalidArgument, match="does not split"):
+        lt.zigzag_shard(x[:, :5], w, 0)

@@ -12,8 +12,9 @@
 //   k[s]    kStages * kKVBytes, kKVBytes = kBlockN * D * 2   D/64 boxes of kBlockN rows x 128 B
 //   v[s]    kStages * kKVBytes                    same boxes (read N-major by the P V wgmma)
 //   bars    8 B mbarriers: q_full[t], q_empty[t], k_full[s], k_empty[s], v_full[s], v_empty[s],
-//           then one 8 B word (the offset check's first bad sequence), then kQStages 16 B tile
-//           tasks (the tile the producer claimed for Q slot t, written before q_full[t] completes)
+//           then one 8 B word (the offset check's first bad sequence), then kQStages tile tasks
+//           of kTaskBytes = 16 + 16 * kMaxSegments (the tile the producer claimed for Q slot t and
+//           its key segments' lengths, positions and blocks, written before q_full[t] completes)
 #pragma once
 
 #include <cstdint>
@@ -32,13 +33,20 @@ enum class WarpGroupRole : uint32_t {
 constexpr uint32_t kPingpongBarrier0 = 1;  // consumer 0 waits here for its turn
 constexpr uint32_t kPingpongBarrier1 = 2;  // consumer 1 waits here for its turn
 
-template <int kHeadDim_, int kBlockN_, int kStages_, int kQStages_>
+// Key segments a query tile may visit (ring attention: two per rank of up to 8 local ranks).
+constexpr int kMaxSegments = 16;
+
+template <int kHeadDim_, int kBlockN_, int kStages_, int kQStages_, int kPolyExp2PerEight_ = 0>
 struct FlashConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = 128;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
   static constexpr int kQStages = kQStages_;
+  // Of every 8 scores, how many take the FMA-pipe exp2 (softmax.cuh poly_exp2) instead of MUFU:
+  // at hd64 the exponentials alone take as long as the tensor cores (16 per clock per SM against
+  // 2 GEMMs of 128 x BLOCK_N x 64 per block), so part of them moves to the idle FMA pipe.
+  static constexpr int kPolyExp2PerEight = kPolyExp2PerEight_;
   static constexpr int kConsumers = 2;
   static constexpr int kConsumerRows = kBlockM / kConsumers;  // one m64 wgmma row block
   static constexpr int kThreads = 128 * (1 + kConsumers);
@@ -51,9 +59,12 @@ struct FlashConfig {
   static_assert(kQStages == 1 || kQStages == 2, "Q has one slot, or two so the next tile's Q loads early");
   static_assert(kConsumerRows == 64, "each consumer warpgroup owns one m64 row block");
 
-  // Registers: the producer gives registers to the consumers (128*40 + 256*232 = 64512 <= 65536).
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;
+  // Registers: the producer gives registers to the consumers (128 * producer + 256 * consumer <=
+  // 65536). Ring attention's producer (its keys policy: segments, arrival waits) spills below 56;
+  // hd256's consumers (O alone is 128 registers) need 232, and their producer gets 40.
+  static constexpr int kProducerRegs = kHeadDim == 256 ? 40 : 56;
+  static constexpr int kConsumerRegs = kHeadDim == 256 ? 232 : 224;
+  static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "the register split exceeds the SM's registers");
 
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2;
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * 2;
@@ -66,8 +77,9 @@ struct FlashConfig {
   static constexpr uint32_t kBarrierOffset = kVOffset + kStages * kKVBytes;
   static constexpr uint32_t kBarriers = 2 * kQStages + 4 * kStages;
   static constexpr uint32_t kScratchOffset = kBarrierOffset + 8 * kBarriers;
-  static constexpr uint32_t kTaskOffset = kScratchOffset + 8;
-  static constexpr uint32_t kSmemBytes = 1024 + kTaskOffset + 16 * kQStages;
+  static constexpr uint32_t kTaskOffset = (kScratchOffset + 8 + 15) / 16 * 16;
+  static constexpr uint32_t kTaskBytes = 16 + 16 * kMaxSegments;
+  static constexpr uint32_t kSmemBytes = 1024 + kTaskOffset + kTaskBytes * kQStages;
 
   static_assert(kKVBoxBytes % 1024 == 0, "K/V boxes must keep the 1024-byte swizzle-atom alignment (BLOCK_N % 8 == 0)");
   // H100/H200 allow 227 KiB of dynamic shared memory per block (232448 bytes); the planner checks
@@ -75,11 +87,21 @@ struct FlashConfig {
   static_assert(kSmemBytes <= 232448, "configuration does not fit in 227 KiB of shared memory");
 };
 
+// Every tunable of ring attention (sm90_ring_attention.cuh; the host planner reads them too).
+struct RingTunables {
+  static constexpr uint32_t kChunkRows = 128;  // K/V rows per arrival flag (all KV heads of a batch)
+  static constexpr int kPushStages = 8;         // each push CTA's bulk-copy stream: stages x piece bytes
+  static constexpr uint32_t kPushPieceBytes = 16 * 1024;
+  static constexpr int kPushFlagLag = 4;        // bulk groups in flight before a chunk's flag is set
+  static constexpr int kMaxKvCtas = 8;
+  static constexpr int kDefaultKvCtas = 4;
+};
+
 // The configurations loom ships (BLOCK_N and the stages fill the shared memory; a wider BLOCK_N
 // leaves room for one Q slot only). The planner picks one per head dim; AttentionOptions::block_n
 // forces another.
 using Flash64x128 = FlashConfig<64, 128, 4, 2>;
-using Flash64x192 = FlashConfig<64, 192, 3, 2>;
+using Flash64x192 = FlashConfig<64, 192, 3, 2, 2>;
 using Flash128x128 = FlashConfig<128, 128, 2, 2>;
 using Flash128x176 = FlashConfig<128, 176, 2, 1>;
 using Flash256x64 = FlashConfig<256, 64, 2, 1>;

@@ -45,19 +45,54 @@ struct FlashParams {
   uint32_t causal;             // bottom-right aligned: key j is visible to query i iff j <= i + len_k - len_q
   uint32_t out_f32;            // O in fp32 (partial mode), else q's dtype
 
-  // The launch's tile queue: [0] next tile, [1] CTAs done claiming; the last CTA resets both.
-  uint32_t* queue;
+  // The launch's tile queue (tile_queue, ctas_done; kernels/comm/epoch.cuh leave_queue).
+  LaunchState* queue;
 
   WaitParams wait;
   uint64_t epoch;
 };
 
-// What the producer hands the consumers with each Q slot (shared memory, 16 bytes).
+// Ring attention's parameters (sm90_ring_attention.cuh has the kernel and the buffer layout).
+struct RingParams {
+  FlashParams core;                 // q, out, lse, the local k/v maps, shapes (seqlen_q = seqlen_k = S_l), queue
+  sm90::TmaDescriptor recv_k_map;   // {D, Hkv, S_l, W*B} over recv_k (batch coordinate src * B + b)
+  sm90::TmaDescriptor recv_v_map;
+  DeviceComm comm;
+  const char* k_local;              // this rank's k and v (contiguous [B, S_l, Hkv, D])
+  const char* v_local;
+  uint64_t recv_k_offset, recv_v_offset, arrived_offset;  // heap offsets
+  uint64_t row_bytes;               // Hkv * D * elem
+  uint32_t chunks;                  // ceil(S_l / RingTunables::kChunkRows)
+  uint32_t kv_ctas;
+  uint32_t signature;
+};
+
+// A run of keys a tile attends to: rows [row0, row0 + len) of the K and V maps at batch coordinate
+// batch_coord, whose first key sits at position pos0 of the sequence (causal masks compare
+// positions). A tile visits its first `blocks` blocks of BLOCK_N keys (0: none); `source` is the
+// rank whose keys these are when they arrive from another rank (the producer awaits them), else -1.
+struct KvSegment {
+  const sm90::TmaDescriptor* k_map;
+  const sm90::TmaDescriptor* v_map;
+  int32_t row0;
+  int32_t batch_coord;
+  int32_t len;
+  int32_t pos0;
+  int32_t source;
+  int32_t blocks;
+};
+
+// What the producer hands the consumers with each Q slot (shared memory): the tile, then its
+// key segments' lengths, positions and block counts (the consumers mask with these).
 struct TileTask {
   static constexpr uint32_t kEnd = 0xffffffffu;  // no more tiles in this launch
   uint32_t tile;
-  int32_t kv_blocks;  // 0: no visible key (O = 0, LSE = -inf)
-  uint32_t unused[2];
+  int32_t kv_blocks;  // every segment's blocks; 0: no visible key (O = 0, LSE = -inf)
+  int32_t segments;
+  uint32_t unused;
+};
+struct SegmentInfo {
+  int32_t len, pos0, blocks, unused;
 };
 
 struct TileCoord {

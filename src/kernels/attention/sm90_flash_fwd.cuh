@@ -21,6 +21,12 @@
 //                        (named barriers kPingpongBarrier0/1), so one warpgroup's softmax runs
 //                        under the other's GEMMs. At the tile's end O / l and the LSE are stored
 //                        straight from registers (rows past the sequence are not stored).
+// Keys policy: what a tile attends to comes from `Keys` (SequenceKeys here: the tile's own
+// sequence; ring attention's RingKeys: every rank's K/V as it arrives). It names the tile's query
+// rows (view), the tile's key segments (KvSegment: a run of rows of some K/V tensor map with its
+// positions), each query row's position, and, for keys that arrive from another rank, the wait
+// before they are loaded. The loop below walks the segments' blocks in order, each segment from
+// its last block down; causal masks compare positions.
 // Synchronisation: q_full[t] (1 arrival + TMA bytes) / q_empty[t] (one arrival per consumer warp,
 // after the tile's last Q K^T); k_full[s], v_full[s] (1 + TMA bytes) / k_empty[s], v_empty[s] (one
 // arrival per consumer warp, after the wgmma that read the block). Every mbarrier wait is bounded
@@ -40,6 +46,7 @@
 #include "kernels/attention/flags.h"
 #include "kernels/attention/params.h"
 #include "kernels/attention/softmax.cuh"
+#include "kernels/comm/epoch.cuh"
 #include "kernels/comm/wait.cuh"
 #include "kernels/common/sm90.cuh"
 #include "kernels/gemm/pipeline.cuh"
@@ -63,7 +70,10 @@ struct FlashSmem {
   __device__ uint64_t* v_full(uint32_t s) const { return bar(2 * Cfg::kQStages + 2 * Cfg::kStages + s); }
   __device__ uint64_t* v_empty(uint32_t s) const { return bar(2 * Cfg::kQStages + 3 * Cfg::kStages + s); }
   __device__ uint32_t* scratch() const { return reinterpret_cast<uint32_t*>(base + Cfg::kScratchOffset); }
-  __device__ TileTask* task(uint32_t t) const { return reinterpret_cast<TileTask*>(base + Cfg::kTaskOffset) + t; }
+  __device__ TileTask* task(uint32_t t) const {
+    return reinterpret_cast<TileTask*>(base + Cfg::kTaskOffset + t * Cfg::kTaskBytes);
+  }
+  __device__ SegmentInfo* segments(uint32_t t) const { return reinterpret_cast<SegmentInfo*>(task(t) + 1); }
 };
 
 // Where the tile's sequence lives (params.h SeqSpan).
@@ -92,7 +102,76 @@ __device__ __forceinline__ bool offsets_valid(const FlashParams& p, uint32_t* ba
   return __syncthreads_or(bad) == 0;
 }
 
-template <class Cfg, bool kBF16, bool kCausal>
+// The query rows a tile covers: (batch, head, query block), where its sequence lives, first row.
+struct TileView {
+  TileCoord coord;
+  SeqSpan span;
+  int32_t m0;
+};
+
+// The standalone attention's keys: one segment, the tile's own sequence's K and V; query row i of
+// a sequence sits at position i + len_k - len_q (causal masks aligned to the bottom right).
+template <int kBlockM, int kBlockN, bool kCausal>
+struct SequenceKeys {
+  const FlashParams& p;
+  uint32_t pairs;  // batch * heads_q
+
+  __device__ explicit SequenceKeys(const FlashParams& params)
+      : p(params), pairs(static_cast<uint32_t>(params.batch) * static_cast<uint32_t>(params.heads_q)) {}
+
+  __device__ TileView view(uint32_t tile) const {
+    TileView v;
+    v.coord = tile_at(tile, p.m_blocks, p.heads_q, pairs, kCausal, p.section_heads);
+    v.span = seq_span(p, v.coord.batch);
+    v.m0 = static_cast<int32_t>(v.coord.m_block) * kBlockM;
+    return v;
+  }
+  __device__ int segments(const TileView&) const { return 1; }
+  __device__ int32_t q_pos(const TileView& v, int32_t row) const { return row + v.span.len_k - v.span.len_q; }
+  __device__ KvSegment segment(const TileView& v, int) const {
+    int32_t visible = v.span.len_k;
+    if constexpr (kCausal) visible = min(visible, q_pos(v, v.m0 + kBlockM - 1) + 1);
+    const int32_t blocks = visible > 0 ? (visible + kBlockN - 1) / kBlockN : 0;
+    return KvSegment{&p.k_map, &p.v_map, v.span.k_row0, v.span.batch_coord, v.span.len_k, 0, -1, blocks};
+  }
+  // Keys of another rank: none here.
+  __device__ bool await_rows(const KvSegment&, int32_t, int32_t, const WaitContext&) const { return true; }
+};
+
+// A consumer's place in the tile's key blocks: segment `seg`, block `n` of it (segments in order,
+// each from its last block down), and the keys of the segment this thread's two rows may see. It
+// reads the segments from the tile task's table (shared memory), so the keys policy's arithmetic
+// stays out of the consumers' registers.
+template <int kBlockN, bool kCausal>
+struct BlockCursor {
+  int seg;
+  int n;
+  int key_end[2];    // keys [0, key_end[r]) of the segment are visible to row r
+  int first_masked;  // blocks at or above this index need masking
+
+  // qpos: the positions of this thread's two rows.
+  __device__ void enter(const SegmentInfo* table, const int (&qpos)[2], int i) {
+    seg = i;
+    const SegmentInfo s = table[i];
+    n = s.blocks - 1;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) key_end[r] = kCausal ? max(0, min(s.len, qpos[r] - s.pos0 + 1)) : s.len;
+    first_masked = min(key_end[0], key_end[1]) / kBlockN;
+  }
+  // The first block of the tile (the tile has at least one).
+  __device__ void start(const SegmentInfo* table, const int (&qpos)[2]) {
+    enter(table, qpos, 0);
+    while (n < 0) enter(table, qpos, seg + 1);
+  }
+  __device__ void next(const SegmentInfo* table, const int (&qpos)[2]) {
+    if (--n >= 0) return;
+    do enter(table, qpos, seg + 1);
+    while (n < 0);
+  }
+  __device__ bool masked() const { return n >= first_masked; }
+};
+
+template <class Cfg, bool kBF16, bool kCausal, class Keys>
 struct FlashForward {
   using Smem = FlashSmem<Cfg>;
   static constexpr int BM = Cfg::kBlockM;
@@ -105,14 +184,6 @@ struct FlashForward {
   static constexpr uint32_t kEmptyArrivals = Cfg::kConsumers * 4;  // one per consumer warp
   using KvState = gemm::PipelineState<Cfg::kStages>;
   using QState = gemm::PipelineState<Cfg::kQStages>;
-
-  // The K/V blocks tile (m0) of a sequence visits: [0, n_blocks). Causal: keys up to the tile's
-  // last row (bottom-right aligned). 0: no visible key (O = 0, LSE = -inf).
-  __device__ static int kv_blocks(const SeqSpan& s, int m0) {
-    int hi = s.len_k;
-    if constexpr (kCausal) hi = min(hi, m0 + BM + s.len_k - s.len_q);
-    return hi > 0 ? (hi + BN - 1) / BN : 0;
-  }
 
   __device__ static void init(const Smem& sm) {
     if (threadIdx.x == 0) {
@@ -146,18 +217,36 @@ struct FlashForward {
 
   // The next tile of the queue that has query rows (tiles past a packed sequence's end have none),
   // or TileTask::kEnd.
-  __device__ static TileTask claim(const FlashParams& p, uint32_t pairs) {
+  __device__ static uint32_t claim(const FlashParams& p, const Keys& keys) {
     for (;;) {
-      const uint32_t t = atomicAdd(p.queue, 1u);
-      if (t >= p.num_tiles) return TileTask{TileTask::kEnd, 0, {0, 0}};
-      const TileCoord c = tile_at(t, p.m_blocks, p.heads_q, pairs, kCausal, p.section_heads);
-      const SeqSpan span = seq_span(p, c.batch);
-      const int m0 = static_cast<int>(c.m_block) * BM;
-      if (m0 < span.len_q) return TileTask{t, kv_blocks(span, m0), {0, 0}};
+      const uint32_t t = atomicAdd(&p.queue->tile_queue, 1u);
+      if (t >= p.num_tiles) return TileTask::kEnd;
+      const TileView v = keys.view(t);
+      if (v.m0 < v.span.len_q) return t;
     }
   }
 
-  __device__ static void producer(const Smem& sm, const FlashParams& p, const WaitContext& ctx) {
+  // Writes the task of Q slot `slot`: the tile and its segments' table; returns its key blocks.
+  __device__ static int post_task(const Smem& sm, uint32_t slot, const Keys& keys, uint32_t tile) {
+    TileTask* task = sm.task(slot);
+    SegmentInfo* table = sm.segments(slot);
+    int total = 0, count = 0;
+    if (tile != TileTask::kEnd) {
+      const TileView v = keys.view(tile);
+      count = keys.segments(v);
+      for (int i = 0; i < count; ++i) {
+        const KvSegment seg = keys.segment(v, i);
+        table[i] = SegmentInfo{seg.len, seg.pos0, seg.blocks, 0};
+        total += seg.blocks;
+      }
+    }
+    task->tile = tile;
+    task->kv_blocks = total;
+    task->segments = count;
+    return total;
+  }
+
+  __device__ static void producer(const Smem& sm, const FlashParams& p, const Keys& keys, const WaitContext& ctx) {
     constexpr uint32_t kQBytes = Cfg::kQBytes;  // by value: cuda::ptx takes references
     constexpr uint32_t kKVBytes = Cfg::kKVBytes;
     sm90::prefetch_tensormap(&p.q_map);
@@ -166,52 +255,48 @@ struct FlashForward {
     QState q{0, 0};
     KvState kv{0, 0};
     const uint32_t group = static_cast<uint32_t>(p.heads_q / p.heads_kv);
-    const uint32_t pairs = static_cast<uint32_t>(p.batch) * static_cast<uint32_t>(p.heads_q);
     for (;;) {
       // Claim only when a slot is free: the claimed tile starts at once (longest first holds).
       if (!q.wait_released(sm.q_empty(q.index), ctx, BarrierWhat::kTileEmpty)) break;
-      const TileTask task = claim(p, pairs);
-      *sm.task(q.index) = task;
-      if (task.tile == TileTask::kEnd || task.kv_blocks == 0) {
+      const uint32_t tile = claim(p, keys);
+      const int blocks = post_task(sm, q.index, keys, tile);
+      if (tile == TileTask::kEnd || blocks == 0) {
         (void)cuda::ptx::mbarrier_arrive(sm.q_full(q.index));  // the task alone, no data
         q.advance();
-        if (task.tile == TileTask::kEnd) break;
+        if (tile == TileTask::kEnd) break;
         continue;
       }
-      const TileCoord c = tile_at(task.tile, p.m_blocks, p.heads_q, pairs, kCausal, p.section_heads);
-      const SeqSpan span = seq_span(p, c.batch);
-      const int m0 = static_cast<int>(c.m_block) * BM;
-      const int32_t head_kv = static_cast<int32_t>(c.head / group);
+      const TileView v = keys.view(tile);
+      const int32_t head_kv = static_cast<int32_t>(v.coord.head / group);
       cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
                                            sm.q_full(q.index), kQBytes);
-      load_boxes(&p.q_map, sm.q(q.index), Cfg::kQBoxBytes, static_cast<int32_t>(c.head), span.q_row0 + m0,
-                 span.batch_coord, sm.q_full(q.index));
+      load_boxes(&p.q_map, sm.q(q.index), Cfg::kQBoxBytes, static_cast<int32_t>(v.coord.head), v.span.q_row0 + v.m0,
+                 v.span.batch_coord, sm.q_full(q.index));
       q.advance();
 
       bool ok = true;
-      for (int n = task.kv_blocks - 1; n >= 0 && ok; --n) {
-        const int32_t row = span.k_row0 + n * BN;
-        ok = kv.wait_released(sm.k_empty(kv.index), ctx, BarrierWhat::kStageEmpty);
-        if (!ok) break;
-        cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
-                                             sm.k_full(kv.index), kKVBytes);
-        load_boxes(&p.k_map, sm.k(kv.index), Cfg::kKVBoxBytes, head_kv, row, span.batch_coord, sm.k_full(kv.index));
-        ok = kv.wait_released(sm.v_empty(kv.index), ctx, BarrierWhat::kStageEmpty);
-        if (!ok) break;
-        cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
-                                             sm.v_full(kv.index), kKVBytes);
-        load_boxes(&p.v_map, sm.v(kv.index), Cfg::kKVBoxBytes, head_kv, row, span.batch_coord, sm.v_full(kv.index));
-        kv.advance();
+      for (int i = 0; i < keys.segments(v) && ok; ++i) {
+        const KvSegment seg = keys.segment(v, i);
+        for (int n = seg.blocks - 1; n >= 0; --n) {
+          const int32_t row = seg.row0 + n * BN;
+          if (seg.source >= 0) {
+            ok = keys.await_rows(seg, n * BN, min(seg.len, (n + 1) * BN), ctx);
+            if (!ok) break;
+          }
+          ok = kv.wait_released(sm.k_empty(kv.index), ctx, BarrierWhat::kStageEmpty);
+          if (!ok) break;
+          cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                               sm.k_full(kv.index), kKVBytes);
+          load_boxes(seg.k_map, sm.k(kv.index), Cfg::kKVBoxBytes, head_kv, row, seg.batch_coord, sm.k_full(kv.index));
+          ok = kv.wait_released(sm.v_empty(kv.index), ctx, BarrierWhat::kStageEmpty);
+          if (!ok) break;
+          cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                               sm.v_full(kv.index), kKVBytes);
+          load_boxes(seg.v_map, sm.v(kv.index), Cfg::kKVBoxBytes, head_kv, row, seg.batch_coord, sm.v_full(kv.index));
+          kv.advance();
+        }
       }
       if (!ok) break;
-    }
-    // This CTA claims nothing more (also after a failure: the claims stop either way); the last
-    // CTA to get here resets the queue for the next launch on the stream.
-    __threadfence();
-    if (atomicAdd(p.queue + 1, 1u) == gridDim.x - 1) {
-      p.queue[0] = 0;
-      p.queue[1] = 0;
-      __threadfence();
     }
   }
 
@@ -259,8 +344,8 @@ struct FlashForward {
     if (threadIdx.x % 32 == 0) (void)cuda::ptx::mbarrier_arrive(empty);
   }
 
-  // Masks the scores of K block `n` that this thread's rows may not see: keys at or past the
-  // sequence's end, and under causal masking keys after row + len_k - len_q.
+  // Masks the scores of block `n` of the segment that this thread's rows may not see: keys at or
+  // past key_end[r] (the segment's end, or under causal masking the row's position).
   __device__ static void mask_block(float (&s)[kSRegs], int n, const int (&key_end)[2]) {
     const int col0 = n * BN + 2 * static_cast<int>(threadIdx.x % 4);
 #pragma unroll
@@ -303,7 +388,8 @@ struct FlashForward {
     }
   }
 
-  __device__ static void consumer(const Smem& sm, const FlashParams& p, const WaitContext& ctx, uint32_t consumer) {
+  __device__ static void consumer(const Smem& sm, const FlashParams& p, const Keys& keys, const WaitContext& ctx,
+                                  uint32_t consumer) {
     const uint32_t my_turn = consumer == 0 ? kPingpongBarrier0 : kPingpongBarrier1;
     const uint32_t their_turn = consumer == 0 ? kPingpongBarrier1 : kPingpongBarrier0;
     // This thread's first row within the tile (the second is 8 further).
@@ -316,8 +402,8 @@ struct FlashForward {
     float o[kORegs];
     float s[kSRegs];
     uint32_t pr[kPRegs];
-    OnlineSoftmax<BN> softmax;
-    const uint32_t pairs = static_cast<uint32_t>(p.batch) * static_cast<uint32_t>(p.heads_q);
+    OnlineSoftmax<BN, Cfg::kPolyExp2PerEight> softmax;
+    BlockCursor<BN, kCausal> cur;
 
     for (;;) {
       // Both consumers read every task, so they take the same pingpong turns. A failed wait here
@@ -325,11 +411,10 @@ struct FlashForward {
       if (!q.wait_filled(sm.q_full(q.index), ctx, BarrierWhat::kTileFull)) break;
       const TileTask task = load_task(sm.task(q.index));
       if (task.tile == TileTask::kEnd) break;
-      const TileCoord c = tile_at(task.tile, p.m_blocks, p.heads_q, pairs, kCausal, p.section_heads);
-      const SeqSpan span = seq_span(p, c.batch);
-      const int m0 = static_cast<int>(c.m_block) * BM;
+      const TileView v = keys.view(task.tile);
       const int n_blocks = task.kv_blocks;
-      const int row0 = m0 + tile_row0;  // this thread's first row in the sequence
+      const int row0 = v.m0 + tile_row0;  // this thread's first row in the sequence
+      const SegmentInfo* table = sm.segments(q.index);
       softmax.reset();
       if (n_blocks == 0) {  // no visible key: O = 0, LSE = -inf
         release(sm.q_empty(q.index));
@@ -337,18 +422,11 @@ struct FlashForward {
 #pragma unroll
         for (int i = 0; i < kORegs; ++i) o[i] = 0.f;
         const float inv[2] = {0.f, 0.f}, lse[2] = {OnlineSoftmax<BN>::kNegInf, OnlineSoftmax<BN>::kNegInf};
-        if (ok) store_rows(p, span, c.head, row0, o, inv, lse);
+        if (ok) store_rows(p, v.span, v.coord.head, row0, o, inv, lse);
         continue;
       }
-      // Keys visible to this thread's rows: [0, key_end[r]).
-      int key_end[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        key_end[r] = span.len_k;
-        if constexpr (kCausal) key_end[r] = min(key_end[r], row0 + 8 * r + 1 + span.len_k - span.len_q);
-      }
-      // Blocks at or above this index need masking (the rest lie wholly before every row's end).
-      const int first_masked = min(key_end[0], key_end[1]) / BN;
+      const int qpos[2] = {keys.q_pos(v, row0), keys.q_pos(v, row0 + 8)};
+      cur.start(table, qpos);
 #pragma unroll
       for (int i = 0; i < kORegs; ++i) o[i] = 0.f;
 
@@ -366,13 +444,14 @@ struct FlashForward {
         q.advance();
       }
       float rescale[2];
-      if (n_blocks - 1 >= first_masked) mask_block(s, n_blocks - 1, key_end);
+      if (cur.masked()) mask_block(s, cur.n, cur.key_end);
       softmax.update(s, p.scale_log2, rescale);
       convert_p<BN, kBF16>(s, pr);
 
       // Then per block: issue the next block's S, rescale O by the factor of the block whose P is
       // ready while that runs, issue its P V, run the next block's softmax while both run.
-      for (int n = n_blocks - 2; n >= 0; --n) {
+      for (int left = n_blocks - 1; left > 0; --left) {
+        cur.next(table, qpos);
         ok = ok && k_stage.wait_filled(sm.k_full(k_stage.index), ctx, BarrierWhat::kStageFull);
         ok = ok && v_stage.wait_filled(sm.v_full(v_stage.index), ctx, BarrierWhat::kStageFull);
         sm90::named_barrier_sync(my_turn, kPingpongThreads);
@@ -385,11 +464,11 @@ struct FlashForward {
         sm90::fence_operands(s);
         if (ok) release(sm.k_empty(k_stage.index));
         k_stage.advance();
-        if (n == 0) {
+        if (left == 1) {
           if (ok) release(sm.q_empty(q.index));
           q.advance();
         }
-        if (n >= first_masked) mask_block(s, n, key_end);
+        if (cur.masked()) mask_block(s, cur.n, cur.key_end);
         softmax.update(s, p.scale_log2, rescale);
         sm90::wgmma_wait<0>();
         sm90::fence_operands(o);
@@ -412,21 +491,39 @@ struct FlashForward {
 
       float inv_sum[2], lse[2];
       softmax.finish(inv_sum, lse);
-      if (ok) store_rows(p, span, c.head, row0, o, inv_sum, lse);
+      const TileView end = keys.view(task.tile);  // recomputed: not kept live through the loop
+      if (ok) store_rows(p, end.span, end.coord.head, row0, o, inv_sum, lse);
     }
   }
 
   // A task the producer wrote before completing the slot's q_full phase.
   __device__ static TileTask load_task(const TileTask* slot) {
     const volatile TileTask* v = slot;
-    return TileTask{v->tile, v->kv_blocks, {0, 0}};
+    return TileTask{v->tile, v->kv_blocks, v->segments, 0};
   }
 };
+
+// The compute role of any attention kernel: all threads of the CTA call it after init(); the
+// producer warpgroup hands its registers to the consumers. Returns when the launch's queue is
+// empty (or after a failed wait); the caller leaves the queue.
+template <class Cfg, bool kBF16, bool kCausal, class Keys>
+__device__ void run_attention(const typename FlashForward<Cfg, kBF16, kCausal, Keys>::Smem& sm, const FlashParams& p,
+                              const Keys& keys, const WaitContext& ctx) {
+  using Fwd = FlashForward<Cfg, kBF16, kCausal, Keys>;
+  if (static_cast<WarpGroupRole>(threadIdx.x / 128) == WarpGroupRole::kProducer) {
+    sm90::setmaxnreg_dec<Cfg::kProducerRegs>();
+    if (threadIdx.x == 0) Fwd::producer(sm, p, keys, ctx);
+  } else {
+    sm90::setmaxnreg_inc<Cfg::kConsumerRegs>();
+    Fwd::consumer(sm, p, keys, ctx, threadIdx.x / 128 - 1);
+  }
+}
 
 template <class Cfg, bool kBF16, bool kCausal>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) sm90_flash_fwd_kernel(const __grid_constant__ FlashParams p) {
   extern __shared__ __align__(1024) uint8_t smem[];
-  using Fwd = FlashForward<Cfg, kBF16, kCausal>;
+  using Keys = SequenceKeys<Cfg::kBlockM, Cfg::kBlockN, kCausal>;
+  using Fwd = FlashForward<Cfg, kBF16, kCausal, Keys>;
   const WaitContext ctx = WaitContext::start(p.wait, kAttentionOp, p.epoch);
   const typename Fwd::Smem sm(smem);
   Fwd::init(sm);
@@ -438,15 +535,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) sm90_flash_fwd_kernel(const 
     if (blockIdx.x == 0 && threadIdx.x == 0) {
       ctx.fail(DeviceError::kInvalidInput, -1, FlagKind::kNone, *bad_batch, 0, 0);
     }
-    return;
+    return;  // nothing claimed from the queue
   }
-  if (static_cast<WarpGroupRole>(threadIdx.x / 128) == WarpGroupRole::kProducer) {
-    sm90::setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (threadIdx.x == 0) Fwd::producer(sm, p, ctx);
-  } else {
-    sm90::setmaxnreg_inc<Cfg::kConsumerRegs>();
-    Fwd::consumer(sm, p, ctx, threadIdx.x / 128 - 1);
-  }
+  const Keys keys(p);
+  run_attention<Cfg, kBF16, kCausal, Keys>(sm, p, keys, ctx);
+  __syncthreads();
+  if (threadIdx.x == 0) leave_queue(p.queue);
 }
 
 }  // namespace loom::kernels::attention

@@ -24,6 +24,22 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// 2^x on the FMA pipe (x <= 0): round(x) through the 1.5 * 2^23 trick, a cubic for 2^f on
+// f in [-0.5, 0.5] (relative error 7.6e-5, far below bf16's and fp16's rounding of P), and round(x)
+// added to the exponent bits. Some of the scores take this path instead of MUFU.EX2, whose
+// throughput (16 per clock per SM) is what bounds the softmax at small head dims. x <= -127 (and
+// -inf, a masked score) gives exactly 0, as ex2 would.
+__device__ __forceinline__ float poly_exp2(float x) {
+  constexpr float kRound = 12582912.f;  // 1.5 * 2^23
+  const float xc = fmaxf(x, -126.f);
+  const float t = xc + kRound;
+  const float f = xc - (t - kRound);
+  const float p = fmaf(fmaf(fmaf(0.05517030f, f, 0.24260803f), f, 0.69326091f), f, 0.99992830f);
+  const int exponent = (__float_as_int(t) - __float_as_int(kRound)) << 23;
+  const float y = __int_as_float(__float_as_int(p) + exponent);
+  return x > -126.f ? y : 0.f;
+}
+
 __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
@@ -46,8 +62,10 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
   }
 }
 
-template <int kN>
+// kPolyExp2PerEight: how many of every 8 scores use poly_exp2 rather than MUFU.EX2 (0..8).
+template <int kN, int kPolyExp2PerEight = 0>
 struct OnlineSoftmax {
+  static_assert(kPolyExp2PerEight >= 0 && kPolyExp2PerEight <= 8, "kPolyExp2PerEight counts scores of every 8");
   static constexpr int kRegs = kN / 2;  // accumulator floats per thread
   static constexpr float kNegInf = -__builtin_huge_valf();
 
@@ -79,7 +97,8 @@ struct OnlineSoftmax {
 #pragma unroll
     for (int i = 0; i < kRegs; ++i) {
       const int r = (i >> 1) & 1;
-      s[i] = fast_exp2(fmaf(s[i], scale_log2, -base[r]));
+      const float x = fmaf(s[i], scale_log2, -base[r]);
+      s[i] = (i % 8) < kPolyExp2PerEight ? poly_exp2(x) : fast_exp2(x);
       sum[r] += s[i];
     }
   }

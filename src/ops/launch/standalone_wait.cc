@@ -18,13 +18,13 @@ namespace loom::ops {
 
 namespace {
 
-// Every device's queues come from one pool of kQueueSlots counter pairs, allocated and zeroed at
+// Every device's queues come from one pool of kQueueSlots LaunchStates, allocated and zeroed at
 // the device's first standalone call (no allocation later, so a first call on a new stream can be
 // captured in a CUDA graph); streams get a slot on first use and keep it.
 constexpr size_t kQueueSlots = 256;
 
 struct QueuePool {
-  uint32_t* counters = nullptr;  // kQueueSlots x 2
+  LaunchState* states = nullptr;  // kQueueSlots, one 64-byte line each
   std::map<cudaStream_t, size_t> slot_of;
 };
 
@@ -40,40 +40,40 @@ std::map<int, QueuePool>& pools() {
 Status reset_queues(int device, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(queues_mutex());
   auto it = pools().find(device);
-  if (it == pools().end() || it->second.counters == nullptr) return Status{};
-  LOOM_CUDA_TRY(cudaMemsetAsync(it->second.counters, 0, kQueueSlots * 2 * sizeof(uint32_t), stream));
+  if (it == pools().end() || it->second.states == nullptr) return Status{};
+  LOOM_CUDA_TRY(cudaMemsetAsync(it->second.states, 0, kQueueSlots * sizeof(LaunchState), stream));
   return Status{};
 }
 
 Status create_pool(QueuePool& pool) {
   void* p = nullptr;
-  const cudaError_t e = cudaMalloc(&p, kQueueSlots * 2 * sizeof(uint32_t));
+  const cudaError_t e = cudaMalloc(&p, kQueueSlots * sizeof(LaunchState));
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     return Status::invalid_argument(
         "standalone operators: the device's work queues could not be allocated (" + std::string(cudaGetErrorString(e)) +
         "); if a CUDA graph is being captured, run one standalone operator (attention, gemm) eagerly first");
   }
-  LOOM_CUDA_TRY(cudaMemset(p, 0, kQueueSlots * 2 * sizeof(uint32_t)));
-  pool.counters = static_cast<uint32_t*>(p);
+  LOOM_CUDA_TRY(cudaMemset(p, 0, kQueueSlots * sizeof(LaunchState)));
+  pool.states = static_cast<LaunchState*>(p);
   return Status{};
 }
 
 }  // namespace
 
-Result<uint32_t*> standalone_queue(cudaStream_t stream) {
+Result<LaunchState*> standalone_queue(cudaStream_t stream) {
   int device = 0;
   LOOM_CUDA_TRY(cudaGetDevice(&device));
   std::lock_guard<std::mutex> lock(queues_mutex());
   QueuePool& pool = pools()[device];
-  if (pool.counters == nullptr) LOOM_TRY(create_pool(pool));
+  if (pool.states == nullptr) LOOM_TRY(create_pool(pool));
   auto [it, inserted] = pool.slot_of.emplace(stream, pool.slot_of.size());
   if (it->second >= kQueueSlots) {
     pool.slot_of.erase(it);
     return Status::unsupported("standalone operators: more than " + std::to_string(kQueueSlots) +
                                " streams on one device used a tile queue");
   }
-  return pool.counters + 2 * it->second;
+  return pool.states + it->second;
 }
 
 Result<StandaloneWait*> standalone_wait() {

@@ -35,14 +35,14 @@ Result<StandaloneWait*> standalone_wait();
 // anything else internal (a loom bug: standalone kernels wait on nothing outside their CTAs).
 Status take_standalone_error(StandaloneWait& w, cudaStream_t stream);
 
-// A launch-wide work queue for a standalone kernel whose CTAs claim tiles with an atomic counter:
-// [0] the next tile, [1] the CTAs that made their last claim; the last CTA of a launch resets both
-// to 0. One per (device, stream), from a pool allocated and zeroed at the device's first call:
+// A launch-wide work queue for a standalone kernel whose CTAs claim tiles with an atomic counter
+// (LaunchState: tile_queue, ctas_done; the last CTA of a launch resets both, kernels/comm/epoch.cuh
+// leave_queue). One per (device, stream), from a pool allocated and zeroed at the device's first call:
 // launches on one stream run in order, so each starts from 0, and no call after the first
 // allocates (a first call on a new stream can be captured in a CUDA graph). Graph replays of one
 // queue must not run concurrently. After a failed launch take_standalone_error() resets every
 // queue of the device.
-Result<uint32_t*> standalone_queue(cudaStream_t stream);
+Result<LaunchState*> standalone_queue(cudaStream_t stream);
 
 // Polls `stream` until its work is done or `timeout_ns` passed (Status::timeout naming `what`).
 Status wait_stream_bounded(cudaStream_t stream, uint64_t timeout_ns, const char* what);

@@ -1,0 +1,17 @@
+// The ring attention kernels of configuration Flash64x128 (ops/attention/flash_launch.h).
+#include "kernels/attention/sm90_ring_attention.cuh"
+#include "ops/attention/flash_launch.h"
+#include "ops/launch/kernel_launch.h"
+
+namespace loom::ops::attention {
+
+Status launch_ring_64x128(const kernels::attention::RingParams& p, bool bf16, bool causal, int grid, cudaStream_t stream) {
+  namespace ka = kernels::attention;
+  using Cfg = ka::Flash64x128;
+  auto* kernel = bf16 ? (causal ? &ka::sm90_ring_attention_kernel<Cfg, true, true> : &ka::sm90_ring_attention_kernel<Cfg, true, false>)
+                      : (causal ? &ka::sm90_ring_attention_kernel<Cfg, false, true>
+                                : &ka::sm90_ring_attention_kernel<Cfg, false, false>);
+  return launch_kernel(kernel, static_cast<unsigned>(grid), Cfg::kThreads, Cfg::kSmemBytes, stream, p);
+}
+
+}  // namespace loom::ops::attention
