@@ -5,6 +5,7 @@ list(APPEND LOOM_LIB_SOURCES
   src/ops/moe/moe.cu
   src/ops/moe/moe_names.cc)
 list(APPEND LOOM_CPU_TEST_SOURCES
-  tests/cpu/moe_plan_test.cc)
+  tests/cpu/moe_plan_test.cc
+  tests/cpu/kernel_lint_test.cc)
 list(APPEND LOOM_GPU_TEST_SOURCES
   tests/gpu/moe_ops_test.cu)

@@ -394,7 +394,10 @@ std::string Communicator::Impl::describe_stuck_work() const {
         behind += " CTA " + std::to_string(cta) + " (" + launch_phase_name(phase) + ")";
       }
     }
-    out += "; CTA phases of epoch ~" + std::to_string(newest) + " (of " + std::to_string(slots) + "):";
+    // A slot keeps the last epoch its CTA marked, so a launch with fewer CTAs than SMs leaves the
+    // slots past its grid at an older epoch: they count as "not entered" below.
+    out += "; CTA phases of epoch ~" + std::to_string(newest) + " (of " + std::to_string(slots) +
+           " progress slots, one per SM; slots past the launch's grid count as not entered):";
     for (uint32_t phase = 0; phase < 6; ++phase) {
       out += std::string(phase == 0 ? " " : ", ") + launch_phase_name(phase) + " " + std::to_string(at[phase]);
     }

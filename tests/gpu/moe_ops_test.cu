@@ -21,13 +21,19 @@
 // with zero tokens. Bad input (an id out of range, over the capacity) must be reported by
 // moe_report on every rank with nothing moved; kDrop must drop exactly the reference's rows. 100
 // back-to-back launches (LOOM_TEST_MOE_LAUNCHES) of the three calls without host synchronization
-// must give the same bits every time.
+// must give the same bits every time. MoeSmoke (first) runs each kernel alone on a tiny case.
+//
+// A failed call fails its test fast (every wait is bounded: LOOM_TIMEOUT_MS plus two seconds at
+// most) and leaves the shared communicator failed: every later MoE test then skips on every rank,
+// device buffers are leaked rather than freed (cudaFree would wait for work that may never end),
+// and main() ends the process once the results are written (tests/gpu/harness.h).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -36,6 +42,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "loom/moe.h"
@@ -54,6 +61,18 @@ using test::shared_comm;
 namespace ref = test::moe;
 
 bool agree(bool ok) { return test::all_ranks_agree(shared_comm(), ok); }
+
+// Every MoE test: skipped on every rank once the shared communicator has failed on any (after a
+// failed call it refuses every call, and the call's work may still hold the GPU), so that one
+// failure ends the job in seconds instead of every later case failing (or blocking) in turn.
+class MoeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!agree(!test::shared_comm_failed())) {
+      GTEST_SKIP() << "the shared communicator failed in an earlier test (see its first failure)";
+    }
+  }
+};
 
 // ---- element values -----------------------------------------------------------------------------
 
@@ -193,9 +212,13 @@ std::vector<float> make_weights(const Case& c, int s) {
 
 // ---- buffers --------------------------------------------------------------------------------------
 
-// Device memory of this GPU, freed at the end of its scope (null when cudaMalloc failed).
+// Device memory of this GPU, freed at the end of its scope (null when cudaMalloc failed). Once the
+// shared communicator has failed it is leaked instead: the failed call's work may still be running
+// (for good, if no abort can end it), and cudaFree would wait for it (test::shared_comm_failed).
 struct CudaFree {
-  void operator()(void* p) const { cudaFree(p); }
+  void operator()(void* p) const {
+    if (!test::shared_comm_failed()) cudaFree(p);
+  }
 };
 using DeviceBuffer = std::unique_ptr<void, CudaFree>;
 DeviceBuffer device_buffer(size_t bytes) {
@@ -466,7 +489,7 @@ void run_case(const Case& c) {
   EXPECT_TRUE(agree(!::testing::Test::HasFailure())) << what << ": a peer failed";
 }
 
-class MoeOps : public ::testing::TestWithParam<Case> {};
+class MoeOps : public MoeTest, public ::testing::WithParamInterface<Case> {};
 
 TEST_P(MoeOps, RoutingDispatchCombineMatchTheReference) { run_case(GetParam()); }
 
@@ -476,6 +499,56 @@ Case make_case(Routing r, uint64_t seed) {
   c.seed = seed;
   return c;
 }
+
+// ---- smoke ----------------------------------------------------------------------------------------
+
+// The calls one kernel at a time on a tiny case: E = 2W, k = 2, T = 16 (+ 37 (r mod 3)), H = 40
+// bf16 (80-byte rows: 5 vectors, fewer than a warp has lanes). MoeSmoke is registered before every
+// other MoE suite, so under --gtest_filter='Moe*' it runs first, and each test runs alone too
+// (--gtest_filter=MoeSmoke.Routing, .Dispatch, .Combine): a failure names its kernel.
+//   Routing   moe_routing, then the report: expert_offsets, slot destinations, counts
+//   Dispatch  moe_routing + moe_dispatch: the routing's checks and recv_x
+//   Combine   moe_routing + moe_combine over expert outputs the test writes (no dispatch): out
+enum class SmokeStage { kRouting, kDispatch, kCombine };
+
+void run_smoke(SmokeStage stage, uint64_t seed) {
+  Communicator& comm = shared_comm();
+  Case c = make_case(Routing::kUniform, seed);
+  c.experts_per_rank = 2;
+  c.top_k = 2;
+  c.hidden = 40;
+  c.tokens = 16;
+  const char* name = stage == SmokeStage::kRouting ? "routing" : stage == SmokeStage::kDispatch ? "dispatch" : "combine";
+  const std::string what = std::string("smoke ") + name + ": " + c.text(comm.local_world_size());
+  CaseBuffers s(c);
+  ASSERT_TRUE(agree(s.ok && (stage != SmokeStage::kCombine || s.fill_expert_outputs())))
+      << what << ": rank " << process().rank << " or a peer could not set up";
+  Result<MoePlan> plan = moe_routing(comm, s.config, s.routing_args(), nullptr);
+  ASSERT_TRUE(agree(plan.ok())) << what << ": rank " << process().rank << ": moe_routing: " << plan.status().to_string();
+  if (stage == SmokeStage::kDispatch) {
+    const Status dispatched = moe_dispatch(comm, *plan, s.d_x.get(), s.recv, nullptr);
+    ASSERT_TRUE(agree(dispatched.ok())) << what << ": rank " << process().rank << ": moe_dispatch: " << dispatched.to_string();
+  }
+  if (stage == SmokeStage::kCombine) {
+    const Status combined = moe_combine(comm, *plan, s.combine_args(), nullptr);
+    ASSERT_TRUE(agree(combined.ok())) << what << ": rank " << process().rank << ": moe_combine: " << combined.to_string();
+  }
+  Result<MoeReport> report = moe_report(comm, *plan, nullptr);  // synchronizes the stream
+  ASSERT_TRUE(agree(report.ok())) << what << ": rank " << process().rank << ": " << report.status().to_string();
+  EXPECT_TRUE(report->status.ok()) << what << ": " << report->status.to_string();
+  check_routing(s, *plan, *report, what);
+  if (stage == SmokeStage::kDispatch) check_dispatch(s, what);
+  if (stage == SmokeStage::kCombine) check_combine(s, what);
+  EXPECT_TRUE(agree(!::testing::Test::HasFailure())) << what << ": a peer failed";
+}
+
+class MoeSmoke : public MoeTest {};
+
+TEST_F(MoeSmoke, Routing) { run_smoke(SmokeStage::kRouting, 81); }
+TEST_F(MoeSmoke, Dispatch) { run_smoke(SmokeStage::kDispatch, 82); }
+TEST_F(MoeSmoke, Combine) { run_smoke(SmokeStage::kCombine, 83); }
+
+// ---- every routing -----------------------------------------------------------------------------------
 
 std::vector<Case> cases() {
   std::vector<Case> v;
@@ -523,9 +596,11 @@ INSTANTIATE_TEST_SUITE_P(Moe, MoeOps, ::testing::ValuesIn(cases()), case_name);
 
 // ---- capacity ---------------------------------------------------------------------------------------
 
+class MoeCapacity : public MoeTest {};
+
 // kDrop: rows past a rank's capacity are dropped exactly as the reference drops them; combine
 // adds nothing for their slots.
-TEST(MoeCapacity, DropKeepsTheReceiveOrderAndCountsTheRest) {
+TEST_F(MoeCapacity, DropKeepsTheReceiveOrderAndCountsTheRest) {
   Case c = make_case(Routing::kSkewed, 31);
   c.overflow = MoeOverflow::kDrop;
   // About 60% of the mean rank's rows: the hot ranks drop, possibly all of them.
@@ -534,7 +609,7 @@ TEST(MoeCapacity, DropKeepsTheReceiveOrderAndCountsTheRest) {
 }
 
 // kError: any rank over capacity fails the call on every rank; nothing is written anywhere.
-TEST(MoeCapacity, OverCapacityIsReportedAndNothingMoves) {
+TEST_F(MoeCapacity, OverCapacityIsReportedAndNothingMoves) {
   Communicator& comm = shared_comm();
   Case c = make_case(Routing::kAllToOne, 32);
   c.capacity = 8;
@@ -560,8 +635,10 @@ TEST(MoeCapacity, OverCapacityIsReportedAndNothingMoves) {
 
 // ---- bad input ----------------------------------------------------------------------------------------
 
+class MoeBadInput : public MoeTest {};
+
 // An expert id out of range on the last rank: every rank's report names it; nothing moves.
-TEST(MoeBadInput, ExpertIdOutOfRangeIsReportedEverywhere) {
+TEST_F(MoeBadInput, ExpertIdOutOfRangeIsReportedEverywhere) {
   Communicator& comm = shared_comm();
   Case c = make_case(Routing::kUniform, 41);
   CaseBuffers s(c);
@@ -591,7 +668,7 @@ TEST(MoeBadInput, ExpertIdOutOfRangeIsReportedEverywhere) {
 }
 
 // What the host can check is refused before anything is launched, identically on every rank.
-TEST(MoeBadInput, HostCheckableInputIsRefusedBeforeLaunch) {
+TEST_F(MoeBadInput, HostCheckableInputIsRefusedBeforeLaunch) {
   Communicator& comm = shared_comm();
   const int world = comm.local_world_size();
   MoeConfig config;
@@ -639,6 +716,9 @@ TEST(MoeBadInput, HostCheckableInputIsRefusedBeforeLaunch) {
 
 // ---- repetition ----------------------------------------------------------------------------------------
 
+class MoeStress : public MoeTest {};
+class MoeCompose : public MoeTest {};
+
 __global__ void checksum_kernel(const uint64_t* p, uint64_t words, unsigned long long* out) {
   unsigned long long sum = 0;
   for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < words; i += uint64_t{gridDim.x} * blockDim.x) {
@@ -650,7 +730,7 @@ __global__ void checksum_kernel(const uint64_t* p, uint64_t words, unsigned long
 // The three calls LOOM_TEST_MOE_LAUNCHES times (default 100) without host synchronization, the
 // outputs poisoned before each launch: every launch leaves the same bits (checksums of recv_x and
 // out on the stream), and the first launch's bits are the reference's.
-TEST(MoeStress, BackToBackLaunchesAreBitIdentical) {
+TEST_F(MoeStress, BackToBackLaunchesAreBitIdentical) {
   Communicator& comm = shared_comm();
   const char* env = std::getenv("LOOM_TEST_MOE_LAUNCHES");
   const int launches = env != nullptr ? std::max(1, std::atoi(env)) : 100;
@@ -664,7 +744,8 @@ TEST(MoeStress, BackToBackLaunchesAreBitIdentical) {
   cudaStream_t stream;
   LOOM_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   MoePlan plan;
-  // One launch of the three calls, the outputs poisoned first; then the checksums.
+  std::vector<cudaEvent_t> finished(static_cast<size_t>(launches), nullptr);  // recorded after each launch
+  // One launch of the three calls, the outputs poisoned first; then the checksums and the event.
   auto launch = [&](int i) -> Status {
     LOOM_CUDA_TRY(cudaMemsetAsync(s.recv, 0xFF, s.recv_bytes(), stream));
     LOOM_CUDA_TRY(cudaMemsetAsync(s.d_out.get(), 0xFF, s.out_bytes(), stream));
@@ -674,14 +755,44 @@ TEST(MoeStress, BackToBackLaunchesAreBitIdentical) {
     checksum_kernel<<<64, 256, 0, stream>>>(static_cast<const uint64_t*>(s.recv), s.recv_bytes() / 8, d_sums + 2 * i);
     checksum_kernel<<<64, 256, 0, stream>>>(static_cast<const uint64_t*>(s.d_out.get()), s.out_bytes() / 8, d_sums + 2 * i + 1);
     LOOM_CUDA_TRY(cudaGetLastError());
+    LOOM_CUDA_TRY(cudaEventCreateWithFlags(&finished[i], cudaEventDisableTiming));
+    LOOM_CUDA_TRY(cudaEventRecord(finished[i], stream));
     return {};
   };
+  // Every launch is queued before the host waits for any. comm.synchronize bounds ALL the work
+  // queued before it by one call's limit (LOOM_TIMEOUT_MS + 1 s, then it aborts), which 300 calls
+  // taking turns with the peers' on a shared GPU may exceed with nothing stuck. So the host first
+  // watches the launches finish one by one (an event after each), each within that limit of the
+  // one before, and synchronizes only then (for the device's verdict).
   std::string failure;
+  int queued = 0;
   for (int i = 0; i < launches && failure.empty(); ++i) {
     const Status st = launch(i);
     if (!st.ok()) failure = "launch " + std::to_string(i) + ": " + st.to_string();
+    if (st.ok()) ++queued;
   }
-  const Status synced = comm.synchronize(stream);
+  const auto per_launch = internal(comm).settings.op_timeout + std::chrono::seconds(1);
+  for (int i = 0; i < queued && failure.empty(); ++i) {
+    const auto deadline = std::chrono::steady_clock::now() + per_launch;
+    for (;;) {
+      const cudaError_t q = cudaEventQuery(finished[i]);
+      if (q == cudaSuccess) break;
+      if (q != cudaErrorNotReady) {
+        failure = "launch " + std::to_string(i) + ": " + cudaGetErrorString(q);
+        break;
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        failure = "launch " + std::to_string(i) + " of " + std::to_string(queued) + " did not finish within " +
+                  std::to_string(per_launch.count()) + " ms of the one before";
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+  const Status synced = comm.synchronize(stream);  // immediate when the watch saw every launch finish
+  for (cudaEvent_t e : finished) {
+    if (e != nullptr) cudaEventDestroy(e);  // returns at once, finished or not
+  }
   cudaStreamDestroy(stream);
   ASSERT_TRUE(agree(failure.empty() && synced.ok())) << what << ": rank " << process().rank << ": " << failure << " / "
                                                     << synced.to_string();
@@ -702,7 +813,7 @@ TEST(MoeStress, BackToBackLaunchesAreBitIdentical) {
 
 // Composition: combine straight over the dispatched rows (identity experts): out[t] is the
 // slot-order fp32 sum of w[t, j] * x[t] over t's kept slots.
-TEST(MoeCompose, CombineOfDispatchIsTheWeightedToken) {
+TEST_F(MoeCompose, CombineOfDispatchIsTheWeightedToken) {
   Communicator& comm = shared_comm();
   Case c = make_case(Routing::kUniform, 71);
   const std::string what = "compose: " + c.text(comm.local_world_size());

@@ -83,14 +83,21 @@ __device__ __forceinline__ bool reduce_tokens(const CombineParams& p, uint32_t f
       __syncwarp();  // the warp's loads from d are ordered after lane 0's acquire of its entry
     }
     uint4* out = reinterpret_cast<uint4*>(p.out + static_cast<uint64_t>(t) * p.row_bytes);
-    for (uint64_t v = lane; v < vectors; v += 32) {
+    // All 32 lanes run every pass of this loop (warp-uniform bounds), so the full-mask shuffles
+    // below always meet the whole warp; lane `lane` handles vector base + lane when it exists.
+    // (Iterating v = lane, lane + 32, ... instead hangs the warp whenever the row's vector count is
+    // not a multiple of 32: the lanes with one more vector shuffle alone, waiting for lanes that
+    // already left the loop.)
+    for (uint64_t base = 0; base < vectors; base += 32) {
+      const uint64_t v = base + lane;
+      const bool live = v < vectors;
       float acc[V::kElems];
 #pragma unroll
       for (int i = 0; i < V::kElems; ++i) acc[i] = 0.0f;
       for (uint32_t j = 0; j < k; ++j) {
         const uint64_t addr = __shfl_sync(0xffffffffu, row_addr, j);
         const float wj = __shfl_sync(0xffffffffu, w, j);
-        if (addr == 0) continue;  // slot j is not routed (warp-uniform)
+        if (addr == 0 || !live) continue;  // slot j is not routed (warp-uniform), or no vector here
         float y[V::kElems];
 #pragma unroll
         for (int i = 0; i < V::kElems; ++i) y[i] = 0.0f;
@@ -98,7 +105,7 @@ __device__ __forceinline__ bool reduce_tokens(const CombineParams& p, uint32_t f
 #pragma unroll
         for (int i = 0; i < V::kElems; ++i) acc[i] = __fmaf_rn(wj, y[i], acc[i]);
       }
-      out[v] = V::pack(acc);
+      if (live) out[v] = V::pack(acc);
     }
   }
   return true;
