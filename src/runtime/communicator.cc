@@ -190,6 +190,10 @@ Result<std::unique_ptr<Communicator::Impl>> build(const CommOptions& options,
   heap_options.backend = impl->settings.heap_backend;
   heap_options.device = impl->device;
   heap_options.reserved_prefix_bytes = impl->control.bytes;
+  // Across nodes the network flag window joins the prefix: peers' data keys cover only what lies
+  // after it (runtime/network_layout.h).
+  const uint64_t net_window = runtime::net::net_window_offset(impl->control.bytes);
+  if (impl->topology.num_nodes > 1) heap_options.reserved_prefix_bytes = net_window + runtime::net::net_window_bytes();
   heap_options.self_test_offset = impl->control.self_test_offset;
   heap_options.timeout = impl->settings.bootstrap_timeout;
   LOOM_ASSIGN_OR_RETURN(impl->heap, runtime::SymmetricHeap::create(boot, impl->topology, heap_options));
@@ -228,6 +232,7 @@ Result<std::unique_ptr<Communicator::Impl>> build(const CommOptions& options,
     net_options.gpu_pci_bus_id = self->pci_bus_id;
     net_options.settings = impl->net_settings;
     net_options.timeout = impl->settings.bootstrap_timeout;
+    net_options.window_offset = net_window;
     // A lane that stops turning for longer than a device wait may last is reported as stalled.
     net_options.stall_limit = std::max(std::chrono::milliseconds(2000), impl->settings.op_timeout / 2);
     LOOM_ASSIGN_OR_RETURN(impl->network, runtime::net::Network::create(boot, impl->topology, *impl->heap, net_options));

@@ -574,7 +574,9 @@ Status make_pair(FakeVerbs& fake, Side sides[2], uint64_t bytes, size_t flag_cou
     sides[r].window.assign(bytes, kGuard);
     sides[r].flags.assign(flag_count, 0);
     Transport& t = *sides[r].transport;
-    LOOM_ASSIGN_OR_RETURN(sides[r].mine.source, t.register_memory({sides[r].source.data(), bytes, MemoryKind::kHost, -1}));
+    // As the network registers them: the source for this rank's own transport only.
+    LOOM_ASSIGN_OR_RETURN(sides[r].mine.source,
+                          t.register_memory({sides[r].source.data(), bytes, MemoryKind::kHost, -1, /*remote_write=*/false}));
     LOOM_ASSIGN_OR_RETURN(sides[r].mine.data, t.register_memory({sides[r].window.data(), bytes, MemoryKind::kHost, -1}));
     LOOM_ASSIGN_OR_RETURN(sides[r].mine.flags,
                           t.register_memory({sides[r].flags.data(), flag_count * sizeof(uint64_t), MemoryKind::kHost, -1}));
@@ -598,6 +600,7 @@ Status make_pair(FakeVerbs& fake, Side sides[2], uint64_t bytes, size_t flag_cou
                                                                            flag_count * sizeof(uint64_t)));
     d.data_bytes = bytes;
     d.flag_count = flag_count;
+    d.writable_flags = {WordRange{0, flag_count}};  // the peer's whole flag window (no scopes here)
     d.present = true;
   }
   return {};
@@ -837,6 +840,40 @@ TEST(VerbsFake, ErrorCompletionReachesTheProxysHealth) {
   EXPECT_EQ(health.code(), StatusCode::kPeerFailure) << health.to_string();
   EXPECT_NE(health.message().find("remote access error"), std::string::npos) << health.to_string();
   EXPECT_EQ(sides[1].flags[0], 0u) << "the flag of a failed write must not land";
+}
+
+// The source registration (the whole heap in a communicator) is never offered to peers and is
+// registered without remote write access: even a write that names its key (leaked, or guessed)
+// is refused by the NIC, and the refusal reaches the proxy's health as a remote access error.
+TEST(VerbsFake, SourceRegistrationRefusesRemoteWrites) {
+  FakeVerbs fake({{"mlx5_0"}});
+  Side sides[2];
+  ASSERT_TRUE(make_pair(fake, sides, 4096, 4).ok());
+  const std::vector<uint8_t> before = sides[1].source;
+  // Rank 0 aims its data handle for rank 1 at rank 1's source key.
+  Result<uint32_t> leaked = sides[0].transport->import_remote(1, sides[1].mine.source.remote_key, 4096);
+  ASSERT_TRUE(leaked.ok()) << leaked.status().to_string();
+  sides[0].table.destinations[1].data_handle = *leaked;
+  Result<ring::HostRing> host_ring = ring::HostRing::create(8);
+  ASSERT_TRUE(host_ring.ok());
+  ProxyOptions options;
+  options.epochs = EpochRange{1, 4};
+  Result<std::unique_ptr<Proxy>> proxy = Proxy::start({ProxyLane{host_ring->view(), sides[0].transport.get(), sides[0].table}}, options);
+  ASSERT_TRUE(proxy.ok());
+  uint32_t host_abort = 0, device_abort = 0;
+  ErrorRecord error{};
+  ring::CpuProducer producer(host_ring->view(), WaitParams{0, &host_abort, &device_abort, &error}, 5s);
+  ring::Command c{};
+  c.header = ring::type_only_header(ring::CommandType::kWrite);
+  c.dst_rank = 1;
+  c.flag_index = ring::kNoFlag;
+  c.epoch = 1;
+  c.length = 256;
+  ASSERT_TRUE(producer.push(c));
+  const Status health = (*proxy)->drain(5s);
+  EXPECT_EQ(health.code(), StatusCode::kPeerFailure) << health.to_string();
+  EXPECT_NE(health.message().find("remote access error"), std::string::npos) << health.to_string();
+  EXPECT_EQ(sides[1].source, before) << "the NIC wrote into a registration without remote write access";
 }
 
 TEST(VerbsFake, FullSendQueueIsBackPressureNotAnError) {
