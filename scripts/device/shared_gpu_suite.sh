@@ -15,6 +15,11 @@
 #                                   back-to-back launches of each operator, STRESS_RUNS (default 3)
 #                                   jobs in a row
 #     python-2 python-2x2           the Python GPU suite (tests/python -m gpu) under torchrun
+#     faults                        Fault* (tests/gpu/fault_test.cu), one supervising process that starts
+#                                   jobs of 2-3 ranks sharing the GPU: kill -9 of a rank inside each fused
+#                                   operator (one node and 2 emulated nodes), SIGSTOP past the op timeout
+#                                   then SIGCONT, a rank that cannot start (bad LOOM_* value, no GPU), two
+#                                   communicators with a rank killed
 #     bench-1                       loom-bench's one-GPU rows (one rank, no sharing: timings are
 #                                   real): the GEMM sweep vs cuBLAS, the world-1 collectives vs a device
 #                                   copy and the world-1 TP rows (what the main job prints on one GPU),
@@ -36,7 +41,7 @@ SUITE_BUDGET_S=${SUITE_BUDGET_S:-570}
 STEP_LIMIT_S=${STEP_LIMIT_S:-240}
 log() { echo "[shared_suite +$(( $(date +%s) - suite_start ))s] $*" | tee -a "$LOG"; }
 steps=("$@")
-((${#steps[@]})) || steps=(single-2 moe-2 multi-2x2 stress-2x2 multi-2x1 multi-4x2 multi-2x4 single-4 single-8 python-2 python-2x2)
+((${#steps[@]})) || steps=(single-2 moe-2 multi-2x2 stress-2x2 multi-2x1 multi-4x2 multi-2x4 single-4 single-8 faults python-2 python-2x2)
 
 BIN=.device-carry/bin
 if [[ ! -x $BIN/loom_gpu_tests ]]; then echo "no $BIN: run scripts/device/stage.sh here first and carry .device-carry"; exit 1; fi
@@ -114,6 +119,21 @@ python_job() {  # SUITE RANKS NODES
   return $r
 }
 
+# The fault tests start their own jobs (each under a wall-clock limit of its own), so they run as
+# one process, not under loom-run.
+fault_job() {
+  local suite=faults dir="$WORK/faults" t start r
+  rm -rf "$dir" && mkdir -p "$dir"
+  if ! t=$(limit); then log "$suite: skipped, not enough time left"; return 1; fi
+  log "$suite: kill -9, SIGSTOP/SIGCONT, failure before joining, two communicators (jobs of 2-3 ranks on the GPUs), limit ${t}s"
+  start=$(date +%s)
+  env -u RANK -u WORLD_SIZE -u LOCAL_RANK -u LOCAL_WORLD_SIZE timeout --kill-after=10 "$t" $BIN/loom_gpu_tests \
+    --gtest_filter='Fault*' --gtest_brief=1 --gtest_output=json:"$dir"/rank0.json >> "$LOG" 2>&1
+  r=$?
+  summarize "$suite" 3 3 1 "$(( $(date +%s) - start ))" "$r" "$dir"/rank0.json
+  return $r
+}
+
 bench_one_gpu() {
   local t r=0 gpu tag
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print $NF}')
@@ -154,6 +174,7 @@ for step in "${steps[@]}"; do
       python_job "python_${layout}" $(( n * l )) "$n" ;;
     python-[0-9]*) python_job "python_${step#python-}ranks" "${step#python-}" 1 ;;
     bench-1) bench_one_gpu ;;
+    faults) fault_job ;;
     *) log "unknown step $step"; false ;;
   esac
   (( $? != 0 )) && rc=1

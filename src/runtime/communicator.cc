@@ -129,36 +129,52 @@ Status check_comm_options(const CommOptions& options) {
   return Status::ok_status();
 }
 
-Result<std::unique_ptr<Communicator::Impl>> build(const CommOptions& options,
-                                                  const std::function<Result<std::unique_ptr<runtime::Bootstrap>>(
-                                                      std::chrono::milliseconds)>& connect,
-                                                  int rank_for_device) {
+// How a rank joins the job's bootstrap (from the environment or a unique id), and how a rank that
+// cannot start tells the others instead (Bootstrap::announce_failure). A zero timeout means the
+// launch's own (LOOM_BOOTSTRAP_TIMEOUT_MS as the bootstrap read it, or its default).
+struct Joining {
+  std::function<Result<std::unique_ptr<runtime::Bootstrap>>(std::chrono::milliseconds)> connect;
+  std::function<Status(std::chrono::milliseconds, const Status&)> announce;
+};
+
+Result<std::unique_ptr<Communicator::Impl>> build(const CommOptions& options, const Joining& joining, int rank_for_device) {
   auto impl = std::make_unique<Communicator::Impl>();
-  LOOM_ASSIGN_OR_RETURN(impl->settings, env::Settings::from_env());
-  set_log_level(impl->settings.log_level);
-  if (std::string unknown = env::unknown_loom_variables(); !unknown.empty()) {
-    LOOM_WARN("unknown LOOM_* variables (typos?): %s", unknown.c_str());
-  }
-  // The network's variables too, before any collective step: a bad value fails here, alike on
-  // every rank that has it.
-  LOOM_ASSIGN_OR_RETURN(impl->net_settings, runtime::net::NetworkSettings::from_env());
-  if (options.heap_bytes != 0) impl->settings.heap_bytes = options.heap_bytes;
-  if (options.op_timeout.count() > 0) impl->settings.op_timeout = options.op_timeout;
-  if (options.bootstrap_timeout.count() > 0) impl->settings.bootstrap_timeout = options.bootstrap_timeout;
-  if (options.ranks_per_gpu > 0) impl->settings.ranks_per_gpu = options.ranks_per_gpu;
+  bool settings_read = false;
+  // Everything before the bootstrap: a rank that fails here (a bad setting, no GPU) still joins to
+  // tell the others, who then fail at once naming it instead of waiting for their deadline.
+  Status local = [&]() -> Status {
+    LOOM_ASSIGN_OR_RETURN(impl->settings, env::Settings::from_env());
+    set_log_level(impl->settings.log_level);
+    if (std::string unknown = env::unknown_loom_variables(); !unknown.empty()) {
+      LOOM_WARN("unknown LOOM_* variables (typos?): %s", unknown.c_str());
+    }
+    // The network's variables too, before any collective step: a bad value fails here, alike on
+    // every rank that has it.
+    LOOM_ASSIGN_OR_RETURN(impl->net_settings, runtime::net::NetworkSettings::from_env());
+    if (options.heap_bytes != 0) impl->settings.heap_bytes = options.heap_bytes;
+    if (options.op_timeout.count() > 0) impl->settings.op_timeout = options.op_timeout;
+    if (options.bootstrap_timeout.count() > 0) impl->settings.bootstrap_timeout = options.bootstrap_timeout;
+    if (options.ranks_per_gpu > 0) impl->settings.ranks_per_gpu = options.ranks_per_gpu;
+    settings_read = true;
 
-  LOOM_ASSIGN_OR_RETURN(impl->device, pick_device(options, rank_for_device, impl->settings.ranks_per_gpu));
-  LOOM_CUDA_TRY(cudaSetDevice(impl->device));
-  cudaDeviceProp prop{};
-  LOOM_CUDA_TRY(cudaGetDeviceProperties(&prop, impl->device));
-  if (prop.major != 9) {
-    return Status::unsupported("loom's kernels are built for Hopper (sm_90a); device " + std::to_string(impl->device) +
-                               " (" + prop.name + ") is sm_" + std::to_string(prop.major) +
-                               std::to_string(prop.minor));
+    LOOM_ASSIGN_OR_RETURN(impl->device, pick_device(options, rank_for_device, impl->settings.ranks_per_gpu));
+    LOOM_CUDA_TRY(cudaSetDevice(impl->device));
+    cudaDeviceProp prop{};
+    LOOM_CUDA_TRY(cudaGetDeviceProperties(&prop, impl->device));
+    if (prop.major != 9) {
+      return Status::unsupported("loom's kernels are built for Hopper (sm_90a); device " + std::to_string(impl->device) +
+                                 " (" + prop.name + ") is sm_" + std::to_string(prop.major) +
+                                 std::to_string(prop.minor));
+    }
+    impl->sm_count = prop.multiProcessorCount;
+    return {};
+  }();
+  if (!local.ok()) {
+    const std::chrono::milliseconds timeout = settings_read ? impl->settings.bootstrap_timeout : options.bootstrap_timeout;
+    return joining.announce(timeout, local);
   }
-  impl->sm_count = prop.multiProcessorCount;
 
-  LOOM_ASSIGN_OR_RETURN(impl->bootstrap, connect(impl->settings.bootstrap_timeout));
+  LOOM_ASSIGN_OR_RETURN(impl->bootstrap, joining.connect(impl->settings.bootstrap_timeout));
   runtime::Bootstrap& boot = *impl->bootstrap;
   set_log_rank(boot.rank());
 
@@ -238,6 +254,8 @@ Result<std::unique_ptr<Communicator::Impl>> build(const CommOptions& options,
     LOOM_ASSIGN_OR_RETURN(impl->network, runtime::net::Network::create(boot, impl->topology, *impl->heap, net_options));
   }
   LOOM_TRY_CTX(boot.barrier(), "final init barrier");
+  // From now on a failure anywhere reaches every rank (runtime/watchdog.h).
+  LOOM_TRY(impl->start_watchdog());
   LOOM_INFO("communicator ready: rank %d/%d, node %d/%d, local rank %d/%d, device %d, heap %llu MiB (%s)%s%s",
             boot.rank(), boot.world_size(), impl->topology.node, impl->topology.num_nodes, impl->topology.local_rank,
             impl->topology.local_world_size, impl->device,
@@ -366,14 +384,73 @@ DeviceComm Communicator::Impl::device_comm() const {
 }
 
 Status Communicator::Impl::check_usable() const {
+  if (watchdog) watchdog->catch_up();
   std::lock_guard<std::mutex> lock(failure_mutex);
   if (failure.ok()) return {};
+  if (failure_from_peer && !peer_failure_returned.exchange(true)) return failure;
   return Status::aborted("communicator failed earlier: " + failure.to_string());
 }
 
-void Communicator::Impl::set_failure(const Status& status) {
+bool Communicator::Impl::set_failure(const Status& status, bool from_peer) {
+  if (host_abort_host != nullptr) *reinterpret_cast<volatile uint32_t*>(host_abort_host) = 1;
   std::lock_guard<std::mutex> lock(failure_mutex);
-  if (failure.ok()) failure = status;
+  if (!failure.ok()) return false;
+  failure = status;
+  failure_from_peer = from_peer;
+  return true;
+}
+
+void Communicator::Impl::fail(const Status& status) {
+  if (!set_failure(status) || !bootstrap) return;
+  // A timeout or a mismatch keeps its code at the others; their message names this rank.
+  const bool kept = status.code() == StatusCode::kTimeout || status.code() == StatusCode::kInvalidArgument;
+  bootstrap->report_failure_as(status.code(), kept ? status.message() : status.to_string());
+}
+
+bool Communicator::Impl::failed_by_peer() const {
+  std::lock_guard<std::mutex> lock(failure_mutex);
+  return failure_from_peer;
+}
+
+Status Communicator::Impl::unreported_local_failure(bool resumed) {
+  // A device wait that gave up: synchronize() reports it with the fullest diagnosis; when nobody
+  // consumed the record within a second, the application is not waiting here, so report it now.
+  {
+    std::lock_guard<std::mutex> lock(record_mutex);
+    const uint32_t code = static_cast<volatile ErrorRecord*>(error_host)->code;
+    const bool news = code == static_cast<uint32_t>(DeviceError::kTimeout) || code == static_cast<uint32_t>(DeviceError::kMismatch);
+    const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::steady_clock::now().time_since_epoch()).count();
+    if (!news) {
+      unconsumed_record_since_ns = 0;
+    } else if (unconsumed_record_since_ns == 0 || resumed) {
+      unconsumed_record_since_ns = now;
+    } else if (now - unconsumed_record_since_ns > 1'000'000'000) {
+      const std::string text = error_record_text();
+      return code == static_cast<uint32_t>(DeviceError::kTimeout) ? Status::timeout(text) : Status::invalid_argument(text);
+    }
+  }
+  // A failed proxy: the kernels waiting for its transfers wait in vain. A stall is judged only
+  // when this process ran all along (a stopped process's lanes look stalled for a moment).
+  if (network && !resumed) {
+    Status proxy = network->health();
+    if (!proxy.ok()) return proxy.with_context("network proxy");
+  }
+  return {};
+}
+
+Status Communicator::Impl::start_watchdog() {
+  runtime::Watchdog::Hooks hooks;
+  hooks.local_failure = [this](bool resumed) { return unreported_local_failure(resumed); };
+  hooks.on_failure = [this](const Status& status, bool from_peer) {
+    if (from_peer) {
+      if (set_failure(status, /*from_peer=*/true)) LOOM_ERROR("%s", status.to_string().c_str());
+    } else {
+      fail(status);
+    }
+  };
+  LOOM_ASSIGN_OR_RETURN(watchdog, runtime::Watchdog::start(*bootstrap, std::move(hooks)));
+  return {};
 }
 
 std::string Communicator::Impl::describe_stuck_work() const {
@@ -576,11 +653,15 @@ std::string Communicator::Impl::error_record_text() const {
 }
 
 Status Communicator::Impl::consume_error_record() {
+  std::lock_guard<std::mutex> lock(record_mutex);
   volatile ErrorRecord* e = error_host;
   const uint32_t code = e->code;
   if (code == static_cast<uint32_t>(DeviceError::kNone)) return {};
   std::string message = error_record_text();
-  if (code == static_cast<uint32_t>(DeviceError::kTimeout)) {
+  // A timeout, or an abort a peer's failure caused (that peer's news comes with it): which peers
+  // never entered this launch.
+  if (code == static_cast<uint32_t>(DeviceError::kTimeout) ||
+      (code == static_cast<uint32_t>(DeviceError::kAborted) && failed_by_peer())) {
     message += describe_missing_entries(static_cast<OpId>(e->op), e->epoch);
   }
   // Across nodes the first record seldom tells why data never came: say where the network-send
@@ -635,15 +716,20 @@ Communicator::~Communicator() {
   // Peers may still read or write our heap in kernels they have queued: each rank waits for its
   // own operator work (bounded, on this communicator's events only), then (bounded) for every rank
   // at the barrier below, before any mapping goes away. Work still running after the op timeout
-  // is aborted and given one more second.
+  // is aborted and given one more second; on a failed communicator (a peer died, say) the abort
+  // word is up already and one second is all it gets. The watchdog runs meanwhile, so a peer that
+  // dies now ends the wait too.
   cudaSetDevice(impl_->device);
-  const auto limit = impl_->settings.op_timeout + std::chrono::seconds(1);
+  const bool failed = !impl_->check_usable().ok();
+  const auto limit = failed ? std::chrono::milliseconds(1000) : impl_->settings.op_timeout + std::chrono::seconds(1);
   Status done = impl_->wait_for_queued_work("communicator teardown", limit, /*even_if_failed=*/true);
-  if (done.code() == StatusCode::kTimeout) {
+  if (done.code() == StatusCode::kTimeout && !failed) {
     *reinterpret_cast<volatile uint32_t*>(impl_->host_abort_host) = 1;
     done = impl_->wait_for_queued_work("communicator teardown", std::chrono::seconds(1), /*even_if_failed=*/true);
   }
   if (!done.ok()) LOOM_WARN("%s; tearing down anyway", done.to_string().c_str());
+  // From here on peers leave too: a closed connection is no failure any more.
+  if (impl_->watchdog) impl_->watchdog->stop();
   // The proxy first: it may still carry what our finished kernels asked it to send (peers wait
   // for it), and it writes into other ranks' heaps, which must stay mapped until every rank has
   // stopped its proxy (the barrier below). A failed communicator drains only briefly.
@@ -672,11 +758,16 @@ Result<std::unique_ptr<Communicator>> Communicator::from_env(const CommOptions& 
   LOOM_TRY(check_comm_options(options));
   LOOM_ASSIGN_OR_RETURN(runtime::BootstrapConfig config, runtime::bootstrap_config_from_env());
   const int rank = config.rank;
-  auto connect = [&](std::chrono::milliseconds timeout) {
+  Joining joining;
+  joining.connect = [&](std::chrono::milliseconds timeout) {
     config.timeout = timeout;
     return runtime::Bootstrap::connect(config);
   };
-  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl, build(options, connect, rank));
+  joining.announce = [&](std::chrono::milliseconds timeout, const Status& failure) {
+    if (timeout.count() > 0) config.timeout = timeout;
+    return runtime::Bootstrap::announce_failure(config, failure);
+  };
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl, build(options, joining, rank));
   return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
 }
 
@@ -686,10 +777,15 @@ Result<std::unique_ptr<Communicator>> Communicator::from_unique_id(const UniqueI
   runtime::UniqueId rid;
   static_assert(sizeof(rid.bytes) == sizeof(id.bytes), "public and runtime unique ids must have the same size");
   std::memcpy(rid.bytes.data(), id.bytes.data(), id.bytes.size());
-  auto connect = [&](std::chrono::milliseconds timeout) {
+  Joining joining;
+  joining.connect = [&](std::chrono::milliseconds timeout) {
     return runtime::Bootstrap::from_unique_id(rid, rank, world_size, timeout);
   };
-  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl, build(options, connect, rank));
+  joining.announce = [&](std::chrono::milliseconds timeout, const Status& failure) {
+    return runtime::Bootstrap::announce_failure(rid, rank, world_size,
+                                                timeout.count() > 0 ? timeout : env::Settings{}.bootstrap_timeout, failure);
+  };
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl, build(options, joining, rank));
   return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
 }
 
@@ -775,7 +871,7 @@ Status Communicator::synchronize(cudaStream_t stream) {
     if (q == cudaSuccess) break;
     if (q != cudaErrorNotReady) {
       Status s = cuda_status(q, "cudaEventQuery(stream work)", __FILE__, __LINE__);
-      impl_->set_failure(s);
+      impl_->fail(s);
       if (impl_->network) impl_->network->after_synchronize(impl_->epoch_state, /*failed=*/true);
       return s;
     }
@@ -802,15 +898,25 @@ Status Communicator::synchronize(cudaStream_t stream) {
                                  std::to_string(impl_->settings.op_timeout.count()) +
                                  " ms + 2 s, even after the abort word was raised; " + stuck);
       LOOM_ERROR("%s", s.to_string().c_str());
-      impl_->set_failure(s);
+      impl_->fail(s);
       return s;
     }
     std::this_thread::sleep_for(sleep_for);
     if (sleep_for < std::chrono::microseconds(500)) sleep_for *= 2;
   }
   Status device_error = impl_->consume_error_record();
+  if (impl_->network && proxy_failure.ok()) proxy_failure = impl_->network->health();
+  // A kernel ended by the abort word that a peer's failure raised (the watchdog), nothing being
+  // wrong here: the peer's failure is the news, with what this rank's kernel saw (its record says
+  // which peers had not entered the launch).
+  if (impl_->failed_by_peer() && proxy_failure.ok() && (device_error.ok() || device_error.code() == StatusCode::kAborted)) {
+    if (impl_->network) impl_->network->after_synchronize(impl_->epoch_state, /*failed=*/true);
+    const Status peer = impl_->check_usable();
+    if (device_error.ok()) return peer;
+    return Status(peer.code(), peer.message() + " (this rank's kernel then: " + device_error.message() + ")");
+  }
   if (aborted_by_host) {
-    *reinterpret_cast<volatile uint32_t*>(impl_->host_abort_host) = 0;
+    if (impl_->check_usable().ok()) *reinterpret_cast<volatile uint32_t*>(impl_->host_abort_host) = 0;
     if (device_error.ok()) {
       device_error = Status::timeout("synchronize: stream work exceeded " +
                                      std::to_string(impl_->settings.op_timeout.count()) + " ms; aborted by the host");
@@ -819,7 +925,6 @@ Status Communicator::synchronize(cudaStream_t stream) {
   if (impl_->network) {
     // The proxy's error explains a kernel that waited in vain (or was aborted because of it); it
     // comes first. A proxy error without a failed kernel is reported too: a transfer failed.
-    if (proxy_failure.ok()) proxy_failure = impl_->network->health();
     if (!proxy_failure.ok()) {
       Status s = proxy_failure;
       s.with_context(device_error.ok() ? "network proxy" : "network proxy (kernel: " + device_error.to_string() + ")");
@@ -828,7 +933,8 @@ Status Communicator::synchronize(cudaStream_t stream) {
     impl_->network->after_synchronize(impl_->epoch_state, /*failed=*/!device_error.ok() || !impl_->check_usable().ok());
   }
   if (!device_error.ok()) {
-    impl_->set_failure(device_error);
+    impl_->fail(device_error);
+    impl_->peer_failure_returned.store(true);  // the application has its failure: later calls say aborted
     return device_error;
   }
   return impl_->check_usable();
@@ -840,9 +946,7 @@ Status Communicator::barrier() {
 }
 
 void Communicator::abort(std::string_view reason) {
-  *reinterpret_cast<volatile uint32_t*>(impl_->host_abort_host) = 1;
-  impl_->set_failure(Status::aborted("aborted by the application: " + std::string(reason)));
-  if (impl_->bootstrap) impl_->bootstrap->report_failure("aborted: " + std::string(reason));
+  impl_->fail(Status::aborted("aborted by the application: " + std::string(reason)));
 }
 
 Status Communicator::health() const { return impl_->check_usable(); }
