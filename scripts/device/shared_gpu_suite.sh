@@ -4,7 +4,7 @@
 # correctness on a machine with fewer GPUs than ranks (one H200, say) and measures no speed.
 #
 #   scripts/device/shared_gpu_suite.sh [step ...]      (default: every step below, in this order)
-#     single-2 single-4 single-8    Collectives*, TpOps*, ProxyCopyEngine* at 2, 4, 8 ranks
+#     single-2 single-4 single-8    Collectives*, TpOps*, ProxyCopyEngine*, Consistency* at 2, 4, 8 ranks
 #     moe-2 moe-4 moe-8             Moe* (routing, dispatch, combine; MoeSmoke first) at 2, 4, 8 ranks
 #                                   on one node; MOE_FILTER (default Moe*) narrows them, and every
 #                                   wait gives up after MOE_TIMEOUT_MS (default 5000)
@@ -154,7 +154,7 @@ bench_one_gpu() {
 rc=0
 for step in "${steps[@]}"; do
   case $step in
-    single-[0-9]*) gtest_job "single-node_${step#single-}ranks" "${step#single-}" 1 'Collectives*:TpOps*:ProxyCopyEngine*' ;;
+    single-[0-9]*) gtest_job "single-node_${step#single-}ranks" "${step#single-}" 1 'Collectives*:TpOps*:ProxyCopyEngine*:Consistency*' ;;
     # Every MoE call takes milliseconds: a 5 s wait limit (MOE_TIMEOUT_MS) shows a stuck one in seconds.
     moe-[0-9]*) gtest_job "moe_${step#moe-}ranks" "${step#moe-}" 1 "${MOE_FILTER:-Moe*}" LOOM_TIMEOUT_MS="${MOE_TIMEOUT_MS:-5000}" ;;
     ring-[0-9]*) gtest_job "ring_attention_${step#ring-}ranks" "${step#ring-}" 1 'RingAttention*' ;;

@@ -68,7 +68,9 @@ Status run_decomposed(Communicator& comm, const TpGemmArgs& a, const TpDecision&
     LOOM_ASSIGN_OR_RETURN(gathered, ops::family_workspace(impl, ops::tp::kFamily, static_cast<size_t>(a.m * a.k) * e, stream, "ag_gemm"));
   }
   const size_t shard = static_cast<size_t>(a.m / impl.topology.local_world_size * a.k);
-  LOOM_TRY_CTX(ops::all_gather_for(comm, a.a, gathered, shard, a.dtype, stream, {}, OpId::kAgGemm), "ag_gemm (decomposed)");
+  LOOM_TRY_CTX(ops::all_gather_for(comm, a.a, gathered, shard, a.dtype, stream, {}, OpId::kAgGemm,
+                                   ops::decomposed_tp_signature(OpId::kAgGemm, a, impl.topology.local_world_size)),
+               "ag_gemm (decomposed)");
   return gemm(ops::tp::local_gemm(gathered, a.b, a.out, a.m, a), stream, ops::tp::gemm_options_for(d));
 }
 

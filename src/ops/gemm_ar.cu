@@ -39,7 +39,9 @@ Status check_buffers(Communicator::Impl& impl, const TpGemmArgs& a) {
 // out, reading every rank's copy of that chunk before anyone writes it: collectives.h).
 Status run_decomposed(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, cudaStream_t stream) {
   LOOM_TRY(gemm(ops::tp::local_gemm(a.a, a.b, a.out, a.m, a), stream, ops::tp::gemm_options_for(d)));
-  return ops::all_reduce_for(comm, a.out, a.out, static_cast<size_t>(a.m * a.n), a.dtype, stream, {}, OpId::kGemmAr).with_context("gemm_ar (decomposed)");
+  return ops::all_reduce_for(comm, a.out, a.out, static_cast<size_t>(a.m * a.n), a.dtype, stream, {}, OpId::kGemmAr,
+                             ops::decomposed_tp_signature(OpId::kGemmAr, a, comm.local_world_size()))
+      .with_context("gemm_ar (decomposed)");
 }
 
 Status run_fused(Communicator& comm, const TpGemmArgs& a, const TpDecision& d, cudaStream_t stream) {

@@ -40,7 +40,8 @@ Status run_decomposed(Communicator& comm, const TpGemmArgs& a, const TpDecision&
   LOOM_ASSIGN_OR_RETURN(void* partial, ops::family_workspace(internal(comm), ops::tp::kFamily, static_cast<size_t>(a.m * a.n) * e, stream, "gemm_rs"));
   LOOM_TRY(gemm(ops::tp::local_gemm(a.a, a.b, partial, a.m, a), stream, ops::tp::gemm_options_for(d)));
   const size_t rows = static_cast<size_t>(a.m / world);
-  return ops::reduce_scatter_for(comm, partial, a.out, rows * static_cast<size_t>(a.n), a.dtype, stream, {}, OpId::kGemmRs)
+  return ops::reduce_scatter_for(comm, partial, a.out, rows * static_cast<size_t>(a.n), a.dtype, stream, {}, OpId::kGemmRs,
+                                 ops::decomposed_tp_signature(OpId::kGemmRs, a, world))
       .with_context("gemm_rs (decomposed)");
 }
 

@@ -146,7 +146,7 @@ inline kmn::MultiNodeRoleTable roles_for(OpId op, const kmn::Grid& g) {
 
 using tp::group_m_for;  // a raster group never spans two blocks
 
-// The 16-bit plan signature (tp::plan_signature) of what must agree between ranks; the world
+// The plan signature (tp::plan_signature) of what must agree between ranks; the world
 // argument carries "MN", the node count and the GPUs per node, so it never equals a
 // single-node plan's (whose world is at most TpTunables::kMaxLocalWorld).
 inline uint32_t signature(OpId op, GemmTile tile, const kmn::Grid& g, std::initializer_list<int64_t> values) {

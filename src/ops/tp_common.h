@@ -24,6 +24,7 @@
 
 #include "core/log.h"
 #include "kernels/gemm/config.h"
+#include "ops/launch/signature.h"
 #include "kernels/tp/fused_frame.cuh"
 #include "kernels/tp/staged_reduce.cuh"
 #include "loom/tensor_parallel.h"
@@ -173,22 +174,11 @@ inline Result<TpDecision> decide(Communicator::Impl& impl, OpId op, const TpGemm
   return d;
 }
 
-// A 16-bit signature of what a fused launch does, compared between ranks at entry (a mismatch
-// fails the launch with a message instead of corrupting memory): FNV-1a over the values that
-// must agree, folded to 16 bits. `values` are the op's shape fields that must be equal on every rank.
+// The 32-bit signature of what a fused launch does, compared between ranks at entry (a mismatch
+// fails the launch with invalid_argument before any data moves): ops/launch/signature.h over the
+// tile, the world and `values`, the op's fields that must be equal on every rank.
 inline uint32_t plan_signature(OpId op, GemmTile tile, int world, std::initializer_list<int64_t> values) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  auto mix = [&](uint64_t v) {
-    for (int i = 0; i < 8; ++i) {
-      h ^= (v >> (8 * i)) & 0xFF;
-      h *= 0x100000001b3ull;
-    }
-  };
-  mix(static_cast<uint64_t>(op));
-  mix(static_cast<uint64_t>(tile));
-  mix(static_cast<uint64_t>(world));
-  for (int64_t v : values) mix(static_cast<uint64_t>(v));
-  return static_cast<uint32_t>((h ^ (h >> 16) ^ (h >> 32) ^ (h >> 48)) & 0xFFFF);
+  return fused_plan_signature(op, static_cast<int>(tile), world, values);
 }
 
 // Flags a fused launch needs beyond the W entry words must fit the control region.

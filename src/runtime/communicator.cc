@@ -16,6 +16,7 @@
 
 #include "core/env.h"
 #include "core/log.h"
+#include "runtime/call_log.h"
 #include "runtime/communicator_impl.h"
 #include "runtime/cuda_check.h"
 #include "runtime/names.h"
@@ -23,6 +24,12 @@
 
 namespace loom {
 namespace {
+
+std::string hex32(uint32_t value) {
+  char text[16];
+  std::snprintf(text, sizeof(text), "0x%08x", value);
+  return text;
+}
 
 // Capacity of per-source chunk flags in the control region: an upper bound on the CTAs (or
 // tiles, row blocks) one operator can publish per source rank in one launch.
@@ -498,10 +505,10 @@ std::string Communicator::Impl::describe_missing_entries(OpId op, uint64_t epoch
   // The entry words a peer writes into this rank when it enters a launch (the higher of a pair
   // counts: a TP call runs the fused kernel or, decomposed, a collective).
   struct Word {
-    int rank;          // global rank that writes it
-    uint64_t offset;   // heap offset of the word
-    int shift;         // the epoch sits above this many signature bits
-    int pair = -1;     // index of the other word of the same peer, or -1
+    int rank;           // global rank that writes it
+    uint64_t offset;    // heap offset of the word
+    bool entry = true;  // an entry word (entry_reached); else a plain epoch flag
+    int pair = -1;      // index of the other word of the same peer, or -1
   };
   std::vector<Word> words;
   if (network) {
@@ -512,13 +519,12 @@ std::string Communicator::Impl::describe_missing_entries(OpId op, uint64_t epoch
     const uint64_t base = network->device_view().flag_offset;
     for (int l = 0; l < local_world; ++l) {
       if (l == topology.local_rank) continue;
-      words.push_back({topology.rank_of(topology.node, l), base + 8ull * layout.nvl_entry(static_cast<uint32_t>(l)),
-                       static_cast<int>(kEntrySignatureBits)});
+      words.push_back({topology.rank_of(topology.node, l), base + 8ull * layout.nvl_entry(static_cast<uint32_t>(l))});
     }
     const int successor = (topology.node + 1) % topology.num_nodes;
     for (int n = 0; n < topology.num_nodes; ++n) {
       if (n == topology.node || (op == OpId::kAgGemm && n != successor)) continue;
-      words.push_back({topology.rank_of(n, topology.local_rank), base + 8ull * layout.net_entry(static_cast<uint32_t>(n)), 0});
+      words.push_back({topology.rank_of(n, topology.local_rank), base + 8ull * layout.net_entry(static_cast<uint32_t>(n)), false});
     }
   } else {
     // One node: the collectives' entered[src] and the fused operators' entry[src] at the start of
@@ -526,9 +532,8 @@ std::string Communicator::Impl::describe_missing_entries(OpId op, uint64_t epoch
     for (int l = 0; l < local_world; ++l) {
       if (l == topology.local_rank) continue;
       const int first = static_cast<int>(words.size());
-      constexpr int kShift = static_cast<int>(kEntrySignatureBits);
-      words.push_back({topology.local_peers[l], control.entered_offset + 8ull * l, kShift, first + 1});
-      words.push_back({topology.local_peers[l], control.op_flag_offset + 8ull * l, kShift, first});
+      words.push_back({topology.local_peers[l], control.entered_offset + 8ull * l, true, first + 1});
+      words.push_back({topology.local_peers[l], control.op_flag_offset + 8ull * l, true, first});
     }
   }
   // Read on a private non-blocking stream into pinned memory, bounded: a synchronous copy would
@@ -550,13 +555,14 @@ std::string Communicator::Impl::describe_missing_entries(OpId op, uint64_t epoch
   for (size_t i = 0; state == cudaSuccess && i < words.size(); ++i) {
     const Word& w = words[i];
     if (w.pair >= 0 && static_cast<size_t>(w.pair) < i) continue;  // reported with its pair
-    uint64_t entered = probe_words[i] >> w.shift;
-    if (w.pair >= 0 && static_cast<size_t>(w.pair) < words.size()) {
-      entered = std::max(entered, probe_words[w.pair] >> words[w.pair].shift);
-    }
-    if (entered < epoch) {
-      out += "; rank " + std::to_string(w.rank) + " did not enter this launch (its entry is at epoch " + std::to_string(entered) +
-             ", the launch's " + std::to_string(epoch) + ")";
+    auto entered = [&](size_t k) {
+      return words[k].entry ? entry_reached(probe_words[k], epoch) : epoch_reached(probe_words[k], epoch);
+    };
+    const bool pair = w.pair >= 0 && static_cast<size_t>(w.pair) < words.size();
+    if (!entered(i) && !(pair && entered(static_cast<size_t>(w.pair)))) {
+      const uint64_t last = w.entry ? entry_epoch(probe_words[i]) : probe_words[i];
+      out += "; rank " + std::to_string(w.rank) + " did not enter this launch (its entry word is at epoch " +
+             std::to_string(last) + (w.entry ? " modulo 2^32" : "") + ", the launch's " + std::to_string(epoch) + ")";
     }
   }
   if (state != cudaSuccess) cudaGetLastError();  // a failed read only loses this detail
@@ -619,23 +625,8 @@ std::string Communicator::Impl::error_record_text() const {
                   static_cast<unsigned long long>(e->waited_ns / 1'000'000ull), waited_global,
                   flag_kind_name(static_cast<FlagKind>(e->flag_kind)), e->flag_index, e->cta,
                   static_cast<unsigned long long>(e->observed));
-  } else if (code == static_cast<uint32_t>(DeviceError::kMismatch) && flag_kind_names_global_rank(kind)) {
-    // A network entry (multi-node operators): flag_index = (peer's signature << 16) | ours.
-    std::snprintf(text, sizeof(text),
-                  "%s (epoch %llu): rank %d (another node) entered this launch with a different operation or plan "
-                  "(signature 0x%04x, ours 0x%04x): every rank must call the same loom operations in the same order "
-                  "with the same shapes and options",
-                  op_name(op), static_cast<unsigned long long>(e->epoch), waited_global, e->flag_index >> 16,
-                  e->flag_index & 0xFFFFu);
   } else if (code == static_cast<uint32_t>(DeviceError::kMismatch)) {
-    // flag_index = (peer's launch signature << 16) | ours (fused operators, kernels/tp/fused_frame.cuh).
-    std::snprintf(text, sizeof(text),
-                  "%s (epoch %llu): rank %d entered this launch with a different operation or plan (signature "
-                  "0x%04x, ours 0x%04x): every rank must call the same loom operations in the same order with the "
-                  "same M (and K for ag_gemm, N for gemm_rs/gemm_ar), and the planner must pick the same tile "
-                  "everywhere (same LOOM_TUNING_CACHE, same options)",
-                  op_name(op), static_cast<unsigned long long>(e->epoch), waited_global, e->flag_index >> 16,
-                  e->flag_index & 0xFFFFu);
+    return mismatch_text(op, e->epoch, waited_global, e->flag_index, entry_signature(e->observed));
   } else if (kind != FlagKind::kNone) {
     std::snprintf(text, sizeof(text),
                   "%s (epoch %llu): aborted after %llu ms waiting for rank %d's '%s' flag %u (CTA %d, flag at epoch %llu)",
@@ -650,6 +641,17 @@ std::string Communicator::Impl::error_record_text() const {
                   static_cast<unsigned long long>(e->waited_ns / 1'000'000ull), barrier_text(e->flag_index).c_str(), e->cta);
   }
   return std::string(text) + describe_thread0(e->cta, e->epoch);
+}
+
+std::string Communicator::Impl::mismatch_text(OpId op, uint64_t epoch, int peer, uint32_t ours, uint32_t theirs) const {
+  const std::string mine = describe_call(ours);
+  const std::string their_call = describe_call(theirs);
+  return std::string(op_name(op)) + " (epoch " + std::to_string(epoch) + "): rank " + std::to_string(peer) +
+         " called " + (their_call.empty() ? std::string("something else") : their_call) + " [signature " +
+         hex32(theirs) + "] where rank " + std::to_string(topology.rank) + " called " +
+         (mine.empty() ? std::string(op_name(op)) : mine) + " [signature " + hex32(ours) +
+         "]: every rank must make the same loom calls (operation, shapes, dtype, options, buffers at the same heap "
+         "offsets) in the same order; nothing was moved between them";
 }
 
 Status Communicator::Impl::consume_error_record() {
@@ -674,7 +676,9 @@ Status Communicator::Impl::consume_error_record() {
     message += "; " + network->describe_state();
   }
   std::memset(const_cast<ErrorRecord*>(e), 0, sizeof(ErrorRecord));
-  Status s = code == static_cast<uint32_t>(DeviceError::kTimeout) ? Status::timeout(message) : Status::aborted(message);
+  Status s = code == static_cast<uint32_t>(DeviceError::kTimeout)    ? Status::timeout(message)
+             : code == static_cast<uint32_t>(DeviceError::kMismatch) ? Status::invalid_argument(message)
+                                                                      : Status::aborted(message);
   // Clear the device abort word so the context is clean; the communicator stays failed.
   cudaMemset(device_abort, 0, sizeof(uint32_t));
   return s;
@@ -935,9 +939,26 @@ Status Communicator::synchronize(cudaStream_t stream) {
   if (!device_error.ok()) {
     impl_->fail(device_error);
     impl_->peer_failure_returned.store(true);  // the application has its failure: later calls say aborted
+    // A mismatch: the peer reports its side (what it called) just as this rank did; add it.
+    if (device_error.code() == StatusCode::kInvalidArgument) return impl_->with_peer_reports(device_error);
     return device_error;
   }
   return impl_->check_usable();
+}
+
+Status Communicator::Impl::with_peer_reports(const Status& mismatch) const {
+  if (!bootstrap) return mismatch;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+  std::vector<Status> notices = bootstrap->peer_notices();
+  while (notices.empty() && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    notices = bootstrap->peer_notices();
+  }
+  std::string said;
+  for (const Status& n : notices) {
+    if (n.code() == StatusCode::kInvalidArgument) said += "; " + n.message();
+  }
+  return said.empty() ? mismatch : Status::invalid_argument(mismatch.message() + " (the other side" + said + ")");
 }
 
 Status Communicator::barrier() {

@@ -120,6 +120,10 @@ struct Communicator::Impl {
   // The device's first failure (ErrorRecord) in words, "" when none; consume_error_record()
   // turns it into a Status and clears the record.
   std::string error_record_text() const;
+  // `mismatch` with what the peers reported of it (their side of the call), waiting at most 0.5 s.
+  Status with_peer_reports(const Status& mismatch) const;
+  // A cross-rank mismatch (DeviceError::kMismatch): which rank called what (runtime/call_log.h).
+  std::string mismatch_text(OpId op, uint64_t epoch, int peer, uint32_t ours, uint32_t theirs) const;
   Status consume_error_record();
   // For a launch that outlived its deadline and the abort: the error record if one was written,
   // how far the CTAs got (LaunchPhase marks) and the network lanes' state.

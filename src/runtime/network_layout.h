@@ -9,15 +9,15 @@
 // outside it, so a data key never reaches a flag (docs/SECURITY.md "RDMA keys"). The transports register it as the flag window;
 // the proxy writes flags into it on behalf of senders of other nodes, and local peers write
 // into it over NVLink (the multi-node kernels keep all their flags here, apart from the
-// single-node operators' op_flags). Every word is an epoch (or epoch << 16 | signature): never
+// single-node operators' op_flags). Every word is an epoch (or an entry_word): never
 // reset, a stale value never satisfies a later wait.
 //
 // Layout (N nodes, L GPUs per node):
 //   word [0, L)             nvl_entry[l']   entry_word(e, signature) (device_abi.h), stored by
 //                                           local peer l' at launch start
 //   word [L, L + N)         net_entry[s]    e, the flag of the entry write from node s's same-index GPU
-//   word [L + N, L + 2N)    net_sig[s]      (e << 16) | signature, the data of that same write
-//   word [L + 2N]           sig_out         this rank's own (e << 16) | signature: the source of its
+//   word [L + N, L + 2N)    net_sig[s]      entry_word(e, signature), the data of that same write
+//   word [L + 2N]           sig_out         this rank's own entry_word(e, signature): the source of its
 //                                           entry writes (the proxy copies it out of this heap)
 //   word [launch_base, kNetFlagWords)       per-launch flags of the multi-node operators, laid out
 //                                           by each operator from its shape (kernels/tp/multinode_layout.h)

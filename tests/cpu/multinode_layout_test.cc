@@ -109,9 +109,8 @@ TEST(NetWindow, EntryWordsAndLaunchFlagsDoNotOverlap) {
   }
   EXPECT_GE(runtime::net::net_window_bytes(), 8ull * runtime::net::kNetFlagWords);
   EXPECT_EQ(runtime::net::net_window_bytes() % 65536, 0u);
-  EXPECT_EQ(entry_word(5, 0x1234) >> kEntrySignatureBits, 5u);
-  EXPECT_EQ(entry_word(5, 0x1234) & kEntrySignatureMask, 0x1234u);
-  EXPECT_EQ(entry_word(5, 0x51234) & kEntrySignatureMask, 0x1234u) << "the signature keeps its low 16 bits only";
+  EXPECT_EQ(entry_word(5, 0x1234abcd) >> kEntrySignatureBits, 5u);
+  EXPECT_EQ(entry_word(5, 0x1234abcd) & kEntrySignatureMask, 0x1234abcdu) << "the signature keeps all 32 bits";
 }
 
 // What a sender may write through the proxy into a destination's window (its scope, reliability
