@@ -156,6 +156,16 @@ RankReport run_until_failure(const std::function<Status()>& step, std::chrono::s
   return r;
 }
 
+// A rank whose warm-up failed says so (the supervisor then sees no "ready" from it).
+bool warm_up_failed(int rank, const Status& warm) {
+  if (warm.ok()) return false;
+  RankReport r;
+  r.code = static_cast<int>(warm.code());
+  r.message = "warm-up: " + warm.to_string();
+  say_report(rank, r);
+  return true;
+}
+
 int64_t close_ms(std::unique_ptr<Communicator>& comm) {
   const auto start = SteadyClock::now();
   comm.reset();
@@ -181,13 +191,7 @@ void child_operator_loop(const std::string& op_name, std::chrono::milliseconds o
   {
     Operator op(**comm, op_named(op_name));
     const Status prepared = op.prepare();
-    const Status warm = prepared.ok() ? op.run() : prepared;
-    if (!warm.ok()) {
-      r.code = static_cast<int>(warm.code());
-      r.message = "warm-up: " + warm.to_string();
-      say_report(rank, r);
-      return;
-    }
+    if (warm_up_failed(rank, prepared.ok() ? op.run() : prepared)) return;
     say("ready " + std::to_string(rank));
     r = run_until_failure([&] { return op.run(); }, 60s);
   }
@@ -241,13 +245,7 @@ void child_two_comms() {
       LOOM_TRY(on_a.run());
       return on_b.run();
     };
-    const Status warm = warm_up();
-    if (!warm.ok()) {
-      r.code = static_cast<int>(warm.code());
-      r.message = "warm-up: " + warm.to_string();
-      say_report(rank, r);
-      return;
-    }
+    if (warm_up_failed(rank, warm_up())) return;
     say("ready " + std::to_string(rank));
     bool on_first = true;
     r = run_until_failure(
