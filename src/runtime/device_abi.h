@@ -138,8 +138,9 @@ LOOM_HOST_DEVICE bool epoch_reached(uint64_t flag, uint64_t target) {
 // word keeps the epoch's low 32 bits: entry_reached() compares them as serial numbers, a peer
 // counting as entered when it is in this launch or at most kEntryAhead launches past it (peers of
 // one communicator are never further apart: each launch waits for every peer it depends on). A
-// word left from 2^31 or more launches back (a family unused that long) does not pass, nor does a
-// zero word (never written; a signature is never 0). The host's diagnosis decodes the same format.
+// word from an earlier launch does not pass — unless its family sat unused for a whole multiple of
+// 2^32 launches, give or take 256 — nor does a zero word (never written; a signature is never 0).
+// The host's diagnosis decodes the same format.
 inline constexpr uint32_t kEntrySignatureBits = 32;
 inline constexpr uint64_t kEntrySignatureMask = (uint64_t{1} << kEntrySignatureBits) - 1;
 inline constexpr uint32_t kEntryAhead = 256;
