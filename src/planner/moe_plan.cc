@@ -1,5 +1,7 @@
 #include "planner/moe_plan.h"
 
+#include "ops/launch/signature.h"
+
 #include <algorithm>
 #include <climits>
 #include <string>
@@ -130,14 +132,6 @@ Result<int> plan_moe_combine_grid(int64_t tokens, int sm_count, int num_ctas) {
   return static_cast<int>(std::clamp<int64_t>(ctas, 1, most));
 }
 
-uint32_t moe_signature(OpId op, std::initializer_list<int64_t> values) {
-  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a, byte by byte
-  auto mix = [&h](uint64_t v) {
-    for (int byte = 0; byte < 8; ++byte) h = (h ^ ((v >> (8 * byte)) & 0xFFu)) * 0x100000001b3ull;
-  };
-  mix(static_cast<uint64_t>(op));
-  for (int64_t v : values) mix(static_cast<uint64_t>(v));
-  return static_cast<uint32_t>((h ^ (h >> 16) ^ (h >> 32) ^ (h >> 48)) & 0xFFFFu);
-}
+uint32_t moe_signature(OpId op, std::initializer_list<int64_t> values) { return ops::values_signature(op, values); }
 
 }  // namespace loom::planner

@@ -57,9 +57,9 @@ int plan_moe_routing_grid(int64_t tokens, int sm_count);
 // and kMaxCtas, at least one.
 Result<int> plan_moe_combine_grid(int64_t tokens, int sm_count, int num_ctas);
 
-// A 16-bit signature of a launch (entry words carry it; a rank that entered the same launch with
-// another signature fails it with a mismatch): FNV-1a over the op and the values every rank must
-// agree on, folded to 16 bits.
+// The 32-bit signature of a launch (entry words carry it; a rank that entered the same launch with
+// another signature fails it with a mismatch, invalid_argument): ops/launch/signature.h over the op
+// and the values every rank must agree on.
 uint32_t moe_signature(OpId op, std::initializer_list<int64_t> values);
 
 }  // namespace loom::planner

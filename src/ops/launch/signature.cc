@@ -35,23 +35,33 @@ uint32_t call_signature(OpId op, std::initializer_list<CallField> fields) {
   return h.value();
 }
 
-uint32_t fused_plan_signature(OpId op, int tile, int world, std::initializer_list<int64_t> values) {
+namespace {
+
+// `named` fields first, then `values` unnamed (they differ per operator): all hashed, as many kept
+// for messages as the call log holds.
+uint32_t with_values(OpId op, std::initializer_list<CallField> named, std::initializer_list<int64_t> values) {
   Hash h(op);
-  h.mix(static_cast<uint64_t>(tile));
-  h.mix(static_cast<uint64_t>(world));
-  for (int64_t v : values) h.mix(static_cast<uint64_t>(v));
-  // For messages: the plan's values unnamed (they differ per operator), as many as are kept.
   std::array<CallField, kMaxCallFields> fields{};
-  fields[0] = {"tile", tile};
-  fields[1] = {"world", world};
-  size_t count = 2;
+  size_t count = 0;
+  for (const CallField& f : named) {
+    h.mix(static_cast<uint64_t>(f.value));
+    if (count < fields.size()) fields[count++] = f;
+  }
   for (int64_t v : values) {
-    if (count == fields.size()) break;
-    fields[count++] = {nullptr, v};
+    h.mix(static_cast<uint64_t>(v));
+    if (count < fields.size()) fields[count++] = {nullptr, v};
   }
   remember_call(h.value(), op, std::span<const CallField>(fields.data(), count));
   return h.value();
 }
+
+}  // namespace
+
+uint32_t fused_plan_signature(OpId op, int tile, int world, std::initializer_list<int64_t> values) {
+  return with_values(op, {{"tile", tile}, {"world", world}}, values);
+}
+
+uint32_t values_signature(OpId op, std::initializer_list<int64_t> values) { return with_values(op, {}, values); }
 
 uint32_t collective_signature(OpId label, uint32_t outer, uint64_t bytes, DType dtype, int ctas, int engine,
                               uint64_t send_offset, uint64_t recv_offset) {

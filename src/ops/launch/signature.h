@@ -28,6 +28,8 @@ uint32_t call_signature(OpId op, std::initializer_list<CallField> fields);
 // A fused operator's plan (the TP kernels, one node or several): its tile, its world (a code that
 // tells one node's plans from multi-node ones) and the positional values that must agree.
 uint32_t fused_plan_signature(OpId op, int tile, int world, std::initializer_list<int64_t> values);
+// A launch described by positional values only (the MoE kernels: planner::moe_signature).
+uint32_t values_signature(OpId op, std::initializer_list<int64_t> values);
 
 // A collective launch (all_gather, reduce_scatter, all_reduce) serving `label` (the collective
 // itself, or the decomposed TP operator it is part of, whose own signature is `outer`; 0 for a
