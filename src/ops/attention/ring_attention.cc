@@ -15,6 +15,7 @@
 #include "ops/attention/flash_params.h"
 #include "ops/launch/family_resources.h"
 #include "ops/launch/queued_work.h"
+#include "ops/launch/signature.h"
 #include "planner/attention_plan.h"
 #include "runtime/communicator_impl.h"
 #include "runtime/cuda_check.h"
@@ -27,23 +28,19 @@ namespace ka = kernels::attention;
 
 constexpr const char* kFamily = "attention";
 
-// A 16-bit signature of the launch (FNV-1a over what every rank must agree on, folded), compared
-// by the entry handshake: ranks that call with other shapes or options fail with a mismatch.
+// The launch's 32-bit signature (ops/launch/signature.h) over what every rank must agree on,
+// compared by the entry handshake: ranks that call with other shapes or options fail with a
+// mismatch (invalid_argument).
 uint32_t ring_signature(const RingAttentionArgs& a, const RingAttentionOptions& o, int block_n, uint64_t workspace) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  auto mix = [&](uint64_t v) {
-    for (int i = 0; i < 8; ++i) {
-      h ^= (v >> (8 * i)) & 0xFF;
-      h *= 0x100000001b3ull;
-    }
-  };
-  for (uint64_t v : {static_cast<uint64_t>(ka::kRingAttentionOp), static_cast<uint64_t>(a.batch),
-                     static_cast<uint64_t>(a.seqlen), static_cast<uint64_t>(a.heads_q), static_cast<uint64_t>(a.heads_kv),
-                     static_cast<uint64_t>(a.head_dim), static_cast<uint64_t>(a.dtype), static_cast<uint64_t>(o.causal),
-                     static_cast<uint64_t>(block_n), workspace}) {
-    mix(v);
-  }
-  return static_cast<uint32_t>((h ^ (h >> 16) ^ (h >> 32) ^ (h >> 48)) & 0xFFFF);
+  return ops::call_signature(ka::kRingAttentionOp, {{"batch", a.batch},
+                                                    {"seqlen", a.seqlen},
+                                                    {"heads_q", a.heads_q},
+                                                    {"heads_kv", a.heads_kv},
+                                                    {"head_dim", a.head_dim},
+                                                    {"dtype", static_cast<int64_t>(a.dtype)},
+                                                    {"causal", static_cast<int64_t>(o.causal)},
+                                                    {"block_n", block_n},
+                                                    {"workspace", static_cast<int64_t>(workspace)}});
 }
 
 Status ring_one_node(Communicator& comm, const RingAttentionArgs& args, cudaStream_t stream,
