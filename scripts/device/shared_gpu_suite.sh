@@ -5,6 +5,10 @@
 #
 #   scripts/device/shared_gpu_suite.sh [step ...]      (default: every step below, in this order)
 #     single-2 single-4 single-8    Collectives*, TpOps*, ProxyCopyEngine*, Consistency* at 2, 4, 8 ranks
+#     consistency-2 consistency-3 consistency-8
+#                                   Consistency* alone (issue 23: the last rank calls something else, every
+#                                   rank returns invalid_argument within 5 s naming who called what) at
+#                                   2, 3, 8 ranks on one node
 #     moe-2 moe-4 moe-8             Moe* (routing, dispatch, combine; MoeSmoke first) at 2, 4, 8 ranks
 #                                   on one node; MOE_FILTER (default Moe*) narrows them, and every
 #                                   wait gives up after MOE_TIMEOUT_MS (default 5000)
@@ -17,9 +21,10 @@
 #     python-2 python-2x2           the Python GPU suite (tests/python -m gpu) under torchrun
 #     faults                        Fault* (tests/gpu/fault_test.cu), one supervising process that starts
 #                                   jobs of 2-3 ranks sharing the GPU: kill -9 of a rank inside each fused
-#                                   operator (one node and 2 emulated nodes), SIGSTOP past the op timeout
-#                                   then SIGCONT, a rank that cannot start (bad LOOM_* value, no GPU), two
-#                                   communicators with a rank killed
+#                                   operator (TP: one node and 2 emulated nodes; ring attention, MoE: one
+#                                   node), SIGSTOP past the op timeout then SIGCONT, a rank that cannot
+#                                   start (bad LOOM_* value, no GPU), two communicators with a rank killed;
+#                                   FAULT_FILTER (default Fault*) narrows them (e.g. 'Fault/FaultKill.*')
 #     bench-1                       loom-bench's one-GPU rows (one rank, no sharing: timings are
 #                                   real): the GEMM sweep vs cuBLAS, the world-1 collectives vs a device
 #                                   copy and the world-1 TP rows (what the main job prints on one GPU),
@@ -128,7 +133,7 @@ fault_job() {
   log "$suite: kill -9, SIGSTOP/SIGCONT, failure before joining, two communicators (jobs of 2-3 ranks on the GPUs), limit ${t}s"
   start=$(date +%s)
   env -u RANK -u WORLD_SIZE -u LOCAL_RANK -u LOCAL_WORLD_SIZE timeout --kill-after=10 "$t" $BIN/loom_gpu_tests \
-    --gtest_filter='Fault*' --gtest_brief=1 --gtest_output=json:"$dir"/rank0.json >> "$LOG" 2>&1
+    --gtest_filter="${FAULT_FILTER:-Fault*}" --gtest_brief=1 --gtest_output=json:"$dir"/rank0.json >> "$LOG" 2>&1
   r=$?
   summarize "$suite" 3 3 1 "$(( $(date +%s) - start ))" "$r" "$dir"/rank0.json
   return $r
@@ -157,6 +162,7 @@ for step in "${steps[@]}"; do
     single-[0-9]*) gtest_job "single-node_${step#single-}ranks" "${step#single-}" 1 'Collectives*:TpOps*:ProxyCopyEngine*:Consistency*' ;;
     # Every MoE call takes milliseconds: a 5 s wait limit (MOE_TIMEOUT_MS) shows a stuck one in seconds.
     moe-[0-9]*) gtest_job "moe_${step#moe-}ranks" "${step#moe-}" 1 "${MOE_FILTER:-Moe*}" LOOM_TIMEOUT_MS="${MOE_TIMEOUT_MS:-5000}" ;;
+    consistency-[0-9]*) gtest_job "consistency_${step#consistency-}ranks" "${step#consistency-}" 1 'Consistency*' ;;
     ring-[0-9]*) gtest_job "ring_attention_${step#ring-}ranks" "${step#ring-}" 1 'RingAttention*' ;;
     multi-[0-9]*x[0-9]*)
       layout=${step#multi-}; n=${layout%x*}; l=${layout#*x}

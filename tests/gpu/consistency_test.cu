@@ -1,9 +1,11 @@
 // Cross-rank consistency (docs/SECURITY.md "Cross-rank consistency"; reliability.md B1, B2, H9):
 // the last rank makes a different call from the others — another collective, another count,
-// dtype or CTA count, another fused operator or M, a decomposed ag_gemm with another K — and
-// every rank's synchronize returns invalid_argument within moments (not the 20 s op timeout),
-// saying which rank called what; the buffers peers would have written into still hold their
-// poison (nothing moved between the mismatched ranks). Each case uses a fresh communicator (a
+// dtype or CTA count, another fused operator or M, a decomposed ag_gemm with another K, a causal
+// ring attention against a full one, MoE routing with another top-k — and every rank's
+// synchronize returns invalid_argument within moments (not the 20 s op timeout), saying which
+// rank called what; the buffers peers would have written into still hold their poison (nothing
+// moved between the mismatched ranks; not checked for ring attention and MoE, whose receive
+// buffers are loom's workspace). Each case uses a fresh communicator (a
 // mismatch ends one). Runs in the single-node steps: loom-run -n N -- loom_gpu_tests
 // --gtest_filter='Consistency*' (N >= 2; ranks may share a GPU).
 #include <cuda_runtime_api.h>
@@ -16,8 +18,10 @@
 #include <string>
 #include <vector>
 
+#include "loom/attention.h"
 #include "loom/collectives.h"
 #include "loom/communicator.h"
+#include "loom/moe.h"
 #include "loom/tensor_parallel.h"
 #include "tests/gpu/harness.h"
 
@@ -29,7 +33,17 @@ using SteadyClock = std::chrono::steady_clock;
 
 constexpr uint8_t kPoison = 0x7b;
 
-enum class Case { kOtherCollective, kOtherCount, kOtherDtype, kOtherCtas, kOtherFusedOp, kOtherM, kDecomposedOtherK };
+enum class Case {
+  kOtherCollective,
+  kOtherCount,
+  kOtherDtype,
+  kOtherCtas,
+  kOtherFusedOp,
+  kOtherM,
+  kDecomposedOtherK,
+  kRingOtherCausal,
+  kMoeOtherTopK,
+};
 
 const char* case_name(Case c) {
   switch (c) {
@@ -40,6 +54,8 @@ const char* case_name(Case c) {
     case Case::kOtherFusedOp: return "GemmRsVsGemmAr";
     case Case::kOtherM: return "AgGemmOtherM";
     case Case::kDecomposedOtherK: return "DecomposedAgGemmOtherK";
+    case Case::kRingOtherCausal: return "RingAttentionCausalVsFull";
+    case Case::kMoeOtherTopK: return "MoeRoutingOtherTopK";
   }
   return "?";
 }
@@ -84,14 +100,53 @@ TEST_P(Consistency, MismatchIsInvalidArgumentNamingWhoCalledWhatAndNothingMoves)
   options.op_timeout = std::chrono::milliseconds(20'000);
   std::unique_ptr<Communicator> comm = test::make_comm(options);
   ASSERT_NE(comm, nullptr);
-  const bool fused_case = c == Case::kOtherFusedOp || c == Case::kOtherM || c == Case::kDecomposedOtherK;
+  // Operators in which a rank checks only some peers' entry words (the others learn of the
+  // mismatch from the watchdog, not naming the odd rank themselves).
+  const bool fused_case = c != Case::kOtherCollective && c != Case::kOtherCount && c != Case::kOtherDtype &&
+                          c != Case::kOtherCtas;
   std::string guarded = "recv";  // what peers would have written into, checked afterwards
   void* watched = nullptr;
   size_t watched_from = 0, watched_bytes = 0;
   std::function<Status()> call;  // this rank's call
   {
     Buffers buf(*comm);
-    if (!fused_case) {
+    if (c == Case::kRingOtherCausal) {
+      // 2 x 256 rows per rank, 4 heads of 128; the odd rank's call is causal, the others' not.
+      RingAttentionArgs a;
+      a.batch = 2;
+      a.seqlen = 256;
+      a.heads_q = a.heads_kv = 4;
+      a.head_dim = 128;
+      const size_t bytes = static_cast<size_t>(a.batch * a.seqlen * a.heads_q * a.head_dim) * 2;
+      a.q = buf.get(bytes);
+      a.k = buf.get(bytes);
+      a.v = buf.get(bytes);
+      a.out = buf.get(bytes);
+      ASSERT_TRUE(test::all_ranks_agree(*comm, a.q && a.k && a.v && a.out));
+      RingAttentionOptions o;
+      o.causal = mine_odd;
+      call = [&, a, o] { return ring_attention(*comm, a, nullptr, o); };
+    } else if (c == Case::kMoeOtherTopK) {
+      // 2 experts per rank, 64 tokens of 256 bf16 elements; top-2 on the odd rank, top-1 elsewhere.
+      MoeConfig config;
+      config.num_experts = 2 * world;
+      config.top_k = mine_odd ? 2 : 1;
+      config.hidden = 256;
+      config.max_tokens = 64;
+      Result<MoeSizes> sizes = moe_sizes(*comm, config);
+      ASSERT_TRUE(sizes.ok()) << sizes.status().to_string();
+      std::vector<int32_t> ids(static_cast<size_t>(config.max_tokens * config.top_k));
+      for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i % static_cast<size_t>(config.num_experts));
+      MoeRoutingArgs r;
+      void* topk_ids = buf.get(ids.size() * sizeof(int32_t));
+      r.plan = buf.get(sizes->plan_bytes);
+      r.expert_offsets = static_cast<int32_t*>(buf.get(static_cast<size_t>(sizes->local_experts + 1) * sizeof(int32_t)));
+      ASSERT_TRUE(test::all_ranks_agree(*comm, topk_ids && r.plan && r.expert_offsets));
+      ASSERT_EQ(cudaMemcpy(topk_ids, ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice), cudaSuccess);
+      r.topk_ids = static_cast<const int32_t*>(topk_ids);
+      r.num_tokens = config.max_tokens;
+      call = [&, config, r] { return moe_routing(*comm, config, r, nullptr).status(); };
+    } else if (!fused_case) {
       constexpr size_t kCount = 1 << 16;
       void* send = buf.get(kCount * 4 * world);
       void* recv = buf.get(kCount * 4 * world);
@@ -162,7 +217,7 @@ TEST_P(Consistency, MismatchIsInvalidArgumentNamingWhoCalledWhatAndNothingMoves)
       // that write into it) names it.
       EXPECT_NE(st.message().find(mine_odd ? "rank " : other), std::string::npos) << st.to_string();
     }
-    if (mine_odd || !fused_case) {
+    if (watched != nullptr && (mine_odd || !fused_case)) {
       EXPECT_TRUE(poisoned(watched, watched_from, watched_bytes)) << case_name(c) << ": data reached " << guarded;
     }
     // The communicator is failed now.
@@ -172,7 +227,8 @@ TEST_P(Consistency, MismatchIsInvalidArgumentNamingWhoCalledWhatAndNothingMoves)
 
 INSTANTIATE_TEST_SUITE_P(Consistency, Consistency,
                          ::testing::Values(Case::kOtherCollective, Case::kOtherCount, Case::kOtherDtype, Case::kOtherCtas,
-                                           Case::kOtherFusedOp, Case::kOtherM, Case::kDecomposedOtherK),
+                                           Case::kOtherFusedOp, Case::kOtherM, Case::kDecomposedOtherK,
+                                           Case::kRingOtherCausal, Case::kMoeOtherTopK),
                          [](const ::testing::TestParamInfo<Case>& info) { return std::string(case_name(info.param)); });
 
 }  // namespace

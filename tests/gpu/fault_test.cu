@@ -8,9 +8,10 @@
 // (with WORLD_SIZE > 1 they skip: every rank would start jobs of its own).
 //
 //   FaultKill.*           kill -9 of one rank while the others are inside a fused operator (ag_gemm,
-//                         gemm_rs, gemm_ar; one node, and two emulated nodes): every other rank's
-//                         call returns peer_failure naming it within 2 s (the op timeout is 60 s),
-//                         and closing the communicator afterwards takes under 3 s
+//                         gemm_rs, gemm_ar on one node and on two emulated nodes; ring_attention and
+//                         MoE routing + dispatch + combine on one node): every other rank's call
+//                         returns peer_failure naming it within 2 s (the op timeout is 60 s), and
+//                         closing the communicator afterwards takes under 3 s
 //   FaultStop.*           SIGSTOP of one rank past the op timeout, then SIGCONT: the others fail
 //                         (timeout or peer_failure), and no call of the resumed rank succeeds any
 //                         more: its first one after the resume fails within 2 s
@@ -43,7 +44,9 @@
 #include <thread>
 #include <vector>
 
+#include "loom/attention.h"
 #include "loom/communicator.h"
+#include "loom/moe.h"
 #include "loom/tensor_parallel.h"
 #include "runtime/device_abi.h"
 #include "tests/gpu/harness.h"
@@ -85,57 +88,132 @@ void say_report(int rank, const RankReport& r) {
   say(out.str());
 }
 
-// One fused operator on the communicator, with buffers allocated once (symmetric: the same sizes
-// on every rank), contents irrelevant (zeros).
+// One fused operator on the communicator (ag_gemm, gemm_rs, gemm_ar, ring_attention, moe: routing,
+// dispatch and combine), with buffers allocated once from the heap (the same sizes on every rank),
+// contents irrelevant (zeros; MoE token ids valid).
 class Operator {
  public:
-  Operator(Communicator& comm, OpId op) : comm_(comm), op_(op) {}
+  Operator(Communicator& comm, std::string op) : comm_(comm), op_(std::move(op)) {}
   ~Operator() {
     for (void* p : buffers_) (void)comm_.free(p);
   }
   Status prepare() {
-    const int64_t w = comm_.world_size();
-    const size_t e = 2;  // bf16
-    const int64_t a_rows = op_ == OpId::kAgGemm ? kM / w : kM;
-    const int64_t out_rows = op_ == OpId::kGemmRs ? kM / w : kM;
-    for (size_t bytes : {static_cast<size_t>(a_rows * kK) * e, static_cast<size_t>(kK * kN) * e, static_cast<size_t>(out_rows * kN) * e}) {
-      Result<void*> p = comm_.alloc(bytes);
-      if (!p.ok()) return p.status();
-      if (cudaMemset(*p, 0, bytes) != cudaSuccess) return Status::cuda_error("cudaMemset");
-      buffers_.push_back(*p);
+    if (op_ == "ring_attention") {
+      LOOM_TRY(prepare_ring());
+    } else if (op_ == "moe") {
+      LOOM_TRY(prepare_moe());
+    } else {
+      LOOM_TRY(prepare_tp());
     }
-    args_.a = buffers_[0];
-    args_.b = buffers_[1];
-    args_.out = buffers_[2];
-    args_.m = kM;
-    args_.n = kN;
-    args_.k = kK;
-    args_.dtype = DType::kBF16;
-    args_.b_layout = BLayout::kKN;
     return cudaDeviceSynchronize() == cudaSuccess ? Status{} : Status::cuda_error("cudaDeviceSynchronize");
   }
   // One call and its synchronize.
   Status run() {
-    TpGemmOptions options;
-    options.algorithm = TpAlgorithm::kFused;
-    Status launched = op_ == OpId::kAgGemm   ? ag_gemm(comm_, args_, nullptr, options)
-                      : op_ == OpId::kGemmRs ? gemm_rs(comm_, args_, nullptr, options)
-                                             : gemm_ar(comm_, args_, nullptr, options);
-    if (!launched.ok()) return launched;
+    LOOM_TRY(launch());
     return comm_.synchronize(nullptr);
   }
 
  private:
-  static constexpr int64_t kM = 1024, kN = 512, kK = 1024;
-  Communicator& comm_;
-  OpId op_;
-  TpGemmArgs args_;
-  std::vector<void*> buffers_;
-};
+  Status launch() {
+    if (op_ == "ring_attention") return ring_attention(comm_, ring_, nullptr);
+    if (op_ == "moe") {
+      LOOM_ASSIGN_OR_RETURN(const MoePlan plan, moe_routing(comm_, moe_config_, routing_, nullptr));
+      LOOM_TRY(moe_dispatch(comm_, plan, moe_x_, moe_recv_, nullptr));
+      return moe_combine(comm_, plan, combine_, nullptr);
+    }
+    TpGemmOptions options;
+    options.algorithm = TpAlgorithm::kFused;
+    return op_ == "ag_gemm"   ? ag_gemm(comm_, tp_, nullptr, options)
+           : op_ == "gemm_rs" ? gemm_rs(comm_, tp_, nullptr, options)
+                              : gemm_ar(comm_, tp_, nullptr, options);
+  }
+  // Zeroed heap memory, freed with the operator.
+  Result<void*> buffer(size_t bytes) {
+    Result<void*> p = comm_.alloc(bytes);
+    if (!p.ok()) return p.status();
+    buffers_.push_back(*p);
+    if (cudaMemset(*p, 0, bytes) != cudaSuccess) return Status::cuda_error("cudaMemset");
+    return *p;
+  }
+  Status prepare_tp() {
+    constexpr int64_t kM = 1024, kN = 512, kK = 1024;
+    const int64_t w = comm_.world_size();
+    const size_t e = 2;  // bf16
+    const int64_t a_rows = op_ == "ag_gemm" ? kM / w : kM;
+    const int64_t out_rows = op_ == "gemm_rs" ? kM / w : kM;
+    LOOM_ASSIGN_OR_RETURN(void* a, buffer(static_cast<size_t>(a_rows * kK) * e));
+    LOOM_ASSIGN_OR_RETURN(void* b, buffer(static_cast<size_t>(kK * kN) * e));
+    LOOM_ASSIGN_OR_RETURN(tp_.out, buffer(static_cast<size_t>(out_rows * kN) * e));
+    tp_.a = a;
+    tp_.b = b;
+    tp_.m = kM;
+    tp_.n = kN;
+    tp_.k = kK;
+    tp_.dtype = DType::kBF16;
+    tp_.b_layout = BLayout::kKN;
+    return {};
+  }
+  // Ring attention over 4 x 512 rows per rank (non-causal, bf16, 8 heads of 128).
+  Status prepare_ring() {
+    ring_.batch = 4;
+    ring_.seqlen = 512;
+    ring_.heads_q = ring_.heads_kv = 8;
+    ring_.head_dim = 128;
+    ring_.dtype = DType::kBF16;
+    const size_t bytes = static_cast<size_t>(ring_.batch * ring_.seqlen * ring_.heads_q * ring_.head_dim) * 2;
+    LOOM_ASSIGN_OR_RETURN(void* q, buffer(bytes));
+    LOOM_ASSIGN_OR_RETURN(void* k, buffer(bytes));
+    LOOM_ASSIGN_OR_RETURN(void* v, buffer(bytes));
+    LOOM_ASSIGN_OR_RETURN(ring_.out, buffer(bytes));
+    ring_.q = q;
+    ring_.k = k;
+    ring_.v = v;
+    return {};
+  }
+  // MoE: 2 experts per rank, top-2, 256 tokens of 1024 bf16 elements; token t goes to experts
+  // t and t + 1 (mod E), so every rank sends to every other.
+  Status prepare_moe() {
+    const int64_t w = comm_.world_size();
+    moe_config_.num_experts = 2 * w;
+    moe_config_.top_k = 2;
+    moe_config_.hidden = 1024;
+    moe_config_.dtype = DType::kBF16;
+    moe_config_.max_tokens = 256;
+    LOOM_ASSIGN_OR_RETURN(MoeSizes sizes, moe_sizes(comm_, moe_config_));
+    const int64_t tokens = moe_config_.max_tokens;
+    std::vector<int32_t> ids(static_cast<size_t>(tokens * moe_config_.top_k));
+    for (size_t i = 0; i < ids.size(); ++i) {
+      ids[i] = static_cast<int32_t>((i / 2 + i % 2) % static_cast<size_t>(moe_config_.num_experts));
+    }
+    LOOM_ASSIGN_OR_RETURN(void* topk_ids, buffer(ids.size() * sizeof(int32_t)));
+    if (cudaMemcpy(topk_ids, ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice) != cudaSuccess) {
+      return Status::cuda_error("cudaMemcpy");
+    }
+    LOOM_ASSIGN_OR_RETURN(routing_.plan, buffer(sizes.plan_bytes));
+    LOOM_ASSIGN_OR_RETURN(void* offsets, buffer(static_cast<size_t>(sizes.local_experts + 1) * sizeof(int32_t)));
+    const size_t rows_bytes = static_cast<size_t>(tokens * moe_config_.hidden) * 2;
+    LOOM_ASSIGN_OR_RETURN(moe_x_, buffer(rows_bytes));
+    LOOM_ASSIGN_OR_RETURN(moe_recv_, buffer(sizes.recv_bytes));
+    LOOM_ASSIGN_OR_RETURN(combine_.out, buffer(rows_bytes));
+    routing_.topk_ids = static_cast<const int32_t*>(topk_ids);
+    routing_.num_tokens = tokens;
+    routing_.expert_offsets = static_cast<int32_t*>(offsets);
+    combine_.expert_out = moe_recv_;  // the expert outputs: the received rows as they are
+    combine_.dtype = DType::kBF16;
+    return {};
+  }
 
-OpId op_named(const std::string& name) {
-  return name == "ag_gemm" ? OpId::kAgGemm : name == "gemm_rs" ? OpId::kGemmRs : OpId::kGemmAr;
-}
+  Communicator& comm_;
+  std::string op_;
+  std::vector<void*> buffers_;
+  TpGemmArgs tp_;
+  RingAttentionArgs ring_;
+  MoeConfig moe_config_;
+  MoeRoutingArgs routing_;
+  void* moe_x_ = nullptr;
+  void* moe_recv_ = nullptr;
+  MoeCombineArgs combine_;
+};
 
 // Calls `step` until one fails (or `limit` passes); the report's first failure and last success.
 RankReport run_until_failure(const std::function<Status()>& step, std::chrono::seconds limit) {
@@ -189,7 +267,7 @@ void child_operator_loop(const std::string& op_name, std::chrono::milliseconds o
   }
   RankReport r;
   {
-    Operator op(**comm, op_named(op_name));
+    Operator op(**comm, op_name);
     const Status prepared = op.prepare();
     if (warm_up_failed(rank, prepared.ok() ? op.run() : prepared)) return;
     say("ready " + std::to_string(rank));
@@ -238,7 +316,7 @@ void child_two_comms() {
   }
   std::string second;
   {
-    Operator on_a(**a, OpId::kAgGemm), on_b(**b, OpId::kAgGemm);
+    Operator on_a(**a, "ag_gemm"), on_b(**b, "ag_gemm");
     auto warm_up = [&]() -> Status {
       LOOM_TRY(on_a.prepare());
       LOOM_TRY(on_b.prepare());
@@ -520,7 +598,9 @@ INSTANTIATE_TEST_SUITE_P(Fault, FaultKill,
                          ::testing::Values(KillCase{"ag_gemm", 2, 1, 1}, KillCase{"gemm_rs", 2, 1, 1},
                                            KillCase{"gemm_ar", 2, 1, 1}, KillCase{"ag_gemm", 3, 1, 0},
                                            KillCase{"gemm_ar", 3, 1, 2}, KillCase{"ag_gemm", 2, 2, 1},
-                                           KillCase{"gemm_rs", 2, 2, 0}, KillCase{"gemm_ar", 2, 2, 1}),
+                                           KillCase{"gemm_rs", 2, 2, 0}, KillCase{"gemm_ar", 2, 2, 1},
+                                           KillCase{"ring_attention", 2, 1, 1}, KillCase{"ring_attention", 3, 1, 0},
+                                           KillCase{"moe", 2, 1, 1}, KillCase{"moe", 3, 1, 2}),
                          [](const ::testing::TestParamInfo<KillCase>& info) {
                            return std::string(info.param.op) + "_" + std::to_string(info.param.ranks) + "ranks_" +
                                   std::to_string(info.param.nodes) + "nodes_kill" + std::to_string(info.param.victim);
