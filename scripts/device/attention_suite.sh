@@ -3,11 +3,12 @@
 # bench/attention.py through the Python package (loom beside torch SDPA's cuDNN and flash
 # backends in one process). Uses the binaries staged in .device-carry/bin (scripts/device/stage.sh).
 #
-#   scripts/device/attention_suite.sh [tests] [pytest] [bench] [-- bench/attention.py arguments]
-#     tests   loom_gpu_tests --gtest_filter='Attention*' (one rank)
-#     pytest  tests/python/test_gpu_attention.py through the Python package
-#     bench   bench/attention.py (JSON in $OUT/attention_1xH200.json)
-#   (default: all three; logs in $OUT/attention_suite.log)
+#   scripts/device/attention_suite.sh [tests] [pytest] [bench] [ring-bench] [-- bench/attention.py arguments]
+#     tests       loom_gpu_tests --gtest_filter="$TEST_FILTER" (one rank; default 'Attention*')
+#     pytest      tests/python/test_gpu_attention.py through the Python package
+#     bench       bench/attention.py (JSON in $OUT/attention_1xH200.json)
+#     ring-bench  bench/ring_attention.py at W = 1 (JSON in $OUT/ring_attention_1xH200.json)
+#   (default: tests pytest bench; logs in $OUT/attention_suite.log)
 # Each step runs under a wall-clock limit; exit status 0 only if every step passed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -34,8 +35,8 @@ rc=0
 for step in "${steps[@]}"; do
   case $step in
     tests)
-      log "GPU tests: Attention*"
-      timeout --kill-after=10 ${TEST_LIMIT_S:-240} $BIN/loom_gpu_tests --gtest_filter='Attention*' \
+      log "GPU tests: ${TEST_FILTER:-Attention*}"
+      timeout --kill-after=10 ${TEST_LIMIT_S:-240} $BIN/loom_gpu_tests --gtest_filter="${TEST_FILTER:-Attention*}" \
         --gtest_output=json:$OUT/attention_tests.json >> "$LOG" 2>&1
       r=$?; ((r != 0)) && rc=1
       log "GPU tests: exit $r"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|Failure|rel|error" "$LOG" | tail -30 ;;
@@ -53,6 +54,13 @@ for step in "${steps[@]}"; do
         python3 bench/attention.py --json "$OUT/attention_1xH200.json" "$@" 2>&1 | tee -a "$LOG" | tail -48
       r=${PIPESTATUS[0]}; ((r != 0)) && rc=1
       log "bench: exit $r" ;;
+    ring-bench)
+      if ! ext; then rc=1; continue; fi
+      log "bench/ring_attention.py (W = 1)"
+      PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=10 ${RING_BENCH_LIMIT_S:-240} \
+        python3 bench/ring_attention.py --json "$OUT/ring_attention_1xH200.json" 2>&1 | tee -a "$LOG" | tail -14
+      r=${PIPESTATUS[0]}; ((r != 0)) && rc=1
+      log "ring-bench: exit $r" ;;
     *) log "unknown step $step"; rc=1 ;;
   esac
 done
