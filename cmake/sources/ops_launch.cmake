@@ -3,4 +3,6 @@
 list(APPEND LOOM_LIB_SOURCES
   src/ops/launch/checks.cc
   src/ops/launch/family_resources.cc
-  src/ops/launch/kernel_launch.cc)
+  src/ops/launch/kernel_launch.cc
+  src/ops/launch/standalone_wait.cc
+  src/ops/launch/tensor_map.cc)

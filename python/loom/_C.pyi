@@ -108,6 +108,24 @@ def gemm_rs(comm: Communicator, a: object | None, b: object | None, out: object 
 def gemm_ar(comm: Communicator, a: object | None, b: object | None, out: object | None, stream: int, b_layout: str = 'kn', gathered_a: object | None = None, algorithm: str = 'auto', comm_ctas: int = -1, tile: str = 'auto') -> None:
     """out [M, N] (symmetric) = AllReduce(a [M, K] @ b)."""
 
+def attention(q: object | None, k: object | None, v: object | None, out: object | None, lse: object | None, stream: int, causal: bool = False, scale: float = 0.0, cu_seqlens_q: object | None = None, cu_seqlens_k: object | None = None, max_seqlen_q: int = 0, max_seqlen_k: int = 0, partial: bool = False, num_ctas: int = 0, block_n: int = 0) -> None:
+    """
+    out = softmax(scale q k^T) v (flash attention forward on one GPU); lse (optional) gets the fp32 log-sum-exp.
+    """
+
+def ring_attention(comm: Communicator, q: object | None, k: object | None, v: object | None, out: object | None, lse: object | None, stream: int, causal: bool = False, scale: float = 0.0, kv_ctas: int = 0, block_n: int = 0) -> None:
+    """
+    Ring attention over the communicator's ranks: out = attention of this rank's queries over every rank's keys.
+    """
+
+def attention_merge(partial_out: object | None, partial_lse: object | None, out: object | None, lse: object | None, stream: int) -> None:
+    """Combines partial-mode attention results over disjoint key sets (fp32)."""
+
+def synchronize_standalone(stream: int) -> None:
+    """
+    Waits for the stream and raises what a standalone op (attention, gemm) recorded on the device (bad offsets).
+    """
+
 def _check_args(op: str, world: int, tensors: tuple, b_layout: str = 'kn') -> None:
     """The argument checks of an op, without a communicator and without launching."""
 

@@ -22,13 +22,15 @@ except ImportError as error:  # pragma: no cover - only when the package was not
                       "package with `pip install .` from the loom repository") from error
 
 from ._comm import Communicator, discard_unique_id, make_unique_id
-from ._ops import ag_gemm, all_gather, all_reduce, gemm, gemm_ar, gemm_rs, reduce_scatter
+from ._ops import (ag_gemm, all_gather, all_reduce, attention, attention_merge, gemm, gemm_ar, gemm_rs,
+                   reduce_scatter, ring_attention, synchronize_standalone)
 
 __version__ = _C.__version__
 
 __all__ = [
     "Communicator", "discard_unique_id", "make_unique_id",
     "gemm", "all_gather", "reduce_scatter", "all_reduce", "ag_gemm", "gemm_rs", "gemm_ar",
+    "attention", "attention_merge", "ring_attention", "synchronize_standalone",
     "LoomError", "InvalidArgument", "Unsupported", "Timeout", "PeerFailure", "CudaError",
     "SystemCallError", "Aborted", "InternalError",
     "__version__",

@@ -96,3 +96,60 @@ def gemm_ar(comm: CommLike, a: DLPackArray, b: DLPackArray, out: Out, *, b_layou
     _C.gemm_ar(c._c, a, b, out, _stream(stream, a, "gemm_ar", c.device, c.rank), b_layout, None, algorithm,
                comm_ctas, tile)
     return out
+
+
+def _device_of(x: DLPackArray) -> Optional[int]:
+    return x.get_device() if hasattr(x, "get_device") else None
+
+
+def attention(q: DLPackArray, k: DLPackArray, v: DLPackArray, out: Out, *, lse: Optional[DLPackArray] = None,
+              causal: bool = False, scale: Optional[float] = None, cu_seqlens_q: Optional[DLPackArray] = None,
+              cu_seqlens_k: Optional[DLPackArray] = None, max_seqlen_q: int = 0, max_seqlen_k: int = 0,
+              partial: bool = False, stream: StreamArg = None, num_ctas: int = 0, block_n: int = 0) -> Out:
+    """out = softmax(scale * q k^T) v on one GPU (flash attention forward).
+
+    q [B, Sq, Hq, D], k and v [B, Sk, Hkv, D] (bf16 or fp16; Hq a multiple of Hkv; D 64, 128 or
+    256), out like q; lse [B, Hq, Sq] float32 receives the log-sum-exp. Packed sequences: q [Tq, Hq,
+    D], k and v [Tk, Hkv, D], int32 offsets cu_seqlens_q / cu_seqlens_k [B + 1] on the GPU and the
+    longest lengths max_seqlen_q / max_seqlen_k; lse [Hq, Tq]. causal: key j is visible to query i
+    iff j <= i + Sk - Sq (bottom-right). scale: default 1/sqrt(D). partial: out is float32 for
+    attention_merge (lse required). Offsets are checked on the GPU: bad ones write nothing and
+    raise at the next loom call on the device or at synchronize_standalone(). block_n: keys per
+    block (tuning; 0: the planner's)."""
+    device = _device_of(q) if stream is not None else None
+    _C.attention(q, k, v, out, lse, _stream(stream, q, "attention", device), causal,
+                 0.0 if scale is None else float(scale), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                 partial, num_ctas, block_n)
+    return out
+
+
+def attention_merge(partial_out: DLPackArray, partial_lse: DLPackArray, out: Out, *, lse: Optional[DLPackArray] = None,
+                    stream: StreamArg = None) -> Out:
+    """Combines n partial-mode attention results over disjoint key sets of the same queries in
+    fp32: partial_out [n, B, S, H, D] float32 (packed: [n, T, H, D]), partial_lse [n, B, H, S]
+    ([n, H, T]); out [B, S, H, D] (bf16, fp16 or fp32), lse [B, H, S] (optional)."""
+    device = _device_of(partial_out) if stream is not None else None
+    _C.attention_merge(partial_out, partial_lse, out, lse, _stream(stream, partial_out, "attention_merge", device))
+    return out
+
+
+def synchronize_standalone(stream: StreamArg = None, like: Optional[DLPackArray] = None) -> None:
+    """Waits for the stream (default: the current torch stream) and raises what a standalone op
+    (attention, gemm) recorded on the GPU since the last check, such as bad packed offsets."""
+    handle = stream_handle(stream, "synchronize_standalone", None, None) if stream is not None else (
+        current_stream(like, None) if like is not None else 0)
+    _C.synchronize_standalone(handle)
+
+
+def ring_attention(comm: CommLike, q: DLPackArray, k: DLPackArray, v: DLPackArray, out: Out, *,
+                   lse: Optional[DLPackArray] = None, causal: bool = False, scale: Optional[float] = None,
+                   stream: StreamArg = None, kv_ctas: int = 0, block_n: int = 0) -> Out:
+    """Sequence-parallel attention over the ranks of one node (collective): this rank's chunk q
+    [B, S_l, Hq, D], k and v [B, S_l, Hkv, D] attend over every rank's keys; out like q, lse
+    [B, Hq, S_l] float32. causal: the zigzag layout (rank r holds chunks r and 2W-1-r of S_l / 2;
+    loom.torch.zigzag_shard builds it). One persistent kernel: K/V travel around the ring while
+    the attention engine computes."""
+    c = as_communicator(comm, "ring_attention")
+    _C.ring_attention(c._c, q, k, v, out, lse, _stream(stream, q, "ring_attention", c.device, c.rank), causal,
+                      0.0 if scale is None else float(scale), kv_ctas, block_n)
+    return out

@@ -51,7 +51,8 @@ from ._comm import CommLike, Communicator, _process_group_type, as_communicator
 from ._errors import _invalid
 
 __all__ = ["empty", "handle", "register_communicator", "set_staging_budget", "gemm", "all_gather",
-           "reduce_scatter", "all_reduce", "ag_gemm", "gemm_rs", "gemm_ar"]
+           "reduce_scatter", "all_reduce", "ag_gemm", "gemm_rs", "gemm_ar", "attention", "attention_merge",
+           "ring_attention", "zigzag_shard", "zigzag_unshard"]
 
 _HALF = (torch.bfloat16, torch.float16)
 _FLOAT = (torch.bfloat16, torch.float16, torch.float32)
@@ -186,8 +187,13 @@ _lib.define("all_reduce(int comm, Tensor x) -> Tensor")
 _lib.define("ag_gemm(int comm, Tensor a, Tensor b, str b_layout='kn') -> Tensor")
 _lib.define("gemm_rs(int comm, Tensor a, Tensor b, str b_layout='kn') -> Tensor")
 _lib.define("gemm_ar(int comm, Tensor a, Tensor b, str b_layout='kn') -> Tensor")
+_lib.define("attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None, Tensor? cu_seqlens_q=None, "
+            "Tensor? cu_seqlens_k=None, int max_seqlen_q=0, int max_seqlen_k=0, bool partial=False) -> (Tensor, Tensor)")
+_lib.define("attention_merge(Tensor partial_out, Tensor partial_lse, ScalarType? out_dtype=None) -> (Tensor, Tensor)")
+_lib.define("ring_attention(int comm, Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None) -> (Tensor, Tensor)")
 
-OPS = ("gemm", "all_gather", "reduce_scatter", "all_reduce", "ag_gemm", "gemm_rs", "gemm_ar")
+OPS = ("gemm", "all_gather", "reduce_scatter", "all_reduce", "ag_gemm", "gemm_rs", "gemm_ar", "attention",
+       "attention_merge", "ring_attention")
 
 _Fn = Callable[..., torch.Tensor]
 
@@ -353,6 +359,104 @@ for _op in ("ag_gemm", "gemm_rs", "gemm_ar"):
     torch.library.register_fake(f"loom::{_op}", _tp_fake(_op), lib=_lib)
 
 
+# attention ---------------------------------------------------------------------------------------
+
+def _attention_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k, partial) -> tuple:
+    """(out shape, out dtype, lse shape) with the shape rules checked (loom/attention.h)."""
+    packed = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if packed and (cu_seqlens_q is None or cu_seqlens_k is None):
+        raise _invalid("attention", "packed sequences need both cu_seqlens_q and cu_seqlens_k")
+    nd = 3 if packed else 4
+    layout = "[T, H, D]" if packed else "[B, S, H, D]"
+    if q.dim() != nd or k.dim() != nd or v.dim() != nd:
+        raise _invalid("attention", f"q, k and v must be {layout}, got {list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
+    if k.shape != v.shape:
+        raise _invalid("attention", f"k {list(k.shape)} and v {list(v.shape)} must have the same shape")
+    if q.dtype != k.dtype or q.dtype != v.dtype or q.dtype not in _HALF:
+        raise _invalid("attention", f"q, k and v must all be bfloat16 or all float16, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not packed and q.shape[0] != k.shape[0]:
+        raise _invalid("attention", f"q {list(q.shape)} and k {list(k.shape)} have different batch sizes")
+    if q.shape[-1] != k.shape[-1]:
+        raise _invalid("attention", f"q {list(q.shape)} and k {list(k.shape)} have different head dims")
+    heads = q.shape[-2]
+    lse_shape = (heads, q.shape[0]) if packed else (q.shape[0], heads, q.shape[1])
+    return tuple(q.shape), torch.float32 if partial else q.dtype, lse_shape
+
+
+@_impl("attention")
+def _attention_impl(q, k, v, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
+                    max_seqlen_k=0, partial=False):
+    out_shape, out_dtype, lse_shape = _attention_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k, partial)
+    out = q.new_empty(out_shape, dtype=out_dtype)
+    lse = q.new_empty(lse_shape, dtype=torch.float32)
+    _C.attention(q, k, v, out, lse, _stream(q.get_device()), causal, 0.0 if scale is None else scale, cu_seqlens_q,
+                 cu_seqlens_k, max_seqlen_q, max_seqlen_k, partial)
+    return out, lse
+
+
+@_fake("attention")
+def _attention_fake(q, k, v, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
+                    max_seqlen_k=0, partial=False):
+    out_shape, out_dtype, lse_shape = _attention_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k, partial)
+    return q.new_empty(out_shape, dtype=out_dtype), q.new_empty(lse_shape, dtype=torch.float32)
+
+
+def _merge_shapes(partial_out, partial_lse, out_dtype) -> tuple:
+    if partial_out.dim() not in (4, 5) or partial_out.dtype != torch.float32 or partial_lse.dtype != torch.float32:
+        raise _invalid("attention_merge", f"partial_out must be [n, B, S, H, D] or [n, T, H, D] float32 and partial_lse "
+                                          f"float32, got {list(partial_out.shape)} {partial_out.dtype} and "
+                                          f"{partial_lse.dtype}")
+    if out_dtype is not None and out_dtype not in _FLOAT:
+        raise _invalid("attention_merge", f"out_dtype {out_dtype}: expected bfloat16, float16 or float32")
+    return tuple(partial_out.shape[1:]), out_dtype or torch.float32, tuple(partial_lse.shape[1:])
+
+
+@_impl("attention_merge")
+def _attention_merge_impl(partial_out, partial_lse, out_dtype=None):
+    out_shape, dtype, lse_shape = _merge_shapes(partial_out, partial_lse, out_dtype)
+    out = partial_out.new_empty(out_shape, dtype=dtype)
+    lse = partial_lse.new_empty(lse_shape)
+    _C.attention_merge(partial_out, partial_lse, out, lse, _stream(partial_out.get_device()))
+    return out, lse
+
+
+@_fake("attention_merge")
+def _attention_merge_fake(partial_out, partial_lse, out_dtype=None):
+    out_shape, dtype, lse_shape = _merge_shapes(partial_out, partial_lse, out_dtype)
+    return partial_out.new_empty(out_shape, dtype=dtype), partial_lse.new_empty(lse_shape)
+
+
+# ring attention ----------------------------------------------------------------------------------
+
+def _ring_shapes(q, k, v, rank) -> tuple:
+    if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape:
+        raise _invalid("ring_attention", f"q must be [B, S_l, Hq, D] and k, v [B, S_l, Hkv, D], got {list(q.shape)}, "
+                                         f"{list(k.shape)}, {list(v.shape)}", rank)
+    if q.shape[0] != k.shape[0] or q.shape[1] != k.shape[1] or q.shape[3] != k.shape[3]:
+        raise _invalid("ring_attention", f"q {list(q.shape)} and k {list(k.shape)} must agree in B, S_l and D", rank)
+    if q.dtype != k.dtype or q.dtype != v.dtype or q.dtype not in _HALF:
+        raise _invalid("ring_attention", f"q, k and v must all be bfloat16 or all float16", rank)
+    return tuple(q.shape), (q.shape[0], q.shape[2], q.shape[1])
+
+
+@_impl("ring_attention")
+def _ring_attention_impl(comm, q, k, v, causal=False, scale=None):
+    c = _comm(comm, "ring_attention")
+    out_shape, lse_shape = _ring_shapes(q, k, v, c.rank)
+    q, k, v = (_without_history(x) for x in (q, k, v))
+    out = q.new_empty(out_shape)
+    lse = q.new_empty(lse_shape, dtype=torch.float32)
+    _C.ring_attention(c._c, q, k, v, out, lse, _raw_stream(c.device), causal, 0.0 if scale is None else scale)
+    return out, lse
+
+
+@_fake("ring_attention")
+def _ring_attention_fake(comm, q, k, v, causal=False, scale=None):
+    c = _comm(comm, "ring_attention")
+    out_shape, lse_shape = _ring_shapes(q, k, v, c.rank)
+    return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=torch.float32)
+
+
 # ---- Python entry points -----------------------------------------------------------------------
 
 def gemm(a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn", out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
@@ -388,3 +492,48 @@ def gemm_rs(comm: CommLike, a: torch.Tensor, b: torch.Tensor, *, b_layout: str =
 def gemm_ar(comm: CommLike, a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn") -> torch.Tensor:
     """AllReduce(a[M, K_r] @ b) -> [M, N]."""
     return torch.ops.loom.gemm_ar.default(register_communicator(comm), a, b, b_layout)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+              scale: Optional[float] = None, cu_seqlens_q: Optional[torch.Tensor] = None,
+              cu_seqlens_k: Optional[torch.Tensor] = None, max_seqlen_q: int = 0, max_seqlen_k: int = 0,
+              partial: bool = False) -> tuple:
+    """(out, lse) = flash attention forward on one GPU: q [B, Sq, Hq, D], k and v [B, Sk, Hkv, D]
+    (packed: [T, H, D] with int32 cu_seqlens and the longest lengths); out like q (float32 when
+    partial), lse [B, Hq, Sq] ([Hq, Tq]) float32. See loom.attention."""
+    return torch.ops.loom.attention.default(q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                            max_seqlen_k, partial)
+
+
+def attention_merge(partial_out: torch.Tensor, partial_lse: torch.Tensor, *,
+                    out_dtype: Optional[torch.dtype] = None) -> tuple:
+    """(out, lse) combining partial-mode results over disjoint key sets (fp32): partial_out
+    [n, B, S, H, D] float32, partial_lse [n, B, H, S]; out in out_dtype (default float32)."""
+    return torch.ops.loom.attention_merge.default(partial_out, partial_lse, out_dtype)
+
+
+def ring_attention(comm: CommLike, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                   scale: Optional[float] = None) -> tuple:
+    """(out, lse) of this rank's chunk q [B, S_l, Hq, D] over every rank's k, v [B, S_l, Hkv, D]
+    (collective over comm's node; causal: the zigzag layout, see zigzag_shard). See loom.ring_attention."""
+    return torch.ops.loom.ring_attention.default(register_communicator(comm), q, k, v, causal, scale)
+
+
+def zigzag_shard(x: torch.Tensor, world: int, rank: int, dim: int = 1) -> torch.Tensor:
+    """Rank `rank`'s chunk of a whole sequence for causal ring attention: the sequence (dimension
+    `dim`, length divisible by 2 * world) cut into 2 * world chunks, chunks rank and 2W-1-rank."""
+    n = x.shape[dim]
+    if world < 1 or not 0 <= rank < world or n % (2 * world) != 0:
+        raise _invalid("zigzag_shard", f"a sequence of {n} rows does not split into 2 x {world} chunks for rank {rank}")
+    chunks = x.chunk(2 * world, dim=dim)
+    return torch.cat([chunks[rank], chunks[2 * world - 1 - rank]], dim=dim)
+
+
+def zigzag_unshard(parts: Sequence[torch.Tensor], dim: int = 1) -> torch.Tensor:
+    """The whole sequence from every rank's zigzag chunk (parts[r] from rank r), in order."""
+    world = len(parts)
+    halves = [None] * (2 * world)
+    for r, p in enumerate(parts):
+        a, b = p.chunk(2, dim=dim)
+        halves[r], halves[2 * world - 1 - r] = a, b
+    return torch.cat(halves, dim=dim)

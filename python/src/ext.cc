@@ -21,6 +21,7 @@
 #include <tuple>
 #include <vector>
 
+#include "loom/attention.h"
 #include "loom/collectives.h"
 #include "loom/communicator.h"
 #include "loom/gemm.h"
@@ -474,6 +475,257 @@ TpCall prepare_tp(TpKind kind, const CommView& pc, nb::handle a, nb::handle b, n
   return c;
 }
 
+// ---- attention --------------------------------------------------------------------------------
+
+struct AttentionCall {
+  TensorArg q, k, v, out, lse, cu_q, cu_k;
+  AttentionArgs args;
+  AttentionOptions options;
+  cudaStream_t stream = nullptr;
+  Status launch() const { return attention(args, stream, options); }
+  std::string_view op() const { return "attention"; }
+  int rank() const { return -1; }
+};
+
+// q [B, Sq, Hq, D], k and v [B, Sk, Hkv, D], out like q (fp32 in partial mode), lse [B, Hq, Sq]
+// fp32; packed (cu_seqlens given): q [Tq, Hq, D], k and v [Tk, Hkv, D], lse [Hq, Tq], int32
+// offsets [B + 1] and the longest sequence lengths.
+AttentionCall prepare_attention(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
+                                uintptr_t stream, bool causal, double scale, nb::handle cu_seqlens_q,
+                                nb::handle cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, bool partial,
+                                int num_ctas, int block_n) {
+  const char* op = "attention";
+  const int rank = -1;
+  AttentionCall c;
+  const bool packed = !cu_seqlens_q.is_none() || !cu_seqlens_k.is_none();
+  if (packed && (cu_seqlens_q.is_none() || cu_seqlens_k.is_none())) {
+    invalid(op, rank, "packed sequences need both cu_seqlens_q and cu_seqlens_k");
+  }
+  c.q = tensor_arg(q, "q", op, rank);
+  c.k = tensor_arg(k, "k", op, rank);
+  c.v = tensor_arg(v, "v", op, rank);
+  c.out = tensor_arg(out, "out", op, rank);
+  const bool has_lse = !lse.is_none();
+  if (has_lse) c.lse = tensor_arg(lse, "lse", op, rank);
+  const int nd = packed ? 3 : 4;
+  require_ndim(c.q, nd, packed ? "[Tq, Hq, D]" : "[B, Sq, Hq, D]", op, rank);
+  require_ndim(c.k, nd, packed ? "[Tk, Hkv, D]" : "[B, Sk, Hkv, D]", op, rank);
+  require_ndim(c.v, nd, packed ? "[Tk, Hkv, D]" : "[B, Sk, Hkv, D]", op, rank);
+  require_ndim(c.out, nd, packed ? "[Tq, Hq, D] like q" : "[B, Sq, Hq, D] like q", op, rank);
+  require_same_dtype(c.q, c.k, op, rank);
+  require_same_dtype(c.q, c.v, op, rank);
+  require_half(c.q, op, rank);
+  const int o = packed ? 0 : 1;  // first sequence dimension
+  for (int i = 0; i < nd; ++i) {
+    if (c.out.dim(i) != c.q.dim(i)) invalid(op, rank, "out " + c.out.shape_text() + " must have q's shape " + c.q.shape_text());
+    if (c.v.dim(i) != c.k.dim(i)) invalid(op, rank, "v " + c.v.shape_text() + " must have k's shape " + c.k.shape_text());
+  }
+  if (!packed && c.k.dim(0) != c.q.dim(0)) {
+    invalid(op, rank, "q " + c.q.shape_text() + " and k " + c.k.shape_text() + " have different batch sizes");
+  }
+  if (c.k.dim(o + 2) != c.q.dim(o + 2)) {
+    invalid(op, rank, "q " + c.q.shape_text() + " and k " + c.k.shape_text() + " have different head dims");
+  }
+  const DType out_dtype = partial ? DType::kF32 : c.q.dtype;
+  if (c.out.dtype != out_dtype) {
+    invalid(op, rank, std::string("out must be ") + std::string(dtype_name(out_dtype)) +
+                          (partial ? " in partial mode" : " (q's dtype)") + ", got " + std::string(dtype_name(c.out.dtype)));
+  }
+  AttentionArgs& a = c.args;
+  a.q = c.q.data;
+  a.k = c.k.data;
+  a.v = c.v.data;
+  a.out = c.out.data;
+  a.dtype = c.q.dtype;
+  a.heads_q = c.q.dim(o + 1);
+  a.heads_kv = c.k.dim(o + 1);
+  a.head_dim = c.q.dim(o + 2);
+  if (packed) {
+    c.cu_q = tensor_arg(cu_seqlens_q, "cu_seqlens_q", op, rank, /*int32=*/true);
+    c.cu_k = tensor_arg(cu_seqlens_k, "cu_seqlens_k", op, rank, /*int32=*/true);
+    require_ndim(c.cu_q, 1, "[B + 1] int32", op, rank);
+    require_ndim(c.cu_k, 1, "[B + 1] int32", op, rank);
+    if (c.cu_q.numel < 1 || c.cu_q.numel != c.cu_k.numel) {
+      invalid(op, rank, "cu_seqlens_q " + c.cu_q.shape_text() + " and cu_seqlens_k " + c.cu_k.shape_text() +
+                            " must both hold B + 1 >= 1 offsets");
+    }
+    if (max_seqlen_q < 0 || max_seqlen_k < 0 || (c.q.dim(0) > 0 && max_seqlen_q == 0) ||
+        (c.k.dim(0) > 0 && max_seqlen_k == 0)) {
+      invalid(op, rank, "packed sequences need max_seqlen_q and max_seqlen_k (the longest sequence of each, > 0)");
+    }
+    a.layout = AttentionLayout::kPacked;
+    a.batch = c.cu_q.numel - 1;
+    a.total_q = c.q.dim(0);
+    a.total_k = c.k.dim(0);
+    a.seqlen_q = max_seqlen_q;
+    a.seqlen_k = max_seqlen_k;
+    a.cu_seqlens_q = static_cast<const int32_t*>(c.cu_q.data);
+    a.cu_seqlens_k = static_cast<const int32_t*>(c.cu_k.data);
+  } else {
+    a.batch = c.q.dim(0);
+    a.seqlen_q = c.q.dim(1);
+    a.seqlen_k = c.k.dim(1);
+  }
+  if (has_lse) {
+    if (c.lse.dtype != DType::kF32) invalid(op, rank, "lse must be float32");
+    const bool ok = packed ? (c.lse.ndim == 2 && c.lse.dim(0) == a.heads_q && c.lse.dim(1) == a.total_q)
+                           : (c.lse.ndim == 3 && c.lse.dim(0) == a.batch && c.lse.dim(1) == a.heads_q &&
+                              c.lse.dim(2) == a.seqlen_q);
+    if (!ok) {
+      invalid(op, rank, std::string("lse must be ") + (packed ? "[Hq, Tq]" : "[B, Hq, Sq]") + " float32, got " +
+                            c.lse.shape_text());
+    }
+    a.lse = static_cast<float*>(c.lse.data);
+  }
+  c.options.causal = causal;
+  c.options.scale = static_cast<float>(scale);
+  c.options.partial = partial;
+  c.options.num_ctas = num_ctas;
+  c.options.block_n = block_n;
+  require_device(c.q, -1, op, rank);
+  for (const TensorArg* t : {&c.k, &c.v, &c.out}) require_device(*t, c.q.device, op, rank);
+  if (has_lse) require_device(c.lse, c.q.device, op, rank);
+  if (packed) {
+    require_device(c.cu_q, c.q.device, op, rank);
+    require_device(c.cu_k, c.q.device, op, rank);
+  }
+  c.stream = as_stream(stream);
+  return c;
+}
+
+struct RingAttentionCall {
+  Communicator* comm = nullptr;
+  int comm_rank = -1;
+  TensorArg q, k, v, out, lse;
+  RingAttentionArgs args;
+  RingAttentionOptions options;
+  cudaStream_t stream = nullptr;
+  Status launch() const { return ring_attention(*comm, args, stream, options); }
+  std::string_view op() const { return "ring_attention"; }
+  int rank() const { return comm_rank; }
+};
+
+// This rank's chunk: q [B, S_l, Hq, D], k and v [B, S_l, Hkv, D], out like q, lse [B, Hq, S_l].
+RingAttentionCall prepare_ring_attention(const CommView& pc, nb::handle q, nb::handle k, nb::handle v, nb::handle out,
+                                         nb::handle lse, uintptr_t stream, bool causal, double scale, int kv_ctas,
+                                         int block_n) {
+  const char* op = "ring_attention";
+  const int rank = pc.rank;
+  RingAttentionCall c;
+  c.comm = pc.comm;
+  c.comm_rank = rank;
+  c.q = tensor_arg(q, "q", op, rank);
+  c.k = tensor_arg(k, "k", op, rank);
+  c.v = tensor_arg(v, "v", op, rank);
+  c.out = tensor_arg(out, "out", op, rank);
+  const bool has_lse = !lse.is_none();
+  if (has_lse) c.lse = tensor_arg(lse, "lse", op, rank);
+  require_ndim(c.q, 4, "[B, S_l, Hq, D]", op, rank);
+  require_ndim(c.k, 4, "[B, S_l, Hkv, D]", op, rank);
+  require_ndim(c.v, 4, "[B, S_l, Hkv, D]", op, rank);
+  require_ndim(c.out, 4, "[B, S_l, Hq, D] like q", op, rank);
+  require_same_dtype(c.q, c.k, op, rank);
+  require_same_dtype(c.q, c.v, op, rank);
+  require_same_dtype(c.q, c.out, op, rank);
+  require_half(c.q, op, rank);
+  for (int i = 0; i < 4; ++i) {
+    if (c.out.dim(i) != c.q.dim(i)) invalid(op, rank, "out " + c.out.shape_text() + " must have q's shape " + c.q.shape_text());
+    if (c.v.dim(i) != c.k.dim(i)) invalid(op, rank, "v " + c.v.shape_text() + " must have k's shape " + c.k.shape_text());
+  }
+  if (c.k.dim(0) != c.q.dim(0) || c.k.dim(1) != c.q.dim(1) || c.k.dim(3) != c.q.dim(3)) {
+    invalid(op, rank, "q " + c.q.shape_text() + " and k " + c.k.shape_text() + " must agree in B, S_l and D");
+  }
+  RingAttentionArgs& a = c.args;
+  a.q = c.q.data;
+  a.k = c.k.data;
+  a.v = c.v.data;
+  a.out = c.out.data;
+  a.dtype = c.q.dtype;
+  a.batch = c.q.dim(0);
+  a.seqlen = c.q.dim(1);
+  a.heads_q = c.q.dim(2);
+  a.heads_kv = c.k.dim(2);
+  a.head_dim = c.q.dim(3);
+  if (has_lse) {
+    if (c.lse.dtype != DType::kF32 || c.lse.ndim != 3 || c.lse.dim(0) != a.batch || c.lse.dim(1) != a.heads_q ||
+        c.lse.dim(2) != a.seqlen) {
+      invalid(op, rank, "lse must be [B, Hq, S_l] float32, got " + c.lse.shape_text());
+    }
+    a.lse = static_cast<float*>(c.lse.data);
+  }
+  c.options.causal = causal;
+  c.options.scale = static_cast<float>(scale);
+  c.options.kv_ctas = kv_ctas;
+  c.options.block_n = block_n;
+  require_device(c.q, pc.device, op, rank);
+  for (const TensorArg* t : {&c.k, &c.v, &c.out}) require_device(*t, pc.device, op, rank);
+  if (has_lse) require_device(c.lse, pc.device, op, rank);
+  c.stream = as_stream(stream);
+  return c;
+}
+
+struct AttentionMergeCall {
+  TensorArg parts, part_lse, out, lse;
+  AttentionMergeArgs args;
+  cudaStream_t stream = nullptr;
+  Status launch() const { return attention_merge(args, stream); }
+  std::string_view op() const { return "attention_merge"; }
+  int rank() const { return -1; }
+};
+
+// partial_out [n, B, S, H, D] fp32 (packed: [n, T, H, D]), partial_lse [n, B, H, S] ([n, H, T]),
+// out [B, S, H, D] ([T, H, D]), lse [B, H, S] ([H, T]) or None.
+AttentionMergeCall prepare_attention_merge(nb::handle partial_out, nb::handle partial_lse, nb::handle out,
+                                           nb::handle lse, uintptr_t stream) {
+  const char* op = "attention_merge";
+  const int rank = -1;
+  AttentionMergeCall c;
+  c.parts = tensor_arg(partial_out, "partial_out", op, rank);
+  c.part_lse = tensor_arg(partial_lse, "partial_lse", op, rank);
+  c.out = tensor_arg(out, "out", op, rank);
+  const bool has_lse = !lse.is_none();
+  if (has_lse) c.lse = tensor_arg(lse, "lse", op, rank);
+  const bool packed = c.parts.ndim == 4;
+  if (c.parts.ndim != 4 && c.parts.ndim != 5) {
+    invalid(op, rank, "partial_out must be [n, B, S, H, D] or [n, T, H, D] float32, got " + c.parts.shape_text());
+  }
+  if (c.parts.dtype != DType::kF32 || c.part_lse.dtype != DType::kF32) {
+    invalid(op, rank, "partial_out and partial_lse must be float32 (attention's partial mode)");
+  }
+  AttentionMergeArgs& a = c.args;
+  a.num_partials = c.parts.dim(0);
+  a.batch = packed ? 1 : c.parts.dim(1);
+  a.seqlen = c.parts.dim(packed ? 1 : 2);
+  a.heads = c.parts.dim(packed ? 2 : 3);
+  a.head_dim = c.parts.dim(packed ? 3 : 4);
+  const bool lse_ok = packed ? (c.part_lse.ndim == 3 && c.part_lse.dim(0) == a.num_partials &&
+                                c.part_lse.dim(1) == a.heads && c.part_lse.dim(2) == a.seqlen)
+                             : (c.part_lse.ndim == 4 && c.part_lse.dim(0) == a.num_partials &&
+                                c.part_lse.dim(1) == a.batch && c.part_lse.dim(2) == a.heads &&
+                                c.part_lse.dim(3) == a.seqlen);
+  if (!lse_ok) {
+    invalid(op, rank, "partial_lse " + c.part_lse.shape_text() + " must be " + (packed ? "[n, H, T]" : "[n, B, H, S]") +
+                          " for partial_out " + c.parts.shape_text());
+  }
+  if (c.out.ndim != c.parts.ndim - 1 || c.out.numel * a.num_partials != c.parts.numel) {
+    invalid(op, rank, "out " + c.out.shape_text() + " must be partial_out's shape without the first dimension");
+  }
+  if (has_lse && (c.lse.dtype != DType::kF32 || c.lse.numel * a.num_partials != c.part_lse.numel)) {
+    invalid(op, rank, "lse " + c.lse.shape_text() + " must be float32 with partial_lse's shape without the first dimension");
+  }
+  a.partial_out = static_cast<const float*>(c.parts.data);
+  a.partial_lse = static_cast<const float*>(c.part_lse.data);
+  a.out = c.out.data;
+  a.out_dtype = c.out.dtype;
+  a.lse = has_lse ? static_cast<float*>(c.lse.data) : nullptr;
+  require_device(c.parts, -1, op, rank);
+  require_device(c.part_lse, c.parts.device, op, rank);
+  require_device(c.out, c.parts.device, op, rank);
+  if (has_lse) require_device(c.lse, c.parts.device, op, rank);
+  c.stream = as_stream(stream);
+  return c;
+}
+
 template <class Call>
 void run(const Call& call) {
   check(without_gil([&] { return call.launch(); }), call.op(), call.rank());
@@ -671,6 +923,43 @@ NB_MODULE(_C, m) {
   tp("ag_gemm", TpKind::kAgGemm, "out [M, N] = AllGather_rows(a [M/W, K]) @ b.");
   tp("gemm_rs", TpKind::kGemmRs, "out [M/W, N] = ReduceScatter_rows(a [M, K] @ b).");
   tp("gemm_ar", TpKind::kGemmAr, "out [M, N] (symmetric) = AllReduce(a [M, K] @ b).");
+
+  m.def(
+      "attention",
+      [](nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, uintptr_t stream, bool causal,
+         double scale, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+         bool partial, int num_ctas, int block_n) {
+        run(prepare_attention(q, k, v, out, lse, stream, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                              max_seqlen_k, partial, num_ctas, block_n));
+      },
+      "q"_a.none(), "k"_a.none(), "v"_a.none(), "out"_a.none(), "lse"_a.none(), "stream"_a, "causal"_a = false,
+      "scale"_a = 0.0, "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(),
+      "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0, "partial"_a = false, "num_ctas"_a = 0, "block_n"_a = 0,
+      "out = softmax(scale q k^T) v (flash attention forward on one GPU); lse (optional) gets the fp32 log-sum-exp.");
+  m.def(
+      "ring_attention",
+      [](PyCommunicator& pc, nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, uintptr_t stream,
+         bool causal, double scale, int kv_ctas, int block_n) {
+        run(prepare_ring_attention(view_of(pc, "ring_attention"), q, k, v, out, lse, stream, causal, scale, kv_ctas,
+                                   block_n));
+      },
+      "comm"_a, "q"_a.none(), "k"_a.none(), "v"_a.none(), "out"_a.none(), "lse"_a.none(), "stream"_a,
+      "causal"_a = false, "scale"_a = 0.0, "kv_ctas"_a = 0, "block_n"_a = 0,
+      "Ring attention over the communicator's ranks: out = attention of this rank's queries over every rank's keys.");
+  m.def(
+      "attention_merge",
+      [](nb::handle partial_out, nb::handle partial_lse, nb::handle out, nb::handle lse, uintptr_t stream) {
+        run(prepare_attention_merge(partial_out, partial_lse, out, lse, stream));
+      },
+      "partial_out"_a.none(), "partial_lse"_a.none(), "out"_a.none(), "lse"_a.none(), "stream"_a,
+      "Combines partial-mode attention results over disjoint key sets (fp32).");
+  m.def(
+      "synchronize_standalone",
+      [](uintptr_t stream) {
+        check(without_gil([&] { return synchronize_standalone(as_stream(stream)); }), "synchronize_standalone", -1);
+      },
+      "stream"_a,
+      "Waits for the stream and raises what a standalone op (attention, gemm) recorded on the device (bad offsets).");
 
   // The argument checks of an op without a communicator and without launching (`world` stands
   // in for the local world size; rank 0 in messages): the same code as the ops run, reachable on

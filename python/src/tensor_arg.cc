@@ -15,6 +15,7 @@ struct TorchRefs {
   PyObject* bf16 = nullptr;
   PyObject* f16 = nullptr;
   PyObject* f32 = nullptr;
+  PyObject* i32 = nullptr;
 };
 
 PyObject* interned(const char* s) { return PyUnicode_InternFromString(s); }
@@ -31,7 +32,9 @@ const TorchRefs* torch_refs() {
   refs.bf16 = PyObject_GetAttrString(torch, "bfloat16");
   refs.f16 = PyObject_GetAttrString(torch, "float16");
   refs.f32 = PyObject_GetAttrString(torch, "float32");
-  if (tensor == nullptr || !PyType_Check(tensor) || refs.bf16 == nullptr || refs.f16 == nullptr || refs.f32 == nullptr) {
+  refs.i32 = PyObject_GetAttrString(torch, "int32");
+  if (tensor == nullptr || !PyType_Check(tensor) || refs.bf16 == nullptr || refs.f16 == nullptr || refs.f32 == nullptr ||
+      refs.i32 == nullptr) {
     PyErr_Clear();  // a half-initialised torch (import in progress): try again next call
     return nullptr;
   }
@@ -66,7 +69,8 @@ void set_shape(TensorArg& t, const int64_t* dims, int ndim, std::string_view op,
 }
 
 [[noreturn]] void bad_dtype(const TensorArg& t, const std::string& what, std::string_view op, int rank) {
-  invalid(op, rank, std::string(t.name) + " has dtype " + what + "; loom takes bfloat16, float16 or float32");
+  invalid(op, rank, std::string(t.name) + " has dtype " + what +
+                        (t.int32 ? "; it must be int32" : "; loom takes bfloat16, float16 or float32"));
 }
 
 [[noreturn]] void not_contiguous(const TensorArg& t, std::string_view op, int rank) {
@@ -83,7 +87,9 @@ void read_torch(TensorArg& t, nb::handle obj, const TorchRefs& torch, std::strin
   static PyObject* s_is_contiguous = interned("is_contiguous");
 
   nb::object dtype = get_attr(obj, s_dtype);
-  if (dtype.ptr() == torch.bf16) {
+  if (t.int32) {
+    if (dtype.ptr() != torch.i32) bad_dtype(t, nb::cast<std::string>(nb::str(dtype)), op, rank);
+  } else if (dtype.ptr() == torch.bf16) {
     t.dtype = DType::kBF16;
   } else if (dtype.ptr() == torch.f16) {
     t.dtype = DType::kF16;
@@ -119,7 +125,11 @@ void read_dlpack(TensorArg& t, nb::handle obj, std::string_view op, int rank) {
   for (int i = 0; i < ndim && i < TensorArg::kMaxDims; ++i) dims[i] = static_cast<int64_t>(a.shape(static_cast<size_t>(i)));
   const nb::dlpack::dtype dt = a.dtype();
   const auto code = static_cast<nb::dlpack::dtype_code>(dt.code);
-  if (dt.lanes == 1 && code == nb::dlpack::dtype_code::Bfloat && dt.bits == 16) {
+  if (t.int32 && dt.lanes == 1 && code == nb::dlpack::dtype_code::Int && dt.bits == 32) {
+    // an index tensor
+  } else if (t.int32) {
+    bad_dtype(t, "code" + std::to_string(dt.code) + " bits" + std::to_string(dt.bits), op, rank);
+  } else if (dt.lanes == 1 && code == nb::dlpack::dtype_code::Bfloat && dt.bits == 16) {
     t.dtype = DType::kBF16;
   } else if (dt.lanes == 1 && code == nb::dlpack::dtype_code::Float && dt.bits == 16) {
     t.dtype = DType::kF16;
@@ -192,9 +202,10 @@ std::string TensorArg::device_text() const {
   return result;
 }
 
-TensorArg tensor_arg(nb::handle obj, const char* name, std::string_view op, int rank) {
+TensorArg tensor_arg(nb::handle obj, const char* name, std::string_view op, int rank, bool int32) {
   TensorArg t;
   t.name = name;
+  t.int32 = int32;
   t.source = obj;
   if (obj.is_none()) invalid(op, rank, std::string(name) + " is None; loom needs a tensor");
   const TorchRefs* torch = torch_refs();

@@ -159,6 +159,13 @@ GROUPS = (
                   note="Parsed with strtoull (no K/M/G suffix): not checked."),
               Var("LOOM_TEST_STRESS_LAUNCHES", "integer", lo=2, hi=100000, default_text="50",
                   meaning="back-to-back launches of each operator in MultiNodeStress (shared_gpu_suite.sh sets 500)"),
+              Var("LOOM_TEST_MOE_LAUNCHES", "integer", lo=1, hi=100000, default_text="100",
+                  meaning="back-to-back launches of routing, dispatch and combine in MoeStress",
+                  note="Parsed with atoi; values below 1 count as 1."),
+              Var("LOOM_TEST_FAULT", "text", text_type="`kill:<op>`, `stop:<op>`, `before_join:<how>:<rank>`, `two_comms`",
+                  default_text="unset: FaultChild.Run skips",
+                  meaning="set by the Fault* GPU tests (tests/gpu/fault_test.cu) in the ranks of the jobs they start: "
+                          "the scenario FaultChild.Run plays; also lets such a rank start without a GPU"),
               Var("LOOM_TEST_JUNIT_DIR", "text", text_type="directory", default_text="unset: no per-rank files",
                   meaning="every rank of a torchrun pytest job writes its JUnit XML to DIR/rank<RANK>.xml, unless "
                           "--junitxml is given (scripts/device/shared_gpu_suite.sh sets it)"),

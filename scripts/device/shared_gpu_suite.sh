@@ -4,13 +4,27 @@
 # correctness on a machine with fewer GPUs than ranks (one H200, say) and measures no speed.
 #
 #   scripts/device/shared_gpu_suite.sh [step ...]      (default: every step below, in this order)
-#     single-2 single-4 single-8    Collectives*, TpOps*, ProxyCopyEngine* at 2, 4, 8 ranks
+#     single-2 single-4 single-8    Collectives*, TpOps*, ProxyCopyEngine*, Consistency* at 2, 4, 8 ranks
+#     consistency-2 consistency-3 consistency-8
+#                                   Consistency* alone (issue 23: the last rank calls something else, every
+#                                   rank returns invalid_argument within 5 s naming who called what) at
+#                                   2, 3, 8 ranks on one node
+#     moe-2 moe-4 moe-8             Moe* (routing, dispatch, combine; MoeSmoke first) at 2, 4, 8 ranks
+#                                   on one node; MOE_FILTER (default Moe*) narrows them, and every
+#                                   wait gives up after MOE_TIMEOUT_MS (default 5000)
+#     ring-2 ring-3 ring-4 ring-8   RingAttention* at 2, 3, 4, 8 ranks on one node
 #     multi-2x1 multi-2x2 multi-2x4 multi-4x2
 #                                   MultiNode*, ProxyCopyEngine* on N emulated nodes x L ranks
 #     stress-2x2                    MultiNodeStress at 2 x 2 with STRESS_LAUNCHES (default 500)
 #                                   back-to-back launches of each operator, STRESS_RUNS (default 3)
 #                                   jobs in a row
 #     python-2 python-2x2           the Python GPU suite (tests/python -m gpu) under torchrun
+#     faults                        Fault* (tests/gpu/fault_test.cu), one supervising process that starts
+#                                   jobs of 2-3 ranks sharing the GPU: kill -9 of a rank inside each fused
+#                                   operator (TP: one node and 2 emulated nodes; ring attention, MoE: one
+#                                   node), SIGSTOP past the op timeout then SIGCONT, a rank that cannot
+#                                   start (bad LOOM_* value, no GPU), two communicators with a rank killed;
+#                                   FAULT_FILTER (default Fault*) narrows them (e.g. 'Fault/FaultKill.*')
 #     bench-1                       loom-bench's one-GPU rows (one rank, no sharing: timings are
 #                                   real): the GEMM sweep vs cuBLAS, the world-1 collectives vs a device
 #                                   copy and the world-1 TP rows (what the main job prints on one GPU),
@@ -32,7 +46,7 @@ SUITE_BUDGET_S=${SUITE_BUDGET_S:-570}
 STEP_LIMIT_S=${STEP_LIMIT_S:-240}
 log() { echo "[shared_suite +$(( $(date +%s) - suite_start ))s] $*" | tee -a "$LOG"; }
 steps=("$@")
-((${#steps[@]})) || steps=(single-2 multi-2x2 stress-2x2 multi-2x1 multi-4x2 multi-2x4 single-4 single-8 python-2 python-2x2)
+((${#steps[@]})) || steps=(single-2 moe-2 multi-2x2 stress-2x2 multi-2x1 multi-4x2 multi-2x4 single-4 single-8 faults python-2 python-2x2)
 
 BIN=.device-carry/bin
 if [[ ! -x $BIN/loom_gpu_tests ]]; then echo "no $BIN: run scripts/device/stage.sh here first and carry .device-carry"; exit 1; fi
@@ -110,6 +124,21 @@ python_job() {  # SUITE RANKS NODES
   return $r
 }
 
+# The fault tests start their own jobs (each under a wall-clock limit of its own), so they run as
+# one process, not under loom-run.
+fault_job() {
+  local suite=faults dir="$WORK/faults" t start r
+  rm -rf "$dir" && mkdir -p "$dir"
+  if ! t=$(limit); then log "$suite: skipped, not enough time left"; return 1; fi
+  log "$suite: kill -9, SIGSTOP/SIGCONT, failure before joining, two communicators (jobs of 2-3 ranks on the GPUs), limit ${t}s"
+  start=$(date +%s)
+  env -u RANK -u WORLD_SIZE -u LOCAL_RANK -u LOCAL_WORLD_SIZE timeout --kill-after=10 "$t" $BIN/loom_gpu_tests \
+    --gtest_filter="${FAULT_FILTER:-Fault*}" --gtest_brief=1 --gtest_output=json:"$dir"/rank0.json >> "$LOG" 2>&1
+  r=$?
+  summarize "$suite" 3 3 1 "$(( $(date +%s) - start ))" "$r" "$dir"/rank0.json
+  return $r
+}
+
 bench_one_gpu() {
   local t r=0 gpu tag
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print $NF}')
@@ -130,7 +159,11 @@ bench_one_gpu() {
 rc=0
 for step in "${steps[@]}"; do
   case $step in
-    single-[0-9]*) gtest_job "single-node_${step#single-}ranks" "${step#single-}" 1 'Collectives*:TpOps*:ProxyCopyEngine*' ;;
+    single-[0-9]*) gtest_job "single-node_${step#single-}ranks" "${step#single-}" 1 'Collectives*:TpOps*:ProxyCopyEngine*:Consistency*' ;;
+    # Every MoE call takes milliseconds: a 5 s wait limit (MOE_TIMEOUT_MS) shows a stuck one in seconds.
+    moe-[0-9]*) gtest_job "moe_${step#moe-}ranks" "${step#moe-}" 1 "${MOE_FILTER:-Moe*}" LOOM_TIMEOUT_MS="${MOE_TIMEOUT_MS:-5000}" ;;
+    consistency-[0-9]*) gtest_job "consistency_${step#consistency-}ranks" "${step#consistency-}" 1 'Consistency*' ;;
+    ring-[0-9]*) gtest_job "ring_attention_${step#ring-}ranks" "${step#ring-}" 1 'RingAttention*' ;;
     multi-[0-9]*x[0-9]*)
       layout=${step#multi-}; n=${layout%x*}; l=${layout#*x}
       gtest_job "multi-node_${layout}" $(( n * l )) "$n" 'MultiNode*:ProxyCopyEngine*' ;;
@@ -147,6 +180,7 @@ for step in "${steps[@]}"; do
       python_job "python_${layout}" $(( n * l )) "$n" ;;
     python-[0-9]*) python_job "python_${step#python-}ranks" "${step#python-}" 1 ;;
     bench-1) bench_one_gpu ;;
+    faults) fault_job ;;
     *) log "unknown step $step"; false ;;
   esac
   (( $? != 0 )) && rc=1

@@ -3,6 +3,7 @@
 #include "ops/collective_common.h"
 #include "ops/launch/kernel_launch.h"
 #include "ops/launch/queued_work.h"
+#include "ops/launch/signature.h"
 #include "runtime/cuda_check.h"
 
 namespace loom {
@@ -10,7 +11,7 @@ namespace loom {
 namespace ops {
 
 Status all_gather_for(Communicator& comm, const void* send, void* recv, size_t count, DType dtype, cudaStream_t stream,
-                  const CollectiveOptions& options, OpId label) {
+                  const CollectiveOptions& options, OpId label, uint32_t outer) {
   Communicator::Impl& impl = internal(comm);
   LOOM_TRY_CTX(ops::check_collective_common(impl, "all_gather", count, dtype), "all_gather");
   if (count == 0) return {};
@@ -35,6 +36,7 @@ Status all_gather_for(Communicator& comm, const void* send, void* recv, size_t c
   args.recv_offset = recv_offset;
   args.bytes = shard;
   args.vectorizable = 1;  // vector_copy handles alignment itself
+  args.signature = collective_signature(label, outer, shard, dtype, plan.num_ctas, static_cast<int>(plan.engine), 0, recv_offset);
   using Config = kernels::AllGatherConfig;
   const unsigned grid = static_cast<unsigned>(plan.num_ctas);
   if (plan.engine == planner::CopyEngine::kBulk) {

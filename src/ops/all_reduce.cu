@@ -3,6 +3,7 @@
 #include "ops/collective_common.h"
 #include "ops/launch/kernel_launch.h"
 #include "ops/launch/queued_work.h"
+#include "ops/launch/signature.h"
 #include "runtime/cuda_check.h"
 
 namespace loom {
@@ -10,7 +11,7 @@ namespace loom {
 namespace ops {
 
 Status all_reduce_for(Communicator& comm, const void* send, void* recv, size_t count, DType dtype, cudaStream_t stream,
-                  const CollectiveOptions& options, OpId label) {
+                  const CollectiveOptions& options, OpId label, uint32_t outer) {
   Communicator::Impl& impl = internal(comm);
   LOOM_TRY_CTX(ops::check_collective_common(impl, "all_reduce", count, dtype), "all_reduce");
   if (options.engine == CopyEngineChoice::kBulk) {
@@ -33,6 +34,8 @@ Status all_reduce_for(Communicator& comm, const void* send, void* recv, size_t c
   args.recv_offset = recv_offset;
   args.bytes = bytes;
   args.vectorizable = send_offset % 16 == 0 && recv_offset % 16 == 0;
+  args.signature = collective_signature(label, outer, bytes, dtype, plan.num_ctas, static_cast<int>(plan.engine), send_offset,
+                                        recv_offset);
   const size_t smem = sizeof(uint64_t) * static_cast<size_t>(impl.topology.local_world_size);
   return ops::dispatch_dtype(dtype, [&](auto element) -> Status {
     using T = decltype(element);

@@ -54,13 +54,15 @@ inline Result<planner::CollectivePlan> plan_for(const Communicator::Impl& impl, 
 }
 
 // The collectives with the operator they serve recorded in error records (a decomposed
-// ag_gemm's all_gather times out as "ag_gemm"); the public functions pass their own OpId.
+// ag_gemm's all_gather times out as "ag_gemm"); the public functions pass their own OpId. `outer`:
+// the served operator's own signature (ops/launch/signature.h), which joins the collective's in
+// the entry check, so ranks that called different decomposed operators fail there.
 Status all_gather_for(Communicator& comm, const void* send, void* recv, size_t count, DType dtype, cudaStream_t stream,
-                      const CollectiveOptions& options, OpId label);
+                      const CollectiveOptions& options, OpId label, uint32_t outer = 0);
 Status reduce_scatter_for(Communicator& comm, const void* send, void* recv, size_t recv_count, DType dtype,
-                          cudaStream_t stream, const CollectiveOptions& options, OpId label);
+                          cudaStream_t stream, const CollectiveOptions& options, OpId label, uint32_t outer = 0);
 Status all_reduce_for(Communicator& comm, const void* send, void* recv, size_t count, DType dtype, cudaStream_t stream,
-                      const CollectiveOptions& options, OpId label);
+                      const CollectiveOptions& options, OpId label, uint32_t outer = 0);
 
 // Runs `launch` with T = the CUDA element type of `dtype`.
 template <typename Fn>

@@ -1,16 +1,13 @@
 // loom::gemm and the GEMM engine's launcher: validate -> plan -> tensor maps -> launch.
 #include <cuda_runtime_api.h>
 
-#include <array>
-#include <cstring>
-#include <mutex>
 #include <string>
 
-#include "core/env.h"
 #include "kernels/gemm/sm90_gemm.cuh"
 #include "loom/gemm.h"
 #include "ops/gemm_dispatch.cuh"
 #include "ops/gemm_launch.h"
+#include "ops/launch/standalone_wait.h"
 #include "planner/gemm_heuristic.h"
 #include "runtime/cuda_check.h"
 
@@ -37,52 +34,6 @@ Result<planner::GemmDeviceLimits> device_limits() {
                                " is sm_" + std::to_string(major * 10 + minor));
   }
   return limits;
-}
-
-// The standalone GEMM has no communicator: its bounded waits report into a per-device record
-// (host-mapped) that the next gemm() call turns into a Status.
-struct StandaloneWait {
-  uint32_t* device_abort = nullptr;
-  ErrorRecord* error = nullptr;
-  uint64_t timeout_ns = 0;
-};
-
-Result<StandaloneWait*> standalone_wait() {
-  static std::mutex mu;
-  static std::array<StandaloneWait, 64> per_device{};
-  int device = 0;
-  LOOM_CUDA_TRY(cudaGetDevice(&device));
-  if (device < 0 || device >= 64) return Status::unsupported("gemm: device ordinal above 63");
-  std::lock_guard<std::mutex> lock(mu);
-  StandaloneWait& w = per_device[device];
-  if (w.device_abort == nullptr) {
-    LOOM_ASSIGN_OR_RETURN(int64_t timeout_ms, env::get_int("LOOM_TIMEOUT_MS", 30'000, 1, env::kMaxTimeoutMs));
-    void* host = nullptr;
-    LOOM_CUDA_TRY(cudaHostAlloc(&host, sizeof(ErrorRecord), cudaHostAllocMapped));
-    std::memset(host, 0, sizeof(ErrorRecord));
-    void* dev = nullptr;
-    LOOM_CUDA_TRY(cudaMalloc(&dev, sizeof(uint32_t)));
-    LOOM_CUDA_TRY(cudaMemset(dev, 0, sizeof(uint32_t)));
-    w.error = static_cast<ErrorRecord*>(host);
-    w.device_abort = static_cast<uint32_t*>(dev);
-    w.timeout_ns = static_cast<uint64_t>(timeout_ms) * 1'000'000ull;
-  }
-  return &w;
-}
-
-// A device-side failure recorded by an earlier launch (a bug: the standalone GEMM waits on
-// nothing outside its own CTAs). Reported once, then cleared.
-Status take_standalone_error(StandaloneWait& w, cudaStream_t stream) {
-  volatile ErrorRecord* e = w.error;
-  if (e->code == 0) return Status{};
-  char buf[256];
-  std::snprintf(buf, sizeof buf,
-                "gemm: an earlier launch failed on the device (code %u, cta %d, flag_index 0x%x, waited %llu ns); "
-                "this is a loom bug",
-                e->code, e->cta, e->flag_index, static_cast<unsigned long long>(e->waited_ns));
-  std::memset(const_cast<ErrorRecord*>(w.error), 0, sizeof(ErrorRecord));
-  LOOM_CUDA_TRY(cudaMemsetAsync(w.device_abort, 0, sizeof(uint32_t), stream));
-  return Status::internal(buf);
 }
 
 Status check_launch_fields(const GemmLaunch& l, const planner::GemmPlan& plan) {
@@ -210,10 +161,7 @@ Status gemm(const GemmArgs& args, cudaStream_t stream, const GemmOptions& option
   ops::GemmLaunch l;
   l.args = args;
   l.options = options;
-  l.wait.timeout_ns = w->timeout_ns;
-  l.wait.host_abort = nullptr;
-  l.wait.device_abort = w->device_abort;
-  l.wait.error = w->error;
+  l.wait = w->params();
   return ops::launch_gemm(l, stream);
 }
 

@@ -1,15 +1,9 @@
-// TMA tensor maps for the GEMM engine. cuTensorMapEncodeTiled is a driver function; libloom does
-// not link libcuda, so the entry point is fetched once through the runtime.
-#include <cuda.h>
-#include <cudaTypedefs.h>
-#include <cuda_runtime_api.h>
-
-#include <cstring>
-#include <mutex>
+// TMA tensor maps for the GEMM engine's operands and outputs (ops/launch/tensor_map.h encodes).
 #include <string>
 
 #include "kernels/common/tma_descriptor.h"
 #include "ops/gemm_launch.h"
+#include "ops/launch/tensor_map.h"
 #include "planner/gemm_heuristic.h"
 #include "runtime/cuda_check.h"
 
@@ -17,61 +11,15 @@ namespace loom::ops {
 
 namespace {
 
-using EncodeTiled = PFN_cuTensorMapEncodeTiled_v12000;
-
-Result<EncodeTiled> encode_tiled() {
-  static std::once_flag once;
-  static EncodeTiled fn = nullptr;
-  static Status status;
-  std::call_once(once, [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q);
-    if (err != cudaSuccess) {
-      status = cuda_status(err, "cudaGetDriverEntryPointByVersion(cuTensorMapEncodeTiled)", __FILE__, __LINE__);
-    } else if (q != cudaDriverEntryPointSuccess || p == nullptr) {
-      status = Status::unsupported("the CUDA driver has no cuTensorMapEncodeTiled (TMA needs CUDA 12.0+)");
-    } else {
-      fn = reinterpret_cast<EncodeTiled>(p);
-    }
-  });
-  if (fn == nullptr) return status;
-  return fn;
-}
-
-CUtensorMapDataType tma_type(DType t) {
-  switch (t) {
-    case DType::kBF16: return CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-    case DType::kF16: return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-    case DType::kF32: return CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
-  }
-  return CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
-}
-
 // A row-major tensor [outer, inner] (groups = 0) or [groups, outer, inner] with `ld` elements
 // between rows and outer * ld between groups, boxes of [1,] box_outer, box_inner, 128-byte swizzle
 // (box_inner * element size must be 128 bytes).
 Status encode_tiled_map(const void* ptr, DType dtype, uint64_t inner, uint64_t outer, uint64_t ld, uint64_t groups,
                         uint32_t box_inner, uint32_t box_outer, kernels::sm90::TmaDescriptor* out, const char* what) {
-  LOOM_ASSIGN_OR_RETURN(EncodeTiled fn, encode_tiled());
-  const cuuint32_t rank = groups > 0 ? 3 : 2;
-  const cuuint64_t dims[3] = {inner, outer, groups};
-  const cuuint64_t strides[2] = {ld * dtype_size(dtype), outer * ld * dtype_size(dtype)};
-  const cuuint32_t box[3] = {box_inner, box_outer, 1};
-  const cuuint32_t elem_strides[3] = {1, 1, 1};
-  CUtensorMap map;
-  const CUresult r = fn(&map, tma_type(dtype), rank, const_cast<void*>(ptr), dims, strides, box, elem_strides,
-                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    return Status::internal(std::string("cuTensorMapEncodeTiled failed for ") + what + " (CUresult " +
-                            std::to_string(static_cast<int>(r)) + ", dims " + std::to_string(inner) + " x " +
-                            std::to_string(outer) + " x " + std::to_string(groups) + ", ld " + std::to_string(ld) + ")");
-  }
-  static_assert(sizeof(CUtensorMap) == sizeof(kernels::sm90::TmaDescriptor), "TmaDescriptor must mirror CUtensorMap");
-  static_assert(alignof(kernels::sm90::TmaDescriptor) >= 64, "TMA needs 64-byte aligned tensor maps");
-  std::memcpy(out, &map, sizeof map);
-  return Status{};
+  const uint64_t dims[3] = {inner, outer, groups};
+  const uint64_t strides[2] = {ld * dtype_size(dtype), outer * ld * dtype_size(dtype)};
+  const uint32_t box[3] = {box_inner, box_outer, 1};
+  return encode_tensor_map(ptr, dtype, groups > 0 ? 3 : 2, dims, strides, box, out, what);
 }
 
 Status encode_2d(const void* ptr, DType dtype, uint64_t inner, uint64_t outer, uint64_t ld, uint32_t box_inner,

@@ -3,6 +3,7 @@
 #include "ops/collective_common.h"
 #include "ops/launch/kernel_launch.h"
 #include "ops/launch/queued_work.h"
+#include "ops/launch/signature.h"
 #include "runtime/cuda_check.h"
 
 namespace loom {
@@ -10,7 +11,7 @@ namespace loom {
 namespace ops {
 
 Status reduce_scatter_for(Communicator& comm, const void* send, void* recv, size_t recv_count, DType dtype,
-                      cudaStream_t stream, const CollectiveOptions& options, OpId label) {
+                      cudaStream_t stream, const CollectiveOptions& options, OpId label, uint32_t outer) {
   Communicator::Impl& impl = internal(comm);
   LOOM_TRY_CTX(ops::check_collective_common(impl, "reduce_scatter", recv_count, dtype), "reduce_scatter");
   if (options.engine == CopyEngineChoice::kBulk) {
@@ -37,6 +38,7 @@ Status reduce_scatter_for(Communicator& comm, const void* send, void* recv, size
   args.bytes = chunk;
   // Vectors need every rank's chunk start (send_offset + r * chunk) and recv 16-byte aligned.
   args.vectorizable = send_offset % 16 == 0 && chunk % 16 == 0 && ops::is_aligned16(recv);
+  args.signature = collective_signature(label, outer, chunk, dtype, plan.num_ctas, static_cast<int>(plan.engine), send_offset, 0);
   const size_t smem = sizeof(uint64_t) * world;
   return ops::dispatch_dtype(dtype, [&](auto element) -> Status {
     using T = decltype(element);

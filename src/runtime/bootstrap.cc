@@ -87,14 +87,16 @@ constexpr milliseconds kWarningInterval{1'000};
 constexpr milliseconds kQueryGrace{500};
 // Bound on best-effort notices (failure reports) sent outside a step.
 constexpr milliseconds kNoticeTimeout{1'000};
+// Failure notices other ranks sent that a rank keeps (Bootstrap::peer_notices).
+constexpr size_t kMaxKeptNotices = 64;
 
 // ---- message bodies ----------------------------------------------------------------------------
 
-constexpr size_t kTextBytes = 256;
+constexpr size_t kTextBytes = 1024;
 constexpr size_t kMissingBodyBytes = kTextBytes;       // the missing ranks, as text
 constexpr size_t kStepBodyBytes = 24;                  // sequence u64, kind u32, root i32, bytes u64
 constexpr size_t kResultBodyBytes = kStepBodyBytes;    // the step it answers, encoded the same way
-constexpr size_t kFailureBodyBytes = 8 + kTextBytes;  // code u32, origin rank i32, text
+constexpr size_t kFailureBodyBytes = 16 + kTextBytes;  // code u32, origin rank i32, kind u32, 0 u32, text
 constexpr size_t kNonceBytes = bootstrap_wire::kChallengeBodyBytes;
 
 using Nonce = std::array<uint8_t, kNonceBytes>;
@@ -253,23 +255,39 @@ Hello decode_hello(const uint8_t* body) {
 
 // ---- failures ----------------------------------------------------------------------------------
 
+// What a failure notice says happened.
+enum class NoticeKind : uint32_t {
+  kVerdict = 0,      // rank 0's verdict on a step (a timeout, a rank that vanished, a mismatch)
+  kReport = 1,       // the origin rank reported a failure of its own (report_failure_as)
+  kStepTimeout = 2,  // a client's step deadline passed: it stopped waiting for rank 0
+  kInitFailure = 3,  // the origin rank could not start (announce_failure)
+};
+
 // A failure as it travels: who failed (origin rank, or -1 for a verdict of rank 0's such as a
 // timeout) and why. Every rank turns it into the same Status.
 struct Notice {
   StatusCode code = StatusCode::kPeerFailure;
   int32_t origin = -1;
   std::string text;
+  NoticeKind kind = NoticeKind::kVerdict;
 
   Status to_status() const {
     return Status(code, origin >= 0 ? "rank " + std::to_string(origin) + ": " + text : text);
   }
 };
 
+// The code the other ranks return for a failure this rank reports: a timeout and a cross-rank
+// mismatch (invalid_argument) stay what they are; anything else is, for them, a peer's failure.
+StatusCode reported_code(StatusCode code) {
+  return code == StatusCode::kTimeout || code == StatusCode::kInvalidArgument ? code : StatusCode::kPeerFailure;
+}
+
 std::array<uint8_t, kFailureBodyBytes> encode_notice(const Notice& notice) {
   std::array<uint8_t, kFailureBodyBytes> body{};
   store_le(body.data(), static_cast<uint32_t>(notice.code));
   store_le(body.data() + 4, notice.origin);
-  store_text(body.data() + 8, notice.text);
+  store_le(body.data() + 8, static_cast<uint32_t>(notice.kind));
+  store_text(body.data() + 16, notice.text);
   return body;
 }
 
@@ -281,7 +299,10 @@ Notice decode_notice(const uint8_t* body, int world_size) {
   notice.code = known_failure ? static_cast<StatusCode>(code) : StatusCode::kPeerFailure;
   notice.origin = load_le<int32_t>(body + 4);
   if (notice.origin < -1 || notice.origin >= world_size) notice.origin = -1;
-  notice.text = load_text(body + 8);
+  auto kind = load_le<uint32_t>(body + 8);
+  notice.kind = kind <= static_cast<uint32_t>(NoticeKind::kInitFailure) ? static_cast<NoticeKind>(kind)
+                                                                         : NoticeKind::kVerdict;
+  notice.text = load_text(body + 16);
   return notice;
 }
 
@@ -367,12 +388,13 @@ Result<UniqueFd> make_cancel_event() {
   return event;
 }
 
-// Shared by every Bootstrap: argument checks, step numbering, the sticky failure, and what lets
-// report_failure() run on another thread while a step is in progress.
+// Shared by every Bootstrap: argument checks, step numbering, the sticky failure, what lets
+// report_failure() run on another thread while a step is in progress, and the watch.
 class StepBootstrap : public Bootstrap {
  public:
-  StepBootstrap(int rank, int world_size, milliseconds timeout, UniqueFd cancel_event)
-      : rank_(rank), world_size_(world_size), timeout_(timeout), cancel_event_(std::move(cancel_event)) {}
+  StepBootstrap(int rank, int world_size, milliseconds timeout, UniqueFd cancel_event, UniqueFd wake_event)
+      : rank_(rank), world_size_(world_size), timeout_(timeout), cancel_event_(std::move(cancel_event)),
+        wake_event_(std::move(wake_event)) {}
 
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
@@ -404,16 +426,76 @@ class StepBootstrap : public Bootstrap {
 
   Status barrier() override { return step(Step{StepKind::kBarrier, 0, 0}, nullptr, nullptr); }
 
+  void report_failure(std::string_view message) override { report_failure_as(StatusCode::kPeerFailure, message); }
+
+  Status watch(milliseconds max_wait) override {
+    const Deadline deadline = Clock::now() + max_wait;
+    std::vector<pollfd> fds;
+    while (true) {
+      {
+        // Messages are read only under the receive lock, which a step holds while it runs.
+        std::unique_lock<std::mutex> receiving(recv_mutex_, std::try_to_lock);
+        if (receiving.owns_lock()) {
+          watched_fds(fds);
+          if (::poll(fds.data(), fds.size(), 0) > 0) {
+            if (fds.back().revents != 0) return woken();
+            read_watched(fds);
+            return failure();
+          }
+        }
+      }
+      if (Clock::now() >= deadline) return failure();
+      // Wait for something to read without the lock: a step may start meanwhile and take it.
+      watched_fds(fds);
+      const int ready = ::poll(fds.data(), fds.size(), poll_timeout_ms(deadline));
+      if (ready > 0 && fds.back().revents != 0) return woken();
+      if (ready == 0) return failure();
+      if (ready < 0 && errno != EINTR) return failure();
+      // Something arrived: take the lock and read it, unless a step is reading it already.
+      if (recv_mutex_.try_lock()) {
+        recv_mutex_.unlock();
+      } else {
+        std::this_thread::sleep_for(std::min<Clock::duration>(milliseconds(2), deadline - Clock::now()));
+      }
+    }
+  }
+
+  void wake_watch() override {
+    uint64_t one = 1;
+    if (wake_event_.valid()) (void)!::write(wake_event_.get(), &one, sizeof(one));
+  }
+
+  std::vector<Status> peer_notices() const override {
+    std::lock_guard<std::mutex> lock(failure_mutex_);
+    return notices_;
+  }
+
  protected:
   // Runs one numbered step. `contribution` holds contribution_bytes(rank) bytes, `result`
   // receives result_bytes(world) bytes (for broadcast they are the same buffer).
   virtual Status run_step(const Step& step, const void* contribution, void* result) = 0;
+  // The connections watch() polls, with their events; the wake-up event is appended after them.
+  virtual void add_watched(std::vector<pollfd>& fds) = 0;
+  // Reads what the last poll of add_watched()'s connections found (under the receive lock).
+  virtual void read_watched(const std::vector<pollfd>& fds) = 0;
 
   // Keeps the first failure (later steps report it) and returns `failure`. Any thread.
   Status record(Status failure) {
     std::lock_guard<std::mutex> lock(failure_mutex_);
     if (failure_.ok()) failure_ = failure;
     return failure;
+  }
+  // Keeps a failure another rank sent (peer_notices) and records it as this rank's failure.
+  Status record_notice(const Status& notice) {
+    {
+      std::lock_guard<std::mutex> lock(failure_mutex_);
+      if (notices_.size() < kMaxKeptNotices) notices_.push_back(notice);
+    }
+    return record(notice);
+  }
+  Status failure() const {
+    std::lock_guard<std::mutex> lock(failure_mutex_);
+    return failure_;
   }
 
   // For report_failure(): records this rank's failure and ends the waits of a running step.
@@ -428,6 +510,8 @@ class StepBootstrap : public Bootstrap {
     std::lock_guard<std::mutex> lock(failure_mutex_);
     return Status(failure_).with_context(context);
   }
+  // Steps completed so far (rank 0's watch leaves a client's early step message for the step).
+  uint64_t steps_done() const { return steps_done_.load(std::memory_order_acquire); }
 
   const int rank_;
   const int world_size_;
@@ -438,6 +522,7 @@ class StepBootstrap : public Bootstrap {
 
  private:
   Status step(Step step, const void* contribution, void* result) {
+    std::lock_guard<std::mutex> receiving(recv_mutex_);
     step.sequence = ++sequence_;
     {
       std::lock_guard<std::mutex> lock(failure_mutex_);
@@ -446,25 +531,45 @@ class StepBootstrap : public Bootstrap {
                                failure_.to_string() + ")");
       }
     }
-    return run_step(step, contribution, result);
+    Status status = run_step(step, contribution, result);
+    steps_done_.fetch_add(1, std::memory_order_acq_rel);
+    return status;
+  }
+
+  void watched_fds(std::vector<pollfd>& fds) {
+    fds.clear();
+    add_watched(fds);
+    fds.push_back({wake_event_.get(), POLLIN, 0});
+  }
+  Status woken() {
+    uint64_t value = 0;
+    (void)!::read(wake_event_.get(), &value, sizeof(value));
+    return failure();
   }
 
   uint64_t sequence_ = 0;
-  std::mutex failure_mutex_;
+  std::atomic<uint64_t> steps_done_{0};
+  std::mutex recv_mutex_;  // a running step, or watch() reading a message
+  mutable std::mutex failure_mutex_;
   Status failure_;
+  std::vector<Status> notices_;
   UniqueFd cancel_event_;
+  UniqueFd wake_event_;
 };
 
 class SingleRankBootstrap final : public StepBootstrap {
  public:
-  explicit SingleRankBootstrap(milliseconds timeout) : StepBootstrap(0, 1, timeout, UniqueFd()) {}
-  void report_failure(std::string_view message) override { fail_locally(message); }
+  SingleRankBootstrap(milliseconds timeout, UniqueFd wake_event)
+      : StepBootstrap(0, 1, timeout, UniqueFd(), std::move(wake_event)) {}
+  void report_failure_as(StatusCode, std::string_view message) override { fail_locally(message); }
 
  protected:
   Status run_step(const Step& step, const void* contribution, void* result) override {
     if (step.kind == StepKind::kAllGather && step.bytes > 0) std::memmove(result, contribution, step.bytes);
     return {};
   }
+  void add_watched(std::vector<pollfd>&) override {}
+  void read_watched(const std::vector<pollfd>&) override {}
 };
 
 // ---- rank 0 ------------------------------------------------------------------------------------
@@ -519,11 +624,19 @@ std::string held_back_text(uint64_t held_back) {
 // Rank 0's admission loop: accepts and authenticates connections until every rank has joined or
 // the deadline passes. Handshakes run side by side on non-blocking sockets, so a silent or
 // hostile client cannot hold up the real ranks.
+//
+// When a rank cannot start (announce_failure: rank 0 itself, or a client that joins only to say
+// so), the job is over: admission goes on only to tell every other rank — the joined ones at
+// once, each later one right after its handshake — until all know or min(deadline, failure +
+// kAnnounceLimit) passes, and run() returns that failure.
 class RootAdmission {
  public:
   RootAdmission(Listener& listener, const BootstrapConfig& config, Deadline deadline)
       : listener_(listener), config_(config), deadline_(deadline), joined_(config.world_size),
-        max_handshakes_(handshake_cap(config.world_size)) {}
+        max_handshakes_(handshake_cap(config.world_size)), informed_(config.world_size, false) {}
+
+  // Rank 0 itself cannot start: every rank that connects is told `failure`.
+  void fail_job(const Notice& failure);
 
   // The joined ranks' sockets, indexed by rank ([0] is empty).
   Result<std::vector<std::optional<Socket>>> run();
@@ -547,6 +660,9 @@ class RootAdmission {
   void reject(Handshake& handshake, const std::string& reason);
   void serve_joined(int rank);
   std::string missing_ranks() const;
+  // The ranks not yet told about the failure (failure mode), as text; "" when all know.
+  std::string uninformed_ranks() const;
+  void inform(Socket& socket, int rank);
 
   Listener& listener_;
   const BootstrapConfig& config_;
@@ -561,7 +677,39 @@ class RootAdmission {
   // A joined rank asked who is missing: its own deadline passed and it is leaving, so the job
   // cannot complete and every rank should hear the verdict now.
   bool rank_gave_up_ = false;
+  // Failure mode: the notice every rank is told, which ranks know it, and until when to go on.
+  std::optional<Notice> failure_;
+  std::vector<bool> informed_;
+  Deadline linger_until_{};
 };
+
+void RootAdmission::fail_job(const Notice& failure) {
+  if (failure_) return;
+  failure_ = failure;
+  linger_until_ = std::min(deadline_, Clock::now() + Bootstrap::kAnnounceLimit);
+  informed_[0] = true;
+  if (failure.origin > 0) informed_[failure.origin] = true;
+  for (int r = 1; r < config_.world_size; ++r) {
+    if (joined_[r]) {
+      inform(*joined_[r], r);
+      joined_[r].reset();
+      --joined_count_;
+    }
+  }
+}
+
+void RootAdmission::inform(Socket& socket, int rank) {
+  (void)send_message(socket, MessageType::kFailure, encode_notice(*failure_), Clock::now() + kNoticeTimeout);
+  informed_[rank] = true;
+}
+
+std::string RootAdmission::uninformed_ranks() const {
+  std::vector<int> left;
+  for (int r = 1; r < config_.world_size; ++r) {
+    if (!informed_[r]) left.push_back(r);
+  }
+  return format_ranks(left);
+}
 
 std::string RootAdmission::missing_ranks() const {
   std::vector<int> missing;
@@ -574,9 +722,16 @@ std::string RootAdmission::missing_ranks() const {
 Result<std::vector<std::optional<Socket>>> RootAdmission::run() {
   std::vector<pollfd> fds;
   std::vector<int> polled_ranks;
-  while (joined_count_ < config_.world_size - 1) {
+  while (failure_ || joined_count_ < config_.world_size - 1) {
     Deadline now = Clock::now();
-    if (now >= deadline_ || rank_gave_up_) {
+    if (failure_) {
+      const std::string left = uninformed_ranks();
+      if (left.empty() || now >= linger_until_) {
+        Status failed = failure_->to_status().with_context("bootstrap");
+        if (!left.empty()) failed.with_context("rank(s) " + left + " not told (they did not connect in time)");
+        return failed;
+      }
+    } else if (now >= deadline_ || rank_gave_up_) {
       std::string missing = missing_ranks();
       std::array<uint8_t, kMissingBodyBytes> body{};
       store_text(body.data(), missing);
@@ -586,7 +741,7 @@ Result<std::vector<std::optional<Socket>>> RootAdmission::run() {
       return Status::timeout("bootstrap: rank(s) " + missing + " did not connect to " + listener_.address() +
                              " within " + ms_text(config_.timeout));
     }
-    Deadline wake = deadline_;
+    Deadline wake = failure_ ? linger_until_ : deadline_;
     for (Handshake& h : handshakes_) {
       if (now >= h.deadline) {
         warn("bootstrap: %s did not complete the handshake within %lld ms; dropped", h.socket.peer().c_str(),
@@ -738,6 +893,10 @@ void RootAdmission::advance(Handshake& h) {
     LOOM_INFO("bootstrap: rank %d (%s) left during the handshake", rank, h.socket.peer().c_str());
     return;
   }
+  if (failure_) {  // the job cannot start: this rank only learns why
+    inform(h.socket, rank);
+    return;
+  }
   LOOM_DEBUG("bootstrap: rank %d joined from %s", rank, h.socket.peer().c_str());
   joined_[rank] = std::move(h.socket);
   ++joined_count_;
@@ -745,10 +904,23 @@ void RootAdmission::advance(Handshake& h) {
 
 void RootAdmission::serve_joined(int rank) {
   Socket& peer = *joined_[rank];
-  Result<Header> header = recv_header(peer, std::min(deadline_, Clock::now() + kNoticeTimeout));
+  const Deadline deadline = std::min(deadline_, Clock::now() + kNoticeTimeout);
+  Result<Header> header = recv_header(peer, deadline);
   if (header.ok() && header->type == MessageType::kQuery) {
     rank_gave_up_ = true;  // run() answers it, and everyone else, with the missing ranks
     return;
+  }
+  if (header.ok() && header->type == MessageType::kFailure) {
+    // A rank that cannot start joined to say so (announce_failure).
+    std::array<uint8_t, kFailureBodyBytes> body{};
+    if (peer.recv_all(body.data(), body.size(), deadline).ok()) {
+      const Notice said = decode_notice(body.data(), config_.world_size);
+      LOOM_WARN("bootstrap: rank %d cannot start: %s", rank, said.text.c_str());
+      joined_[rank].reset();
+      --joined_count_;
+      fail_job(Notice{StatusCode::kPeerFailure, rank, "could not start: " + said.text, NoticeKind::kInitFailure});
+      return;
+    }
   }
   // A rank that crashed frees its slot: a restarted process may take it again.
   if (!header.ok() && header.status().code() == StatusCode::kPeerFailure) {
@@ -762,8 +934,11 @@ void RootAdmission::serve_joined(int rank) {
 
 class RootBootstrap final : public StepBootstrap {
  public:
-  RootBootstrap(const BootstrapConfig& config, std::vector<std::optional<Socket>> peers, UniqueFd cancel_event)
-      : StepBootstrap(0, config.world_size, config.timeout, std::move(cancel_event)), peers_(std::move(peers)) {}
+  RootBootstrap(const BootstrapConfig& config, std::vector<std::optional<Socket>> peers, UniqueFd cancel_event,
+                UniqueFd wake_event)
+      : StepBootstrap(0, config.world_size, config.timeout, std::move(cancel_event), std::move(wake_event)),
+        peers_(std::move(peers)), lost_(static_cast<size_t>(config.world_size)),
+        step_pending_since_(config.world_size, ~uint64_t{0}) {}
 
   // Tells every rank that all have joined; a rank lost right now fails the job for everyone.
   Status announce_ready() {
@@ -775,18 +950,25 @@ class RootBootstrap final : public StepBootstrap {
     return {};
   }
 
-  void report_failure(std::string_view message) override {
+  void report_failure_as(StatusCode code, std::string_view message) override {
     fail_locally(message);
     Deadline deadline = Clock::now() + std::min(timeout_, kNoticeTimeout);
-    (void)fail_everyone(Notice{StatusCode::kPeerFailure, 0, std::string(message)}, "bootstrap", deadline);
+    (void)fail_everyone(Notice{reported_code(code), 0, std::string(message), NoticeKind::kReport}, "bootstrap", deadline);
   }
 
  protected:
   Status run_step(const Step& step, const void* contribution, void* result) override;
+  void add_watched(std::vector<pollfd>& fds) override;
+  void read_watched(const std::vector<pollfd>& fds) override;
 
  private:
   static Notice lost_peer(int rank) {
     return Notice{StatusCode::kPeerFailure, rank, "disconnected (process exited or crashed?)"};
+  }
+  // Between steps: `rank`'s connection closed, or it sent what no step asked for.
+  void peer_gone(int rank, const Notice& notice) {
+    lost_[rank] = true;
+    (void)fail_everyone(notice, "", Clock::now() + kNoticeTimeout);
   }
   // Reads one message from `rank` during a step: its contribution (returns true), a stale
   // query (false), or a failure, which ends the step for everyone.
@@ -811,6 +993,11 @@ class RootBootstrap final : public StepBootstrap {
   }
 
   std::vector<std::optional<Socket>> peers_;  // by rank; [0] is empty
+  // Watch state (under the receive lock): connections that closed, and for each rank the step
+  // count when its next step message arrived early (left in the socket for that step; ~0: none).
+  std::vector<std::atomic<bool>> lost_;  // read by reports from any thread
+  std::vector<uint64_t> step_pending_since_;
+  std::vector<int> watched_ranks_;  // add_watched()'s order
 };
 
 Status RootBootstrap::fail_everyone(const Notice& notice, const std::string& context, Deadline deadline) {
@@ -818,10 +1005,71 @@ Status RootBootstrap::fail_everyone(const Notice& notice, const std::string& con
   std::unique_lock<std::timed_mutex> lock(send_mutex_, std::defer_lock);
   if (lock.try_lock_for(kNoticeTimeout)) {
     for (int r = 1; r < world_size_; ++r) {
-      if (r != notice.origin) (void)send_message(*peers_[r], MessageType::kFailure, body, deadline);
+      if (r != notice.origin && !lost_[r]) (void)send_message(*peers_[r], MessageType::kFailure, body, deadline);
     }
   }
-  return record(notice.to_status().with_context(context));
+  Status status = notice.to_status();
+  if (!context.empty()) status.with_context(context);
+  return notice.origin > 0 ? record_notice(status) : record(status);
+}
+
+void RootBootstrap::add_watched(std::vector<pollfd>& fds) {
+  watched_ranks_.clear();
+  const uint64_t steps = steps_done();
+  for (int r = 1; r < world_size_; ++r) {
+    if (lost_[r]) continue;
+    // A step message that came early stays for its step; only the connection's end is watched.
+    const bool step_pending = step_pending_since_[r] == steps;
+    fds.push_back({peers_[r]->fd(), static_cast<short>(step_pending ? POLLRDHUP : POLLIN | POLLRDHUP), 0});
+    watched_ranks_.push_back(r);
+  }
+}
+
+void RootBootstrap::read_watched(const std::vector<pollfd>& fds) {
+  for (size_t i = 0; i < watched_ranks_.size(); ++i) {
+    const int r = watched_ranks_[i];
+    const short events = fds[i].revents;
+    if (events == 0 || lost_[r]) continue;
+    const bool closed = (events & (POLLHUP | POLLERR | POLLRDHUP)) != 0;
+    if ((events & POLLIN) == 0) {
+      if (closed) peer_gone(r, lost_peer(r));
+      continue;
+    }
+    Socket& peer = *peers_[r];
+    std::array<uint8_t, kHeaderBytes> head{};
+    Result<size_t> seen = peer.peek(head.data(), head.size());
+    if (!seen.ok()) {
+      peer_gone(r, lost_peer(r));
+      continue;
+    }
+    if (*seen < head.size()) {
+      if (closed) peer_gone(r, lost_peer(r));
+      continue;  // the rest of the header is on its way
+    }
+    Result<Header> header = decode_header(head.data());
+    if (!header.ok()) {
+      peer_gone(r, Notice{StatusCode::kPeerFailure, r, "sent a malformed message: " + header.status().message()});
+      continue;
+    }
+    if (header->type == MessageType::kStep) {
+      step_pending_since_[r] = steps_done();  // its next step, which this rank has not entered yet
+      if (closed) peer_gone(r, lost_peer(r));
+      continue;
+    }
+    const Deadline deadline = Clock::now() + kNoticeTimeout;
+    std::array<uint8_t, kFailureBodyBytes> body{};
+    Status received = peer.recv_all(head.data(), head.size(), deadline);
+    if (received.ok()) received = peer.recv_all(body.data(), *body_bytes(header->type), deadline);
+    if (!received.ok()) {
+      peer_gone(r, lost_peer(r));
+    } else if (header->type == MessageType::kFailure) {
+      const Notice reported = decode_notice(body.data(), world_size_);
+      (void)fail_everyone(Notice{reported_code(reported.code), r, reported.text, NoticeKind::kReport}, "", deadline);
+    } else if (header->type != MessageType::kQuery) {  // a query is stale: its sender's init is over
+      peer_gone(r, Notice{StatusCode::kPeerFailure, r,
+                          "sent message type " + std::to_string(static_cast<unsigned>(header->type)) + " between steps"});
+    }
+  }
 }
 
 Notice RootBootstrap::receive_failure(int rank, const Status& status) const {
@@ -901,7 +1149,7 @@ Result<bool> RootBootstrap::receive_from(int rank, const std::vector<bool>& arri
       return false;
     case MessageType::kFailure: {
       Notice reported = decode_notice(body.data(), world_size_);
-      if (reported.code == StatusCode::kTimeout) {
+      if (reported.kind == NoticeKind::kStepTimeout) {
         // Its deadline passed before rank 0's (it entered the step earlier): the news for
         // everyone is who had not arrived.
         std::string absent = absent_ranks(arrived);
@@ -909,7 +1157,8 @@ Result<bool> RootBootstrap::receive_from(int rank, const std::vector<bool>& arri
         if (!absent.empty()) text += "; rank(s) " + absent + " had not arrived";
         return fail_everyone(Notice{StatusCode::kTimeout, -1, text}, context, deadline);
       }
-      return fail_everyone(Notice{StatusCode::kPeerFailure, rank, reported.text}, context, deadline);
+      return fail_everyone(Notice{reported_code(reported.code), rank, reported.text, NoticeKind::kReport}, context,
+                           deadline);
     }
     case MessageType::kStep: {
       Result<Step> theirs = decode_step(body.data());
@@ -945,14 +1194,15 @@ Result<bool> RootBootstrap::receive_from(int rank, const std::vector<bool>& arri
 
 class ClientBootstrap final : public StepBootstrap {
  public:
-  ClientBootstrap(const BootstrapConfig& config, std::string root_address, Socket root, UniqueFd cancel_event)
-      : StepBootstrap(config.rank, config.world_size, config.timeout, std::move(cancel_event)),
+  ClientBootstrap(const BootstrapConfig& config, std::string root_address, Socket root, UniqueFd cancel_event,
+                  UniqueFd wake_event)
+      : StepBootstrap(config.rank, config.world_size, config.timeout, std::move(cancel_event), std::move(wake_event)),
         root_address_(std::move(root_address)),
         root_(std::move(root)) {}
 
-  void report_failure(std::string_view message) override {
+  void report_failure_as(StatusCode code, std::string_view message) override {
     fail_locally(message);
-    auto body = encode_notice(Notice{StatusCode::kPeerFailure, rank_, std::string(message)});
+    auto body = encode_notice(Notice{reported_code(code), rank_, std::string(message), NoticeKind::kReport});
     // A step's message still being written (rank 0 not reading) keeps the stream; the report is
     // then dropped and the peers fail at their deadline instead.
     std::unique_lock<std::timed_mutex> lock(send_mutex_, std::defer_lock);
@@ -963,17 +1213,50 @@ class ClientBootstrap final : public StepBootstrap {
 
  protected:
   Status run_step(const Step& step, const void* contribution, void* result) override;
+  void add_watched(std::vector<pollfd>& fds) override {
+    if (!root_lost_) fds.push_back({root_.fd(), POLLIN | POLLRDHUP, 0});
+  }
+  void read_watched(const std::vector<pollfd>& fds) override;
 
  private:
+  Status lost_root() {
+    root_lost_ = true;
+    return record_notice(Status::peer_failure("rank 0: lost the connection to it at " + root_address_ +
+                                              " (process exited or crashed?)"));
+  }
   // What a failed exchange with rank 0 means for this rank, in a step described by `context`.
   Status root_failure(const Status& status, const std::string& context);
-  // The failure notice rank 0 sent before the connection broke, if it is already here: rank 0
-  // may forward a failure and exit before this rank's step reaches it.
-  std::optional<Status> buffered_notice();
+  // The failure notice rank 0 sent before the connection broke, if it is already here (or, with
+  // `wait`, arrives within it): rank 0 may forward a failure and exit before this rank's step
+  // reaches it.
+  std::optional<Status> buffered_notice(milliseconds wait = milliseconds(0));
 
   std::string root_address_;
   Socket root_;
+  bool root_lost_ = false;  // watch: the connection closed, or rank 0 sent what no step asked for
 };
+
+void ClientBootstrap::read_watched(const std::vector<pollfd>& fds) {
+  if (fds.size() < 2 || fds[0].revents == 0) return;
+  // Between steps rank 0 sends nothing but failure notices.
+  std::array<uint8_t, kHeaderBytes> head{};
+  Result<size_t> seen = root_.peek(head.data(), head.size());
+  if (!seen.ok()) {
+    (void)lost_root();
+    return;
+  }
+  if (*seen < head.size()) {
+    if ((fds[0].revents & (POLLHUP | POLLERR | POLLRDHUP)) != 0) (void)lost_root();
+    return;
+  }
+  std::optional<Status> notice = buffered_notice(kNoticeTimeout);
+  if (notice) {
+    (void)record_notice(*notice);
+    return;
+  }
+  root_lost_ = true;
+  (void)record_notice(Status::peer_failure("rank 0 at " + root_address_ + " sent what no step asked for"));
+}
 
 Status ClientBootstrap::root_failure(const Status& status, const std::string& context) {
   switch (status.code()) {
@@ -990,12 +1273,12 @@ Status ClientBootstrap::root_failure(const Status& status, const std::string& co
   }
 }
 
-std::optional<Status> ClientBootstrap::buffered_notice() {
-  Deadline now = Clock::now();
-  Result<Header> header = recv_header(root_, now);
+std::optional<Status> ClientBootstrap::buffered_notice(milliseconds wait) {
+  Deadline deadline = Clock::now() + wait;
+  Result<Header> header = recv_header(root_, deadline);
   if (!header.ok() || header->type != MessageType::kFailure) return std::nullopt;
   std::array<uint8_t, kFailureBodyBytes> body{};
-  if (!root_.recv_all(body.data(), body.size(), now).ok()) return std::nullopt;
+  if (!root_.recv_all(body.data(), body.size(), deadline).ok()) return std::nullopt;
   return decode_notice(body.data(), world_size_).to_status();
 }
 
@@ -1010,7 +1293,7 @@ Status ClientBootstrap::run_step(const Step& step, const void* contribution, voi
   }
   if (!sent.ok()) {
     std::optional<Status> notice = buffered_notice();
-    return record(notice ? std::move(*notice).with_context(context) : root_failure(sent, context));
+    return notice ? record_notice(std::move(*notice).with_context(context)) : record(root_failure(sent, context));
   }
 
   Result<Header> header = recv_header(root_, deadline, cancel_fd());
@@ -1019,7 +1302,7 @@ Status ClientBootstrap::run_step(const Step& step, const void* contribution, voi
     // instead of seeing this one vanish. Without waiting: the deadline has passed.
     std::unique_lock<std::timed_mutex> lock(send_mutex_, std::try_to_lock);
     if (lock.owns_lock()) {
-      auto notice = encode_notice(Notice{StatusCode::kTimeout, rank_, "stopped waiting"});
+      auto notice = encode_notice(Notice{StatusCode::kTimeout, rank_, "stopped waiting", NoticeKind::kStepTimeout});
       (void)send_message(root_, MessageType::kFailure, notice, Clock::now());
     }
   }
@@ -1028,7 +1311,7 @@ Status ClientBootstrap::run_step(const Step& step, const void* contribution, voi
   Status received = root_.recv_all(body.data(), *body_bytes(header->type), deadline, cancel_fd());
   if (!received.ok()) return record(root_failure(received, context));
   if (header->type == MessageType::kFailure) {
-    return record(decode_notice(body.data(), world_size_).to_status().with_context(context));
+    return record_notice(decode_notice(body.data(), world_size_).to_status().with_context(context));
   }
   uint64_t result_bytes = step.result_bytes(world_size_);
   Result<Step> answered = header->type == MessageType::kResult
@@ -1123,8 +1406,9 @@ Status wait_until_ready(Socket& root, const BootstrapConfig& config, Deadline de
   }
 }
 
-Result<std::unique_ptr<Bootstrap>> connect_client(const BootstrapConfig& config, Deadline deadline) {
-  std::string root_address = format_host_port(config.root_addr, config.root_port);
+// Connects to rank 0 and authenticates, retrying while rank 0 drops the connection before its
+// challenge (a connection flood) until the deadline.
+Result<Socket> join_root(const BootstrapConfig& config, Deadline deadline, const std::string& root_address) {
   auto backoff = milliseconds(10);
   while (true) {
     Result<Socket> socket = Socket::connect(config.root_addr, config.root_port, deadline);
@@ -1137,12 +1421,7 @@ Result<std::unique_ptr<Bootstrap>> connect_client(const BootstrapConfig& config,
       return std::move(socket).take_status().with_context("bootstrap");
     }
     Result<Socket> authenticated = authenticate(std::move(*socket), config, deadline, root_address);
-    if (authenticated.ok()) {
-      LOOM_TRY(wait_until_ready(*authenticated, config, deadline, root_address));
-      LOOM_ASSIGN_OR_RETURN(UniqueFd cancel_event, make_cancel_event());
-      return std::unique_ptr<Bootstrap>(std::make_unique<ClientBootstrap>(
-          config, root_address, std::move(*authenticated), std::move(cancel_event)));
-    }
+    if (authenticated.ok()) return authenticated;
     if (authenticated.status().code() == StatusCode::kTimeout) {
       return Status::timeout("bootstrap: no handshake with rank 0 at " + root_address + " within " +
                              ms_text(config.timeout));
@@ -1160,11 +1439,26 @@ Result<std::unique_ptr<Bootstrap>> connect_client(const BootstrapConfig& config,
   }
 }
 
-Result<std::unique_ptr<Bootstrap>> run_root(Listener listener, const BootstrapConfig& config, Deadline deadline) {
+Result<std::unique_ptr<Bootstrap>> connect_client(const BootstrapConfig& config, Deadline deadline) {
+  std::string root_address = format_host_port(config.root_addr, config.root_port);
+  LOOM_ASSIGN_OR_RETURN(Socket root, join_root(config, deadline, root_address));
+  LOOM_TRY(wait_until_ready(root, config, deadline, root_address));
   LOOM_ASSIGN_OR_RETURN(UniqueFd cancel_event, make_cancel_event());
+  LOOM_ASSIGN_OR_RETURN(UniqueFd wake_event, make_cancel_event());
+  return std::unique_ptr<Bootstrap>(std::make_unique<ClientBootstrap>(config, root_address, std::move(root),
+                                                                      std::move(cancel_event), std::move(wake_event)));
+}
+
+// Rank 0's admission, then the job's bootstrap; with `own_failure`, rank 0 cannot start and only
+// tells the others (the result is then that failure).
+Result<std::unique_ptr<Bootstrap>> run_root(Listener listener, const BootstrapConfig& config, Deadline deadline,
+                                            const Notice* own_failure = nullptr) {
+  LOOM_ASSIGN_OR_RETURN(UniqueFd cancel_event, make_cancel_event());
+  LOOM_ASSIGN_OR_RETURN(UniqueFd wake_event, make_cancel_event());
   RootAdmission admission(listener, config, deadline);
+  if (own_failure != nullptr) admission.fail_job(*own_failure);
   LOOM_ASSIGN_OR_RETURN(std::vector<std::optional<Socket>> peers, admission.run());
-  auto root = std::make_unique<RootBootstrap>(config, std::move(peers), std::move(cancel_event));
+  auto root = std::make_unique<RootBootstrap>(config, std::move(peers), std::move(cancel_event), std::move(wake_event));
   LOOM_TRY(root->announce_ready());
   return std::unique_ptr<Bootstrap>(std::move(root));
 }
@@ -1190,7 +1484,10 @@ Status validate_config(const BootstrapConfig& config) {
 Result<std::unique_ptr<Bootstrap>> connect_with(const BootstrapConfig& config, std::optional<Listener> listener) {
   Deadline deadline = Clock::now() + config.timeout;
   LOOM_TRY(validate_config(config));
-  if (config.world_size == 1) return std::unique_ptr<Bootstrap>(std::make_unique<SingleRankBootstrap>(config.timeout));
+  if (config.world_size == 1) {
+    LOOM_ASSIGN_OR_RETURN(UniqueFd wake_event, make_cancel_event());
+    return std::unique_ptr<Bootstrap>(std::make_unique<SingleRankBootstrap>(config.timeout, std::move(wake_event)));
+  }
   if (config.rank != 0) return connect_client(config, deadline);
   if (!listener) {
     Result<Listener> bound = Listener::listen(config.root_addr, config.root_port);
@@ -1198,6 +1495,36 @@ Result<std::unique_ptr<Bootstrap>> connect_with(const BootstrapConfig& config, s
     listener = std::move(*bound);
   }
   return run_root(std::move(*listener), config, deadline);
+}
+
+// announce_failure(): joins the job only to tell the others why this rank cannot start.
+Status announce_with(BootstrapConfig config, std::optional<Listener> listener, const Status& failure) {
+  if (failure.ok()) return Status::internal("announce_failure without a failure");
+  if (!validate_config(config).ok() || config.world_size == 1) return failure;  // nobody to tell
+  config.timeout = std::min<milliseconds>(config.timeout, Bootstrap::kAnnounceLimit);
+  const Deadline deadline = Clock::now() + config.timeout;
+  // What a client sends is its reason; rank 0 (here, or when it relays a client's) says "could not start".
+  const Notice notice{StatusCode::kPeerFailure, config.rank,
+                      (config.rank == 0 ? "could not start: " : "") + failure.to_string(), NoticeKind::kInitFailure};
+  auto not_told = [&](const std::string& why) {
+    return Status(failure.code(), failure.message() + " (the other ranks were not all told: " + why + ")");
+  };
+  if (config.rank != 0) {
+    const std::string root_address = format_host_port(config.root_addr, config.root_port);
+    Result<Socket> root = join_root(config, deadline, root_address);
+    if (!root.ok()) return not_told(root.status().to_string());
+    Status sent = send_message(*root, MessageType::kFailure, encode_notice(notice), Clock::now() + kNoticeTimeout);
+    return sent.ok() ? failure : not_told(sent.to_string());
+  }
+  if (!listener) {
+    Result<Listener> bound = Listener::listen(config.root_addr, config.root_port);
+    if (!bound.ok()) return not_told(bound.status().to_string());
+    listener = std::move(*bound);
+  }
+  Result<std::unique_ptr<Bootstrap>> told = run_root(std::move(*listener), config, deadline, &notice);
+  const std::string& message = told.status().message();
+  const size_t at = message.find("not told");
+  return at == std::string::npos ? failure : not_told(message.substr(0, at + 8));
 }
 
 // ---- unique ids --------------------------------------------------------------------------------
@@ -1418,6 +1745,26 @@ Result<std::unique_ptr<Bootstrap>> Bootstrap::from_unique_id(const UniqueId& id,
   std::optional<Listener> listener;
   if (rank == 0) listener = take_prepared_listener(contents.host, contents.port);
   return connect_with(config, std::move(listener));
+}
+
+Status Bootstrap::announce_failure(const UniqueId& id, int rank, int world_size, std::chrono::milliseconds timeout,
+                                   const Status& failure) {
+  Result<UniqueIdContents> contents = decode_unique_id(id);
+  if (!contents.ok()) return failure;
+  BootstrapConfig config;
+  config.rank = rank;
+  config.world_size = world_size;
+  config.root_addr = contents->host;
+  config.root_port = contents->port;
+  config.secret = contents->secret;
+  config.timeout = timeout;
+  std::optional<Listener> listener;
+  if (rank == 0) listener = take_prepared_listener(contents->host, contents->port);
+  return announce_with(config, std::move(listener), failure);
+}
+
+Status Bootstrap::announce_failure(const BootstrapConfig& config, const Status& failure) {
+  return announce_with(config, std::nullopt, failure);
 }
 
 void Bootstrap::discard_unique_id(const UniqueId& id) {

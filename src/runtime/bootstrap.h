@@ -6,6 +6,10 @@
 // log). After that, the collectives below run through rank 0. Every step has a deadline: a
 // rank that never arrives makes every other rank fail with a timeout Status naming it, and a
 // rank that disconnects or reports a failure makes the others fail with peer_failure naming it.
+// Between steps, watch() keeps reading the connections (the communicator's watchdog thread runs
+// it): a failure reported by any rank, or a rank whose connection drops (its process died), reaches
+// every other rank within moments, rank 0 forwarding it. A rank that cannot even start
+// (announce_failure) still tells the others.
 #pragma once
 
 #include <array>
@@ -64,6 +68,15 @@ class Bootstrap {
   // Connects (rank != 0) or listens and accepts everyone (rank 0). Returns when all world_size
   // ranks are connected and authenticated, or fails within config.timeout (+ at most 1 s).
   static Result<std::unique_ptr<Bootstrap>> connect(const BootstrapConfig& config);
+  // For a rank that cannot take part (a bad setting, no GPU), in place of connect(): it joins just
+  // long enough to tell the others, who then fail with peer_failure naming it and `failure`
+  // as soon as they have connected, instead of at their deadline. Rank 0 keeps accepting to tell
+  // the late ones. Bounded by min(timeout, kAnnounceLimit); returns `failure` (with a note when
+  // not every rank could be told).
+  static constexpr std::chrono::milliseconds kAnnounceLimit{30'000};
+  static Status announce_failure(const BootstrapConfig& config, const Status& failure);
+  static Status announce_failure(const UniqueId& id, int rank, int world_size, std::chrono::milliseconds timeout,
+                                 const Status& failure);
 
   virtual ~Bootstrap() = default;
   virtual int rank() const = 0;
@@ -78,6 +91,28 @@ class Bootstrap {
   // peer_failure("rank R: <message>") instead of waiting for the deadline. Any thread may call
   // it, also while a step runs on another (an abort): that step then returns at once.
   virtual void report_failure(std::string_view message) = 0;
+  // The same, the peers' Status keeping `code` when it is timeout (a device wait gave up) or
+  // invalid_argument (ranks called different operations); peer_failure for any other code.
+  virtual void report_failure_as(StatusCode code, std::string_view message) {
+    (void)code;
+    report_failure(message);
+  }
+
+  // ---- after init: the watch (runtime/watchdog.h) -------------------------------------------
+  // Between steps, reads the connections for failure notices and lost peers for at most
+  // `max_wait` (0: only what has arrived); rank 0 forwards each to every other rank. While a step
+  // runs it only waits (the step reads its connections itself). Returns ok while nothing has
+  // failed, else this rank's first failure: a peer's notice ("rank R: <reason>", with the code the
+  // notice carries), a lost peer ("rank R: disconnected ..."), or this rank's own report. Later
+  // calls go on forwarding and collecting notices. One thread at a time, beside the steps.
+  virtual Status watch(std::chrono::milliseconds max_wait) {
+    (void)max_wait;
+    return {};
+  }
+  // Ends a watch() in progress promptly (any thread).
+  virtual void wake_watch() {}
+  // The failures other ranks reported to this one, in the order they arrived (at most 64).
+  virtual std::vector<Status> peer_notices() const { return {}; }
 };
 // Steps (all_gather, broadcast, barrier) are called by one thread at a time. After a step fails,
 // or after report_failure(), every later step returns aborted with the first failure in its
@@ -91,7 +126,7 @@ class Bootstrap {
 namespace bootstrap_wire {
 
 inline constexpr uint32_t kMagic = 0x4d4f4f4c;  // "LOOM" in memory order
-inline constexpr uint16_t kVersion = 1;
+inline constexpr uint16_t kVersion = 2;
 inline constexpr size_t kHeaderBytes = 16;
 inline constexpr size_t kChallengeBodyBytes = 32;  // rank 0's nonce
 inline constexpr size_t kHelloBodyBytes = 72;      // rank, world size, client nonce, client proof

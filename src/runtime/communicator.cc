@@ -16,6 +16,7 @@
 
 #include "core/env.h"
 #include "core/log.h"
+#include "runtime/call_log.h"
 #include "runtime/communicator_impl.h"
 #include "runtime/cuda_check.h"
 #include "runtime/names.h"
@@ -23,6 +24,12 @@
 
 namespace loom {
 namespace {
+
+std::string hex32(uint32_t value) {
+  char text[16];
+  std::snprintf(text, sizeof(text), "0x%08x", value);
+  return text;
+}
 
 // Capacity of per-source chunk flags in the control region: an upper bound on the CTAs (or
 // tiles, row blocks) one operator can publish per source rank in one launch.
@@ -129,36 +136,52 @@ Status check_comm_options(const CommOptions& options) {
   return Status::ok_status();
 }
 
-Result<std::unique_ptr<Communicator::Impl>> build(const CommOptions& options,
-                                                  const std::function<Result<std::unique_ptr<runtime::Bootstrap>>(
-                                                      std::chrono::milliseconds)>& connect,
-                                                  int rank_for_device) {
+// How a rank joins the job's bootstrap (from the environment or a unique id), and how a rank that
+// cannot start tells the others instead (Bootstrap::announce_failure). A zero timeout means the
+// launch's own (LOOM_BOOTSTRAP_TIMEOUT_MS as the bootstrap read it, or its default).
+struct Joining {
+  std::function<Result<std::unique_ptr<runtime::Bootstrap>>(std::chrono::milliseconds)> connect;
+  std::function<Status(std::chrono::milliseconds, const Status&)> announce;
+};
+
+Result<std::unique_ptr<Communicator::Impl>> build(const CommOptions& options, const Joining& joining, int rank_for_device) {
   auto impl = std::make_unique<Communicator::Impl>();
-  LOOM_ASSIGN_OR_RETURN(impl->settings, env::Settings::from_env());
-  set_log_level(impl->settings.log_level);
-  if (std::string unknown = env::unknown_loom_variables(); !unknown.empty()) {
-    LOOM_WARN("unknown LOOM_* variables (typos?): %s", unknown.c_str());
-  }
-  // The network's variables too, before any collective step: a bad value fails here, alike on
-  // every rank that has it.
-  LOOM_ASSIGN_OR_RETURN(impl->net_settings, runtime::net::NetworkSettings::from_env());
-  if (options.heap_bytes != 0) impl->settings.heap_bytes = options.heap_bytes;
-  if (options.op_timeout.count() > 0) impl->settings.op_timeout = options.op_timeout;
-  if (options.bootstrap_timeout.count() > 0) impl->settings.bootstrap_timeout = options.bootstrap_timeout;
-  if (options.ranks_per_gpu > 0) impl->settings.ranks_per_gpu = options.ranks_per_gpu;
+  bool settings_read = false;
+  // Everything before the bootstrap: a rank that fails here (a bad setting, no GPU) still joins to
+  // tell the others, who then fail at once naming it instead of waiting for their deadline.
+  Status local = [&]() -> Status {
+    LOOM_ASSIGN_OR_RETURN(impl->settings, env::Settings::from_env());
+    set_log_level(impl->settings.log_level);
+    if (std::string unknown = env::unknown_loom_variables(); !unknown.empty()) {
+      LOOM_WARN("unknown LOOM_* variables (typos?): %s", unknown.c_str());
+    }
+    // The network's variables too, before any collective step: a bad value fails here, alike on
+    // every rank that has it.
+    LOOM_ASSIGN_OR_RETURN(impl->net_settings, runtime::net::NetworkSettings::from_env());
+    if (options.heap_bytes != 0) impl->settings.heap_bytes = options.heap_bytes;
+    if (options.op_timeout.count() > 0) impl->settings.op_timeout = options.op_timeout;
+    if (options.bootstrap_timeout.count() > 0) impl->settings.bootstrap_timeout = options.bootstrap_timeout;
+    if (options.ranks_per_gpu > 0) impl->settings.ranks_per_gpu = options.ranks_per_gpu;
+    settings_read = true;
 
-  LOOM_ASSIGN_OR_RETURN(impl->device, pick_device(options, rank_for_device, impl->settings.ranks_per_gpu));
-  LOOM_CUDA_TRY(cudaSetDevice(impl->device));
-  cudaDeviceProp prop{};
-  LOOM_CUDA_TRY(cudaGetDeviceProperties(&prop, impl->device));
-  if (prop.major != 9) {
-    return Status::unsupported("loom's kernels are built for Hopper (sm_90a); device " + std::to_string(impl->device) +
-                               " (" + prop.name + ") is sm_" + std::to_string(prop.major) +
-                               std::to_string(prop.minor));
+    LOOM_ASSIGN_OR_RETURN(impl->device, pick_device(options, rank_for_device, impl->settings.ranks_per_gpu));
+    LOOM_CUDA_TRY(cudaSetDevice(impl->device));
+    cudaDeviceProp prop{};
+    LOOM_CUDA_TRY(cudaGetDeviceProperties(&prop, impl->device));
+    if (prop.major != 9) {
+      return Status::unsupported("loom's kernels are built for Hopper (sm_90a); device " + std::to_string(impl->device) +
+                                 " (" + prop.name + ") is sm_" + std::to_string(prop.major) +
+                                 std::to_string(prop.minor));
+    }
+    impl->sm_count = prop.multiProcessorCount;
+    return {};
+  }();
+  if (!local.ok()) {
+    const std::chrono::milliseconds timeout = settings_read ? impl->settings.bootstrap_timeout : options.bootstrap_timeout;
+    return joining.announce(timeout, local);
   }
-  impl->sm_count = prop.multiProcessorCount;
 
-  LOOM_ASSIGN_OR_RETURN(impl->bootstrap, connect(impl->settings.bootstrap_timeout));
+  LOOM_ASSIGN_OR_RETURN(impl->bootstrap, joining.connect(impl->settings.bootstrap_timeout));
   runtime::Bootstrap& boot = *impl->bootstrap;
   set_log_rank(boot.rank());
 
@@ -190,6 +213,10 @@ Result<std::unique_ptr<Communicator::Impl>> build(const CommOptions& options,
   heap_options.backend = impl->settings.heap_backend;
   heap_options.device = impl->device;
   heap_options.reserved_prefix_bytes = impl->control.bytes;
+  // Across nodes the network flag window joins the prefix: peers' data keys cover only what lies
+  // after it (runtime/network_layout.h).
+  const uint64_t net_window = runtime::net::net_window_offset(impl->control.bytes);
+  if (impl->topology.num_nodes > 1) heap_options.reserved_prefix_bytes = net_window + runtime::net::net_window_bytes();
   heap_options.self_test_offset = impl->control.self_test_offset;
   heap_options.timeout = impl->settings.bootstrap_timeout;
   LOOM_ASSIGN_OR_RETURN(impl->heap, runtime::SymmetricHeap::create(boot, impl->topology, heap_options));
@@ -228,11 +255,14 @@ Result<std::unique_ptr<Communicator::Impl>> build(const CommOptions& options,
     net_options.gpu_pci_bus_id = self->pci_bus_id;
     net_options.settings = impl->net_settings;
     net_options.timeout = impl->settings.bootstrap_timeout;
+    net_options.window_offset = net_window;
     // A lane that stops turning for longer than a device wait may last is reported as stalled.
     net_options.stall_limit = std::max(std::chrono::milliseconds(2000), impl->settings.op_timeout / 2);
     LOOM_ASSIGN_OR_RETURN(impl->network, runtime::net::Network::create(boot, impl->topology, *impl->heap, net_options));
   }
   LOOM_TRY_CTX(boot.barrier(), "final init barrier");
+  // From now on a failure anywhere reaches every rank (runtime/watchdog.h).
+  LOOM_TRY(impl->start_watchdog());
   LOOM_INFO("communicator ready: rank %d/%d, node %d/%d, local rank %d/%d, device %d, heap %llu MiB (%s)%s%s",
             boot.rank(), boot.world_size(), impl->topology.node, impl->topology.num_nodes, impl->topology.local_rank,
             impl->topology.local_world_size, impl->device,
@@ -361,14 +391,73 @@ DeviceComm Communicator::Impl::device_comm() const {
 }
 
 Status Communicator::Impl::check_usable() const {
+  if (watchdog) watchdog->catch_up();
   std::lock_guard<std::mutex> lock(failure_mutex);
   if (failure.ok()) return {};
+  if (failure_from_peer && !peer_failure_returned.exchange(true)) return failure;
   return Status::aborted("communicator failed earlier: " + failure.to_string());
 }
 
-void Communicator::Impl::set_failure(const Status& status) {
+bool Communicator::Impl::set_failure(const Status& status, bool from_peer) {
+  if (host_abort_host != nullptr) *reinterpret_cast<volatile uint32_t*>(host_abort_host) = 1;
   std::lock_guard<std::mutex> lock(failure_mutex);
-  if (failure.ok()) failure = status;
+  if (!failure.ok()) return false;
+  failure = status;
+  failure_from_peer = from_peer;
+  return true;
+}
+
+void Communicator::Impl::fail(const Status& status) {
+  if (!set_failure(status) || !bootstrap) return;
+  // A timeout or a mismatch keeps its code at the others; their message names this rank.
+  const bool kept = status.code() == StatusCode::kTimeout || status.code() == StatusCode::kInvalidArgument;
+  bootstrap->report_failure_as(status.code(), kept ? status.message() : status.to_string());
+}
+
+bool Communicator::Impl::failed_by_peer() const {
+  std::lock_guard<std::mutex> lock(failure_mutex);
+  return failure_from_peer;
+}
+
+Status Communicator::Impl::unreported_local_failure(bool resumed) {
+  // A device wait that gave up: synchronize() reports it with the fullest diagnosis; when nobody
+  // consumed the record within a second, the application is not waiting here, so report it now.
+  {
+    std::lock_guard<std::mutex> lock(record_mutex);
+    const uint32_t code = static_cast<volatile ErrorRecord*>(error_host)->code;
+    const bool news = code == static_cast<uint32_t>(DeviceError::kTimeout) || code == static_cast<uint32_t>(DeviceError::kMismatch);
+    const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::steady_clock::now().time_since_epoch()).count();
+    if (!news) {
+      unconsumed_record_since_ns = 0;
+    } else if (unconsumed_record_since_ns == 0 || resumed) {
+      unconsumed_record_since_ns = now;
+    } else if (now - unconsumed_record_since_ns > 1'000'000'000) {
+      const std::string text = error_record_text();
+      return code == static_cast<uint32_t>(DeviceError::kTimeout) ? Status::timeout(text) : Status::invalid_argument(text);
+    }
+  }
+  // A failed proxy: the kernels waiting for its transfers wait in vain. A stall is judged only
+  // when this process ran all along (a stopped process's lanes look stalled for a moment).
+  if (network && !resumed) {
+    Status proxy = network->health();
+    if (!proxy.ok()) return proxy.with_context("network proxy");
+  }
+  return {};
+}
+
+Status Communicator::Impl::start_watchdog() {
+  runtime::Watchdog::Hooks hooks;
+  hooks.local_failure = [this](bool resumed) { return unreported_local_failure(resumed); };
+  hooks.on_failure = [this](const Status& status, bool from_peer) {
+    if (from_peer) {
+      if (set_failure(status, /*from_peer=*/true)) LOOM_ERROR("%s", status.to_string().c_str());
+    } else {
+      fail(status);
+    }
+  };
+  LOOM_ASSIGN_OR_RETURN(watchdog, runtime::Watchdog::start(*bootstrap, std::move(hooks)));
+  return {};
 }
 
 std::string Communicator::Impl::describe_stuck_work() const {
@@ -394,7 +483,10 @@ std::string Communicator::Impl::describe_stuck_work() const {
         behind += " CTA " + std::to_string(cta) + " (" + launch_phase_name(phase) + ")";
       }
     }
-    out += "; CTA phases of epoch ~" + std::to_string(newest) + " (of " + std::to_string(slots) + "):";
+    // A slot keeps the last epoch its CTA marked, so a launch with fewer CTAs than SMs leaves the
+    // slots past its grid at an older epoch: they count as "not entered" below.
+    out += "; CTA phases of epoch ~" + std::to_string(newest) + " (of " + std::to_string(slots) +
+           " progress slots, one per SM; slots past the launch's grid count as not entered):";
     for (uint32_t phase = 0; phase < 6; ++phase) {
       out += std::string(phase == 0 ? " " : ", ") + launch_phase_name(phase) + " " + std::to_string(at[phase]);
     }
@@ -413,10 +505,10 @@ std::string Communicator::Impl::describe_missing_entries(OpId op, uint64_t epoch
   // The entry words a peer writes into this rank when it enters a launch (the higher of a pair
   // counts: a TP call runs the fused kernel or, decomposed, a collective).
   struct Word {
-    int rank;          // global rank that writes it
-    uint64_t offset;   // heap offset of the word
-    int shift;         // the epoch sits above this many signature bits
-    int pair = -1;     // index of the other word of the same peer, or -1
+    int rank;           // global rank that writes it
+    uint64_t offset;    // heap offset of the word
+    bool entry = true;  // an entry word (entry_reached); else a plain epoch flag
+    int pair = -1;      // index of the other word of the same peer, or -1
   };
   std::vector<Word> words;
   if (network) {
@@ -427,13 +519,12 @@ std::string Communicator::Impl::describe_missing_entries(OpId op, uint64_t epoch
     const uint64_t base = network->device_view().flag_offset;
     for (int l = 0; l < local_world; ++l) {
       if (l == topology.local_rank) continue;
-      words.push_back({topology.rank_of(topology.node, l), base + 8ull * layout.nvl_entry(static_cast<uint32_t>(l)),
-                       static_cast<int>(kEntrySignatureBits)});
+      words.push_back({topology.rank_of(topology.node, l), base + 8ull * layout.nvl_entry(static_cast<uint32_t>(l))});
     }
     const int successor = (topology.node + 1) % topology.num_nodes;
     for (int n = 0; n < topology.num_nodes; ++n) {
       if (n == topology.node || (op == OpId::kAgGemm && n != successor)) continue;
-      words.push_back({topology.rank_of(n, topology.local_rank), base + 8ull * layout.net_entry(static_cast<uint32_t>(n)), 0});
+      words.push_back({topology.rank_of(n, topology.local_rank), base + 8ull * layout.net_entry(static_cast<uint32_t>(n)), false});
     }
   } else {
     // One node: the collectives' entered[src] and the fused operators' entry[src] at the start of
@@ -441,9 +532,8 @@ std::string Communicator::Impl::describe_missing_entries(OpId op, uint64_t epoch
     for (int l = 0; l < local_world; ++l) {
       if (l == topology.local_rank) continue;
       const int first = static_cast<int>(words.size());
-      constexpr int kShift = static_cast<int>(kEntrySignatureBits);
-      words.push_back({topology.local_peers[l], control.entered_offset + 8ull * l, kShift, first + 1});
-      words.push_back({topology.local_peers[l], control.op_flag_offset + 8ull * l, kShift, first});
+      words.push_back({topology.local_peers[l], control.entered_offset + 8ull * l, true, first + 1});
+      words.push_back({topology.local_peers[l], control.op_flag_offset + 8ull * l, true, first});
     }
   }
   // Read on a private non-blocking stream into pinned memory, bounded: a synchronous copy would
@@ -465,13 +555,14 @@ std::string Communicator::Impl::describe_missing_entries(OpId op, uint64_t epoch
   for (size_t i = 0; state == cudaSuccess && i < words.size(); ++i) {
     const Word& w = words[i];
     if (w.pair >= 0 && static_cast<size_t>(w.pair) < i) continue;  // reported with its pair
-    uint64_t entered = probe_words[i] >> w.shift;
-    if (w.pair >= 0 && static_cast<size_t>(w.pair) < words.size()) {
-      entered = std::max(entered, probe_words[w.pair] >> words[w.pair].shift);
-    }
-    if (entered < epoch) {
-      out += "; rank " + std::to_string(w.rank) + " did not enter this launch (its entry is at epoch " + std::to_string(entered) +
-             ", the launch's " + std::to_string(epoch) + ")";
+    auto entered = [&](size_t k) {
+      return words[k].entry ? entry_reached(probe_words[k], epoch) : epoch_reached(probe_words[k], epoch);
+    };
+    const bool pair = w.pair >= 0 && static_cast<size_t>(w.pair) < words.size();
+    if (!entered(i) && !(pair && entered(static_cast<size_t>(w.pair)))) {
+      const uint64_t last = w.entry ? entry_epoch(probe_words[i]) : probe_words[i];
+      out += "; rank " + std::to_string(w.rank) + " did not enter this launch (its entry word is at epoch " +
+             std::to_string(last) + (w.entry ? " modulo 2^32" : "") + ", the launch's " + std::to_string(epoch) + ")";
     }
   }
   if (state != cudaSuccess) cudaGetLastError();  // a failed read only loses this detail
@@ -534,23 +625,8 @@ std::string Communicator::Impl::error_record_text() const {
                   static_cast<unsigned long long>(e->waited_ns / 1'000'000ull), waited_global,
                   flag_kind_name(static_cast<FlagKind>(e->flag_kind)), e->flag_index, e->cta,
                   static_cast<unsigned long long>(e->observed));
-  } else if (code == static_cast<uint32_t>(DeviceError::kMismatch) && flag_kind_names_global_rank(kind)) {
-    // A network entry (multi-node operators): flag_index = (peer's signature << 16) | ours.
-    std::snprintf(text, sizeof(text),
-                  "%s (epoch %llu): rank %d (another node) entered this launch with a different operation or plan "
-                  "(signature 0x%04x, ours 0x%04x): every rank must call the same loom operations in the same order "
-                  "with the same shapes and options",
-                  op_name(op), static_cast<unsigned long long>(e->epoch), waited_global, e->flag_index >> 16,
-                  e->flag_index & 0xFFFFu);
   } else if (code == static_cast<uint32_t>(DeviceError::kMismatch)) {
-    // flag_index = (peer's launch signature << 16) | ours (fused operators, kernels/tp/fused_frame.cuh).
-    std::snprintf(text, sizeof(text),
-                  "%s (epoch %llu): rank %d entered this launch with a different operation or plan (signature "
-                  "0x%04x, ours 0x%04x): every rank must call the same loom operations in the same order with the "
-                  "same M (and K for ag_gemm, N for gemm_rs/gemm_ar), and the planner must pick the same tile "
-                  "everywhere (same LOOM_TUNING_CACHE, same options)",
-                  op_name(op), static_cast<unsigned long long>(e->epoch), waited_global, e->flag_index >> 16,
-                  e->flag_index & 0xFFFFu);
+    return mismatch_text(op, e->epoch, waited_global, e->flag_index, entry_signature(e->observed));
   } else if (kind != FlagKind::kNone) {
     std::snprintf(text, sizeof(text),
                   "%s (epoch %llu): aborted after %llu ms waiting for rank %d's '%s' flag %u (CTA %d, flag at epoch %llu)",
@@ -567,12 +643,27 @@ std::string Communicator::Impl::error_record_text() const {
   return std::string(text) + describe_thread0(e->cta, e->epoch);
 }
 
+std::string Communicator::Impl::mismatch_text(OpId op, uint64_t epoch, int peer, uint32_t ours, uint32_t theirs) const {
+  const std::string mine = describe_call(ours);
+  const std::string their_call = describe_call(theirs);
+  return std::string(op_name(op)) + " (epoch " + std::to_string(epoch) + "): rank " + std::to_string(peer) +
+         " called " + (their_call.empty() ? std::string("something else") : their_call) + " [signature " +
+         hex32(theirs) + "] where rank " + std::to_string(topology.rank) + " called " +
+         (mine.empty() ? std::string(op_name(op)) : mine) + " [signature " + hex32(ours) +
+         "]: every rank must make the same loom calls (operation, shapes, dtype, options, buffers at the same heap "
+         "offsets) in the same order; nothing was moved between them";
+}
+
 Status Communicator::Impl::consume_error_record() {
+  std::lock_guard<std::mutex> lock(record_mutex);
   volatile ErrorRecord* e = error_host;
   const uint32_t code = e->code;
   if (code == static_cast<uint32_t>(DeviceError::kNone)) return {};
   std::string message = error_record_text();
-  if (code == static_cast<uint32_t>(DeviceError::kTimeout)) {
+  // A timeout, or an abort a peer's failure caused (that peer's news comes with it): which peers
+  // never entered this launch.
+  if (code == static_cast<uint32_t>(DeviceError::kTimeout) ||
+      (code == static_cast<uint32_t>(DeviceError::kAborted) && failed_by_peer())) {
     message += describe_missing_entries(static_cast<OpId>(e->op), e->epoch);
   }
   // Across nodes the first record seldom tells why data never came: say where the network-send
@@ -585,7 +676,9 @@ Status Communicator::Impl::consume_error_record() {
     message += "; " + network->describe_state();
   }
   std::memset(const_cast<ErrorRecord*>(e), 0, sizeof(ErrorRecord));
-  Status s = code == static_cast<uint32_t>(DeviceError::kTimeout) ? Status::timeout(message) : Status::aborted(message);
+  Status s = code == static_cast<uint32_t>(DeviceError::kTimeout)    ? Status::timeout(message)
+             : code == static_cast<uint32_t>(DeviceError::kMismatch) ? Status::invalid_argument(message)
+                                                                      : Status::aborted(message);
   // Clear the device abort word so the context is clean; the communicator stays failed.
   cudaMemset(device_abort, 0, sizeof(uint32_t));
   return s;
@@ -627,15 +720,20 @@ Communicator::~Communicator() {
   // Peers may still read or write our heap in kernels they have queued: each rank waits for its
   // own operator work (bounded, on this communicator's events only), then (bounded) for every rank
   // at the barrier below, before any mapping goes away. Work still running after the op timeout
-  // is aborted and given one more second.
+  // is aborted and given one more second; on a failed communicator (a peer died, say) the abort
+  // word is up already and one second is all it gets. The watchdog runs meanwhile, so a peer that
+  // dies now ends the wait too.
   cudaSetDevice(impl_->device);
-  const auto limit = impl_->settings.op_timeout + std::chrono::seconds(1);
+  const bool failed = !impl_->check_usable().ok();
+  const auto limit = failed ? std::chrono::milliseconds(1000) : impl_->settings.op_timeout + std::chrono::seconds(1);
   Status done = impl_->wait_for_queued_work("communicator teardown", limit, /*even_if_failed=*/true);
-  if (done.code() == StatusCode::kTimeout) {
+  if (done.code() == StatusCode::kTimeout && !failed) {
     *reinterpret_cast<volatile uint32_t*>(impl_->host_abort_host) = 1;
     done = impl_->wait_for_queued_work("communicator teardown", std::chrono::seconds(1), /*even_if_failed=*/true);
   }
   if (!done.ok()) LOOM_WARN("%s; tearing down anyway", done.to_string().c_str());
+  // From here on peers leave too: a closed connection is no failure any more.
+  if (impl_->watchdog) impl_->watchdog->stop();
   // The proxy first: it may still carry what our finished kernels asked it to send (peers wait
   // for it), and it writes into other ranks' heaps, which must stay mapped until every rank has
   // stopped its proxy (the barrier below). A failed communicator drains only briefly.
@@ -664,11 +762,16 @@ Result<std::unique_ptr<Communicator>> Communicator::from_env(const CommOptions& 
   LOOM_TRY(check_comm_options(options));
   LOOM_ASSIGN_OR_RETURN(runtime::BootstrapConfig config, runtime::bootstrap_config_from_env());
   const int rank = config.rank;
-  auto connect = [&](std::chrono::milliseconds timeout) {
+  Joining joining;
+  joining.connect = [&](std::chrono::milliseconds timeout) {
     config.timeout = timeout;
     return runtime::Bootstrap::connect(config);
   };
-  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl, build(options, connect, rank));
+  joining.announce = [&](std::chrono::milliseconds timeout, const Status& failure) {
+    if (timeout.count() > 0) config.timeout = timeout;
+    return runtime::Bootstrap::announce_failure(config, failure);
+  };
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl, build(options, joining, rank));
   return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
 }
 
@@ -678,10 +781,15 @@ Result<std::unique_ptr<Communicator>> Communicator::from_unique_id(const UniqueI
   runtime::UniqueId rid;
   static_assert(sizeof(rid.bytes) == sizeof(id.bytes), "public and runtime unique ids must have the same size");
   std::memcpy(rid.bytes.data(), id.bytes.data(), id.bytes.size());
-  auto connect = [&](std::chrono::milliseconds timeout) {
+  Joining joining;
+  joining.connect = [&](std::chrono::milliseconds timeout) {
     return runtime::Bootstrap::from_unique_id(rid, rank, world_size, timeout);
   };
-  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl, build(options, connect, rank));
+  joining.announce = [&](std::chrono::milliseconds timeout, const Status& failure) {
+    return runtime::Bootstrap::announce_failure(rid, rank, world_size,
+                                                timeout.count() > 0 ? timeout : env::Settings{}.bootstrap_timeout, failure);
+  };
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl, build(options, joining, rank));
   return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
 }
 
@@ -767,7 +875,7 @@ Status Communicator::synchronize(cudaStream_t stream) {
     if (q == cudaSuccess) break;
     if (q != cudaErrorNotReady) {
       Status s = cuda_status(q, "cudaEventQuery(stream work)", __FILE__, __LINE__);
-      impl_->set_failure(s);
+      impl_->fail(s);
       if (impl_->network) impl_->network->after_synchronize(impl_->epoch_state, /*failed=*/true);
       return s;
     }
@@ -794,15 +902,25 @@ Status Communicator::synchronize(cudaStream_t stream) {
                                  std::to_string(impl_->settings.op_timeout.count()) +
                                  " ms + 2 s, even after the abort word was raised; " + stuck);
       LOOM_ERROR("%s", s.to_string().c_str());
-      impl_->set_failure(s);
+      impl_->fail(s);
       return s;
     }
     std::this_thread::sleep_for(sleep_for);
     if (sleep_for < std::chrono::microseconds(500)) sleep_for *= 2;
   }
   Status device_error = impl_->consume_error_record();
+  if (impl_->network && proxy_failure.ok()) proxy_failure = impl_->network->health();
+  // A kernel ended by the abort word that a peer's failure raised (the watchdog), nothing being
+  // wrong here: the peer's failure is the news, with what this rank's kernel saw (its record says
+  // which peers had not entered the launch).
+  if (impl_->failed_by_peer() && proxy_failure.ok() && (device_error.ok() || device_error.code() == StatusCode::kAborted)) {
+    if (impl_->network) impl_->network->after_synchronize(impl_->epoch_state, /*failed=*/true);
+    const Status peer = impl_->check_usable();
+    if (device_error.ok()) return peer;
+    return Status(peer.code(), peer.message() + " (this rank's kernel then: " + device_error.message() + ")");
+  }
   if (aborted_by_host) {
-    *reinterpret_cast<volatile uint32_t*>(impl_->host_abort_host) = 0;
+    if (impl_->check_usable().ok()) *reinterpret_cast<volatile uint32_t*>(impl_->host_abort_host) = 0;
     if (device_error.ok()) {
       device_error = Status::timeout("synchronize: stream work exceeded " +
                                      std::to_string(impl_->settings.op_timeout.count()) + " ms; aborted by the host");
@@ -811,7 +929,6 @@ Status Communicator::synchronize(cudaStream_t stream) {
   if (impl_->network) {
     // The proxy's error explains a kernel that waited in vain (or was aborted because of it); it
     // comes first. A proxy error without a failed kernel is reported too: a transfer failed.
-    if (proxy_failure.ok()) proxy_failure = impl_->network->health();
     if (!proxy_failure.ok()) {
       Status s = proxy_failure;
       s.with_context(device_error.ok() ? "network proxy" : "network proxy (kernel: " + device_error.to_string() + ")");
@@ -820,10 +937,28 @@ Status Communicator::synchronize(cudaStream_t stream) {
     impl_->network->after_synchronize(impl_->epoch_state, /*failed=*/!device_error.ok() || !impl_->check_usable().ok());
   }
   if (!device_error.ok()) {
-    impl_->set_failure(device_error);
+    impl_->fail(device_error);
+    impl_->peer_failure_returned.store(true);  // the application has its failure: later calls say aborted
+    // A mismatch: the peer reports its side (what it called) just as this rank did; add it.
+    if (device_error.code() == StatusCode::kInvalidArgument) return impl_->with_peer_reports(device_error);
     return device_error;
   }
   return impl_->check_usable();
+}
+
+Status Communicator::Impl::with_peer_reports(const Status& mismatch) const {
+  if (!bootstrap) return mismatch;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+  std::vector<Status> notices = bootstrap->peer_notices();
+  while (notices.empty() && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    notices = bootstrap->peer_notices();
+  }
+  std::string said;
+  for (const Status& n : notices) {
+    if (n.code() == StatusCode::kInvalidArgument) said += "; " + n.message();
+  }
+  return said.empty() ? mismatch : Status::invalid_argument(mismatch.message() + " (the other side" + said + ")");
 }
 
 Status Communicator::barrier() {
@@ -832,9 +967,7 @@ Status Communicator::barrier() {
 }
 
 void Communicator::abort(std::string_view reason) {
-  *reinterpret_cast<volatile uint32_t*>(impl_->host_abort_host) = 1;
-  impl_->set_failure(Status::aborted("aborted by the application: " + std::string(reason)));
-  if (impl_->bootstrap) impl_->bootstrap->report_failure("aborted: " + std::string(reason));
+  impl_->fail(Status::aborted("aborted by the application: " + std::string(reason)));
 }
 
 Status Communicator::health() const { return impl_->check_usable(); }

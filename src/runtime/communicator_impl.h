@@ -20,6 +20,7 @@
 #include "runtime/symmetric_heap.h"
 #include "runtime/topology.h"
 #include "runtime/transports/transport.h"
+#include "runtime/watchdog.h"
 
 namespace loom {
 
@@ -80,18 +81,49 @@ struct Communicator::Impl {
 
   mutable std::mutex failure_mutex;
   Status failure;  // sticky: the first failure that ended the communicator
+  bool failure_from_peer = false;  // it came from another rank (under failure_mutex)
+  // The application has been given a peer's failure as such once (check_usable); later calls
+  // get `aborted` with it, like every sticky failure.
+  mutable std::atomic<bool> peer_failure_returned{false};
+  // Serializes reads of the error record between synchronize() and the watchdog.
+  mutable std::mutex record_mutex;
+  // When the watchdog first saw the error record it has not reported (0: none).
+  int64_t unconsumed_record_since_ns = 0;
+
+  // The thread that carries failures between ranks (runtime/watchdog.h); started once the
+  // communicator is ready, stopped first at teardown. Declared after `bootstrap` and `network`,
+  // whose state its hooks read: destroyed before them.
+  std::unique_ptr<runtime::Watchdog> watchdog;
 
   ~Impl();
 
   // The communicator as kernels see it.
   DeviceComm device_comm() const;
-  // ok, or `aborted` carrying the failure that ended the communicator.
+  // ok, or `aborted` carrying the failure that ended the communicator — a peer's failure the first
+  // time as itself (peer_failure naming the rank, or the code it reported). First lets the
+  // watchdog catch up when this process was not running for a while (SIGSTOP).
   Status check_usable() const;
-  void set_failure(const Status& status);
+  // Keeps the first failure (true when `status` is it) and raises the host abort word, so kernels
+  // of this communicator still running end: none of them can succeed any more.
+  bool set_failure(const Status& status, bool from_peer = false);
+  // This rank's own failure: set_failure, and when it is the first, every other rank is told
+  // (their calls then fail within moments instead of at their deadline).
+  void fail(const Status& status);
+  bool failed_by_peer() const;
+  // The watchdog's local check: a device failure (timeout, mismatch) recorded and not consumed by
+  // synchronize() within a second (the application is not waiting on this communicator), or a
+  // failed proxy; ok otherwise.
+  Status unreported_local_failure(bool resumed);
+  // Starts the watchdog (the communicator is ready).
+  Status start_watchdog();
   // Turns a filled error record into a Status (naming global ranks) and clears it.
   // The device's first failure (ErrorRecord) in words, "" when none; consume_error_record()
   // turns it into a Status and clears the record.
   std::string error_record_text() const;
+  // `mismatch` with what the peers reported of it (their side of the call), waiting at most 0.5 s.
+  Status with_peer_reports(const Status& mismatch) const;
+  // A cross-rank mismatch (DeviceError::kMismatch): which rank called what (runtime/call_log.h).
+  std::string mismatch_text(OpId op, uint64_t epoch, int peer, uint32_t ours, uint32_t theirs) const;
   Status consume_error_record();
   // For a launch that outlived its deadline and the abort: the error record if one was written,
   // how far the CTAs got (LaunchPhase marks) and the network lanes' state.

@@ -61,9 +61,12 @@ LOOM_HOST_DEVICE constexpr bool flag_kind_names_global_rank(FlagKind kind) {
 }
 const char* flag_kind_name(FlagKind kind);
 
-// kMismatch: a peer entered the same launch epoch with a different operation or plan (shapes,
-// tile): every rank must issue the same loom calls in the same order.
-enum class DeviceError : uint32_t { kNone = 0, kTimeout = 1, kAborted = 2, kMismatch = 3 };
+// kMismatch: a peer entered the same launch epoch with a different call (operation, shapes, dtype,
+// options, plan): every rank must issue the same loom calls in the same order. Its record holds
+// this rank's signature in flag_index and the peer's entry word in observed. kInvalidInput:
+// arguments that live on the device (sequence offsets) failed the kernel's check before anything
+// was written; flag_index names the item (e.g. the sequence).
+enum class DeviceError : uint32_t { kNone = 0, kTimeout = 1, kAborted = 2, kMismatch = 3, kInvalidInput = 4 };
 
 // Written once, by the first CTA that fails, into host-mapped memory; the host turns it into a
 // Status after the stream's work completes (or after the host deadline).
@@ -129,13 +132,30 @@ LOOM_HOST_DEVICE bool epoch_reached(uint64_t flag, uint64_t target) {
   return static_cast<int64_t>(flag - target) >= 0;
 }
 
-// Entry words (kernels/comm/entry.cuh): a rank entering launch `epoch` of a plan stores
+// Entry words (kernels/comm/entry.cuh): a rank entering launch `epoch` of a call stores
 // (epoch << kEntrySignatureBits) | signature into each peer, which checks both before its first
-// write into that rank. The host's timeout diagnosis decodes the same format.
-inline constexpr uint32_t kEntrySignatureBits = 16;
+// write into (or read from) that rank. The signature is 32 bits (ops/launch/signature.h), so the
+// word keeps the epoch's low 32 bits: entry_reached() compares them as serial numbers, a peer
+// counting as entered when it is in this launch or at most kEntryAhead launches past it (peers of
+// one communicator are never further apart: each launch waits for every peer it depends on). A
+// word from an earlier launch does not pass — unless its family sat unused for a whole multiple of
+// 2^32 launches, give or take 256 — nor does a zero word (never written; a signature is never 0).
+// The host's diagnosis decodes the same format.
+inline constexpr uint32_t kEntrySignatureBits = 32;
 inline constexpr uint64_t kEntrySignatureMask = (uint64_t{1} << kEntrySignatureBits) - 1;
+inline constexpr uint32_t kEntryAhead = 256;
 LOOM_HOST_DEVICE constexpr uint64_t entry_word(uint64_t epoch, uint32_t signature) {
   return (epoch << kEntrySignatureBits) | (signature & kEntrySignatureMask);
+}
+LOOM_HOST_DEVICE constexpr uint32_t entry_epoch(uint64_t word) { return static_cast<uint32_t>(word >> kEntrySignatureBits); }
+LOOM_HOST_DEVICE constexpr uint32_t entry_signature(uint64_t word) { return static_cast<uint32_t>(word & kEntrySignatureMask); }
+// Has the word's writer entered launch `epoch` (or a later one)?
+LOOM_HOST_DEVICE constexpr bool entry_reached(uint64_t word, uint64_t epoch) {
+  return word != 0 && static_cast<uint32_t>(entry_epoch(word) - static_cast<uint32_t>(epoch)) < kEntryAhead;
+}
+// Is the word's writer in launch `epoch` itself (its signature is then this launch's)?
+LOOM_HOST_DEVICE constexpr bool entry_in(uint64_t word, uint64_t epoch) {
+  return word != 0 && entry_epoch(word) == static_cast<uint32_t>(epoch);
 }
 
 // Layout of the control region at offset 0 of every rank's symmetric heap (equal on all ranks).

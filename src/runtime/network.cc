@@ -98,6 +98,18 @@ Result<RetainHandle> retain_handle_fn() {
 
 double per_lane_gbps(double gbps, int lanes) { return lanes > 0 ? gbps / lanes : gbps; }
 
+namespace {
+
+// The flag words of a destination's window (`flag_count` words) this rank, on node `sender`, may
+// write through the proxy (NetWindowLayout::sender_entry and what follows).
+std::vector<WordRange> network_flag_scope(const NetWindowLayout& layout, uint32_t sender, uint64_t flag_count) {
+  std::vector<WordRange> scope{WordRange{layout.sender_entry(sender), 1}, WordRange{layout.sender_sig(sender), 1}};
+  if (layout.launch_base() < flag_count) scope.push_back(WordRange{layout.launch_base(), flag_count - layout.launch_base()});
+  return scope;
+}
+
+}  // namespace
+
 // ---- peer heaps (copy_engine between emulated nodes of one host) -------------------------------
 //
 // The symmetric heap maps only the ranks of this rank's (virtual) node. The copy engine writes
@@ -324,18 +336,18 @@ Result<std::unique_ptr<Network>> Network::create(Bootstrap& bootstrap, const Top
   net->device_ = options.device;
   LOOM_CUDA_TRY(cudaSetDevice(options.device));
 
-  // 1. The flag window: a dedicated heap allocation, equal everywhere, zero before anyone writes.
+  // 1. The flag window: in the heap's reserved prefix (zero since the heap was created), below
+  //    every allocation, so the data window (the allocatable heap) never covers it.
   const uint64_t window_bytes = net_window_bytes();
-  Result<uint64_t> window = heap.allocate_offset(window_bytes, 65536);
-  Status made = window.status();
-  if (made.ok()) {
-    made = cuda_status(cudaMemset(static_cast<char*>(heap.local_base()) + *window, 0, window_bytes), "cudaMemset(flag window)",
-                       __FILE__, __LINE__);
-    if (made.ok()) made = cuda_status(cudaDeviceSynchronize(), "cudaDeviceSynchronize", __FILE__, __LINE__);
+  const uint64_t data_offset = heap.allocator().begin();
+  if (options.window_offset + window_bytes > data_offset || data_offset >= heap.size()) {
+    return tell_others(bootstrap,
+                       Status::internal("the flag window [" + std::to_string(options.window_offset) + ", +" +
+                                        std::to_string(window_bytes) + ") is not in the heap's reserved prefix "
+                                        "(allocations start at " + std::to_string(data_offset) + ")"),
+                       "network");
   }
-  LOOM_TRY(agree(bootstrap, made, window.ok() ? *window : 0, "the network flag window's heap offset",
-                 [](uint64_t v) { return std::to_string(v); }));
-  net->window_offset_ = *window;
+  net->window_offset_ = options.window_offset;
 
   // 2. One transport kind on every rank; equal lane counts.
   Result<TransportDecision> decision = decide_transport(options.settings, topology);
@@ -359,9 +371,18 @@ Result<std::unique_ptr<Network>> Network::create(Bootstrap& bootstrap, const Top
   // 4. Lanes: ring, transport, registrations, endpoint and window exchange.
   TransportConfig config{topology.rank, topology.world_size, std::vector<bool>(static_cast<size_t>(topology.world_size), false)};
   for (int r : topology.network_peers()) config.peers[static_cast<size_t>(r)] = true;
-  const MemoryRegion heap_region{heap.local_base(), heap.size(), MemoryKind::kDevice, options.device};
+  // Source: the whole heap, read by this rank's own transport only. Data: what peers may write.
+  MemoryRegion heap_region{heap.local_base(), heap.size(), MemoryKind::kDevice, options.device};
+  heap_region.remote_write = false;
+  const MemoryRegion data_region{static_cast<char*>(heap.local_base()) + data_offset, heap.size() - data_offset,
+                                 MemoryKind::kDevice, options.device};
   const MemoryRegion flag_region{static_cast<char*>(heap.local_base()) + net->window_offset_, uint64_t{8} * kNetFlagWords,
                                  MemoryKind::kDevice, options.device};
+  const NetWindowLayout layout{static_cast<uint32_t>(topology.num_nodes), static_cast<uint32_t>(topology.local_world_size)};
+  const FlagScope scope = [&](int rank, uint64_t flag_count) {
+    (void)rank;  // every destination lays out its window alike; the sender decides what it may set
+    return network_flag_scope(layout, static_cast<uint32_t>(topology.node), flag_count);
+  };
   for (int p = 0; p < lanes; ++p) {
     auto lane = std::make_unique<Lane>();
     LocalWindows windows;
@@ -394,13 +415,15 @@ Result<std::unique_ptr<Network>> Network::create(Bootstrap& bootstrap, const Top
           return Status::internal("transport decision left at auto");
       }
       LOOM_ASSIGN_OR_RETURN(windows.source, lane->transport->register_memory(heap_region));
-      windows.data = windows.source;  // one registration serves as source and data window
+      LOOM_ASSIGN_OR_RETURN(windows.data, lane->transport->register_memory(data_region));
       LOOM_ASSIGN_OR_RETURN(windows.flags, lane->transport->register_memory(flag_region));
+      windows.data_offset = data_offset;
+      windows.flag_offset = net->window_offset_;
       return {};
     }();
     LOOM_TRY(tell_others(bootstrap, local, ("network lane " + std::to_string(p)).c_str()));
     LOOM_TRY_CTX(exchange_endpoints(bootstrap, *lane->transport), "network lane " + std::to_string(p) + ": endpoints");
-    LOOM_ASSIGN_OR_RETURN(lane->table, exchange_windows(bootstrap, *lane->transport, config, windows));
+    LOOM_ASSIGN_OR_RETURN(lane->table, exchange_windows(bootstrap, *lane->transport, config, windows, scope));
     LOOM_DEBUG("network lane %d: %s", p, lane->transport->describe().c_str());
     net->lanes_.push_back(std::move(lane));
   }
@@ -427,7 +450,6 @@ Result<std::unique_ptr<Network>> Network::create(Bootstrap& bootstrap, const Top
   }();
   LOOM_TRY(tell_others(bootstrap, started, "starting the proxy"));
 
-  const NetWindowLayout layout{static_cast<uint32_t>(topology.num_nodes), static_cast<uint32_t>(topology.local_world_size)};
   net->view_.node = topology.node;
   net->view_.num_nodes = topology.num_nodes;
   net->view_.rank = topology.rank;

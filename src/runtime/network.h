@@ -2,8 +2,9 @@
 // window, wired together for jobs of more than one (real or emulated) node.
 //
 // What Network::create() sets up, collectively over the bootstrap world (every rank, same order):
-//   1. the network flag window: a dedicated allocation of the symmetric heap (equal offset on
-//      every rank, checked), zero-filled (runtime/network_layout.h has its layout);
+//   1. the network flag window: in the heap's reserved prefix after the control region (the
+//      communicator made the prefix that large; zero-filled with it), its layout in
+//      runtime/network_layout.h;
 //   2. the transport for the network peers (the GPUs with this rank's local index on the other
 //      nodes): choose_transport() on every rank, the decisions compared so that all ranks use the
 //      same kind (LOOM_TRANSPORT overrides auto: copy_engine when every cross-node peer runs on
@@ -12,8 +13,11 @@
 //      (PeerHeapMap: cuMem fds over a Unix socket for vmm heaps, CUDA IPC handles for ipc
 //      heaps) — the heap itself maps only the ranks of this rank's own (virtual) node;
 //   4. LOOM_PROXY_THREADS lanes, each a MappedRing (the GPU pushes commands into it), a transport
-//      instance with three registrations — source = data window = the whole symmetric heap,
-//      flags = the flag window — exchanged with every rank (exchange_endpoints, exchange_windows);
+//      instance with three registrations — source = the whole heap (local access only, never
+//      offered), data = the heap after its reserved prefix (what peers' writes may reach), flags =
+//      the flag window — the last two exchanged with every rank (exchange_endpoints,
+//      exchange_windows), with the flag words each peer may set (its own entry words and the
+//      per-launch flags: NetWindowLayout::sender_entry);
 //      with NIC emulation each lane's copy engine gets LOOM_EMULATE_NET_GBPS / lanes, so the lanes
 //      together emulate one link of the configured rate;
 //   5. the Proxy: one thread per lane, pinned near the GPU (its NUMA node's CPUs).
@@ -59,6 +63,7 @@ struct NetworkOptions {
   NetworkSettings settings;                       // LOOM_TRANSPORT, LOOM_EMULATE_*, LOOM_PROXY_THREADS, ...
   std::chrono::milliseconds timeout{120'000};     // bootstrap-side steps (descriptor exchange)
   std::chrono::milliseconds stall_limit{5000};    // a proxy lane silent this long is reported stalled
+  uint64_t window_offset = 0;                     // the flag window's heap offset (net_window_offset)
   uint32_t ring_capacity = kLaneRingCapacity;
 };
 

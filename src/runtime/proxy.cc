@@ -56,7 +56,8 @@ int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(SteadyClock::now().time_since_epoch()).count();
 }
 
-// ---- window blobs: [u64 data bytes][u64 flag bytes][u32 n][n key bytes][u32 m][m key bytes] ----
+// ---- window blobs: [u64 data offset][u64 data bytes][u64 flag offset][u64 flag bytes]
+//                    [u32 n][n key bytes][u32 m][m key bytes] ----
 
 void put_u64(std::vector<uint8_t>& out, uint64_t v) {
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
@@ -97,7 +98,9 @@ class Reader {
 
 std::vector<uint8_t> encode_windows(const LocalWindows& mine) {
   std::vector<uint8_t> out;
+  put_u64(out, mine.data_offset);
   put_u64(out, mine.data.bytes);
+  put_u64(out, mine.flag_offset);
   put_u64(out, mine.flags.bytes);
   put_u32(out, static_cast<uint32_t>(mine.data.remote_key.size()));
   out.insert(out.end(), mine.data.remote_key.begin(), mine.data.remote_key.end());
@@ -109,15 +112,34 @@ std::vector<uint8_t> encode_windows(const LocalWindows& mine) {
 // Checked: true and the sum when a + b does not wrap.
 bool checked_add(uint64_t a, uint64_t b, uint64_t* sum) { return !__builtin_add_overflow(a, b, sum); }
 
+// Whether [offset, offset + bytes) lies inside [begin, begin + size) (no arithmetic wraps).
+bool inside(uint64_t offset, uint64_t bytes, uint64_t begin, uint64_t size) {
+  uint64_t end = 0;
+  return offset >= begin && checked_add(offset, bytes, &end) && end - begin <= size;
+}
+
+// Whether a peer's windows make sense: neither wraps, and the flag window (when it lies in the
+// heap) does not overlap the data window, so no byte is reachable through both keys.
+bool windows_consistent(uint64_t data_offset, uint64_t data_bytes, uint64_t flag_offset, uint64_t flag_bytes) {
+  uint64_t data_end = 0, flag_end = 0;
+  if (!checked_add(data_offset, data_bytes, &data_end)) return false;
+  if (flag_offset == LocalWindows::kNoOffset) return true;
+  if (!checked_add(flag_offset, flag_bytes, &flag_end)) return false;
+  return flag_end <= data_offset || flag_offset >= data_end;
+}
+
 }  // namespace
 
 // ---- windows -----------------------------------------------------------------------------------
 
 Result<WindowTable> exchange_windows(Bootstrap& bootstrap, Transport& transport, const TransportConfig& config,
-                                     const LocalWindows& mine) {
-  if (mine.flags.bytes % sizeof(uint64_t) != 0) {
-    Status bad = Status::invalid_argument("flag window of " + std::to_string(mine.flags.bytes) +
-                                          " bytes is not a whole number of uint64 flags");
+                                     const LocalWindows& mine, const FlagScope& scope) {
+  if (mine.flags.bytes % sizeof(uint64_t) != 0 ||
+      !windows_consistent(mine.data_offset, mine.data.bytes, mine.flag_offset, mine.flags.bytes)) {
+    Status bad = Status::invalid_argument("windows: data [" + std::to_string(mine.data_offset) + ", +" +
+                                          std::to_string(mine.data.bytes) + "), flags of " +
+                                          std::to_string(mine.flags.bytes) + " bytes at " + std::to_string(mine.flag_offset) +
+                                          ": the flags must be whole uint64 words outside the data window");
     bootstrap.report_failure(bad.to_string());
     return bad;
   }
@@ -137,11 +159,13 @@ Result<WindowTable> exchange_windows(Bootstrap& bootstrap, Transport& transport,
   for (int r = 0; r < config.world_size; ++r) {
     if (r == config.rank || !config.peers[r]) continue;
     Reader in(all[r]);
-    uint64_t data_bytes = 0, flag_bytes = 0;
+    uint64_t data_offset = 0, data_bytes = 0, flag_offset = 0, flag_bytes = 0;
     uint32_t data_len = 0, flag_len = 0;
     std::span<const uint8_t> data_key, flag_key;
-    if (!in.u64(&data_bytes) || !in.u64(&flag_bytes) || !in.u32(&data_len) || !in.take(data_len, &data_key) ||
-        !in.u32(&flag_len) || !in.take(flag_len, &flag_key) || !in.done() || flag_bytes % sizeof(uint64_t) != 0) {
+    if (!in.u64(&data_offset) || !in.u64(&data_bytes) || !in.u64(&flag_offset) || !in.u64(&flag_bytes) ||
+        !in.u32(&data_len) || !in.take(data_len, &data_key) || !in.u32(&flag_len) || !in.take(flag_len, &flag_key) ||
+        !in.done() || flag_bytes % sizeof(uint64_t) != 0 ||
+        !windows_consistent(data_offset, data_bytes, flag_offset, flag_bytes)) {
       return fail(Status::internal("window blob of rank " + std::to_string(r) + " is malformed (" +
                                    std::to_string(all[r].size()) + " bytes)"));
     }
@@ -152,8 +176,11 @@ Result<WindowTable> exchange_windows(Bootstrap& bootstrap, Transport& transport,
     if (!flag_handle.ok()) return fail(flag_handle.status());
     d.data_handle = *data_handle;
     d.flag_handle = *flag_handle;
+    d.data_offset = data_offset;
     d.data_bytes = data_bytes;
+    d.flag_offset = flag_offset;
     d.flag_count = flag_bytes / sizeof(uint64_t);
+    d.writable_flags = scope ? scope(r, d.flag_count) : std::vector<WordRange>{WordRange{0, d.flag_count}};
     d.present = true;
   }
   return table;
@@ -174,12 +201,15 @@ const char* rejection_name(Rejection reason) {
     case Rejection::kSourceOutOfRange: return "source out of range";
     case Rejection::kDestinationOutOfRange: return "destination out of range";
     case Rejection::kFlagOutOfRange: return "flag out of range";
+    case Rejection::kProtectedDestination: return "protected destination";
+    case Rejection::kFlagNotWritable: return "flag of another sender";
     case Rejection::kCount: break;
   }
   return "unknown";
 }
 
-Rejection validate_command(const ring::Command& c, const WindowTable& table, const EpochRange& epochs) {
+Rejection validate_command(const ring::Command& c, const WindowTable& table, const EpochRange& epochs,
+                           WriteTarget* target) {
   const uint8_t type = ring::header_type(c.header);
   if (type != static_cast<uint8_t>(ring::CommandType::kWrite) && type != static_cast<uint8_t>(ring::CommandType::kSignal)) {
     return Rejection::kUnknownType;
@@ -196,10 +226,29 @@ Rejection validate_command(const ring::Command& c, const WindowTable& table, con
     if (c.length == 0) return Rejection::kEmptyWrite;
     uint64_t end = 0;
     if (!checked_add(c.src_offset, c.length, &end) || end > table.source_bytes) return Rejection::kSourceOutOfRange;
-    if (!checked_add(c.dst_offset, c.length, &end) || end > d.data_bytes) return Rejection::kDestinationOutOfRange;
+    if (!checked_add(c.dst_offset, c.length, &end)) return Rejection::kDestinationOutOfRange;
+    WriteTarget where;
+    if (inside(c.dst_offset, c.length, d.data_offset, d.data_bytes)) {
+      where = {d.data_handle, c.dst_offset - d.data_offset};
+    } else if (d.flag_offset != LocalWindows::kNoOffset &&
+               inside(c.dst_offset, c.length, d.flag_offset, d.flag_count * sizeof(uint64_t))) {
+      // Whole words of the flag window, each one this rank's to write.
+      const uint64_t at = c.dst_offset - d.flag_offset;
+      if (at % sizeof(uint64_t) != 0 || c.length % sizeof(uint64_t) != 0) return Rejection::kProtectedDestination;
+      for (uint64_t word = at / sizeof(uint64_t); word < (at + c.length) / sizeof(uint64_t); ++word) {
+        if (!d.may_write_flag(word)) return Rejection::kProtectedDestination;
+      }
+      where = {d.flag_handle, at};
+    } else if (c.dst_offset < d.data_offset) {
+      return Rejection::kProtectedDestination;  // the control region, or flag words of others
+    } else {
+      return Rejection::kDestinationOutOfRange;
+    }
+    if (target != nullptr) *target = where;
   }
   if (!has_flag) return is_write ? Rejection::kNone : Rejection::kFlagOutOfRange;
   if (c.flag_index >= d.flag_count) return Rejection::kFlagOutOfRange;
+  if (!d.may_write_flag(c.flag_index)) return Rejection::kFlagNotWritable;
   return Rejection::kNone;
 }
 
@@ -390,7 +439,7 @@ struct LaneRunner {
   }
 
   // Turns one valid command (number `command` in ring order) into queued operations.
-  void enqueue(const ring::Command& c, uint64_t command) {
+  void enqueue(const ring::Command& c, uint64_t command, const WriteTarget& target) {
     const DestinationWindow& d = lane.config.windows.destinations[c.dst_rank];
     const int rank = static_cast<int>(c.dst_rank);
     const bool has_flag = c.flag_index != ring::kNoFlag;
@@ -423,8 +472,8 @@ struct LaneRunner {
       p.write.rank = rank;
       p.write.local = lane.config.windows.source_handle;
       p.write.local_offset = c.src_offset + done;
-      p.write.remote = d.data_handle;
-      p.write.remote_offset = c.dst_offset + done;
+      p.write.remote = target.handle;
+      p.write.remote_offset = target.offset + done;
       p.write.bytes = std::min(piece, c.length - done);
       piece_record[p.write.id] = record_id;
       incomplete_data.insert(p.write.id);
@@ -563,12 +612,13 @@ struct LaneRunner {
     const EpochRange epochs{proxy.epoch_floor_.load(std::memory_order_acquire), proxy.options_.epochs.window};
     for (size_t i = 0; i < n; ++i) {
       ++command_number;
-      const Rejection verdict = validate_command(batch[i], lane.config.windows, epochs);
+      WriteTarget target;
+      const Rejection verdict = validate_command(batch[i], lane.config.windows, epochs, &target);
       if (verdict != Rejection::kNone) {
         reject(batch[i], verdict);
         remaining.push_back(0);  // nothing to wait for
       } else {
-        enqueue(batch[i], first + i);
+        enqueue(batch[i], first + i, target);
       }
     }
     advance_completed();

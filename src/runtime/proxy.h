@@ -8,9 +8,16 @@
 // Every command is validated before anything is posted (reliability S5):
 //   known type; reserved word zero; destination rank < world and a peer of this transport;
 //   epoch and flag value inside the accepted epoch range [floor, floor + window); for kWrite a
-//   length >= 1, source range inside the local registered region and destination range inside
-//   the destination's data window (checked arithmetic: offset + length never wraps); a flag index
-//   inside the destination's flag window (kSignal must have one).
+//   length >= 1, a source range inside the local registered region, and a destination range
+//   (checked arithmetic: offset + length never wraps) inside one of the destination's scopes:
+//   its data window, or — whole 8-byte words — flag words this rank may write there; a range
+//   reaching below the data window otherwise (the control region, other senders' flag words) is
+//   refused as protected; a flag index inside the destination's flag window and among the words
+//   this rank may set (kSignal must have one).
+// Scopes (docs/SECURITY.md "RDMA keys"): a destination offers keys for its data window (every
+// heap byte above its control region and network flag window) and its flag window only; the
+// proxy also knows which flag words of a destination belong to this sender (its entry words and
+// the per-launch flags, never another node's entry words nor the local ones).
 // A rejected command is retired without effect, counted by reason, and the first one is kept for
 // the health report. Valid commands become: data writes (split at the transport's limit), then
 // the arrival flag — right behind the data on ordered transports, only after every piece of the
@@ -26,6 +33,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -45,20 +53,44 @@ namespace loom::runtime::net {
 
 // ---- windows -----------------------------------------------------------------------------------
 
-// What this rank registered with one transport and offers to the others.
+// What this rank registered with one transport and offers to the others. Commands address a
+// destination by heap offset (equal on every rank): `data_offset` / `flag_offset` say where in
+// the heap the registrations start. The source registration is never offered (local access).
 struct LocalWindows {
+  static constexpr uint64_t kNoOffset = ~uint64_t{0};
   LocalRegistration source;  // where src_offset points (the local heap)
-  LocalRegistration data;    // where peers' dst_offset points (often the same memory as source)
+  LocalRegistration data;    // where peers' data writes land: the data window
   LocalRegistration flags;   // uint64 arrival flags; bytes / 8 of them
+  uint64_t data_offset = 0;           // heap offset of data's first byte
+  uint64_t flag_offset = kNoOffset;   // heap offset of flag word 0 (kNoOffset: outside the heap,
+                                      // so no data write can address it)
+};
+
+// A run of flag words [first, first + count).
+struct WordRange {
+  uint64_t first = 0;
+  uint64_t count = 0;
+  bool contains(uint64_t word) const { return word >= first && word - first < count; }
 };
 
 // A destination as the proxy validates and addresses it.
 struct DestinationWindow {
   bool present = false;   // a peer of this transport with registered windows
   uint32_t data_handle = 0;
+  uint64_t data_offset = 0;   // heap offset where the data window starts
   uint64_t data_bytes = 0;
   uint32_t flag_handle = 0;
+  uint64_t flag_offset = LocalWindows::kNoOffset;  // heap offset of flag word 0
   uint64_t flag_count = 0;
+  // The flag words this rank may set there (flag_index of a command, or the data of an 8-byte
+  // aligned write into the flag window). Every other word belongs to another sender.
+  std::vector<WordRange> writable_flags;
+  bool may_write_flag(uint64_t word) const {
+    for (const WordRange& r : writable_flags) {
+      if (r.contains(word)) return true;
+    }
+    return false;
+  }
 };
 
 struct WindowTable {
@@ -69,10 +101,14 @@ struct WindowTable {
   std::vector<DestinationWindow> destinations;  // [world_size]
 };
 
+// Which flag words of destination `rank`'s window (flag_count words) this rank may write.
+using FlagScope = std::function<std::vector<WordRange>(int rank, uint64_t flag_count)>;
+
 // Gathers every rank's window keys (bootstrap all-gather), imports the peers' ones into
 // `transport` and returns this rank's table. Collective over the bootstrap world.
+// `scope` says which flag words this rank may write at each destination; without one, all of them.
 Result<WindowTable> exchange_windows(Bootstrap& bootstrap, Transport& transport, const TransportConfig& config,
-                                     const LocalWindows& mine);
+                                     const LocalWindows& mine, const FlagScope& scope = {});
 
 // ---- validation --------------------------------------------------------------------------------
 
@@ -88,6 +124,10 @@ enum class Rejection : uint8_t {
   kSourceOutOfRange,
   kDestinationOutOfRange,
   kFlagOutOfRange,       // flag index outside the flag window, or kSignal without a flag
+  kProtectedDestination, // a write reaching below the data window: the control region, or flag
+                         // words this rank may not write
+  kFlagNotWritable,      // a flag word of another sender (another node's entry words, the
+                         // destination's local ones)
   kCount,
 };
 const char* rejection_name(Rejection reason);
@@ -100,8 +140,15 @@ struct EpochRange {
   bool contains(uint64_t epoch) const { return epoch - floor < window; }
 };
 
-// The proxy's verdict on one command (exposed for tests).
-Rejection validate_command(const ring::Command& command, const WindowTable& table, const EpochRange& epochs);
+// Where a valid kWrite lands: which of the destination's registrations, at what offset in it.
+struct WriteTarget {
+  uint32_t handle = 0;
+  uint64_t offset = 0;
+};
+
+// The proxy's verdict on one command (exposed for tests); for a valid kWrite also its target.
+Rejection validate_command(const ring::Command& command, const WindowTable& table, const EpochRange& epochs,
+                           WriteTarget* target = nullptr);
 
 // ---- NUMA pinning ------------------------------------------------------------------------------
 

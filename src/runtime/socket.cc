@@ -224,9 +224,13 @@ Status Socket::recv_all(void* data, size_t bytes, Deadline deadline, int cancel_
   return {};
 }
 
-Result<size_t> Socket::recv_some(void* data, size_t capacity) {
+Result<size_t> Socket::recv_some(void* data, size_t capacity) { return receive(data, capacity, 0); }
+
+Result<size_t> Socket::peek(void* data, size_t capacity) { return receive(data, capacity, MSG_PEEK); }
+
+Result<size_t> Socket::receive(void* data, size_t capacity, int flags) {
   while (true) {
-    ssize_t received = ::recv(fd(), data, capacity, 0);
+    ssize_t received = ::recv(fd(), data, capacity, flags);
     if (received > 0) return static_cast<size_t>(received);
     if (received == 0) return Status::peer_failure(peer_ + " closed the connection");
     if (errno == EINTR) continue;

@@ -68,11 +68,16 @@ class Socket {
   Status recv_all(void* data, size_t bytes, Deadline deadline, int cancel_fd = -1);
   // Receives what is available now, up to `capacity` bytes; 0 when nothing is.
   Result<size_t> recv_some(void* data, size_t capacity);
+  // Copies what is available now, up to `capacity` bytes, leaving it to be received; 0 when
+  // nothing is; peer_failure once the peer has closed and nothing is left.
+  Result<size_t> peek(void* data, size_t capacity);
 
   int fd() const { return fd_.get(); }
   const std::string& peer() const { return peer_; }
 
  private:
+  Result<size_t> receive(void* data, size_t capacity, int flags);
+
   UniqueFd fd_;
   std::string peer_;  // the remote address, for messages
 };

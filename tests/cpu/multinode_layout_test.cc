@@ -109,9 +109,41 @@ TEST(NetWindow, EntryWordsAndLaunchFlagsDoNotOverlap) {
   }
   EXPECT_GE(runtime::net::net_window_bytes(), 8ull * runtime::net::kNetFlagWords);
   EXPECT_EQ(runtime::net::net_window_bytes() % 65536, 0u);
-  EXPECT_EQ(entry_word(5, 0x1234) >> kEntrySignatureBits, 5u);
-  EXPECT_EQ(entry_word(5, 0x1234) & kEntrySignatureMask, 0x1234u);
-  EXPECT_EQ(entry_word(5, 0x51234) & kEntrySignatureMask, 0x1234u) << "the signature keeps its low 16 bits only";
+  EXPECT_EQ(entry_word(5, 0x1234abcd) >> kEntrySignatureBits, 5u);
+  EXPECT_EQ(entry_word(5, 0x1234abcd) & kEntrySignatureMask, 0x1234abcdu) << "the signature keeps all 32 bits";
+}
+
+// What a sender may write through the proxy into a destination's window (its scope, reliability
+// S5): its own entry and signature words and the launch flags; never a local entry word, another
+// node's entry words, the destination's sig_out, and the window sits in the heap's prefix, below
+// every allocation (the data window).
+TEST(NetWindow, ASendersWordsAreItsOwnEntryWordsAndTheLaunchFlags) {
+  for (uint32_t nodes : {2u, 3u, 8u}) {
+    for (uint32_t local : {1u, 2u, 8u}) {
+      const NetWindowLayout w{nodes, local};
+      for (uint32_t sender = 0; sender < nodes; ++sender) {
+        std::set<uint32_t> others;
+        for (uint32_t l = 0; l < local; ++l) others.insert(w.nvl_entry(l));
+        for (uint32_t n = 0; n < nodes; ++n) {
+          if (n == sender) continue;
+          others.insert(w.net_entry(n));
+          others.insert(w.net_sig(n));
+        }
+        others.insert(w.sig_out());
+        EXPECT_EQ(others.count(w.sender_entry(sender)), 0u);
+        EXPECT_EQ(others.count(w.sender_sig(sender)), 0u);
+        EXPECT_GT(w.launch_base(), *others.rbegin()) << "every protected word lies below the launch flags";
+        EXPECT_EQ(w.sender_entry(sender), w.net_entry(sender));
+        EXPECT_EQ(w.sender_sig(sender), w.net_sig(sender));
+      }
+    }
+  }
+  for (uint64_t control : {4096ull, 65536ull, 70000ull}) {
+    const uint64_t at = runtime::net::net_window_offset(control);
+    EXPECT_GE(at, control) << "after the control region";
+    EXPECT_EQ(at % 65536, 0u);
+    EXPECT_LT(at - control, 65536u);
+  }
 }
 
 TEST(MultiNodeLayout, RowsPerChunkAreWholeTileRowsDividingTheBlock) {

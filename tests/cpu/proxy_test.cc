@@ -65,6 +65,9 @@ class RecordingTransport final : public Transport {
 
   // The destination memory the fake pretends to own: rank -> sizes.
   void set_remote(int rank, uint64_t data_bytes, uint64_t flag_count) { remote_sizes_[rank] = {data_bytes, flag_count}; }
+  // The flag words of `rank` this sender may write (flags, or 8-byte data writes into the flag
+  // window); without a call, all of them. A post outside them counts as out of scope.
+  void set_flag_scope(int rank, std::vector<WordRange> scope) { flag_scopes_[rank] = std::move(scope); }
   void set_source_bytes(uint64_t bytes) { source_bytes_ = bytes; }
   // Unordered fakes complete ops in random order, `delay_turns` polls after posting at the earliest.
   void set_random_completion(uint32_t seed, int delay_turns) {
@@ -94,10 +97,17 @@ class RecordingTransport final : public Transport {
     for (const WriteOp& op : ops) {
       if (in_flight_.size() >= caps_.max_outstanding) break;
       auto it = remote_sizes_.find(op.rank);
-      const uint64_t window = it == remote_sizes_.end() ? 0 : it->second.first;
-      if (op.remote != data_handle(op.rank) || op.local != 1) ++wrong_handles_;
+      const bool into_flags = op.remote == flag_handle(op.rank);
+      const uint64_t window = it == remote_sizes_.end() ? 0 : into_flags ? 8 * it->second.second : it->second.first;
+      if ((!into_flags && op.remote != data_handle(op.rank)) || op.local != 1) ++wrong_handles_;
       if (op.bytes == 0 || op.bytes > caps_.max_write_bytes) ++bad_pieces_;
       if (static_cast<unsigned __int128>(op.remote_offset) + op.bytes > window) ++out_of_window_;
+      if (into_flags) {
+        if (op.remote_offset % 8 != 0 || op.bytes % 8 != 0) ++out_of_scope_;
+        for (uint64_t w = op.remote_offset / 8; w < (op.remote_offset + op.bytes) / 8; ++w) {
+          if (!in_scope(op.rank, w)) ++out_of_scope_;
+        }
+      }
       if (static_cast<unsigned __int128>(op.local_offset) + op.bytes > source_bytes_) ++out_of_source_;
       events_.push_back({Event::kPostWrite, op.id, op.rank, op.remote_offset, op.bytes, 0});
       in_flight_.push_back({op.id, turn_});
@@ -114,6 +124,7 @@ class RecordingTransport final : public Transport {
     const uint64_t flags = it == remote_sizes_.end() ? 0 : it->second.second;
     if (op.remote != flag_handle(op.rank)) ++wrong_handles_;
     if (op.remote_offset % 8 != 0 || op.remote_offset / 8 >= flags) ++out_of_window_;
+    if (!in_scope(op.rank, op.remote_offset / 8)) ++out_of_scope_;
     events_.push_back({Event::kPostFlag, op.id, op.rank, op.remote_offset, 0, op.value});
     in_flight_.push_back({op.id, turn_});
     ++flags_;
@@ -154,6 +165,7 @@ class RecordingTransport final : public Transport {
     return events_;
   }
   uint64_t out_of_window() const { std::lock_guard<std::mutex> l(mutex_); return out_of_window_; }
+  uint64_t out_of_scope() const { std::lock_guard<std::mutex> l(mutex_); return out_of_scope_; }
   uint64_t out_of_source() const { std::lock_guard<std::mutex> l(mutex_); return out_of_source_; }
   uint64_t wrong_handles() const { std::lock_guard<std::mutex> l(mutex_); return wrong_handles_; }
   uint64_t bad_pieces() const { std::lock_guard<std::mutex> l(mutex_); return bad_pieces_; }
@@ -177,6 +189,14 @@ class RecordingTransport final : public Transport {
     }
     return 0xffffffff;
   }
+  bool in_scope(int rank, uint64_t word) const {
+    auto it = flag_scopes_.find(rank);
+    if (it == flag_scopes_.end()) return true;
+    for (const WordRange& r : it->second) {
+      if (word >= r.first && word - r.first < r.count) return true;
+    }
+    return false;
+  }
   void complete(uint64_t id, std::vector<Completion>& out) {
     Completion c;
     c.id = id;
@@ -189,6 +209,7 @@ class RecordingTransport final : public Transport {
   TransportCaps caps_;
   mutable std::mutex mutex_;
   std::map<int, std::pair<uint64_t, uint64_t>> remote_sizes_;
+  std::map<int, std::vector<WordRange>> flag_scopes_;
   uint64_t source_bytes_ = 0;
   std::vector<std::pair<int, uint64_t>> imports_;
   std::vector<std::pair<uint64_t, uint64_t>> in_flight_;  // id, turn posted
@@ -197,7 +218,7 @@ class RecordingTransport final : public Transport {
   int delay_turns_ = 0;
   uint64_t turn_ = 0;
   uint64_t failing_write_ = 0;
-  uint64_t out_of_window_ = 0, out_of_source_ = 0, wrong_handles_ = 0, bad_pieces_ = 0;
+  uint64_t out_of_window_ = 0, out_of_scope_ = 0, out_of_source_ = 0, wrong_handles_ = 0, bad_pieces_ = 0;
   uint64_t writes_ = 0, bytes_ = 0, flags_ = 0;
 };
 
@@ -219,9 +240,29 @@ WindowTable manual_table(int rank, int world, uint64_t source_bytes,
     d.data_bytes = sizes[r].first;
     d.flag_handle = RecordingTransport::kManualFlagBase + static_cast<uint32_t>(r);
     d.flag_count = sizes[r].second;
+    d.writable_flags = {WordRange{0, d.flag_count}};
   }
   return t;
 }
+
+// The heap layout of a multi-node destination, in miniature: a control region [0, control), the
+// flag window right after it, then the data window; the sender may set only `scope`'s flag words.
+struct ScopedWindow {
+  uint64_t control = 0;     // bytes of the control region (offset 0)
+  uint64_t flag_count = 0;  // the flag window's words, at offset `control`
+  uint64_t data_bytes = 0;  // the data window's bytes, at data_offset()
+  std::vector<WordRange> scope;
+
+  uint64_t flag_offset() const { return control; }
+  uint64_t data_offset() const { return control + 8 * flag_count; }
+  void apply(DestinationWindow& d) const {
+    d.data_offset = data_offset();
+    d.data_bytes = data_bytes;
+    d.flag_offset = flag_offset();
+    d.flag_count = flag_count;
+    d.writable_flags = scope;
+  }
+};
 
 struct WaitWords {
   uint32_t host_abort = 0;
@@ -334,6 +375,45 @@ TEST(ProxyValidation, EachRuleRejectsWithItsReason) {
   EXPECT_EQ(verdict(make_signal(2, 4, 10)), Rejection::kFlagOutOfRange);
 }
 
+// Scoped windows (docs/SECURITY.md "RDMA keys"): writes aimed at the destination's control region
+// or at flag words of another sender are refused; data writes land in the data window's own
+// registration, a permitted flag word's data in the flag window's.
+TEST(ProxyValidation, ScopedWindowsRefuseTheControlRegionAndOtherSendersFlags) {
+  // rank 0 of 2; rank 1: a 4096-byte control region, 16 flag words at 4096, data at 4224. Rank 0
+  // may set words 2 (its entry word), 5 (its signature word) and 8..15 (per-launch flags).
+  const ScopedWindow w{4096, 16, 1000, {{2, 1}, {5, 1}, {8, 8}}};
+  WindowTable t = manual_table(0, 2, 8192, {{0, 0}, {0, 0}}, {true, true});
+  w.apply(t.destinations[1]);
+  const EpochRange epochs{10, 5};
+  WriteTarget target;
+  auto verdict = [&](const Command& c) { return validate_command(c, t, epochs, &target); };
+
+  EXPECT_EQ(verdict(make_write(1, 0, w.data_offset(), 1000, 9, 10)), Rejection::kNone) << "the whole data window";
+  EXPECT_EQ(target.handle, t.destinations[1].data_handle);
+  EXPECT_EQ(target.offset, 0u) << "offsets into the data window's own registration";
+  EXPECT_EQ(verdict(make_write(1, 0, w.data_offset() + 100, 8, ring::kNoFlag, 10)), Rejection::kNone);
+  EXPECT_EQ(target.offset, 100u);
+  EXPECT_EQ(verdict(make_write(1, 0, w.flag_offset() + 8 * 5, 8, 2, 10)), Rejection::kNone) << "entry: signature word, then flag";
+  EXPECT_EQ(target.handle, t.destinations[1].flag_handle);
+  EXPECT_EQ(target.offset, 40u);
+  EXPECT_EQ(verdict(make_signal(1, 15, 10)), Rejection::kNone);
+
+  // The control region, wholly or in part, and the words just below the data window.
+  EXPECT_EQ(verdict(make_write(1, 0, 0, 64, ring::kNoFlag, 10)), Rejection::kProtectedDestination);
+  EXPECT_EQ(verdict(make_write(1, 0, 4000, 200, 9, 10)), Rejection::kProtectedDestination) << "control + flags";
+  EXPECT_EQ(verdict(make_write(1, 0, w.data_offset() - 8, 16, 9, 10)), Rejection::kProtectedDestination) << "straddles";
+  // Flag words of another sender, as data or as the flag, and unaligned pieces of one's own.
+  EXPECT_EQ(verdict(make_write(1, 0, w.flag_offset() + 8 * 3, 8, 9, 10)), Rejection::kProtectedDestination);
+  EXPECT_EQ(verdict(make_write(1, 0, w.flag_offset() + 8 * 5, 16, 9, 10)), Rejection::kProtectedDestination) << "5 and 6";
+  EXPECT_EQ(verdict(make_write(1, 0, w.flag_offset() + 8 * 5 + 1, 4, 9, 10)), Rejection::kProtectedDestination);
+  EXPECT_EQ(verdict(make_write(1, 0, w.data_offset(), 8, 3, 10)), Rejection::kFlagNotWritable) << "another node's entry";
+  EXPECT_EQ(verdict(make_write(1, 0, w.data_offset(), 8, 0, 10)), Rejection::kFlagNotWritable) << "a local entry word";
+  EXPECT_EQ(verdict(make_signal(1, 7, 10)), Rejection::kFlagNotWritable);
+  EXPECT_EQ(verdict(make_signal(1, 16, 10)), Rejection::kFlagOutOfRange);
+  // Past the data window's end: out of range, as before.
+  EXPECT_EQ(verdict(make_write(1, 0, w.data_offset() + 993, 8, 9, 10)), Rejection::kDestinationOutOfRange);
+}
+
 TEST(ProxyValidation, EpochRangeWrapsLikeSerialNumbers) {
   const EpochRange r{UINT64_MAX - 1, 4};  // MAX-1, MAX, 0, 1
   EXPECT_TRUE(r.contains(UINT64_MAX - 1));
@@ -360,14 +440,36 @@ Rejection reference_verdict(const Command& c, const WindowTable& t, uint64_t flo
   const bool flag = c.flag_index != 0xffffffffu;
   if (flag && !in_range(c.flag_value)) return Rejection::kFlagValueOutOfRange;
   const DestinationWindow& d = t.destinations[c.dst_rank];
+  auto owned = [&](U128 word) {
+    for (const WordRange& r : d.writable_flags) {
+      if (word >= r.first && word < static_cast<U128>(r.first) + r.count) return true;
+    }
+    return false;
+  };
   if (type == 1) {
     if (c.length == 0) return Rejection::kEmptyWrite;
     if (static_cast<U128>(c.src_offset) + c.length > t.source_bytes) return Rejection::kSourceOutOfRange;
-    if (static_cast<U128>(c.dst_offset) + c.length > d.data_bytes) return Rejection::kDestinationOutOfRange;
-    if (flag && c.flag_index >= d.flag_count) return Rejection::kFlagOutOfRange;
-    return Rejection::kNone;
+    const U128 begin = c.dst_offset, end = static_cast<U128>(c.dst_offset) + c.length;
+    if (end > ~uint64_t{0}) return Rejection::kDestinationOutOfRange;
+    const U128 flags_begin = d.flag_offset, flags_end = static_cast<U128>(d.flag_offset) + 8 * static_cast<U128>(d.flag_count);
+    if (begin >= d.data_offset && end <= static_cast<U128>(d.data_offset) + d.data_bytes) {
+      // the data window
+    } else if (d.flag_offset != LocalWindows::kNoOffset && begin >= flags_begin && end <= flags_end) {
+      if ((begin - flags_begin) % 8 != 0 || c.length % 8 != 0) return Rejection::kProtectedDestination;
+      for (U128 w = (begin - flags_begin) / 8; w < (end - flags_begin) / 8; ++w) {
+        if (!owned(w)) return Rejection::kProtectedDestination;
+      }
+    } else if (begin < d.data_offset) {
+      return Rejection::kProtectedDestination;
+    } else {
+      return Rejection::kDestinationOutOfRange;
+    }
+  } else if (!flag) {
+    return Rejection::kFlagOutOfRange;
   }
-  return flag && c.flag_index < d.flag_count ? Rejection::kNone : Rejection::kFlagOutOfRange;
+  if (!flag) return Rejection::kNone;
+  if (c.flag_index >= d.flag_count) return Rejection::kFlagOutOfRange;
+  return owned(c.flag_index) ? Rejection::kNone : Rejection::kFlagNotWritable;
 }
 
 TEST(ProxyFuzz, HundredThousandRandomCommandsNeverWriteOutsideAWindow) {
@@ -379,29 +481,51 @@ TEST(ProxyFuzz, HundredThousandRandomCommandsNeverWriteOutsideAWindow) {
   std::mt19937_64 rng(seed);
   auto pick = [&](uint64_t n) { return n == 0 ? 0 : rng() % n; };
 
-  // Random world, windows and epochs.
+  // Random world and scoped windows (a control region, the flag window, the data window, and
+  // which flag words this rank may set), and random epochs.
   const int world = 2 + static_cast<int>(pick(7));
   const int me = static_cast<int>(pick(world));
-  std::vector<std::pair<uint64_t, uint64_t>> sizes(world);
+  std::vector<ScopedWindow> windows(world);
   std::vector<bool> present(world);
   RecordingTransport fake(/*ordered=*/true, /*max_write_bytes=*/4096, /*max_outstanding=*/64);
   fake.manual_handles = true;
+  auto random_window = [&](bool usable) {
+    ScopedWindow w;
+    w.control = 8 * pick(600);
+    w.flag_count = usable || pick(6) != 0 ? 1 + pick(64) : 0;
+    w.data_bytes = usable || pick(6) != 0 ? 1 + pick(1 << 16) : 0;
+    // This sender's flag words: one or two single words (its entry words) and a run at the top.
+    for (int k = 0; k < 2; ++k) {
+      if (w.flag_count > 0 && pick(2) == 0) w.scope.push_back({pick(w.flag_count), 1});
+    }
+    const uint64_t run = w.flag_count / 2;
+    w.scope.push_back({run, w.flag_count - run});
+    return w;
+  };
   for (int r = 0; r < world; ++r) {
     present[r] = r != me && pick(5) != 0;
-    sizes[r] = {pick(6) == 0 ? 0 : 1 + pick(1 << 16), pick(6) == 0 ? 0 : 1 + pick(64)};
+    windows[r] = random_window(false);
   }
   // At least one peer with room for data and flags, or nothing valid could be produced.
   const int peer = (me + 1) % world;
   present[peer] = true;
-  sizes[peer] = {1 + pick(1 << 16), 1 + pick(64)};
-  for (int r = 0; r < world; ++r) fake.set_remote(r, present[r] ? sizes[r].first : 0, present[r] ? sizes[r].second : 0);
+  windows[peer] = random_window(true);
+  std::vector<std::pair<uint64_t, uint64_t>> sizes(world);
+  for (int r = 0; r < world; ++r) {
+    sizes[r] = {windows[r].data_bytes, windows[r].flag_count};
+    fake.set_remote(r, present[r] ? sizes[r].first : 0, present[r] ? sizes[r].second : 0);
+    fake.set_flag_scope(r, windows[r].scope);
+  }
   std::vector<int> peers;
   for (int r = 0; r < world; ++r) {
     if (present[r] && sizes[r].first > 0 && sizes[r].second > 0) peers.push_back(r);
   }
   const uint64_t source_bytes = 1 + pick(1 << 16);
   fake.set_source_bytes(source_bytes);
-  const WindowTable table = manual_table(me, world, source_bytes, sizes, present);
+  WindowTable table = manual_table(me, world, source_bytes, sizes, present);
+  for (int r = 0; r < world; ++r) {
+    if (table.destinations[r].present) windows[r].apply(table.destinations[r]);
+  }
   const uint64_t floor = rng();  // anywhere, also close to the wrap
   const uint64_t window = 1 + pick(1000);
 
@@ -427,27 +551,31 @@ TEST(ProxyFuzz, HundredThousandRandomCommandsNeverWriteOutsideAWindow) {
 
   std::array<uint64_t, kRejectionReasons> expected{};
   uint64_t expected_pieces = 0, expected_bytes = 0, expected_flags = 0;
+  uint64_t aimed_at_control = 0, aimed_at_other_flags = 0;
   WaitWords words;
   ring::CpuProducer producer(host_ring->view(), words.params(), 30s);
   for (int i = 0; i < kCommands; ++i) {
     // A valid command to a random peer, then (two times in three) one to four fields replaced by
-    // boundary or random values.
+    // boundary or random values, or aimed at the destination's control region or at flag words
+    // this rank may not write.
     Command c{};
     const int to = peers[pick(peers.size())];
-    const uint64_t dst_window = sizes[to].first;
-    const uint64_t dst_flags = sizes[to].second;
+    const ScopedWindow& w = windows[to];
+    const uint64_t dst_window = w.data_bytes;
+    const uint64_t dst_flags = w.flag_count;
+    const WordRange& run = w.scope.back();
     c.header = pick(4) == 0 ? 2 : 1;
     c.dst_rank = static_cast<uint32_t>(to);
     c.epoch = floor + pick(window);
     c.flag_value = floor + pick(window);
-    c.flag_index = pick(3) == 0 && c.header == 1 ? ring::kNoFlag : static_cast<uint32_t>(pick(dst_flags));
+    c.flag_index = pick(3) == 0 && c.header == 1 ? ring::kNoFlag : static_cast<uint32_t>(run.first + pick(run.count));
     c.length = 1 + pick(std::min(dst_window, source_bytes));
     c.src_offset = pick(source_bytes - c.length + 1);
-    c.dst_offset = pick(dst_window - c.length + 1);
+    c.dst_offset = w.data_offset() + pick(dst_window - c.length + 1);
     c.producer = static_cast<uint32_t>(i);
     const int corruptions = pick(3) == 0 ? 0 : 1 + static_cast<int>(pick(4));
     for (int k = 0; k < corruptions; ++k) {
-      switch (pick(10)) {
+      switch (pick(12)) {
         case 0: c.header = pick(8) == 0 ? rng() : pick(4); break;
         case 1: c.reserved = static_cast<uint32_t>(1 + pick(UINT32_MAX)); break;
         case 2: c.dst_rank = pick(2) == 0 ? static_cast<uint32_t>(near(world)) : static_cast<uint32_t>(pick(world)); break;
@@ -456,8 +584,21 @@ TEST(ProxyFuzz, HundredThousandRandomCommandsNeverWriteOutsideAWindow) {
         case 5: c.flag_index = pick(4) == 0 ? ring::kNoFlag : static_cast<uint32_t>(near(dst_flags)); break;
         case 6: c.length = pick(4) == 0 ? 0 : near(dst_window); break;
         case 7: c.src_offset = near(source_bytes); break;
-        case 8: c.dst_offset = near(dst_window); break;
-        default: c.length = near(source_bytes); break;
+        case 8: c.dst_offset = w.data_offset() + near(dst_window); break;
+        case 9:  // into the control region (or across its end)
+          c.dst_offset = pick(w.control + 8);
+          c.length = pick(3) == 0 ? near(w.control) : 1 + pick(64);
+          ++aimed_at_control;
+          break;
+        case 10:  // a word of the flag window as data, often another sender's; 8 bytes, or not
+          c.dst_offset = w.flag_offset() + 8 * pick(dst_flags + 1) + (pick(8) == 0 ? 1 + pick(7) : 0);
+          c.length = pick(4) == 0 ? 1 + pick(24) : 8 * (1 + pick(2));
+          ++aimed_at_other_flags;
+          break;
+        default:  // a flag index outside this rank's words
+          c.flag_index = static_cast<uint32_t>(pick(dst_flags));
+          ++aimed_at_other_flags;
+          break;
       }
     }
 
@@ -478,6 +619,7 @@ TEST(ProxyFuzz, HundredThousandRandomCommandsNeverWriteOutsideAWindow) {
 
   const ProxyStats s = (*proxy)->stats();
   EXPECT_EQ(fake.out_of_window(), 0u) << "a write or flag landed outside its window";
+  EXPECT_EQ(fake.out_of_scope(), 0u) << "a flag word of another sender was written";
   EXPECT_EQ(fake.out_of_source(), 0u);
   EXPECT_EQ(fake.wrong_handles(), 0u);
   EXPECT_EQ(fake.bad_pieces(), 0u);
@@ -495,11 +637,15 @@ TEST(ProxyFuzz, HundredThousandRandomCommandsNeverWriteOutsideAWindow) {
   for (size_t r = 1; r < kRejectionReasons; ++r) {
     EXPECT_GT(expected[r], 0u) << "no command hit " << rejection_name(static_cast<Rejection>(r));
   }
+  EXPECT_GT(expected[static_cast<size_t>(Rejection::kProtectedDestination)], 1000u) << aimed_at_control;
+  EXPECT_GT(expected[static_cast<size_t>(Rejection::kFlagNotWritable)], 1000u) << aimed_at_other_flags;
   EXPECT_GT(expected[0], 20'000u) << "too few valid commands";
   // Rejections make the proxy unhealthy (a producer bug), with counts by reason.
   const Status health = (*proxy)->health();
   EXPECT_EQ(health.code(), StatusCode::kInternal);
   EXPECT_NE(health.message().find("destination out of range: "), std::string::npos) << health.to_string();
+  EXPECT_NE(health.message().find("protected destination: "), std::string::npos) << health.to_string();
+  EXPECT_NE(health.message().find("flag of another sender: "), std::string::npos) << health.to_string();
   RecordProperty("valid_commands", std::to_string(expected[0]));
 }
 
@@ -786,11 +932,14 @@ class CannedBootstrap final : public Bootstrap {
   int step_ = 0;
 };
 
-std::vector<uint8_t> window_blob(uint64_t data_bytes, uint64_t flag_bytes, std::vector<uint8_t> dkey, std::vector<uint8_t> fkey) {
+std::vector<uint8_t> window_blob(uint64_t data_bytes, uint64_t flag_bytes, std::vector<uint8_t> dkey, std::vector<uint8_t> fkey,
+                                 uint64_t data_offset = 0, uint64_t flag_offset = LocalWindows::kNoOffset) {
   std::vector<uint8_t> out;
   auto u64 = [&](uint64_t v) { for (int i = 0; i < 8; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i))); };
   auto u32 = [&](uint32_t v) { for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i))); };
+  u64(data_offset);
   u64(data_bytes);
+  u64(flag_offset);
   u64(flag_bytes);
   u32(static_cast<uint32_t>(dkey.size()));
   out.insert(out.end(), dkey.begin(), dkey.end());
@@ -825,6 +974,30 @@ TEST(ProxyWindows, ExchangeImportsPeersAndSkipsTheRest) {
             StatusCode::kInternal);
   CannedBootstrap odd_flags(0, {{}, window_blob(10, 12, {}, {})});
   EXPECT_FALSE(exchange_windows(odd_flags, fake, TransportConfig{0, 2, {false, true}}, mine).ok());
+  // A peer whose flag window overlaps its data window could be reached through either key.
+  CannedBootstrap overlapping(0, {{}, window_blob(4096, 64, {}, {}, 1000, 1024)});
+  EXPECT_FALSE(exchange_windows(overlapping, fake, TransportConfig{0, 2, {false, true}}, mine).ok());
+}
+
+// The scopes a multi-node rank takes from the exchange: the peer's heap offsets from its blob, the
+// flag words from the sender's FlagScope (here network_flag_scope's).
+TEST(ProxyWindows, ExchangeKeepsThePeersOffsetsAndTheSendersFlagScope) {
+  RecordingTransport fake(true, 1 << 20, 8);
+  CannedBootstrap boot(0, {{}, window_blob(1 << 20, 8 * 64, {1}, {2}, 1 << 17, 1 << 16)});
+  LocalWindows mine;
+  mine.data = {1, 2048, {9}};
+  mine.flags = {2, 80, {8}};
+  const FlagScope scope = [](int, uint64_t count) { return std::vector<WordRange>{{3, 1}, {40, count - 40}}; };
+  Result<WindowTable> table = exchange_windows(boot, fake, TransportConfig{0, 2, {false, true}}, mine, scope);
+  ASSERT_TRUE(table.ok()) << table.status().to_string();
+  const DestinationWindow& d = table->destinations[1];
+  EXPECT_EQ(d.data_offset, 1u << 17);
+  EXPECT_EQ(d.flag_offset, 1u << 16);
+  EXPECT_EQ(d.flag_count, 64u);
+  EXPECT_TRUE(d.may_write_flag(3));
+  EXPECT_FALSE(d.may_write_flag(4));
+  EXPECT_TRUE(d.may_write_flag(63));
+  EXPECT_FALSE(d.may_write_flag(64));
 }
 
 // ---- NUMA -----------------------------------------------------------------------------------------

@@ -574,7 +574,9 @@ Status make_pair(FakeVerbs& fake, Side sides[2], uint64_t bytes, size_t flag_cou
     sides[r].window.assign(bytes, kGuard);
     sides[r].flags.assign(flag_count, 0);
     Transport& t = *sides[r].transport;
-    LOOM_ASSIGN_OR_RETURN(sides[r].mine.source, t.register_memory({sides[r].source.data(), bytes, MemoryKind::kHost, -1}));
+    // As the network registers them: the source for this rank's own transport only.
+    LOOM_ASSIGN_OR_RETURN(sides[r].mine.source,
+                          t.register_memory({sides[r].source.data(), bytes, MemoryKind::kHost, -1, /*remote_write=*/false}));
     LOOM_ASSIGN_OR_RETURN(sides[r].mine.data, t.register_memory({sides[r].window.data(), bytes, MemoryKind::kHost, -1}));
     LOOM_ASSIGN_OR_RETURN(sides[r].mine.flags,
                           t.register_memory({sides[r].flags.data(), flag_count * sizeof(uint64_t), MemoryKind::kHost, -1}));
@@ -598,6 +600,7 @@ Status make_pair(FakeVerbs& fake, Side sides[2], uint64_t bytes, size_t flag_cou
                                                                            flag_count * sizeof(uint64_t)));
     d.data_bytes = bytes;
     d.flag_count = flag_count;
+    d.writable_flags = {WordRange{0, flag_count}};  // the peer's whole flag window (no scopes here)
     d.present = true;
   }
   return {};
@@ -809,34 +812,53 @@ TEST(VerbsFake, ErrorCompletionBecomesAStatusWithTheVerbsString) {
   EXPECT_TRUE(std::all_of(sides[1].window.begin(), sides[1].window.end(), [](uint8_t b) { return b == kGuard; }));
 }
 
+// Rank 0's proxy posts one 100-byte write to rank 1 (with flag 0 when `flag`), with rank 0's
+// data handle for rank 1 replaced by an import of `key`; the proxy's health after draining.
+Status write_through_key(Side sides[2], const std::vector<uint8_t>& key, bool flag) {
+  LOOM_ASSIGN_OR_RETURN(sides[0].table.destinations[1].data_handle, sides[0].transport->import_remote(1, key, 4096));
+  LOOM_ASSIGN_OR_RETURN(ring::HostRing host_ring, ring::HostRing::create(8));
+  ProxyOptions options;
+  options.epochs = EpochRange{1, 4};
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<Proxy> proxy,
+                        Proxy::start({ProxyLane{host_ring.view(), sides[0].transport.get(), sides[0].table}}, options));
+  uint32_t host_abort = 0, device_abort = 0;
+  ErrorRecord error{};
+  ring::CpuProducer producer(host_ring.view(), WaitParams{0, &host_abort, &device_abort, &error}, 5s);
+  ring::Command c{};
+  c.header = ring::type_only_header(ring::CommandType::kWrite);
+  c.dst_rank = 1;
+  c.flag_index = flag ? 0 : ring::kNoFlag;
+  c.epoch = 1;
+  c.flag_value = 1;
+  c.length = 100;
+  if (!producer.push(c)) return Status::internal("push failed");
+  return proxy->drain(5s);
+}
+
 TEST(VerbsFake, ErrorCompletionReachesTheProxysHealth) {
   FakeVerbs fake({{"mlx5_0"}});
   Side sides[2];
   ASSERT_TRUE(make_pair(fake, sides, 4096, 4).ok());
   std::vector<uint8_t> forged = sides[1].mine.data.remote_key;
   forged[8] ^= 0x40;
-  sides[0].table.destinations[1].data_handle = *sides[0].transport->import_remote(1, forged, 4096);
-  Result<ring::HostRing> host_ring = ring::HostRing::create(8);
-  ASSERT_TRUE(host_ring.ok());
-  ProxyOptions options;
-  options.epochs = EpochRange{1, 4};
-  Result<std::unique_ptr<Proxy>> proxy = Proxy::start({ProxyLane{host_ring->view(), sides[0].transport.get(), sides[0].table}}, options);
-  ASSERT_TRUE(proxy.ok());
-  uint32_t host_abort = 0, device_abort = 0;
-  ErrorRecord error{};
-  ring::CpuProducer producer(host_ring->view(), WaitParams{0, &host_abort, &device_abort, &error}, 5s);
-  ring::Command c{};
-  c.header = ring::type_only_header(ring::CommandType::kWrite);
-  c.dst_rank = 1;
-  c.flag_index = 0;
-  c.epoch = 1;
-  c.flag_value = 1;
-  c.length = 100;
-  ASSERT_TRUE(producer.push(c));
-  const Status health = (*proxy)->drain(5s);
+  const Status health = write_through_key(sides, forged, /*flag=*/true);
   EXPECT_EQ(health.code(), StatusCode::kPeerFailure) << health.to_string();
   EXPECT_NE(health.message().find("remote access error"), std::string::npos) << health.to_string();
   EXPECT_EQ(sides[1].flags[0], 0u) << "the flag of a failed write must not land";
+}
+
+// The source registration (the whole heap in a communicator) is never offered to peers and is
+// registered without remote write access: even a write that names its key (leaked, or guessed)
+// is refused by the NIC, and the refusal reaches the proxy's health as a remote access error.
+TEST(VerbsFake, SourceRegistrationRefusesRemoteWrites) {
+  FakeVerbs fake({{"mlx5_0"}});
+  Side sides[2];
+  ASSERT_TRUE(make_pair(fake, sides, 4096, 4).ok());
+  const std::vector<uint8_t> before = sides[1].source;
+  const Status health = write_through_key(sides, sides[1].mine.source.remote_key, /*flag=*/false);
+  EXPECT_EQ(health.code(), StatusCode::kPeerFailure) << health.to_string();
+  EXPECT_NE(health.message().find("remote access error"), std::string::npos) << health.to_string();
+  EXPECT_EQ(sides[1].source, before) << "the NIC wrote into a registration without remote write access";
 }
 
 TEST(VerbsFake, FullSendQueueIsBackPressureNotAnError) {

@@ -1,5 +1,6 @@
 #include "tests/gpu/harness.h"
 
+#include <chrono>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -30,6 +31,10 @@ std::unique_ptr<Communicator> make_comm(const CommOptions& options) {
   return std::move(comm).value();
 }
 
+namespace {
+Communicator* g_shared_comm = nullptr;  // once created
+}  // namespace
+
 Communicator& shared_comm() {
   static std::unique_ptr<Communicator> comm = [] {
     CommOptions options;
@@ -41,9 +46,17 @@ Communicator& shared_comm() {
       std::fprintf(stderr, "rank %d: cannot create the shared test communicator; stopping\n", process().rank);
       std::_Exit(2);  // a test binary, not the library: no rank can go on without it
     }
+    g_shared_comm = c.get();
     return c;
   }();
   return *comm;
+}
+
+bool shared_comm_failed() { return g_shared_comm != nullptr && !g_shared_comm->health().ok(); }
+
+bool shared_comm_work_stuck(std::chrono::milliseconds limit) {
+  if (!shared_comm_failed()) return false;
+  return !internal(*g_shared_comm).wait_for_queued_work("test teardown", limit, /*even_if_failed=*/true).ok();
 }
 
 bool all_ranks_agree(Communicator& comm, bool ok) {

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -27,6 +28,17 @@ const Process& process();
 Communicator& shared_comm();
 // A fresh communicator (collective).
 std::unique_ptr<Communicator> make_comm(const CommOptions& options);
+
+// Whether the shared communicator exists and a call on it failed (it refuses every call since).
+// After a failed synchronize the stream's work may still be running, possibly for good (a kernel
+// that no abort word can end): then every CUDA call that waits for the device (cudaFree,
+// cudaMemcpy, cudaDeviceSynchronize) blocks forever. Tests that use the shared communicator
+// skip while it is failed and leak their device buffers instead of freeing them.
+bool shared_comm_failed();
+// Whether the shared communicator failed and its queued work has not finished within `limit`:
+// main() then ends the process as soon as the results are written, without the teardown (which
+// frees memory, so would wait for that work forever).
+bool shared_comm_work_stuck(std::chrono::milliseconds limit);
 
 // True on every rank iff `ok` is true on every rank (a host all-reduce over the bootstrap).
 bool all_ranks_agree(Communicator& comm, bool ok);

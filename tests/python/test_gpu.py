@@ -229,6 +229,16 @@ def opcheck_args(comm, seed, op, requires_grad):
         return (a, b, "nk", FP32)
     if op in ("ag_gemm", "gemm_rs", "gemm_ar"):
         return (h, a, b, "nk")
+    if op == "attention":
+        q = rand(seed, "opcheck-q", comm.rank, (2, 200, 4, 64)).requires_grad_(requires_grad)
+        kv = [rand(seed, f"opcheck-{x}", comm.rank, (2, 300, 2, 64)) for x in "kv"]
+        return (q, *kv, True, None, None, None, 0, 0, False)
+    if op == "ring_attention":
+        qkv = [rand(seed, f"opcheck-ring-{x}", comm.rank, (1, 256, 4, 64)) for x in "qkv"]
+        return (h, qkv[0].requires_grad_(requires_grad), qkv[1], qkv[2], False, None)
+    if op == "attention_merge":
+        parts = rand(seed, "opcheck-parts", comm.rank, (2, 2, 100, 4, 64), FP32).requires_grad_(requires_grad)
+        return (parts, rand(seed, "opcheck-lse", comm.rank, (2, 2, 4, 100), FP32), BF16)
     return (h, rand(seed, f"opcheck-{op}", comm.rank, (16 * w, 24)).requires_grad_(requires_grad))
 
 

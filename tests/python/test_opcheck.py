@@ -35,7 +35,40 @@ def _sum_over_ranks(x):
     return (x.float() * WORLD).to(x.dtype)
 
 
+def _attention(q, k, v, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
+               max_seqlen_k=0, partial=False):
+    """Attention on [B, S, H, D] in fp32 (bottom-right causal mask): (out, lse [B, H, S])."""
+    b, sq, h, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    qf = q.float().transpose(1, 2)
+    kf = k.float().transpose(1, 2).repeat_interleave(h // hkv, dim=1)
+    vf = v.float().transpose(1, 2).repeat_interleave(h // hkv, dim=1)
+    s = qf @ kf.transpose(-1, -2) * (scale if scale is not None else d ** -0.5)
+    if causal:
+        mask = torch.arange(sk)[None, :] > torch.arange(sq)[:, None] + (sk - sq)
+        s = s.masked_fill(mask, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    out = (torch.softmax(s, dim=-1).nan_to_num() @ vf).transpose(1, 2)
+    return out.to(FP32 if partial else q.dtype).contiguous(), lse.contiguous()
+
+
+def _attention_merge(partial_out, partial_lse, out_dtype=None):
+    lse = torch.logsumexp(partial_lse, dim=0)  # [B, H, S]
+    weights = (partial_lse - lse).exp().transpose(-1, -2).unsqueeze(-1)  # [n, B, S, H, 1]
+    return (weights * partial_out).sum(0).to(out_dtype or FP32), lse
+
+
+def _ring_attention(comm, q, k, v, causal=False, scale=None):
+    """The stand-in's W ranks all hold this chunk: every key appears W times, which leaves the
+    output as is and adds log W to the LSE (non-causal cases only)."""
+    out, lse = _attention(q, k, v, causal, scale)
+    return out, lse + torch.log(torch.tensor(float(WORLD)))
+
+
 REFERENCE_KERNELS = {
+    "attention": _attention,
+    "ring_attention": _ring_attention,
+    "attention_merge": _attention_merge,
     "gemm": lambda a, b, b_layout="kn", out_dtype=None: (a.float() @ _dense(b, b_layout).float()).to(
         out_dtype or a.dtype),
     "all_gather": lambda comm, x: torch.cat([x] * WORLD),
@@ -94,6 +127,14 @@ def cases():
                 yield "ag_gemm", (HANDLE, rand(16, 32, dtype=dtype, requires_grad=grad), b, layout)
                 yield "gemm_rs", (HANDLE, rand(16 * w, 32, dtype=dtype, requires_grad=grad), b, layout)
                 yield "gemm_ar", (HANDLE, rand(24, 32, dtype=dtype, requires_grad=grad), b, layout)
+            for causal in (False, True):
+                for partial in (False, True):
+                    yield "attention", (rand(2, 5, 4, 64, dtype=dtype, requires_grad=grad), rand(2, 7, 2, 64, dtype=dtype),
+                                        rand(2, 7, 2, 64, dtype=dtype), causal, None, None, None, 0, 0, partial)
+            yield "attention_merge", (rand(3, 2, 5, 4, 64, dtype=FP32, requires_grad=grad), rand(3, 2, 4, 5, dtype=FP32),
+                                      dtype)
+            yield "ring_attention", (HANDLE, rand(2, 6, 4, 64, dtype=dtype, requires_grad=grad), rand(2, 6, 2, 64, dtype=dtype),
+                                     rand(2, 6, 2, 64, dtype=dtype), False, None)
         for dtype in (BF16, FP16, FP32):
             for shape in ((8 * w,), (4 * w, 3, 5)):
                 for op in ("all_gather", "reduce_scatter", "all_reduce"):

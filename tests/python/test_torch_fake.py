@@ -165,3 +165,52 @@ def test_cpu_tensors_get_loom_errors_from_the_real_operators():
         lt.gemm(torch.zeros(128, 64, dtype=BF16), torch.zeros(64, 32, dtype=BF16))
     with pytest.raises(loom.InvalidArgument, match=r"a is \[128, 64\] \(K = 64\) but b is \[32, 64\]"):
         lt.gemm(torch.zeros(128, 64, dtype=BF16), torch.zeros(32, 64, dtype=BF16))
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+@pytest.mark.parametrize("partial", [False, True])
+def test_attention_shapes(dtype, partial):
+    with FakeTensorMode():
+        q, k, v = fake(2, 100, 8, 128, dtype=dtype), fake(2, 300, 2, 128, dtype=dtype), fake(2, 300, 2, 128, dtype=dtype)
+        out, lse = torch.ops.loom.attention(q, k, v, True, None, None, None, 0, 0, partial)
+        assert out.shape == q.shape and out.dtype == (FP32 if partial else dtype)
+        assert lse.shape == (2, 8, 100) and lse.dtype == FP32
+        cu = torch.empty(4, dtype=torch.int32, device="cuda")
+        out, lse = lt.attention(fake(500, 4, 64, dtype=dtype), fake(700, 1, 64, dtype=dtype),
+                                fake(700, 1, 64, dtype=dtype), cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=300,
+                                max_seqlen_k=400)
+        assert out.shape == (500, 4, 64) and lse.shape == (4, 500)
+        merged, merged_lse = lt.attention_merge(fake(3, 2, 100, 8, 128, dtype=FP32), fake(3, 2, 8, 100, dtype=FP32),
+                                                out_dtype=dtype)
+        assert merged.shape == (2, 100, 8, 128) and merged.dtype == dtype and merged_lse.shape == (2, 8, 100)
+
+
+def test_attention_shape_errors():
+    with FakeTensorMode():
+        with pytest.raises(loom.InvalidArgument, match="must be"):
+            torch.ops.loom.attention(fake(2, 100, 8, 128), fake(300, 2, 128), fake(300, 2, 128))
+        with pytest.raises(loom.InvalidArgument, match="bfloat16 or all float16"):
+            torch.ops.loom.attention(fake(2, 100, 8, 128, dtype=FP32), fake(2, 3, 2, 128, dtype=FP32),
+                                     fake(2, 3, 2, 128, dtype=FP32))
+        with pytest.raises(loom.InvalidArgument, match="different batch sizes"):
+            torch.ops.loom.attention(fake(2, 100, 8, 128), fake(3, 3, 2, 128), fake(3, 3, 2, 128))
+        with pytest.raises(loom.InvalidArgument, match="both cu_seqlens"):
+            cu = torch.empty(3, dtype=torch.int32, device="cuda")
+            torch.ops.loom.attention(fake(100, 8, 128), fake(3, 2, 128), fake(3, 2, 128), False, None, cu)
+
+
+def test_ring_attention_shapes_and_zigzag(comm):
+    h = lt.register_communicator(comm)
+    with FakeTensorMode():
+        out, lse = torch.ops.loom.ring_attention(h, fake(2, 100, 8, 128), fake(2, 100, 2, 128), fake(2, 100, 2, 128), True)
+        assert out.shape == (2, 100, 8, 128) and lse.shape == (2, 8, 100) and lse.dtype == FP32
+        with pytest.raises(loom.InvalidArgument, match="must agree"):
+            torch.ops.loom.ring_attention(h, fake(2, 100, 8, 128), fake(2, 99, 2, 128), fake(2, 99, 2, 128))
+    w = comm.local_world_size
+    x = torch.arange(2 * w * 3 * 2, dtype=FP32).reshape(2, 2 * w * 3)
+    parts = [lt.zigzag_shard(x, w, r) for r in range(w)]
+    assert parts[0].shape == (2, 6)
+    assert torch.equal(parts[0][:, :3], x[:, :3]) and torch.equal(parts[0][:, 3:], x[:, -3:])
+    assert torch.equal(lt.zigzag_unshard(parts), x)
+    with pytest.raises(loom.InvalidArgument, match="does not split"):
+        lt.zigzag_shard(x[:, :5], w, 0)

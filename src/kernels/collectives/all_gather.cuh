@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(AllGatherConfig::kThreads, 1) all_gather_kerne
   const int world = c.local_world;
   const uint32_t cta = blockIdx.x;
 
-  if (cta_enter_all(c, collective_entry(c), epoch, 0, ctx)) {
+  if (cta_enter_all(c, collective_entry(c), epoch, a.signature, ctx)) {
     const Slice slice = slice_of(a.bytes, gridDim.x, cta, kVectorBytes);
     const char* src = a.send + slice.begin;
     const uint64_t dst_offset = a.recv_offset + static_cast<uint64_t>(me) * a.bytes + slice.begin;

@@ -30,7 +30,7 @@ __global__ void __launch_bounds__(ReduceConfig::kThreads, 1) all_reduce_kernel(C
   const uint64_t* bases = stage_peer_bases(c, bases_smem);
   const uint32_t cta = blockIdx.x;
 
-  if (cta_enter_all(c, collective_entry(c), epoch, 0, ctx)) {
+  if (cta_enter_all(c, collective_entry(c), epoch, a.signature, ctx)) {
     const uint32_t granule = a.vectorizable ? kVectorBytes : sizeof(T);
     const Slice chunk = all_reduce_chunk(a.bytes, c.local_world, c.local_rank, granule);
     const Slice slice = slice_of(chunk.size(), gridDim.x, cta, granule);

@@ -33,6 +33,7 @@ struct CollectiveArgs {
   uint64_t bytes;        // per-rank payload: AG shard, RS output, AR whole buffer
   uint32_t vectorizable; // all bases and chunk boundaries are 16-byte aligned
   uint32_t op;           // OpId recorded on failure: the collective, or the operator it serves
+  uint32_t signature;    // what peers must have entered this launch with (ops/launch/signature.h)
 };
 
 __device__ __forceinline__ char* peer_heap(const DeviceComm& c, int peer) {
@@ -43,8 +44,8 @@ __device__ __forceinline__ uint64_t* peer_flag(const DeviceComm& c, int peer, ui
   return reinterpret_cast<uint64_t*>(peer_heap(c, peer) + offset);
 }
 
-// The collectives' entry words (kernels/comm/entry.cuh): the control region's entered[].
-// Collectives carry no plan signature (0).
+// The collectives' entry words (kernels/comm/entry.cuh): the control region's entered[], with the
+// call's signature (CollectiveArgs::signature).
 __device__ __forceinline__ EntryWords collective_entry(const DeviceComm& c) { return {c.control.entered_offset}; }
 
 __device__ __forceinline__ uint64_t* chunk_flag(const DeviceComm& c, int owner, int src, uint32_t chunk) {

@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(ReduceConfig::kThreads, 1) reduce_scatter_kern
   const uint64_t* bases = stage_peer_bases(c, bases_smem);
   const uint32_t cta = blockIdx.x;
 
-  if (cta_enter_all(c, collective_entry(c), epoch, 0, ctx)) {
+  if (cta_enter_all(c, collective_entry(c), epoch, a.signature, ctx)) {
     const uint32_t granule = a.vectorizable ? kVectorBytes : sizeof(T);
     const Slice slice = slice_of(a.bytes, gridDim.x, cta, granule);
     const uint64_t chunk_offset = a.send_offset + static_cast<uint64_t>(c.local_rank) * a.bytes;

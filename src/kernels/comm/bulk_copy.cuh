@@ -22,6 +22,7 @@
 #include <cuda/ptx>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/comm/signals.cuh"
 #include "kernels/comm/wait.cuh"
@@ -34,6 +35,7 @@ namespace loom::kernels {
 // have landed; `rank` is the destination's local rank, whose entry the stream's enter hook
 // awaits before the first write into it (-1: no wait).
 struct BulkItem {
+  static constexpr bool kWaitsReady = false;
   const char* src;
   char* dst;
   uint64_t bytes;
@@ -45,6 +47,7 @@ struct BulkItem {
 
 // One source range to `ndst` destinations (the same bytes to each).
 struct BulkFanoutItem {
+  static constexpr bool kWaitsReady = false;
   const char* src;
   char* const* dsts;
   int ndst;
@@ -53,6 +56,24 @@ struct BulkFanoutItem {
   int rank;
   __device__ int destinations() const { return ndst; }
   __device__ char* destination(int d) const { return dsts[d]; }
+};
+
+// A BulkItem whose source is itself written by another rank (data forwarded along a ring): its
+// loads start only once *ready reaches the launch epoch (a bounded wait naming `ready_rank`, the
+// writer, and `ready_index` with FlagKind `ready_kind`).
+struct BulkForwardItem {
+  static constexpr bool kWaitsReady = true;
+  const char* src;
+  char* dst;
+  uint64_t bytes;
+  uint64_t* flag;
+  int rank;
+  const uint64_t* ready;  // null: the source is ready
+  int ready_rank;
+  FlagKind ready_kind;
+  uint32_t ready_index;
+  __device__ int destinations() const { return 1; }
+  __device__ char* destination(int /*d*/) const { return dst; }
 };
 
 template <int kStages, uint32_t kPieceBytes>
@@ -76,8 +97,9 @@ class BulkCopyStream {
     for (int s = 0; s < kStages; ++s) sm90::mbarrier_inval(&full_[s]);
   }
 
-  // Moves list.item(0 .. list.count()) in order (items: BulkItem or BulkFanoutItem; sources and
-  // destinations 16-byte aligned, sizes multiples of 16). `enter(rank)` is called before the
+  // Moves list.item(0 .. list.count()) in order (items: BulkItem, BulkFanoutItem or
+  // BulkForwardItem, whose source is awaited before its first load; sources and destinations
+  // 16-byte aligned, sizes multiples of 16). `enter(rank)` is called before the
   // first piece of an item whose rank differs from the previous item's (skipped for rank -1) and
   // must say whether the destination may be written. False after a failed wait (recorded).
   template <int kFlagLag, class List, class EnterFn>
@@ -97,8 +119,21 @@ class BulkCopyStream {
     int entered_rank = -1;
     bool ok = true;
 
-    auto load_next = [&]() {
+    // Loads the next piece: 1 done, 0 deferred (a forwarded item's source has not arrived and
+    // `block` is false), -1 a failed wait. A forwarded item waits only when nothing loaded is left
+    // to store: blocking on it with earlier items' stores pending could make a ring of ranks wait
+    // on each other (every rank's next piece behind a piece the next rank has not sent yet).
+    auto load_next = [&](bool block) -> int {
       const auto it = list.item(ld_item);
+      if constexpr (std::remove_cvref_t<decltype(it)>::kWaitsReady) {
+        if (ld_off == 0 && it.ready != nullptr && !epoch_reached(flag_load_acquire(it.ready), epoch)) {
+          if (!block) return 0;
+          if (!wait_flag(it.ready, epoch, ctx, it.ready_rank, it.ready_kind, it.ready_index)) return -1;
+        }
+        if (ld_off == 0 && it.ready != nullptr) {
+          cuda::ptx::fence_proxy_async(cuda::ptx::space_global);  // the bulk load reads what the peer wrote
+        }
+      }
       const uint32_t size = piece_size(it.bytes - ld_off);
       const uint32_t s = stage_of(ld_seq);
       cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
@@ -111,6 +146,7 @@ class BulkCopyStream {
         ld_off = 0;
       }
       ++ld_seq;
+      return 1;
     };
     auto publish = [&](uint32_t k) {
       const auto it = list.item(k);
@@ -120,8 +156,25 @@ class BulkCopyStream {
       }
     };
 
-    while (ld_item < items && ld_seq < static_cast<uint64_t>(kStages - 1)) load_next();
-    while (st_item < items) {
+    // Loads run up to kStages - 1 pieces ahead of the stores (the stage of piece q is reused by
+    // piece q + kStages once group q has been read: wait_group.read 1 before each load).
+    auto load_ahead = [&]() -> bool {
+      while (ld_item < items && ld_seq < st_seq + static_cast<uint64_t>(kStages - 1)) {
+        const int r = load_next(false);
+        if (r < 0) return false;
+        if (r == 0) break;
+      }
+      return true;
+    };
+    ok = load_ahead();
+    while (ok && st_item < items) {
+      if (st_seq == ld_seq) {  // nothing loaded: the next piece's source must arrive first
+        cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<1>{});
+        if (load_next(true) < 0) {
+          ok = false;
+          break;
+        }
+      }
       const auto it = list.item(st_item);
       if (st_off == 0 && it.rank >= 0 && it.rank != entered_rank) {
         // First write into this destination in this launch: it must have entered.
@@ -157,10 +210,13 @@ class BulkCopyStream {
           if (++fl_item < items) fl_end += pieces_of(list.item(fl_item).bytes);
         }
       }
-      if (ld_item < items) {
-        // The next load reuses the stage of piece st_seq - 2, whose group must have been read.
+      if (ld_item < items && ld_seq < st_seq + static_cast<uint64_t>(kStages - 1)) {
+        // The next loads reuse the stages of pieces up to st_seq - 2, whose groups must have been read.
         cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<1>{});
-        load_next();
+        if (!load_ahead()) {
+          ok = false;
+          break;
+        }
       }
     }
     // Loads issued but never stored (after a failure) must land before the ring goes away;

@@ -5,10 +5,12 @@
 //      of the family's entry words in every local peer (the same value from every CTA, so no CTA
 //      depends on another being scheduled);
 //   2. wait: before its first write into a peer, a CTA waits (bounded) until that peer's word
-//      reaches epoch e. The peer's earlier stream work is then done, so its buffers are free.
-//      A peer that entered e with another signature runs another operation or plan: the launch
-//      fails with DeviceError::kMismatch instead of corrupting memory or hanging. A word of a
-//      later epoch means the peer is past this launch (it no longer needs us): no check.
+//      reaches epoch e (entry_reached, runtime/device_abi.h). The peer's earlier stream work is
+//      then done, so its buffers are free. A peer that entered e with another 32-bit signature
+//      (ops/launch/signature.h) made another call (operation, shapes, dtype, options, plan): the
+//      launch fails with DeviceError::kMismatch before any data moves, instead of corrupting
+//      memory or hanging. A word of a later epoch means the peer is past this launch (it no
+//      longer needs us): no check.
 // Families keep their entry words in their own place (EntryWords): the collectives in the
 // control region's entered[], the fused TP operators at the start of the op-flag region, the
 // multi-node operators at the start of the network window.
@@ -43,14 +45,12 @@ __device__ __forceinline__ void publish_entry(const DeviceComm& c, EntryWords wo
   }
 }
 
-// Fails the launch with kMismatch (both signatures in the error's flag index) when `seen`
-// carries this epoch with another signature.
+// Fails the launch with kMismatch (this rank's signature in the error's flag index, the peer's
+// word in its observed value) when `seen` carries this epoch with another signature.
 __device__ __forceinline__ bool entry_signature_ok(uint64_t seen, uint64_t epoch, uint32_t signature, int waited_on,
                                                    FlagKind kind, const WaitContext& ctx) {
-  const uint32_t theirs = static_cast<uint32_t>(seen & kEntrySignatureMask);
-  const uint32_t ours = signature & static_cast<uint32_t>(kEntrySignatureMask);
-  if ((seen >> kEntrySignatureBits) == epoch && theirs != ours) {
-    ctx.fail(DeviceError::kMismatch, waited_on, kind, (theirs << kEntrySignatureBits) | ours, seen, 0);
+  if (entry_in(seen, epoch) && entry_signature(seen) != signature) {
+    ctx.fail(DeviceError::kMismatch, waited_on, kind, signature, seen, 0);
     return false;
   }
   return true;
@@ -62,7 +62,10 @@ __device__ __forceinline__ bool entry_signature_ok(uint64_t seen, uint64_t epoch
 __device__ __forceinline__ bool wait_entry(const DeviceComm& c, EntryWords words, int peer, uint64_t epoch,
                                            uint32_t signature, const WaitContext& ctx) {
   const uint64_t* word = words.at(c, c.local_rank, peer);
-  if (!wait_flag(word, entry_word(epoch, 0), ctx, peer, FlagKind::kEntered, static_cast<uint32_t>(peer))) return false;
+  if (!wait_until(word, [epoch](uint64_t seen) { return entry_reached(seen, epoch); }, ctx, peer, FlagKind::kEntered,
+                  static_cast<uint32_t>(peer))) {
+    return false;
+  }
   if (!entry_signature_ok(flag_load_acquire(word), epoch, signature, peer, FlagKind::kEntered, ctx)) return false;
   cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
   return true;

@@ -28,12 +28,11 @@ __device__ __forceinline__ void finish_launch(EpochState* state, uint64_t epoch)
 }
 
 // For kernels whose CTAs take tiles from a launch-wide queue (`State` has uint32_t tile_queue
-// and ctas_done: LaunchState): thread 0 of every CTA, after all of the
-// CTA's work (also after a failure). The CTA that leaves last resets the queue before it counts
-// itself in finish_launch; the next launch runs after this one completes (stream order), so it
-// sees the zeros.
+// and ctas_done: LaunchState): one thread of every CTA, once the CTA claims no more tiles (also
+// after a failure). The CTA that leaves last resets the queue; the next launch on the stream runs
+// after this one completes (stream order), so it sees the zeros.
 template <class State>
-__device__ __forceinline__ void finish_queued_launch(State* state, EpochState* epoch_state, uint64_t epoch) {
+__device__ __forceinline__ void leave_queue(State* state) {
   __threadfence();
   const uint32_t done = atomicAdd(&state->ctas_done, 1u) + 1;
   if (done == gridDim.x * gridDim.y * gridDim.z) {
@@ -41,6 +40,12 @@ __device__ __forceinline__ void finish_queued_launch(State* state, EpochState* e
     state->ctas_done = 0;
     __threadfence();
   }
+}
+
+// leave_queue and finish_launch: thread 0 of every CTA, after all of the CTA's work.
+template <class State>
+__device__ __forceinline__ void finish_queued_launch(State* state, EpochState* epoch_state, uint64_t epoch) {
+  leave_queue(state);
   finish_launch(epoch_state, epoch);
 }
 

@@ -11,7 +11,7 @@
 // command with a release store at system scope.
 //
 // Entry handshake (per launch epoch e), the network twin of the NVLink one:
-//   announce: one thread stores (e << 16) | signature into its own sig_out word and sends it to
+//   announce: one thread stores entry_word(e, signature) into its own sig_out word and sends it to
 //             every network peer that will write into this rank in this launch (the 8-byte word
 //             lands in the peer's net_sig[my node], the flag net_entry[my node] = e follows it);
 //   wait:     before its first network write into peer P in this launch, a sender waits

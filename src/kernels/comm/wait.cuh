@@ -119,19 +119,26 @@ class WaitGuard {
   uint64_t next_host_check_;
 };
 
-// Spins (one thread) until *flag reaches `target`. Returns false on timeout or abort; the
+// Spins (one thread) until `done(*flag)` (acquire loads). Returns false on timeout or abort; the
 // failure is then already recorded.
-__device__ __forceinline__ bool wait_flag(const uint64_t* flag, uint64_t target, const WaitContext& ctx,
-                                              int waited_on, FlagKind kind, uint32_t index) {
+template <class Done>
+__device__ __forceinline__ bool wait_until(const uint64_t* flag, Done done, const WaitContext& ctx, int waited_on,
+                                           FlagKind kind, uint32_t index) {
   uint64_t seen = flag_load_acquire(flag);
-  if (epoch_reached(seen, target)) return true;
+  if (done(seen)) return true;
   WaitGuard<kHostAbortCheckNs> guard(ctx.deadline_ns);
   for (uint32_t polls = 1;; ++polls) {
     seen = flag_load_acquire(flag);
-    if (epoch_reached(seen, target)) return true;
+    if (done(seen)) return true;
     if (polls % kAbortCheckInterval == 0 && !guard.keep_waiting(ctx, waited_on, kind, index, seen)) return false;
     if (polls > kSleepAfterPolls) __nanosleep(64);
   }
+}
+
+// Spins (one thread) until *flag reaches `target`.
+__device__ __forceinline__ bool wait_flag(const uint64_t* flag, uint64_t target, const WaitContext& ctx,
+                                              int waited_on, FlagKind kind, uint32_t index) {
+  return wait_until(flag, [target](uint64_t seen) { return epoch_reached(seen, target); }, ctx, waited_on, kind, index);
 }
 
 }  // namespace loom::kernels

@@ -72,20 +72,63 @@ __device__ __forceinline__ uint64_t make_smem_desc_sw128(uint32_t smem_addr, uin
   return desc;
 }
 
-// One m64nNk16 wgmma for N in {64, 128, 256}.
+template <int kCount>
+__device__ __forceinline__ void fence_operands(uint32_t (&r)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+// One m64nNk16 wgmma with A and B in shared memory, for the N that gen_wgmma.py generates
+// (64, 80, 128, 176, 192, 256).
 template <int kN, bool kBF16, int kTransB>
 __device__ __forceinline__ void wgmma_m64k16(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
   if constexpr (kN == 256) {
     if constexpr (kBF16) wgmma_m64n256k16_bf16<kTransB>(d, desc_a, desc_b, scale_d);
     else wgmma_m64n256k16_f16<kTransB>(d, desc_a, desc_b, scale_d);
+  } else if constexpr (kN == 192) {
+    if constexpr (kBF16) wgmma_m64n192k16_bf16<kTransB>(d, desc_a, desc_b, scale_d);
+    else wgmma_m64n192k16_f16<kTransB>(d, desc_a, desc_b, scale_d);
+  } else if constexpr (kN == 176) {
+    if constexpr (kBF16) wgmma_m64n176k16_bf16<kTransB>(d, desc_a, desc_b, scale_d);
+    else wgmma_m64n176k16_f16<kTransB>(d, desc_a, desc_b, scale_d);
   } else if constexpr (kN == 128) {
     if constexpr (kBF16) wgmma_m64n128k16_bf16<kTransB>(d, desc_a, desc_b, scale_d);
     else wgmma_m64n128k16_f16<kTransB>(d, desc_a, desc_b, scale_d);
+  } else if constexpr (kN == 80) {
+    if constexpr (kBF16) wgmma_m64n80k16_bf16<kTransB>(d, desc_a, desc_b, scale_d);
+    else wgmma_m64n80k16_f16<kTransB>(d, desc_a, desc_b, scale_d);
   } else {
-    static_assert(kN == 64, "wgmma_m64k16 is generated for N = 64, 128, 256");
+    static_assert(kN == 64, "wgmma_m64k16 is generated for N = 64, 80, 128, 176, 192, 256 (gen_wgmma.py)");
     if constexpr (kBF16) wgmma_m64n64k16_bf16<kTransB>(d, desc_a, desc_b, scale_d);
     else wgmma_m64n64k16_f16<kTransB>(d, desc_a, desc_b, scale_d);
   }
+}
+
+// One m64nNk16 wgmma with A from registers (the m64k16 fragment) and B in shared memory, for
+// N = 64, 128, 256.
+template <int kN, bool kBF16, int kTransB>
+__device__ __forceinline__ void wgmma_m64k16_rs(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t desc_b,
+                                                uint32_t scale_d) {
+  if constexpr (kN == 256) {
+    if constexpr (kBF16) wgmma_m64n256k16_rs_bf16<kTransB>(d, a, desc_b, scale_d);
+    else wgmma_m64n256k16_rs_f16<kTransB>(d, a, desc_b, scale_d);
+  } else if constexpr (kN == 128) {
+    if constexpr (kBF16) wgmma_m64n128k16_rs_bf16<kTransB>(d, a, desc_b, scale_d);
+    else wgmma_m64n128k16_rs_f16<kTransB>(d, a, desc_b, scale_d);
+  } else {
+    static_assert(kN == 64, "wgmma_m64k16_rs is generated for N = 64, 128, 256 (gen_wgmma.py)");
+    if constexpr (kBF16) wgmma_m64n64k16_rs_bf16<kTransB>(d, a, desc_b, scale_d);
+    else wgmma_m64n64k16_rs_f16<kTransB>(d, a, desc_b, scale_d);
+  }
+}
+
+// Named barriers (bar.sync ids 1..15; 0 is __syncthreads) between some warps of a CTA: `threads`
+// threads take part, some syncing (waiting), some only arriving.
+__device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
 // ---- mbarrier lifetime ------------------------------------------------------------------------

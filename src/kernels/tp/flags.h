@@ -1,5 +1,5 @@
 // The tensor-parallel family's flag kinds (family 1 of FlagKind, runtime/device_abi.h), used by the
-// single-node and the multi-node kernels; their names are registered in src/ops/tp_names.cc.
+// single-node and the multi-node kernels; their names are registered in src/ops/tp/tp_names.cc.
 #pragma once
 
 #include <cstdint>

@@ -16,6 +16,7 @@
 #include "ops/gemm_launch.h"
 #include "ops/launch/family_resources.h"
 #include "ops/launch/kernel_launch.h"
+#include "ops/launch/signature.h"
 #include "ops/tp/fused_kernel.h"
 #include "ops/tp/tp_common.h"
 #include "runtime/cuda_check.h"
@@ -96,7 +97,9 @@ Status run_decomposed(Communicator& comm, const TpGemmArgs& a, const TpCall& cal
     LOOM_ASSIGN_OR_RETURN(gathered, family_workspace(impl, kFamily, call.info.workspace_bytes, stream, "ag_gemm"));
   }
   const size_t shard = static_cast<size_t>(a.m / impl.topology.local_world_size * a.k);
-  LOOM_TRY_CTX(all_gather_for(comm, a.a, gathered, shard, a.dtype, stream, {}, kOp), "ag_gemm (decomposed)");
+  LOOM_TRY_CTX(all_gather_for(comm, a.a, gathered, shard, a.dtype, stream, {}, kOp,
+                              decomposed_tp_signature(kOp, a, impl.topology.local_world_size)),
+               "ag_gemm (decomposed)");
   return gemm(local_gemm(gathered, a.b, a.out, a.m, a), stream, gemm_options_for(call));
 }
 

@@ -14,6 +14,7 @@
 #include "ops/gemm_launch.h"
 #include "ops/launch/family_resources.h"
 #include "ops/launch/kernel_launch.h"
+#include "ops/launch/signature.h"
 #include "ops/tp/staged_reduce.h"
 #include "ops/tp/tp_common.h"
 #include "runtime/cuda_check.h"
@@ -99,13 +100,15 @@ template <bool kBroadcast>
 Status run_decomposed(Communicator& comm, const TpGemmArgs& a, const TpCall& call, cudaStream_t stream) {
   if constexpr (kBroadcast) {
     LOOM_TRY(gemm(local_gemm(a.a, a.b, a.out, a.m, a), stream, gemm_options_for(call)));
-    return all_reduce_for(comm, a.out, a.out, static_cast<size_t>(a.m * a.n), a.dtype, stream, {}, OpId::kGemmAr)
+    return all_reduce_for(comm, a.out, a.out, static_cast<size_t>(a.m * a.n), a.dtype, stream, {}, OpId::kGemmAr,
+                          decomposed_tp_signature(OpId::kGemmAr, a, comm.local_world_size()))
         .with_context("gemm_ar (decomposed)");
   } else {
     LOOM_ASSIGN_OR_RETURN(void* partial, family_workspace(internal(comm), kFamily, call.info.workspace_bytes, stream, "gemm_rs"));
     LOOM_TRY(gemm(local_gemm(a.a, a.b, partial, a.m, a), stream, gemm_options_for(call)));
     const size_t rows = static_cast<size_t>(a.m / comm.local_world_size());
-    return reduce_scatter_for(comm, partial, a.out, rows * static_cast<size_t>(a.n), a.dtype, stream, {}, OpId::kGemmRs)
+    return reduce_scatter_for(comm, partial, a.out, rows * static_cast<size_t>(a.n), a.dtype, stream, {}, OpId::kGemmRs,
+                              decomposed_tp_signature(OpId::kGemmRs, a, comm.local_world_size()))
         .with_context("gemm_rs (decomposed)");
   }
 }

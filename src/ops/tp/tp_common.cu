@@ -7,6 +7,7 @@
 #include "kernels/tp/tail_pieces.cuh"
 #include "ops/gemm_launch.h"
 #include "ops/launch/checks.h"
+#include "ops/launch/signature.h"
 
 namespace loom::ops::tp {
 
@@ -125,18 +126,7 @@ Result<TpCall> decide(Communicator::Impl& impl, OpId op, const TpGemmArgs& a, co
 }
 
 uint32_t plan_signature(OpId op, GemmTile tile, int world, std::initializer_list<int64_t> values) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  auto mix = [&](uint64_t v) {
-    for (int i = 0; i < 8; ++i) {
-      h ^= (v >> (8 * i)) & 0xFF;
-      h *= 0x100000001b3ull;
-    }
-  };
-  mix(static_cast<uint64_t>(op));
-  mix(static_cast<uint64_t>(tile));
-  mix(static_cast<uint64_t>(world));
-  for (int64_t v : values) mix(static_cast<uint64_t>(v));
-  return static_cast<uint32_t>((h ^ (h >> 16) ^ (h >> 32) ^ (h >> 48)) & 0xFFFF);
+  return fused_plan_signature(op, static_cast<int>(tile), world, values);
 }
 
 std::string check_flag_capacity(const Communicator::Impl& impl, uint64_t launch_flags) {

@@ -64,10 +64,10 @@ using FusedCheck = std::function<std::string(GemmTile tile, int grid)>;
 Result<TpCall> decide(Communicator::Impl& impl, OpId op, const TpGemmArgs& a, const TpGemmOptions& options,
                       const FusedCheck& fused_check);
 
-// A 16-bit signature of what a fused launch does, compared between ranks at entry (a mismatch
-// fails the launch with a message instead of corrupting memory): FNV-1a over the values that
-// must agree, folded to 16 bits. `values` are the op's shape fields that must be equal on every
-// rank; `world` may carry more than the rank count (the multi-node operators add their grid).
+// The 32-bit signature of what a fused launch does, compared between ranks at entry (a mismatch
+// fails the launch with invalid_argument before any data moves): ops/launch/signature.h over the
+// tile, the world and `values`, the op's fields that must be equal on every rank; `world` may
+// carry more than the rank count (the multi-node operators add their grid).
 uint32_t plan_signature(OpId op, GemmTile tile, int world, std::initializer_list<int64_t> values);
 
 // Flags a fused launch needs beyond the W entry words must fit the control region: "" or why not.

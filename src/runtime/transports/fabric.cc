@@ -237,7 +237,7 @@ class FabricTransport final : public Transport {
     fi_mr_attr attr{};
     attr.mr_iov = &iov;
     attr.iov_count = 1;
-    attr.access = FI_WRITE | FI_REMOTE_WRITE;
+    attr.access = FI_WRITE | (region.remote_write ? FI_REMOTE_WRITE : 0);
     attr.requested_key = prov_key_ ? 0 : next_key_++;
     attr.iface = region.kind == MemoryKind::kDevice ? FI_HMEM_CUDA : FI_HMEM_SYSTEM;
     if (region.kind == MemoryKind::kDevice) attr.device.cuda = region.device;

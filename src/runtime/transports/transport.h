@@ -57,6 +57,9 @@ struct MemoryRegion {
   uint64_t bytes = 0;
   MemoryKind kind = MemoryKind::kHost;
   int device = -1;  // CUDA ordinal for kDevice
+  // false: only this rank's own transport reads it (a source); the NIC refuses remote writes
+  // into it even from a holder of its key (verbs and fabric register it without remote access).
+  bool remote_write = true;
 };
 
 // A local registration: the transport's handle and what a peer needs to write into it.

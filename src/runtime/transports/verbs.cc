@@ -322,7 +322,8 @@ class VerbsTransport final : public Transport {
     flag_staging_.assign(options_.queue_depth, 0);
     for (uint32_t i = 0; i < options_.queue_depth; ++i) free_staging_.push_back(options_.queue_depth - 1 - i);
     LOOM_ASSIGN_OR_RETURN(LocalRegistration staging,
-                          register_memory({flag_staging_.data(), flag_staging_.size() * sizeof(uint64_t), MemoryKind::kHost, -1}));
+                          register_memory({flag_staging_.data(), flag_staging_.size() * sizeof(uint64_t), MemoryKind::kHost, -1,
+                                           /*remote_write=*/false}));
     staging_handle_ = staging.handle;
     LOOM_INFO("verbs transport: %s, %d peers, queue depth %u", describe_.c_str(), peers, options_.queue_depth);
     return {};
@@ -336,7 +337,7 @@ class VerbsTransport final : public Transport {
     if (closed_) return Status::aborted("verbs: transport closed");
     if (region.base == nullptr || region.bytes == 0) return Status::invalid_argument("verbs: empty memory region");
     // No IBV_ACCESS_RELAXED_ORDERING: the flag must never be placed before its data.
-    const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+    const int access = IBV_ACCESS_LOCAL_WRITE | (region.remote_write ? IBV_ACCESS_REMOTE_WRITE : 0);
     ibv_mr* mr = nullptr;
     std::string dmabuf_note;
     if (region.kind == MemoryKind::kDevice && options_.export_dmabuf && api_.reg_dmabuf_mr != nullptr) {

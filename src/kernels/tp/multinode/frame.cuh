@@ -3,7 +3,7 @@
 // bulk-copy stream of the data-moving roles (roles and tunables: layout.h, kernels/tp/tunables.h).
 //
 // One launch, on every rank (n, l), with launch epoch e (read on the device, CUDA-graph safe):
-//   1. every CTA stores its NVLink entry word (e << 16 | signature) into every local peer's
+//   1. every CTA stores its NVLink entry word (entry_word(e, signature)) into every local peer's
 //      network window (kernels/comm/net.cuh); the network-send CTA announces the entry to the
 //      network peers that write into this rank;
 //   2. before its first write into a peer (NVLink or network) a CTA waits, bounded, for that

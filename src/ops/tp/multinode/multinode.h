@@ -56,9 +56,9 @@ Result<planner::MultiNodePlan> plan(Communicator::Impl& impl, OpId op, const TpG
 // The same as the operators' TpCall (TpPlanInfo for tp_plan()).
 Result<TpCall> plan_call(Communicator::Impl& impl, OpId op, const TpGemmArgs& args, const TpGemmOptions& options);
 
-// The 16-bit plan signature (tp_common.h plan_signature) of what must agree between ranks; the
-// world argument carries "MN", the node count and the GPUs per node, so it never equals a
-// single-node plan's.
+// The plan signature (tp_common.h plan_signature) of what must agree between ranks; the world
+// argument carries "MN", the node count and the GPUs per node, so it never equals a single-node
+// plan's (whose world is at most TpTunables::kMaxLocalWorld).
 uint32_t signature(OpId op, GemmTile tile, const kernels::tp::multinode::Grid& g, std::initializer_list<int64_t> values);
 
 // CUDA's lazy loading (its default) loads a kernel at its first launch, and doing so may wait for

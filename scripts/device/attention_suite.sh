@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# On the GPU machine, in one call: the attention engine's GPU tests (one rank), then
+# bench/attention.py through the Python package (loom beside torch SDPA's cuDNN and flash
+# backends in one process). Uses the binaries staged in .device-carry/bin (scripts/device/stage.sh).
+#
+#   scripts/device/attention_suite.sh [tests] [pytest] [bench] [ring-bench] [-- bench/attention.py arguments]
+#     tests       loom_gpu_tests --gtest_filter="$TEST_FILTER" (one rank; default 'Attention*')
+#     pytest      tests/python/test_gpu_attention.py through the Python package
+#     bench       bench/attention.py (JSON in $OUT/attention_1xH200.json)
+#     ring-bench  bench/ring_attention.py at W = 1 (JSON in $OUT/ring_attention_1xH200.json)
+#   (default: tests pytest bench; logs in $OUT/attention_suite.log)
+# Each step runs under a wall-clock limit; exit status 0 only if every step passed.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source scripts/device/env.sh
+LOG="$OUT/attention_suite.log"
+start=$(date +%s)
+log() { echo "[attention_suite +$(( $(date +%s) - start ))s] $*" | tee -a "$LOG"; }
+steps=()
+while (($#)) && [[ $1 != -- ]]; do steps+=("$1"); shift; done
+[[ ${1:-} == -- ]] && shift
+((${#steps[@]})) || steps=(tests pytest bench)
+BIN=.device-carry/bin
+if [[ ! -x $BIN/loom_gpu_tests ]]; then echo "no $BIN: run scripts/device/stage.sh here first and carry .device-carry"; exit 1; fi
+export LD_LIBRARY_PATH="$PWD/$BIN:${LD_LIBRARY_PATH:-}"
+log "git $(head -1 .device-carry/GIT_SHA | cut -c1-7); $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | head -1)"
+# The extension, built once per call against the carried libloom.so.
+ext_built=0
+ext() {
+  ((ext_built)) && return 0
+  WORK="$WORK" scripts/device/build_python_ext.sh "$LOG" || { log "extension build failed"; return 1; }
+  ext_built=1
+}
+rc=0
+for step in "${steps[@]}"; do
+  case $step in
+    tests)
+      log "GPU tests: ${TEST_FILTER:-Attention*}"
+      timeout --kill-after=10 ${TEST_LIMIT_S:-240} $BIN/loom_gpu_tests --gtest_filter="${TEST_FILTER:-Attention*}" \
+        --gtest_output=json:$OUT/attention_tests.json >> "$LOG" 2>&1
+      r=$?; ((r != 0)) && rc=1
+      log "GPU tests: exit $r"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|Failure|rel|error" "$LOG" | tail -30 ;;
+    pytest)
+      if ! ext; then rc=1; continue; fi
+      log "pytest tests/python/test_gpu_attention.py"
+      (cd tests/python && PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=10 ${PYTEST_LIMIT_S:-240} \
+        python3 -m pytest test_gpu_attention.py -m gpu -p no:cacheprovider -q -rfE) >> "$LOG" 2>&1
+      r=$?; ((r != 0)) && rc=1
+      log "pytest: exit $r"; grep -E "passed|failed|Error|assert" "$LOG" | tail -12 ;;
+    bench)
+      if ! ext; then rc=1; continue; fi
+      log "bench/attention.py $*"
+      PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=10 ${BENCH_LIMIT_S:-420} \
+        python3 bench/attention.py --json "$OUT/attention_1xH200.json" "$@" 2>&1 | tee -a "$LOG" | tail -48
+      r=${PIPESTATUS[0]}; ((r != 0)) && rc=1
+      log "bench: exit $r" ;;
+    ring-bench)
+      if ! ext; then rc=1; continue; fi
+      log "bench/ring_attention.py (W = 1)"
+      PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=10 ${RING_BENCH_LIMIT_S:-240} \
+        python3 bench/ring_attention.py --json "$OUT/ring_attention_1xH200.json" 2>&1 | tee -a "$LOG" | tail -14
+      r=${PIPESTATUS[0]}; ((r != 0)) && rc=1
+      log "ring-bench: exit $r" ;;
+    *) log "unknown step $step"; rc=1 ;;
+  esac
+done
+log "done: exit $rc"
+exit $rc

@@ -1,0 +1,157 @@
+// moe_dispatch: every routed token row to the ranks holding its experts, into the receive layout
+// the routing computed (kernels/moe/routing.cuh), as one persistent kernel on the frame.
+//
+// Roles (DispatchRoleTable): CTAs [0, arrival_ctas) receive, the rest push.
+//   push     warp w of the pushing CTAs takes tokens w, w + warps, ...; for each destination rank
+//            d among the token's routed slots (once per rank, whatever the number of its experts
+//            there): waits (bounded, once per warp and rank) for d's entry word of this launch,
+//            copies the row with 16-byte vector stores into its FIRST row on d (the primary: the
+//            smallest of its rows there, as the layout is expert-major), writes the RecvRow origin
+//            of each of its rows on d (token, source rank and slot, weight, primary), fences at
+//            system scope, and adds 1 to d's arrival counter of each of those rows' blocks.
+//            So a token crosses NVLink once per destination rank.
+//   arrival  CTA i of the arrival role takes receive blocks f = i, i + arrival_ctas, ... of this
+//            rank's kept rows (R = kArrivalRows rows each): waits (bounded) until arrival[f] holds
+//            the block's row count (every row's sender has added its 1, so every primary row in
+//            the block has landed and every other row's origin is there, its primary landed too,
+//            being no later in the order), copies each repeated row from its primary (local
+//            copies), then sets ready[f] = e. A kernel reading this rank's rows (the grouped GEMM
+//            of the fused moe_dispatch_gemm) gates on ready[] like the GEMM engine's row flags.
+//            When its blocks are done every row sent to this rank has landed, so the launch ends
+//            only after every write into this rank (the frame's rule).
+// Counters are the one non-epoch word: zeroed by the host call before the kernel (stream order),
+// added to only after this rank's entry of the launch, read back against the block's row count.
+//
+// Buffers (heap offsets equal on all ranks; layout in kernels/moe/layout.h):
+//   x        [T, H] this rank's tokens (local)
+//   recv_x   [C, H] symmetric: rows [0, kept) in the receive layout, the rest untouched
+//   rows     RecvRow [C] in the MoE workspace; arrival / ready [ceil(C / R)] there too
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/comm/copy.cuh"
+#include "kernels/comm/entry.cuh"
+#include "kernels/comm/signals.cuh"
+#include "kernels/comm/wait.cuh"
+#include "kernels/frame/persistent.cuh"
+#include "kernels/frame/role_table.h"
+#include "kernels/moe/common.cuh"
+#include "kernels/moe/flags.h"
+#include "kernels/moe/layout.h"
+
+namespace loom::kernels::moe {
+
+enum class DispatchRole : uint32_t {
+  kArrival = 0,  // waits for this rank's receive blocks, copies repeated tokens, sets ready[]
+  kPush = 1,     // pushes this rank's token rows to their destination ranks
+};
+using DispatchRoleTable = frame::RoleTable<DispatchRole, DispatchRole::kPush>;
+
+struct DispatchParams : LaunchCommon {
+  PlanView plan;                 // the routing's
+  const char* x;                 // [T, H]
+  uint64_t recv_offset;          // heap offset of recv_x
+  uint64_t row_bytes;            // H * element size (a multiple of 16)
+  uint32_t num_tokens;           // T
+  uint32_t top_k;
+  uint32_t capacity;             // C
+  uint32_t signature;
+  DispatchRoleTable roles;
+};
+static_assert(sizeof(DispatchParams) <= 4096, "moe_dispatch's parameters must fit the classic 4 KiB limit");
+
+// One pushing warp: every destination of tokens t = first, first + stride, ... False after a
+// failed wait (recorded).
+__device__ __forceinline__ bool push_tokens(const DispatchParams& p, uint32_t first, uint32_t stride, uint64_t epoch,
+                                            const WaitContext& ctx) {
+  const DeviceComm& c = p.comm;
+  const WorkspaceLayout& l = p.ws.layout;
+  const uint32_t lane = lane_id();
+  const int me = c.local_rank;
+  const uint32_t cap = p.capacity;
+  uint32_t entered = 1u << me;  // ranks whose entry this warp has seen (lane-uniform)
+  for (uint32_t t = first; t < p.num_tokens; t += stride) {
+    const uint64_t q = static_cast<uint64_t>(t) * p.top_k + lane;
+    const int32_t dest = lane < p.top_k ? valid_slot(p.plan.slot_dest[q], c.local_world, cap) : kNoSlot;
+    const uint32_t owner = dest != kNoSlot ? static_cast<uint32_t>(dest) / cap : 0;
+    const uint32_t row = dest != kNoSlot ? static_cast<uint32_t>(dest) - owner * cap : 0;
+    uint32_t pending = __ballot_sync(0xffffffffu, dest != kNoSlot);
+    while (pending != 0) {
+      const uint32_t d = __shfl_sync(0xffffffffu, owner, __ffs(pending) - 1);
+      const bool mine = dest != kNoSlot && owner == d;  // this lane's slot goes to rank d
+      const uint32_t group = __ballot_sync(0xffffffffu, mine);
+      const uint32_t primary = __reduce_min_sync(0xffffffffu, mine ? row : 0xffffffffu);
+      if ((entered & (1u << d)) == 0) {
+        bool ok = true;
+        if (lane == 0) ok = wait_entry(c, moe_entry(c), static_cast<int>(d), epoch, p.signature, ctx);
+        if (!__shfl_sync(0xffffffffu, ok, 0)) return false;
+        __syncwarp();  // the warp's stores into d are ordered after lane 0's acquire of its entry
+        entered |= 1u << d;
+      }
+      char* recv = reinterpret_cast<char*>(c.peer_heap_bases[d] + p.recv_offset);
+      vector_copy<MoeTunables::kCopyUnroll>(recv + static_cast<uint64_t>(primary) * p.row_bytes,
+                                            p.x + static_cast<uint64_t>(t) * p.row_bytes, p.row_bytes, lane, 32);
+      if (mine) {
+        const RecvRow origin{static_cast<int32_t>(t), (me << 8) | static_cast<int32_t>(lane), p.plan.slot_weight[q],
+                             static_cast<int32_t>(primary)};
+        *p.ws.at<RecvRow>(c, static_cast<int>(d), l.rows, row) = origin;
+      }
+      __threadfence_system();
+      __syncwarp();
+      if (mine) counter_add_release(p.ws.at<uint64_t>(c, static_cast<int>(d), l.arrival, row / MoeTunables::kArrivalRows), 1);
+      pending &= ~group;
+    }
+  }
+  return true;
+}
+
+// One arrival CTA (all threads): blocks first, first + stride, ... of this rank's kept rows.
+// False after a failed wait (recorded).
+__device__ __forceinline__ bool receive_blocks(const DispatchParams& p, uint32_t first, uint32_t stride, uint64_t epoch,
+                                               const WaitContext& ctx) {
+  const DeviceComm& c = p.comm;
+  const WorkspaceLayout& l = p.ws.layout;
+  const int me = c.local_rank;
+  const uint64_t kept = kept_rows(*p.plan.status, p.capacity);
+  const uint32_t blocks = static_cast<uint32_t>(arrival_blocks(kept));
+  char* recv = reinterpret_cast<char*>(c.peer_heap_bases[me] + p.recv_offset);
+  const RecvRow* origins = p.ws.at<RecvRow>(c, me, l.rows);
+  for (uint32_t f = first; f < blocks; f += stride) {
+    const uint64_t row0 = static_cast<uint64_t>(f) * MoeTunables::kArrivalRows;
+    const uint64_t rows = min(static_cast<uint64_t>(MoeTunables::kArrivalRows), kept - row0);
+    bool ok = true;
+    if (threadIdx.x == 0) ok = wait_flag(p.ws.at<uint64_t>(c, me, l.arrival, f), rows, ctx, -1, kArrivalFlag, f);
+    if (!cta_all(ok)) return false;
+    // Repeated tokens: rows whose primary is another row of this rank.
+    for (uint64_t r = row0 + warp_id(); r < row0 + rows; r += MoeTunables::kWarps) {
+      const int32_t primary = __ldcg(&origins[r].primary);
+      // primary == r: the row itself crossed NVLink; primary < r: a copy (a primary is never later)
+      if (primary >= 0 && static_cast<uint64_t>(primary) < r) {
+        vector_copy<MoeTunables::kCopyUnroll>(recv + r * p.row_bytes, recv + static_cast<uint64_t>(primary) * p.row_bytes,
+                                              p.row_bytes, lane_id(), 32);
+      }
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) flag_store_release(p.ws.at<uint64_t>(c, me, l.ready, f), epoch);
+  }
+  return true;
+}
+
+__global__ void __launch_bounds__(MoeTunables::kThreads, 1) moe_dispatch_kernel(const __grid_constant__ DispatchParams p) {
+  const DeviceComm& c = p.comm;
+  const frame::LaunchFrame f = frame::LaunchFrame::enter(c, kDispatchOp, moe_entry(c), p.signature);
+  const DispatchRoleTable& roles = p.roles;
+  const uint32_t index = roles.index_in_role(blockIdx.x);
+  if (roles.role_of(blockIdx.x) == DispatchRole::kArrival) {
+    (void)receive_blocks(p, index, roles.count(DispatchRole::kArrival), f.epoch, f.ctx);
+  } else {
+    const uint32_t warps = roles.count(DispatchRole::kPush, gridDim.x) * MoeTunables::kWarps;
+    (void)push_tokens(p, index * MoeTunables::kWarps + warp_id(), warps, f.epoch, f.ctx);
+  }
+  f.mark(LaunchPhase::kRolesDone);
+  f.finish(p.state, c);
+}
+
+}  // namespace loom::kernels::moe

@@ -1,0 +1,30 @@
+// The MoE family's operator ids and flag kinds (family 3 of OpId / FlagKind, runtime/device_abi.h);
+// their names are registered in src/ops/moe/moe_names.cc.
+#pragma once
+
+#include <cstdint>
+
+#include "runtime/device_abi.h"
+
+namespace loom::kernels::moe {
+
+inline constexpr uint32_t kFamily = 3;
+
+inline constexpr OpId kRoutingOp = family_op(kFamily, 1);
+inline constexpr OpId kDispatchOp = family_op(kFamily, 2);
+inline constexpr OpId kCombineOp = family_op(kFamily, 3);
+
+// "my routing chunk `index` is counted" (local, written by another CTA of the launch)
+inline constexpr FlagKind kChunkFlag = family_flag(kFamily, 0);
+// "rank s's expert counts have arrived in my count table"
+inline constexpr FlagKind kCountsFlag = family_flag(kFamily, 1);
+// "my routing's layout (offsets, bases) is computed" (local, the coordinator CTA)
+inline constexpr FlagKind kLayoutFlag = family_flag(kFamily, 2);
+// "every row of my receive block `index` has landed" (a counter every sender adds to)
+inline constexpr FlagKind kArrivalFlag = family_flag(kFamily, 3);
+// "combine CTA `index` of mine has read all its rows" (local)
+inline constexpr FlagKind kReadDoneFlag = family_flag(kFamily, 4);
+// "rank s has read my expert outputs"
+inline constexpr FlagKind kDoneFlag = family_flag(kFamily, 5);
+
+}  // namespace loom::kernels::moe

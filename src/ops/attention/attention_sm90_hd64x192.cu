@@ -1,0 +1,11 @@
+// The attention kernels of configuration Flash64x192 (head dim x BLOCK_N; ops/attention/flash_launch.h).
+#include "ops/attention/flash_instance.cuh"
+#include "ops/attention/flash_launch.h"
+
+namespace loom::ops::attention {
+
+Status launch_flash_64x192(const kernels::attention::FlashParams& p, bool bf16, bool causal, int grid, cudaStream_t stream) {
+  return launch_flash<kernels::attention::Flash64x192>(p, bf16, causal, grid, stream);
+}
+
+}  // namespace loom::ops::attention

@@ -1,0 +1,64 @@
+// The attention engine's kernel instances, one translation unit per configuration
+// (attention_sm90_hd<D>x<BLOCK_N>.cu: bf16/fp16 x causal/non-causal each), so that no file takes
+// long to compile on a 2-core machine. launch_flash() picks the one for (head dim, BLOCK_N).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "kernels/attention/params.h"
+#include "loom/status.h"
+
+namespace loom::ops::attention {
+
+#define LOOM_FLASH_INSTANCE(cfg)                                                                     \
+  Status launch_flash_##cfg(const kernels::attention::FlashParams& p, bool bf16, bool causal, int grid, \
+                            cudaStream_t stream);
+LOOM_FLASH_INSTANCE(64x128)
+LOOM_FLASH_INSTANCE(64x192)
+LOOM_FLASH_INSTANCE(128x128)
+LOOM_FLASH_INSTANCE(128x176)
+LOOM_FLASH_INSTANCE(256x64)
+LOOM_FLASH_INSTANCE(256x80)
+#undef LOOM_FLASH_INSTANCE
+
+// Ring attention (sm90_ring_attention.cuh): the planner's default configuration per head dim only.
+#define LOOM_RING_INSTANCE(cfg)                                                                     \
+  Status launch_ring_##cfg(const kernels::attention::RingParams& p, bool bf16, bool causal, int grid, \
+                           cudaStream_t stream);
+LOOM_RING_INSTANCE(64x128)
+LOOM_RING_INSTANCE(64x192)
+LOOM_RING_INSTANCE(128x176)
+LOOM_RING_INSTANCE(256x80)
+#undef LOOM_RING_INSTANCE
+
+inline Status launch_ring(const kernels::attention::RingParams& p, int head_dim, int block_n, bool bf16, bool causal,
+                          int grid, cudaStream_t stream) {
+  switch (head_dim * 1000 + block_n) {
+    case 64128: return launch_ring_64x128(p, bf16, causal, grid, stream);
+    case 64192: return launch_ring_64x192(p, bf16, causal, grid, stream);
+    case 128176: return launch_ring_128x176(p, bf16, causal, grid, stream);
+    case 256080: return launch_ring_256x80(p, bf16, causal, grid, stream);
+    default: break;
+  }
+  return Status::unsupported("ring_attention: BLOCK_N " + std::to_string(block_n) + " at head dim " +
+                             std::to_string(head_dim) + " is not built for the ring (its default configurations are)");
+}
+
+inline Status launch_flash(const kernels::attention::FlashParams& p, int head_dim, int block_n, bool bf16, bool causal,
+                           int grid, cudaStream_t stream) {
+  switch (head_dim * 1000 + block_n) {
+    case 64128: return launch_flash_64x128(p, bf16, causal, grid, stream);
+    case 64192: return launch_flash_64x192(p, bf16, causal, grid, stream);
+    case 128128: return launch_flash_128x128(p, bf16, causal, grid, stream);
+    case 128176: return launch_flash_128x176(p, bf16, causal, grid, stream);
+    case 256064: return launch_flash_256x64(p, bf16, causal, grid, stream);
+    case 256080: return launch_flash_256x80(p, bf16, causal, grid, stream);
+    default: break;
+  }
+  return Status::internal("attention: no kernel for head dim " + std::to_string(head_dim) + " and BLOCK_N " +
+                          std::to_string(block_n));
+}
+
+}  // namespace loom::ops::attention

@@ -1,0 +1,122 @@
+// loom::ring_attention's launcher: validate -> plan (the attention engine's plan for one rank's
+// share) -> the attention family's workspace and launch state -> one persistent kernel
+// (kernels/attention/sm90_ring_attention.cuh).
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <string>
+
+#include "core/log.h"
+#include "kernels/attention/config.h"
+#include "kernels/attention/flags.h"
+#include "kernels/attention/params.h"
+#include "loom/attention.h"
+#include "ops/attention/flash_launch.h"
+#include "ops/attention/flash_params.h"
+#include "ops/launch/family_resources.h"
+#include "ops/launch/queued_work.h"
+#include "ops/launch/signature.h"
+#include "planner/attention_plan.h"
+#include "runtime/communicator_impl.h"
+#include "runtime/cuda_check.h"
+
+namespace loom {
+
+namespace {
+
+namespace ka = kernels::attention;
+
+constexpr const char* kFamily = "attention";
+
+// The launch's 32-bit signature (ops/launch/signature.h) over what every rank must agree on,
+// compared by the entry handshake: ranks that call with other shapes or options fail with a
+// mismatch (invalid_argument).
+uint32_t ring_signature(const RingAttentionArgs& a, const RingAttentionOptions& o, int block_n, uint64_t workspace) {
+  return ops::call_signature(ka::kRingAttentionOp, {{"batch", a.batch},
+                                                    {"seqlen", a.seqlen},
+                                                    {"heads_q", a.heads_q},
+                                                    {"heads_kv", a.heads_kv},
+                                                    {"head_dim", a.head_dim},
+                                                    {"dtype", static_cast<int64_t>(a.dtype)},
+                                                    {"causal", static_cast<int64_t>(o.causal)},
+                                                    {"block_n", block_n},
+                                                    {"workspace", static_cast<int64_t>(workspace)}});
+}
+
+Status ring_one_node(Communicator& comm, const RingAttentionArgs& args, cudaStream_t stream,
+                     const RingAttentionOptions& options) {
+  Communicator::Impl& impl = internal(comm);
+  LOOM_TRY(impl.check_usable());
+  const int world = impl.topology.local_world_size;
+  LOOM_TRY(planner::validate_ring_attention(args, options, world));
+  const size_t elem = dtype_size(args.dtype);
+  const size_t q_bytes = static_cast<size_t>(args.batch * args.seqlen * args.heads_q * args.head_dim) * elem;
+  const size_t kv_bytes = static_cast<size_t>(args.batch * args.seqlen * args.heads_kv * args.head_dim) * elem;
+  LOOM_TRY_CTX(impl.check_local_device_buffer(args.q, q_bytes, "q ([B, S_l, Hq, D])"), "ring_attention");
+  LOOM_TRY_CTX(impl.check_local_device_buffer(args.k, kv_bytes, "k ([B, S_l, Hkv, D])"), "ring_attention");
+  LOOM_TRY_CTX(impl.check_local_device_buffer(args.v, kv_bytes, "v ([B, S_l, Hkv, D])"), "ring_attention");
+  LOOM_TRY_CTX(impl.check_local_device_buffer(args.out, q_bytes, "out ([B, S_l, Hq, D])"), "ring_attention");
+
+  const AttentionArgs core = planner::ring_core_args(args);
+  AttentionOptions core_options;
+  core_options.causal = options.causal;
+  core_options.scale = options.scale;
+  core_options.block_n = options.block_n;
+  LOOM_ASSIGN_OR_RETURN(planner::AttentionDeviceLimits limits, ops::attention::device_limits("ring_attention"));
+  LOOM_ASSIGN_OR_RETURN(planner::AttentionPlan plan, planner::plan_attention(core, core_options, limits));
+  const planner::RingWorkspace layout = planner::ring_workspace(args, world);
+  LOOM_ASSIGN_OR_RETURN(void* workspace,
+                        ops::family_workspace(impl, kFamily, static_cast<size_t>(layout.bytes), stream, "ring_attention"));
+
+  // The arrival flags start at zero for every call: a grown workspace holds stale bytes, which a
+  // flag wait could take for a later epoch. Every chunk of the previous call arrived before it
+  // ended (ring_drain), so nothing writes into them meanwhile.
+  const size_t flag_bytes = static_cast<size_t>(world) * static_cast<size_t>(args.batch) * layout.chunks * 8;
+  LOOM_CUDA_TRY(cudaMemsetAsync(static_cast<char*>(workspace) + layout.arrived, 0, flag_bytes, stream));
+
+  ka::RingParams p{};
+  LOOM_ASSIGN_OR_RETURN(p.core, ops::attention::make_flash_params(core, core_options, plan));
+  LOOM_ASSIGN_OR_RETURN(p.core.queue, ops::family_launch_state(impl, kFamily));
+  const uint64_t base = impl.heap->offset_of(workspace);
+  const char* ws = static_cast<const char*>(workspace);
+  const AttentionStrides recv_strides{args.heads_kv * args.head_dim, args.head_dim,
+                                      args.seqlen * args.heads_kv * args.head_dim};
+  const int64_t recv_batches = static_cast<int64_t>(world) * args.batch;
+  LOOM_TRY(ops::attention::encode_qkv_map(ws + layout.recv_k, args.dtype, args.head_dim, args.heads_kv, args.seqlen,
+                                          recv_batches, recv_strides, plan.info.block_n, args.q, &p.recv_k_map,
+                                          "ring_attention received k"));
+  LOOM_TRY(ops::attention::encode_qkv_map(ws + layout.recv_v, args.dtype, args.head_dim, args.heads_kv, args.seqlen,
+                                          recv_batches, recv_strides, plan.info.block_n, args.q, &p.recv_v_map,
+                                          "ring_attention received v"));
+  p.comm = impl.device_comm();
+  p.k_local = static_cast<const char*>(args.k);
+  p.v_local = static_cast<const char*>(args.v);
+  p.recv_k_offset = base + layout.recv_k;
+  p.recv_v_offset = base + layout.recv_v;
+  p.arrived_offset = base + layout.arrived;
+  p.row_bytes = static_cast<uint64_t>(args.heads_kv * args.head_dim) * elem;
+  p.chunks = layout.chunks;
+  const int grid = impl.sm_count;
+  p.kv_ctas = static_cast<uint32_t>(planner::ring_kv_ctas(options, world, grid));
+  p.signature = ring_signature(args, options, plan.info.block_n, base);
+  LOOM_DEBUG("ring_attention: W %d, B %lld, S_l %lld, H %lld/%lld, D %lld, %s, BLOCK_N %d, %d CTAs (%u push K/V first)",
+             world, static_cast<long long>(args.batch), static_cast<long long>(args.seqlen),
+             static_cast<long long>(args.heads_q), static_cast<long long>(args.heads_kv),
+             static_cast<long long>(args.head_dim), options.causal ? "causal (zigzag)" : "full", plan.info.block_n, grid,
+             p.kv_ctas);
+  return ops::attention::launch_ring(p, static_cast<int>(args.head_dim), plan.info.block_n, args.dtype == DType::kBF16,
+                                     options.causal, grid, stream);
+}
+
+}  // namespace
+
+Status ring_attention(Communicator& comm, const RingAttentionArgs& args, cudaStream_t stream,
+                      const RingAttentionOptions& options) {
+  if (comm.num_nodes() > 1) {
+    return Status::unsupported("ring_attention: rings across nodes are not built yet (one node, " +
+                               std::to_string(comm.local_world_size()) + " local ranks, works)");
+  }
+  return ops::noted(comm, ring_one_node(comm, args, stream, options), stream);
+}
+
+}  // namespace loom

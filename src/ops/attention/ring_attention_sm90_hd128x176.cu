@@ -1,0 +1,11 @@
+// The ring attention kernels of configuration Flash128x176 (ops/attention/flash_launch.h).
+#include "ops/attention/ring_instance.cuh"
+#include "ops/attention/flash_launch.h"
+
+namespace loom::ops::attention {
+
+Status launch_ring_128x176(const kernels::attention::RingParams& p, bool bf16, bool causal, int grid, cudaStream_t stream) {
+  return launch_ring_instance<kernels::attention::Flash128x176>(p, bf16, causal, grid, stream);
+}
+
+}  // namespace loom::ops::attention

@@ -1,0 +1,11 @@
+// The ring attention kernels of configuration Flash256x80 (ops/attention/flash_launch.h).
+#include "ops/attention/ring_instance.cuh"
+#include "ops/attention/flash_launch.h"
+
+namespace loom::ops::attention {
+
+Status launch_ring_256x80(const kernels::attention::RingParams& p, bool bf16, bool causal, int grid, cudaStream_t stream) {
+  return launch_ring_instance<kernels::attention::Flash256x80>(p, bf16, causal, grid, stream);
+}
+
+}  // namespace loom::ops::attention

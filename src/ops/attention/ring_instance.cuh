@@ -1,0 +1,19 @@
+// Instantiates the ring attention kernel for one configuration (bf16/fp16 x causal) and launches
+// the variant a call needs. Included by exactly one ring_attention_sm90_hd<D>.cu each.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/attention/sm90_ring_attention.cuh"
+#include "loom/status.h"
+#include "ops/attention/flash_instance.cuh"
+
+namespace loom::ops::attention {
+
+template <class Cfg>
+Status launch_ring_instance(const kernels::attention::RingParams& p, bool bf16, bool causal, int grid, cudaStream_t stream) {
+  auto kernel_of = []<bool kBF16, bool kCausal>() { return &kernels::attention::sm90_ring_attention_kernel<Cfg, kBF16, kCausal>; };
+  return launch_variant<Cfg>(kernel_of, p, bf16, causal, grid, stream);
+}
+
+}  // namespace loom::ops::attention

@@ -1,0 +1,21 @@
+// Names of the MoE family's operators and flag kinds (kernels/moe/flags.h), for error messages.
+#include "kernels/moe/flags.h"
+#include "runtime/names.h"
+
+namespace loom::ops::moe {
+namespace {
+
+namespace km = kernels::moe;
+
+const NameRegistration kNames{{{km::kChunkFlag, "moe routing chunk"},
+                               {km::kCountsFlag, "moe expert counts"},
+                               {km::kLayoutFlag, "moe routing layout"},
+                               {km::kArrivalFlag, "moe row arrival"},
+                               {km::kReadDoneFlag, "moe combine read"},
+                               {km::kDoneFlag, "moe combine done"}},
+                              {{km::kRoutingOp, "moe_routing"},
+                               {km::kDispatchOp, "moe_dispatch"},
+                               {km::kCombineOp, "moe_combine"}}};
+
+}  // namespace
+}  // namespace loom::ops::moe

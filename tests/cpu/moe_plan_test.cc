@@ -1,0 +1,268 @@
+// The MoE family's host side: which configs run (and the refusals' codes), the buffer layouts
+// and their size formulas, the grids and role splits, the launch signature; and the routing
+// reference the GPU tests compare the kernels with, on cases computed by hand.
+#include <gtest/gtest.h>
+
+#include <climits>
+#include <cstdint>
+#include <set>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/moe/flags.h"
+#include "kernels/moe/layout.h"
+#include "loom/loom.h"
+#include "planner/moe_plan.h"
+#include "common/moe_reference.h"  // tests/ is on the CPU tests' include path
+
+namespace loom::planner {
+namespace {
+
+// The public calls' signatures (checked at compile time: the CPU tests link no CUDA code).
+static_assert(std::is_same_v<decltype(&moe_routing),
+                             Result<MoePlan> (*)(Communicator&, const MoeConfig&, const MoeRoutingArgs&, cudaStream_t)>,
+              "loom/moe.h must declare loom::moe_routing");
+static_assert(std::is_same_v<decltype(&moe_dispatch), Status (*)(Communicator&, const MoePlan&, const void*, void*,
+                                                                  cudaStream_t, const MoeDispatchOptions&)>,
+              "loom/moe.h must declare loom::moe_dispatch");
+static_assert(std::is_same_v<decltype(&moe_combine), Status (*)(Communicator&, const MoePlan&, const MoeCombineArgs&,
+                                                                 cudaStream_t, const MoeCombineOptions&)>,
+              "loom/moe.h must declare loom::moe_combine");
+static_assert(std::is_same_v<decltype(&moe_report), Result<MoeReport> (*)(Communicator&, const MoePlan&, cudaStream_t)>,
+              "loom/moe.h must declare loom::moe_report");
+
+namespace km = kernels::moe;
+using km::MoeTunables;
+
+MoeRequest request(int64_t experts, int top_k, int64_t hidden, int64_t max_tokens, int world, int64_t capacity = 0) {
+  MoeRequest r;
+  r.config.num_experts = experts;
+  r.config.top_k = top_k;
+  r.config.hidden = hidden;
+  r.config.dtype = DType::kBF16;
+  r.config.max_tokens = max_tokens;
+  r.config.capacity = capacity;
+  r.world = world;
+  return r;
+}
+
+StatusCode code_of(const MoeRequest& r) { return plan_moe(r).status().code(); }
+
+TEST(MoePlan, DefaultsRefuseOverflowAndUseTheRoutingWeights) {
+  const MoeConfig c;
+  EXPECT_EQ(c.overflow, MoeOverflow::kError);
+  EXPECT_EQ(c.capacity, 0);
+  const MoeCombineArgs a;
+  EXPECT_EQ(a.topk_weights, nullptr);
+  EXPECT_EQ(a.hidden, 0);
+  EXPECT_EQ(MoeDispatchOptions{}.num_ctas, 0);
+}
+
+TEST(MoePlan, DeepSeekSliceSizes) {
+  // 256 experts over 8 ranks, top-8, H 7168 bf16, 4096 tokens per rank, default capacity.
+  Result<MoeLayouts> l = plan_moe(request(256, 8, 7168, 4096, 8));
+  ASSERT_TRUE(l.ok()) << l.status().to_string();
+  EXPECT_EQ(l->local_experts, 32);
+  EXPECT_EQ(l->row_bytes, 7168u * 2);
+  EXPECT_EQ(l->capacity, 4096 * 8 * 8);  // every token of every rank, k rows each
+  const MoeSizes s = l->sizes();
+  EXPECT_EQ(s.recv_bytes, static_cast<size_t>(4096) * 8 * 8 * 7168 * 2);
+  EXPECT_EQ(s.plan_bytes, l->plan.bytes);
+  EXPECT_EQ(s.workspace_bytes, l->workspace.bytes);
+}
+
+TEST(MoePlan, PlanLayoutFollowsItsFormula) {
+  const uint64_t tmax = 1000, k = 6, e = 384;
+  const km::PlanLayout p = km::PlanLayout::make(tmax, static_cast<uint32_t>(k), static_cast<uint32_t>(e));
+  const std::vector<uint64_t> starts{p.status, p.slot_dest, p.slot_weight, p.chunk_counts, p.send_base, p.bytes};
+  const std::vector<uint64_t> sizes{sizeof(km::MoeStatusWords), 4 * tmax * k, 4 * tmax * k,
+                                    4 * km::routing_chunks(tmax) * e, 4 * e};
+  for (size_t i = 0; i + 1 < starts.size(); ++i) {
+    EXPECT_EQ(starts[i] % 256, 0u) << "region " << i;
+    EXPECT_GE(starts[i + 1] - starts[i], sizes[i]) << "region " << i << " is too small";
+    EXPECT_LT(starts[i + 1] - starts[i], sizes[i] + 256) << "region " << i << " wastes more than its alignment";
+  }
+  EXPECT_EQ(km::routing_chunks(1000), 4u);  // ceil(1000 / 256)
+}
+
+TEST(MoePlan, WorkspaceRegionsAreOrderedAndEachCallZeroesItsOwn) {
+  const uint32_t w = 4, e = 64;
+  const uint64_t tmax = 3000, cap = 5000;
+  const km::WorkspaceLayout l = km::WorkspaceLayout::make(w, e, tmax, cap);
+  const std::vector<uint64_t> starts{l.count_table, l.count_flags, l.chunk_flags, l.routing_words, l.arrival,
+                                     l.ready,       l.read_done,   l.done,        l.rows,          l.bytes};
+  const uint64_t blocks = km::arrival_blocks(cap);
+  const std::vector<uint64_t> sizes{4ull * w * km::count_row_ints(e), 8ull * w, 8 * km::routing_chunks(tmax), 16,
+                                    8 * blocks, 8 * blocks, 8ull * MoeTunables::kMaxCtas, 8ull * w, 16 * cap};
+  for (size_t i = 0; i + 1 < starts.size(); ++i) {
+    EXPECT_EQ(starts[i] % 256, 0u) << "region " << i;
+    EXPECT_GE(starts[i + 1] - starts[i], sizes[i]) << "region " << i << " is too small";
+  }
+  EXPECT_EQ(blocks, (cap + MoeTunables::kArrivalRows - 1) / MoeTunables::kArrivalRows);
+  EXPECT_EQ(km::count_row_ints(e) % 4, 0u);
+  EXPECT_GE(km::count_row_ints(e), e + km::kCountHeaderInts);
+  // The three zeroed ranges tile the flag regions; the row origins are never zeroed.
+  EXPECT_EQ(l.routing_zero_begin(), 0u);
+  EXPECT_EQ(l.routing_zero_end(), l.dispatch_zero_begin());
+  EXPECT_EQ(l.dispatch_zero_end(), l.combine_zero_begin());
+  EXPECT_EQ(l.combine_zero_end(), l.rows);
+}
+
+TEST(MoePlan, HostCheckableInputIsRefusedWithItsCode) {
+  EXPECT_EQ(code_of(request(64, 4, 1024, 100, 4)), StatusCode::kOk);
+  MoeRequest nodes = request(64, 4, 1024, 100, 4);
+  nodes.num_nodes = 2;
+  EXPECT_EQ(code_of(nodes), StatusCode::kUnsupported);
+  EXPECT_EQ(code_of(request(66, 4, 1024, 100, 4)), StatusCode::kInvalidArgument);  // E % W
+  EXPECT_EQ(code_of(request(8, 9, 1024, 100, 2)), StatusCode::kInvalidArgument);   // k > E
+  EXPECT_EQ(code_of(request(64, 33, 1024, 100, 2)), StatusCode::kUnsupported);     // k > 32
+  EXPECT_EQ(code_of(request(2048, 4, 1024, 100, 2)), StatusCode::kUnsupported);    // E > 1024
+  EXPECT_EQ(code_of(request(0, 4, 1024, 100, 2)), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code_of(request(64, 0, 1024, 100, 2)), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code_of(request(64, 4, 0, 100, 2)), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code_of(request(64, 4, 1001, 100, 2)), StatusCode::kInvalidArgument);  // 2002-byte rows
+  EXPECT_EQ(code_of(request(64, 4, 1024, -1, 2)), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code_of(request(64, 4, 1024, 100, 2, -5)), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code_of(request(64, 4, 1024, 100, 33)), StatusCode::kUnsupported);  // 32-bit rank masks
+  EXPECT_EQ(code_of(request(64, 8, 1024, INT32_MAX / 4, 2)), StatusCode::kUnsupported);  // T*k past int32
+  EXPECT_EQ(code_of(request(64, 4, 1024, 100, 4, INT32_MAX / 2)), StatusCode::kUnsupported);  // W*C past int32
+  // fp32 rows: 4 x 4 = 16 bytes are fine.
+  MoeRequest f32 = request(64, 4, 4, 100, 2);
+  f32.config.dtype = DType::kF32;
+  EXPECT_EQ(code_of(f32), StatusCode::kOk);
+}
+
+TEST(MoePlan, RefusalsSayWhy) {
+  const Status s = plan_moe(request(8, 9, 1024, 100, 2)).status();
+  EXPECT_NE(s.message().find("top_k 9 is larger than the expert count 8"), std::string::npos) << s.message();
+  const Status w = plan_moe(request(66, 4, 1024, 100, 4)).status();
+  EXPECT_NE(w.message().find("not a multiple of the 4 ranks"), std::string::npos) << w.message();
+}
+
+TEST(MoePlan, ZeroTokensStillPlan) {
+  Result<MoeLayouts> l = plan_moe(request(16, 2, 256, 0, 2));
+  ASSERT_TRUE(l.ok()) << l.status().to_string();
+  EXPECT_GE(l->capacity, 1);
+  EXPECT_EQ(plan_moe_routing_grid(0, 132), 1);  // the coordinator exchanges counts even with no token
+}
+
+TEST(MoePlan, DispatchGridKeepsBothRoles) {
+  Result<MoeDispatchGrid> g = plan_moe_dispatch(132, 0, 0);
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->grid, 132);
+  EXPECT_EQ(g->arrival_ctas, 132 / MoeTunables::kArrivalShareDen);
+  g = plan_moe_dispatch(2, 0, 0);
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->grid, 2);
+  EXPECT_EQ(g->arrival_ctas, 1);
+  EXPECT_EQ(plan_moe_dispatch(1, 0, 0).status().code(), StatusCode::kUnsupported);
+  EXPECT_EQ(plan_moe_dispatch(132, 8, 8).status().code(), StatusCode::kInvalidArgument);   // no pushing CTA
+  EXPECT_EQ(plan_moe_dispatch(132, 200, 0).status().code(), StatusCode::kInvalidArgument);  // more than the SMs
+  g = plan_moe_dispatch(132, 16, 3);
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->grid, 16);
+  EXPECT_EQ(g->arrival_ctas, 3);
+}
+
+TEST(MoePlan, RoutingAndCombineGrids) {
+  const int64_t per_cta = static_cast<int64_t>(MoeTunables::kChunkTokens) * MoeTunables::kWarps;
+  EXPECT_EQ(plan_moe_routing_grid(1, 132), 1);
+  EXPECT_EQ(plan_moe_routing_grid(5 * per_cta, 132), 5);
+  EXPECT_EQ(plan_moe_routing_grid(5 * per_cta + 1, 132), 6);
+  EXPECT_EQ(plan_moe_routing_grid(1000 * per_cta, 132), 132);
+  EXPECT_EQ(*plan_moe_combine_grid(0, 132, 0), 1);
+  EXPECT_EQ(*plan_moe_combine_grid(MoeTunables::kWarps * 10, 132, 0), 10);
+  EXPECT_EQ(*plan_moe_combine_grid(1 << 20, 132, 0), 132);
+  EXPECT_EQ(*plan_moe_combine_grid(100, 132, 7), 7);
+  EXPECT_EQ(plan_moe_combine_grid(100, 132, 133).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(MoePlan, SignatureSeparatesPlans) {
+  const uint32_t a = moe_signature(kernels::moe::kDispatchOp, {256, 8, 1000, 14336, 8, 4096, 8192});
+  EXPECT_EQ(a, moe_signature(kernels::moe::kDispatchOp, {256, 8, 1000, 14336, 8, 4096, 8192}));
+  EXPECT_NE(a, 0u) << "32 bits (ops/launch/signature.h), never 0";
+  std::set<uint32_t> seen{a};
+  seen.insert(moe_signature(kernels::moe::kCombineOp, {256, 8, 1000, 14336, 8, 4096, 8192}));
+  seen.insert(moe_signature(kernels::moe::kDispatchOp, {256, 8, 1001, 14336, 8, 4096, 8192}));
+  seen.insert(moe_signature(kernels::moe::kDispatchOp, {256, 8, 1000, 14336, 8, 4096, 8448}));
+  EXPECT_EQ(seen.size(), 4u);
+}
+
+// ---- the routing reference, on a case computed by hand -----------------------------------------
+// W = 2, E = 4 (experts 0, 1 on rank 0; 2, 3 on rank 1), k = 2:
+//   rank 0: token 0 -> {0, 3}, token 1 -> {1, 0}
+//   rank 1: token 0 -> {3, 2}, token 1 -> {-1 (unused), 0}
+// Rank 0 receives, by (local expert, source, token, slot): e0: (0,0,0) (0,1,1) (1,1,1); e1: (0,1,0)
+// Rank 1 receives: e2: (1,0,1); e3: (0,0,1) (1,0,0)
+test::moe::RefInput hand_case(int64_t capacity, bool drop) {
+  test::moe::RefInput in;
+  in.world = 2;
+  in.experts = 4;
+  in.top_k = 2;
+  in.capacity = capacity;
+  in.drop = drop;
+  in.ids = {{0, 3, 1, 0}, {3, 2, -1, 0}};
+  return in;
+}
+
+TEST(MoeReference, HandCase) {
+  const auto r = test::moe::reference_routing(hand_case(10, false));
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].code, test::moe::kRefOk);
+  EXPECT_EQ(r[0].slot_dest, (std::vector<int32_t>{0, 11, 3, 1}));
+  EXPECT_EQ(r[1].slot_dest, (std::vector<int32_t>{12, 10, -1, 2}));
+  EXPECT_EQ(r[0].expert_offsets, (std::vector<int32_t>{0, 3, 4}));
+  EXPECT_EQ(r[1].expert_offsets, (std::vector<int32_t>{0, 1, 3}));
+  EXPECT_EQ(r[0].recv_rows, 4);
+  EXPECT_EQ(r[1].recv_rows, 3);
+  EXPECT_EQ(r[1].max_recv_rows, 4);
+  // Rank 0's row 3 is token 1 of rank 0 again (expert 1 after expert 0): its primary is row 1.
+  std::vector<int64_t> primaries0, primaries1;
+  for (const auto& row : r[0].rows) primaries0.push_back(row.primary);
+  for (const auto& row : r[1].rows) primaries1.push_back(row.primary);
+  EXPECT_EQ(primaries0, (std::vector<int64_t>{0, 1, 2, 1}));
+  EXPECT_EQ(primaries1, (std::vector<int64_t>{0, 1, 0}));
+  EXPECT_EQ(r[0].rows[2].source, 1);
+  EXPECT_EQ(r[0].rows[2].token, 1);
+  EXPECT_EQ(r[0].rows[2].slot, 1);
+}
+
+TEST(MoeReference, DropCutsTheReceiveOrder) {
+  const auto r = test::moe::reference_routing(hand_case(3, true));
+  EXPECT_EQ(r[0].code, test::moe::kRefOk);
+  EXPECT_EQ(r[0].kept_rows, 3);
+  EXPECT_EQ(r[0].dropped_rows, 1);
+  EXPECT_EQ(r[0].slot_dest, (std::vector<int32_t>{0, 4, -1, 1}));  // token 1's expert-1 row fell off rank 0
+  EXPECT_EQ(r[0].dropped_slots, 1);
+  EXPECT_EQ(r[0].expert_offsets, (std::vector<int32_t>{0, 3, 3}));
+  EXPECT_EQ(r[1].slot_dest, (std::vector<int32_t>{5, 3, -1, 2}));
+  EXPECT_EQ(r[1].dropped_slots, 0);
+}
+
+TEST(MoeReference, OverCapacityFailsEveryRank) {
+  const auto r = test::moe::reference_routing(hand_case(3, false));
+  for (const auto& rank : r) {
+    EXPECT_EQ(rank.code, test::moe::kRefCapacity);
+    EXPECT_EQ(rank.bad_rank, 0);
+    EXPECT_EQ(rank.bad_token, 4);
+    EXPECT_EQ(rank.slot_dest, (std::vector<int32_t>(4, -1)));
+    EXPECT_EQ(rank.kept_rows, 0);
+  }
+}
+
+TEST(MoeReference, BadIdFailsEveryRankNamingTheFirst) {
+  test::moe::RefInput in = hand_case(10, false);
+  in.ids[1] = {3, 2, 7, -2};
+  const auto r = test::moe::reference_routing(in);
+  for (const auto& rank : r) {
+    EXPECT_EQ(rank.code, test::moe::kRefBadExpert);
+    EXPECT_EQ(rank.bad_rank, 1);
+    EXPECT_EQ(rank.bad_token, 1);
+    EXPECT_EQ(rank.bad_slot, 0);
+    EXPECT_EQ(rank.bad_value, 7);
+    EXPECT_EQ(rank.expert_offsets, (std::vector<int32_t>{0, 0, 0}));
+  }
+}
+
+}  // namespace
+}  // namespace loom::planner

@@ -1,0 +1,849 @@
+// The MoE operators (moe_routing, moe_dispatch, moe_combine) on every rank of the job, under
+// loom-run at any world size (one rank included: every path is then local). The shared-GPU suite
+// runs them at W = 2, 4 and 8 with the ranks sharing one GPU (scripts/device/shared_gpu_suite.sh,
+// steps moe-2 moe-4 moe-8).
+//
+// Every rank builds every rank's routing (a pure function of seed, rank and the case), so each
+// computes the reference of the whole call (tests/common/moe_reference.h) and checks its own part:
+//   routing   expert_offsets, every slot's destination (the plan's slot_dest) and the report's
+//             counts equal the reference's;
+//   dispatch  recv_x rows [0, kept) equal the source token rows bit for bit; rows past them keep
+//             their NaN fill (recv_x is filled with 0xFF bytes before the call);
+//   combine   the expert outputs are a pure function of (source rank, token, expert), written into
+//             every rank's expert_out rows by the reference's row origins; out must equal, bit for
+//             bit, the fp32 sum in slot order of w * y with fused multiply-adds, rounded once (the
+//             kernel's documented order). Tolerance against the exact (fp64) sum, as a sanity
+//             check of that reference: |out - exact| <= u |exact| + k 2^-23 sum_j |w_j y_j|, u the
+//             output type's unit roundoff (bf16 2^-8, fp16 2^-11, fp32 2^-24).
+// Routings: uniform (k distinct experts), skewed (one Categorical over the experts with U(0,1)
+// weights, about 2x max/mean, as mKernel's benchmark), all-to-one (slot 0 of every token on one
+// expert), one empty expert with unused (-1) slots, a token naming one expert twice, and a rank
+// with zero tokens. Bad input (an id out of range, over the capacity) must be reported by
+// moe_report on every rank with nothing moved; kDrop must drop exactly the reference's rows. 100
+// back-to-back launches (LOOM_TEST_MOE_LAUNCHES) of the three calls without host synchronization
+// must give the same bits every time. MoeSmoke (first) runs each kernel alone on a tiny case.
+//
+// A failed call fails its test fast (every wait is bounded: LOOM_TIMEOUT_MS plus two seconds at
+// most) and leaves the shared communicator failed: every later MoE test then skips on every rank,
+// device buffers are leaked rather than freed (cudaFree would wait for work that may never end),
+// and main() ends the process once the results are written (tests/gpu/harness.h).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "loom/moe.h"
+#include "planner/moe_plan.h"
+#include "runtime/communicator_impl.h"
+#include "runtime/cuda_check.h"
+#include "tests/common/moe_reference.h"
+#include "tests/common/verifiable.cuh"
+#include "tests/gpu/harness.h"
+
+namespace loom {
+namespace {
+
+using test::process;
+using test::shared_comm;
+namespace ref = test::moe;
+
+bool agree(bool ok) { return test::all_ranks_agree(shared_comm(), ok); }
+
+// Every MoE test: skipped on every rank once the shared communicator has failed on any (after a
+// failed call it refuses every call, and the call's work may still hold the GPU), so that one
+// failure ends the job in seconds instead of every later case failing (or blocking) in turn.
+class MoeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!agree(!test::shared_comm_failed())) {
+      GTEST_SKIP() << "the shared communicator failed in an earlier test (see its first failure)";
+    }
+  }
+};
+
+// ---- element values -----------------------------------------------------------------------------
+
+// Bits of x rounded to `t` (low bytes of the result), and back.
+uint32_t to_bits(DType t, float x) {
+  if (t == DType::kBF16) return static_cast<__nv_bfloat16_raw>(__float2bfloat16_rn(x)).x;
+  if (t == DType::kF16) return static_cast<__half_raw>(__float2half_rn(x)).x;
+  uint32_t b = 0;
+  std::memcpy(&b, &x, 4);
+  return b;
+}
+float from_bits(DType t, uint32_t b) {
+  if (t == DType::kBF16) {
+    __nv_bfloat16_raw r;
+    r.x = static_cast<unsigned short>(b);
+    return __bfloat162float(__nv_bfloat16(r));
+  }
+  if (t == DType::kF16) {
+    __half_raw r;
+    r.x = static_cast<unsigned short>(b);
+    return __half2float(__half(r));
+  }
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+double unit_roundoff(DType t) { return t == DType::kBF16 ? 0x1p-8 : t == DType::kF16 ? 0x1p-11 : 0x1p-24; }
+
+// Token row element (t, h) of rank s; and the expert output element h of (source, token, expert).
+constexpr uint64_t kXSalt = 0x5EED0001, kYSalt = 0x5EED0002;
+float x_value(uint64_t seed, int s, int64_t t, int64_t h, int64_t hidden) {
+  return verify::element_value(seed ^ kXSalt, s, static_cast<uint64_t>(t * hidden + h));
+}
+float y_value(uint64_t seed, int s, int64_t t, int32_t e, int64_t h, int64_t hidden, int64_t experts) {
+  return verify::element_value(seed ^ kYSalt, s, static_cast<uint64_t>((t * experts + e) * hidden + h));
+}
+
+// Packs `n` values of type t.
+std::vector<uint8_t> pack(DType t, const std::vector<float>& v) {
+  const size_t e = dtype_size(t);
+  std::vector<uint8_t> out(v.size() * e);
+  for (size_t i = 0; i < v.size(); ++i) {
+    const uint32_t b = to_bits(t, v[i]);
+    std::memcpy(out.data() + i * e, &b, e);
+  }
+  return out;
+}
+uint32_t element_bits(DType t, const uint8_t* p, size_t i) {
+  uint32_t b = 0;
+  std::memcpy(&b, p + i * dtype_size(t), dtype_size(t));
+  return b;
+}
+uint32_t fill_bits(DType t) { return t == DType::kF32 ? 0xFFFFFFFFu : 0xFFFFu; }  // a 0xFF byte fill
+
+// ---- routings ------------------------------------------------------------------------------------
+
+enum class Routing { kUniform, kSkewed, kAllToOne, kEmptyExpert, kRepeated };
+const char* routing_name(Routing r) {
+  switch (r) {
+    case Routing::kUniform: return "uniform";
+    case Routing::kSkewed: return "skewed";
+    case Routing::kAllToOne: return "all-to-one";
+    case Routing::kEmptyExpert: return "empty-expert";
+    case Routing::kRepeated: return "repeated";
+  }
+  return "?";
+}
+
+struct Case {
+  Routing routing = Routing::kUniform;
+  int64_t experts_per_rank = 4;
+  int top_k = 4;
+  int64_t hidden = 512;
+  DType dtype = DType::kBF16;
+  int64_t tokens = 200;          // per rank; rank r has tokens + 37 * r (mod 3 variety)
+  bool rank0_empty = false;      // rank 0 routes no token
+  int64_t capacity = 0;          // 0: the default (nothing overflows)
+  MoeOverflow overflow = MoeOverflow::kError;
+  uint64_t seed = 1;
+
+  int64_t tokens_of(int rank) const {
+    if (rank0_empty && rank == 0) return 0;
+    return tokens + 37 * (rank % 3);
+  }
+  std::string text(int world) const {
+    return std::string(routing_name(routing)) + " W=" + std::to_string(world) + " E=" +
+           std::to_string(experts_per_rank * world) + " k=" + std::to_string(top_k) + " H=" + std::to_string(hidden) +
+           " " + std::string(dtype_name(dtype)) + " T=" + std::to_string(tokens) + (rank0_empty ? " (rank 0: none)" : "") +
+           " C=" + std::to_string(capacity) + (overflow == MoeOverflow::kDrop ? " drop" : "");
+  }
+};
+
+// Rank s's top-k ids ([T, k]) for the case; every rank computes every rank's.
+std::vector<int32_t> make_ids(const Case& c, int world, int s) {
+  const int64_t experts = c.experts_per_rank * world;
+  const int64_t t_count = c.tokens_of(s);
+  std::mt19937_64 rng(c.seed * 1000003ull + static_cast<uint64_t>(s));
+  // Skewed: one Categorical over the experts, weights U(0, 1), shared by all ranks.
+  std::vector<double> probs(static_cast<size_t>(experts), 1.0);
+  if (c.routing == Routing::kSkewed) {
+    std::mt19937_64 shared(c.seed * 7919ull);
+    std::uniform_real_distribution<double> u(0.0, 1.0);
+    for (double& p : probs) p = u(shared);
+  }
+  if (c.routing == Routing::kEmptyExpert) probs[1] = 0.0;  // expert 1 never chosen
+  const int32_t hot = static_cast<int32_t>(experts - 1);
+  if (c.routing == Routing::kAllToOne) probs[static_cast<size_t>(hot)] = 0.0;  // slot 0 takes it, once
+  std::vector<int32_t> ids(static_cast<size_t>(t_count * c.top_k));
+  for (int64_t t = 0; t < t_count; ++t) {
+    int32_t* row = ids.data() + t * c.top_k;
+    std::vector<double> left = probs;  // k distinct experts: a chosen one leaves the draw
+    for (int j = 0; j < c.top_k; ++j) {
+      const bool unused = c.routing == Routing::kEmptyExpert && (t + j) % 5 == 0;
+      if (c.routing == Routing::kAllToOne && j == 0) {
+        row[j] = hot;
+      } else if (c.routing == Routing::kRepeated && j == 1 && t % 2 == 0) {
+        row[j] = row[0];  // the same expert twice: two rows of it, one crossing NVLink
+        continue;
+      } else if (unused || std::none_of(left.begin(), left.end(), [](double p) { return p > 0.0; })) {
+        row[j] = -1;  // an unused slot
+      } else {
+        row[j] = std::discrete_distribution<int32_t>(left.begin(), left.end())(rng);
+      }
+      if (row[j] >= 0) left[static_cast<size_t>(row[j])] = 0.0;
+    }
+  }
+  return ids;
+}
+
+std::vector<float> make_weights(const Case& c, int s) {
+  std::mt19937_64 rng(c.seed * 31337ull + static_cast<uint64_t>(s));
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  std::vector<float> w(static_cast<size_t>(c.tokens_of(s) * c.top_k));
+  for (float& v : w) v = u(rng);
+  return w;
+}
+
+// ---- buffers --------------------------------------------------------------------------------------
+
+// Device memory of this GPU, freed at the end of its scope (null when cudaMalloc failed). Once the
+// shared communicator has failed it is leaked instead: the failed call's work may still be running
+// (for good, if no abort can end it), and cudaFree would wait for it (test::shared_comm_failed).
+struct CudaFree {
+  void operator()(void* p) const {
+    if (!test::shared_comm_failed()) cudaFree(p);
+  }
+};
+using DeviceBuffer = std::unique_ptr<void, CudaFree>;
+DeviceBuffer device_buffer(size_t bytes) {
+  void* p = nullptr;
+  return DeviceBuffer(cudaMalloc(&p, std::max<size_t>(bytes, 256)) == cudaSuccess ? p : nullptr);
+}
+
+template <class T>
+bool upload(void* dst, const std::vector<T>& v) {
+  return v.empty() || cudaMemcpy(dst, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess;
+}
+template <class T>
+std::vector<T> download(const void* src, size_t n) {
+  std::vector<T> v(n);
+  if (n != 0 && cudaMemcpy(v.data(), src, n * sizeof(T), cudaMemcpyDeviceToHost) != cudaSuccess) v.clear();
+  return v;
+}
+
+// Everything one case needs on this rank: the config, every rank's routing and its reference,
+// this rank's device buffers (recv_x and expert_out symmetric, filled with 0xFF bytes).
+struct CaseBuffers {
+  Case c;
+  int world = 1, me = 0;
+  MoeConfig config;
+  planner::MoeLayouts layouts;
+  std::vector<std::vector<int32_t>> ids;   // every rank's
+  std::vector<std::vector<float>> weights;  // every rank's
+  std::vector<ref::RefRank> expected;
+  int64_t tokens = 0;  // this rank's
+  DeviceBuffer d_ids, d_weights, d_plan, d_offsets, d_x, d_out;
+  void* recv = nullptr;  // symmetric, [C, H]
+  void* y = nullptr;     // symmetric, [C, H]: the expert outputs
+  bool ok = false;
+
+  size_t row_bytes() const { return static_cast<size_t>(c.hidden) * dtype_size(c.dtype); }
+  size_t recv_bytes() const { return static_cast<size_t>(layouts.capacity) * row_bytes(); }
+  size_t out_bytes() const { return static_cast<size_t>(tokens) * row_bytes(); }
+
+  // Collective (symmetric allocations): every rank builds the same case at the same point.
+  explicit CaseBuffers(const Case& kase) : c(kase) {
+    Communicator& comm = shared_comm();
+    world = comm.local_world_size();
+    me = comm.local_rank();
+    config.num_experts = c.experts_per_rank * world;
+    config.top_k = c.top_k;
+    config.hidden = c.hidden;
+    config.dtype = c.dtype;
+    for (int s = 0; s < world; ++s) config.max_tokens = std::max(config.max_tokens, c.tokens_of(s));
+    config.capacity = c.capacity;
+    config.overflow = c.overflow;
+    planner::MoeRequest request;
+    request.config = config;
+    request.world = world;
+    Result<planner::MoeLayouts> l = planner::plan_moe(request);
+    EXPECT_TRUE(l.ok()) << c.text(world) << ": " << l.status().to_string();
+    if (!l.ok()) return;
+    layouts = *l;
+    ref::RefInput in;
+    in.world = world;
+    in.experts = config.num_experts;
+    in.top_k = c.top_k;
+    in.capacity = layouts.capacity;
+    in.drop = c.overflow == MoeOverflow::kDrop;
+    for (int s = 0; s < world; ++s) {
+      ids.push_back(make_ids(c, world, s));
+      weights.push_back(make_weights(c, s));
+    }
+    in.ids = ids;
+    expected = ref::reference_routing(in);
+    tokens = c.tokens_of(me);
+    const size_t pairs = static_cast<size_t>(tokens * c.top_k);
+    d_ids = device_buffer(pairs * 4);
+    d_weights = device_buffer(pairs * 4);
+    d_plan = device_buffer(static_cast<size_t>(layouts.plan.bytes));
+    d_offsets = device_buffer(static_cast<size_t>(layouts.local_experts + 1) * 4);
+    d_x = device_buffer(out_bytes());
+    d_out = device_buffer(out_bytes());
+    Result<void*> r = comm.alloc(recv_bytes());
+    Result<void*> e = comm.alloc(recv_bytes());
+    recv = r.ok() ? *r : nullptr;
+    y = e.ok() ? *e : nullptr;
+    std::vector<float> x(static_cast<size_t>(tokens * c.hidden));
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t h = 0; h < c.hidden; ++h) x[static_cast<size_t>(t * c.hidden + h)] = x_value(c.seed, me, t, h, c.hidden);
+    }
+    ok = d_ids && d_weights && d_plan && d_offsets && d_x && d_out && recv && y && upload(d_ids.get(), ids[me]) &&
+         upload(d_weights.get(), weights[me]) && upload(d_x.get(), pack(c.dtype, x)) &&
+         cudaMemset(d_plan.get(), 0xAB, static_cast<size_t>(layouts.plan.bytes)) == cudaSuccess && poison() &&
+         cudaDeviceSynchronize() == cudaSuccess;
+  }
+  // Frees the symmetric buffers in reverse order (collective, like the allocation).
+  ~CaseBuffers() {
+    Communicator& comm = shared_comm();
+    if (y != nullptr) (void)comm.free(y);
+    if (recv != nullptr) (void)comm.free(recv);
+  }
+  CaseBuffers(const CaseBuffers&) = delete;
+  CaseBuffers& operator=(const CaseBuffers&) = delete;
+
+  // recv_x, expert_out and out back to 0xFF bytes (NaN in every type), expert_offsets to garbage.
+  bool poison() {
+    return cudaMemset(recv, 0xFF, recv_bytes()) == cudaSuccess && cudaMemset(y, 0xFF, recv_bytes()) == cudaSuccess &&
+           cudaMemset(d_out.get(), 0xFF, out_bytes()) == cudaSuccess &&
+           cudaMemset(d_offsets.get(), 0x7F, static_cast<size_t>(layouts.local_experts + 1) * 4) == cudaSuccess;
+  }
+
+  MoeRoutingArgs routing_args() const {
+    MoeRoutingArgs a;
+    a.topk_ids = static_cast<const int32_t*>(d_ids.get());
+    a.topk_weights = static_cast<const float*>(d_weights.get());
+    a.num_tokens = tokens;
+    a.plan = d_plan.get();
+    a.expert_offsets = static_cast<int32_t*>(d_offsets.get());
+    return a;
+  }
+  MoeCombineArgs combine_args() const {
+    MoeCombineArgs a;
+    a.expert_out = y;
+    a.out = d_out.get();
+    a.dtype = c.dtype;
+    return a;
+  }
+
+  // This rank's expert outputs: row r (< kept) holds y(source, token, expert) of its origin.
+  bool fill_expert_outputs() const {
+    const ref::RefRank& mine = expected[me];
+    std::vector<float> v(mine.rows.size() * static_cast<size_t>(c.hidden));
+    for (size_t r = 0; r < mine.rows.size(); ++r) {
+      const ref::RefRow& o = mine.rows[r];
+      const int32_t e = ids[o.source][static_cast<size_t>(o.token * c.top_k + o.slot)];
+      for (int64_t h = 0; h < c.hidden; ++h) v[r * c.hidden + h] = y_value(c.seed, o.source, o.token, e, h, c.hidden, config.num_experts);
+    }
+    return upload(y, pack(c.dtype, v)) && cudaDeviceSynchronize() == cudaSuccess;
+  }
+};
+
+// ---- checks --------------------------------------------------------------------------------------
+
+// Routing: expert_offsets, the plan's slot destinations, the report.
+void check_routing(const CaseBuffers& s, const MoePlan& plan, const MoeReport& report, const std::string& what) {
+  const ref::RefRank& want = s.expected[s.me];
+  EXPECT_EQ(download<int32_t>(s.d_offsets.get(), want.expert_offsets.size()), want.expert_offsets)
+      << what << ": rank " << s.me << ": expert_offsets";
+  const std::vector<int32_t> dest = download<int32_t>(static_cast<const char*>(plan.plan) + s.layouts.plan.slot_dest,
+                                                      want.slot_dest.size());
+  size_t wrong = 0, first = dest.size();
+  for (size_t q = 0; q < dest.size() && q < want.slot_dest.size(); ++q) {
+    if (dest[q] != want.slot_dest[q] && wrong++ == 0) first = q;
+  }
+  EXPECT_EQ(dest.size(), want.slot_dest.size()) << what;
+  EXPECT_EQ(wrong, 0u) << what << ": rank " << s.me << ": " << wrong << " slot destinations differ; first (token "
+                       << first / s.c.top_k << ", slot " << first % s.c.top_k << "): "
+                       << (first < dest.size() ? std::to_string(dest[first]) + " instead of " + std::to_string(want.slot_dest[first]) : "");
+  EXPECT_EQ(report.recv_rows, want.recv_rows) << what << ": rank " << s.me;
+  EXPECT_EQ(report.kept_rows, want.kept_rows) << what << ": rank " << s.me;
+  EXPECT_EQ(report.dropped_rows, want.dropped_rows) << what << ": rank " << s.me;
+  EXPECT_EQ(report.dropped_slots, want.dropped_slots) << what << ": rank " << s.me;
+  EXPECT_EQ(report.max_recv_rows, want.max_recv_rows) << what << ": rank " << s.me;
+}
+
+// Dispatch: recv_x rows [0, kept) are their tokens' rows bit for bit, the rest untouched.
+void check_dispatch(const CaseBuffers& s, const std::string& what) {
+  const ref::RefRank& want = s.expected[s.me];
+  const std::vector<uint8_t> got = download<uint8_t>(s.recv, s.recv_bytes());
+  ASSERT_EQ(got.size(), s.recv_bytes()) << what << ": reading recv_x back";
+  const int64_t h_count = s.c.hidden;
+  int64_t wrong_rows = 0, first_row = -1;
+  std::string first_text;
+  for (int64_t r = 0; r < s.layouts.capacity; ++r) {
+    const uint8_t* row = got.data() + static_cast<size_t>(r) * s.row_bytes();
+    const bool kept = r < static_cast<int64_t>(want.rows.size());
+    for (int64_t h = 0; h < h_count; ++h) {
+      const uint32_t bits = element_bits(s.c.dtype, row, static_cast<size_t>(h));
+      const uint32_t expect = kept ? to_bits(s.c.dtype, x_value(s.c.seed, want.rows[r].source, want.rows[r].token, h, h_count))
+                                   : fill_bits(s.c.dtype);
+      if (bits != expect) {
+        if (wrong_rows++ == 0) {
+          first_row = r;
+          first_text = kept ? "token " + std::to_string(want.rows[r].token) + " of rank " + std::to_string(want.rows[r].source) +
+                                  ", element " + std::to_string(h)
+                            : "a row past the kept ones was written, element " + std::to_string(h);
+        }
+        break;
+      }
+    }
+  }
+  EXPECT_EQ(wrong_rows, 0) << what << ": rank " << s.me << ": " << wrong_rows << " of " << s.layouts.capacity
+                           << " receive rows wrong (kept " << want.rows.size() << "); first row " << first_row << " ("
+                           << first_text << ")";
+}
+
+// Combine: out equals the slot-order fp32 FMA sum bit for bit (and the exact sum within u).
+void check_combine(const CaseBuffers& s, const std::string& what) {
+  const ref::RefRank& want = s.expected[s.me];
+  const std::vector<uint8_t> got = download<uint8_t>(s.d_out.get(), s.out_bytes());
+  ASSERT_EQ(got.size(), s.out_bytes()) << what << ": reading out back";
+  const int k = s.c.top_k;
+  const int64_t h_count = s.c.hidden;
+  const double u = unit_roundoff(s.c.dtype);
+  int64_t wrong = 0, loose = 0;
+  std::string first;
+  for (int64_t t = 0; t < s.tokens; ++t) {
+    for (int64_t h = 0; h < h_count; ++h) {
+      float acc = 0.0f;
+      double exact = 0.0, magnitude = 0.0;
+      for (int j = 0; j < k; ++j) {
+        const size_t q = static_cast<size_t>(t * k + j);
+        if (want.slot_dest[q] < 0) continue;
+        const int32_t e = s.ids[s.me][q];
+        const float w = s.weights[s.me][q];
+        const float yv = from_bits(s.c.dtype, to_bits(s.c.dtype, y_value(s.c.seed, s.me, t, e, h, h_count, s.config.num_experts)));
+        acc = std::fma(w, yv, acc);
+        exact += static_cast<double>(w) * yv;
+        magnitude += std::fabs(static_cast<double>(w) * yv);
+      }
+      const uint32_t bits = element_bits(s.c.dtype, got.data(), static_cast<size_t>(t * h_count + h));
+      const uint32_t expect = to_bits(s.c.dtype, acc);
+      const float value = from_bits(s.c.dtype, bits);
+      const bool zeros = value == 0.0f && acc == 0.0f;  // +0 and -0 alike
+      if (bits != expect && !zeros) {
+        if (wrong++ == 0) {
+          first = "token " + std::to_string(t) + " element " + std::to_string(h) + ": " + std::to_string(value) +
+                  " instead of " + std::to_string(from_bits(s.c.dtype, expect));
+        }
+      }
+      if (!(std::fabs(value - exact) <= u * std::fabs(exact) + k * 0x1p-23 * magnitude)) ++loose;
+    }
+  }
+  EXPECT_EQ(wrong, 0) << what << ": rank " << s.me << ": " << wrong << " of " << s.tokens * h_count
+                      << " outputs differ from the slot-order fp32 sum; first: " << first;
+  EXPECT_EQ(loose, 0) << what << ": rank " << s.me << ": " << loose << " outputs outside the tolerance of the exact sum";
+}
+
+bool all_bytes(const void* p, size_t bytes, uint8_t value) {
+  const std::vector<uint8_t> v = download<uint8_t>(p, bytes);
+  return v.size() == bytes && std::all_of(v.begin(), v.end(), [&](uint8_t b) { return b == value; });
+}
+
+// moe_routing, moe_dispatch and moe_combine (with `combine`), each call's acceptance agreed on by
+// every rank (so a refusal on one rank stops them all): the plan, or why not.
+Result<MoePlan> launch_all(const CaseBuffers& s, const MoeCombineArgs& combine) {
+  Communicator& comm = shared_comm();
+  Result<MoePlan> plan = moe_routing(comm, s.config, s.routing_args(), nullptr);
+  if (!agree(plan.ok())) return plan.ok() ? Status::aborted("a peer's moe_routing was refused") : plan.status();
+  const Status dispatched = moe_dispatch(comm, *plan, s.d_x.get(), s.recv, nullptr);
+  if (!agree(dispatched.ok())) return dispatched.ok() ? Status::aborted("a peer's moe_dispatch was refused") : dispatched;
+  const Status combined = moe_combine(comm, *plan, combine, nullptr);
+  if (!agree(combined.ok())) return combined.ok() ? Status::aborted("a peer's moe_combine was refused") : combined;
+  return plan;
+}
+
+// ---- one case --------------------------------------------------------------------------------------
+
+// Routing, dispatch and combine of one case, each checked against the reference on every rank.
+void run_case(const Case& c) {
+  Communicator& comm = shared_comm();
+  const std::string what = c.text(comm.local_world_size());
+  CaseBuffers s(c);
+  ASSERT_TRUE(agree(s.ok && s.fill_expert_outputs())) << what << ": rank " << process().rank << " or a peer could not set up";
+  Result<MoePlan> plan = launch_all(s, s.combine_args());
+  ASSERT_TRUE(plan.ok()) << what << ": rank " << process().rank << ": " << plan.status().to_string();
+  Result<MoeReport> report = moe_report(comm, *plan, nullptr);  // synchronizes the stream
+  ASSERT_TRUE(agree(report.ok())) << what << ": rank " << process().rank << ": " << report.status().to_string();
+  EXPECT_TRUE(report->status.ok()) << what << ": " << report->status.to_string();
+  check_routing(s, *plan, *report, what);
+  check_dispatch(s, what);
+  check_combine(s, what);
+  EXPECT_TRUE(agree(!::testing::Test::HasFailure())) << what << ": a peer failed";
+}
+
+class MoeOps : public MoeTest, public ::testing::WithParamInterface<Case> {};
+
+TEST_P(MoeOps, RoutingDispatchCombineMatchTheReference) { run_case(GetParam()); }
+
+Case make_case(Routing r, uint64_t seed) {
+  Case c;
+  c.routing = r;
+  c.seed = seed;
+  return c;
+}
+
+// ---- smoke ----------------------------------------------------------------------------------------
+
+// The calls one kernel at a time on a tiny case: E = 2W, k = 2, T = 16 (+ 37 (r mod 3)), H = 40
+// bf16 (80-byte rows: 5 vectors, fewer than a warp has lanes). MoeSmoke is registered before every
+// other MoE suite, so under --gtest_filter='Moe*' it runs first, and each test runs alone too
+// (--gtest_filter=MoeSmoke.Routing, .Dispatch, .Combine): a failure names its kernel.
+//   Routing   moe_routing, then the report: expert_offsets, slot destinations, counts
+//   Dispatch  moe_routing + moe_dispatch: the routing's checks and recv_x
+//   Combine   moe_routing + moe_combine over expert outputs the test writes (no dispatch): out
+enum class SmokeStage { kRouting, kDispatch, kCombine };
+
+void run_smoke(SmokeStage stage, uint64_t seed) {
+  Communicator& comm = shared_comm();
+  Case c = make_case(Routing::kUniform, seed);
+  c.experts_per_rank = 2;
+  c.top_k = 2;
+  c.hidden = 40;
+  c.tokens = 16;
+  const char* name = stage == SmokeStage::kRouting ? "routing" : stage == SmokeStage::kDispatch ? "dispatch" : "combine";
+  const std::string what = std::string("smoke ") + name + ": " + c.text(comm.local_world_size());
+  CaseBuffers s(c);
+  ASSERT_TRUE(agree(s.ok && (stage != SmokeStage::kCombine || s.fill_expert_outputs())))
+      << what << ": rank " << process().rank << " or a peer could not set up";
+  Result<MoePlan> plan = moe_routing(comm, s.config, s.routing_args(), nullptr);
+  ASSERT_TRUE(agree(plan.ok())) << what << ": rank " << process().rank << ": moe_routing: " << plan.status().to_string();
+  if (stage == SmokeStage::kDispatch) {
+    const Status dispatched = moe_dispatch(comm, *plan, s.d_x.get(), s.recv, nullptr);
+    ASSERT_TRUE(agree(dispatched.ok())) << what << ": rank " << process().rank << ": moe_dispatch: " << dispatched.to_string();
+  }
+  if (stage == SmokeStage::kCombine) {
+    const Status combined = moe_combine(comm, *plan, s.combine_args(), nullptr);
+    ASSERT_TRUE(agree(combined.ok())) << what << ": rank " << process().rank << ": moe_combine: " << combined.to_string();
+  }
+  Result<MoeReport> report = moe_report(comm, *plan, nullptr);  // synchronizes the stream
+  ASSERT_TRUE(agree(report.ok())) << what << ": rank " << process().rank << ": " << report.status().to_string();
+  EXPECT_TRUE(report->status.ok()) << what << ": " << report->status.to_string();
+  check_routing(s, *plan, *report, what);
+  if (stage == SmokeStage::kDispatch) check_dispatch(s, what);
+  if (stage == SmokeStage::kCombine) check_combine(s, what);
+  EXPECT_TRUE(agree(!::testing::Test::HasFailure())) << what << ": a peer failed";
+}
+
+class MoeSmoke : public MoeTest {};
+
+TEST_F(MoeSmoke, Routing) { run_smoke(SmokeStage::kRouting, 81); }
+TEST_F(MoeSmoke, Dispatch) { run_smoke(SmokeStage::kDispatch, 82); }
+TEST_F(MoeSmoke, Combine) { run_smoke(SmokeStage::kCombine, 83); }
+
+// ---- every routing -----------------------------------------------------------------------------------
+
+std::vector<Case> cases() {
+  std::vector<Case> v;
+  v.push_back(make_case(Routing::kUniform, 11));
+  v.push_back(make_case(Routing::kSkewed, 12));
+  v.push_back(make_case(Routing::kAllToOne, 13));
+  Case empty = make_case(Routing::kEmptyExpert, 14);  // expert 1 never chosen, some slots unused
+  empty.experts_per_rank = 6;
+  v.push_back(empty);
+  Case zero = make_case(Routing::kUniform, 15);  // rank 0 routes nothing, the others do
+  zero.rank0_empty = true;
+  v.push_back(zero);
+  Case one = make_case(Routing::kAllToOne, 16);  // top-1, every token on one expert
+  one.top_k = 1;
+  v.push_back(one);
+  Case wide = make_case(Routing::kSkewed, 17);  // top-8 of 8 experts per rank, odd-sized rows
+  wide.experts_per_rank = 8;
+  wide.top_k = 8;
+  wide.hidden = 264;
+  wide.tokens = 300;
+  v.push_back(wide);
+  Case half = make_case(Routing::kUniform, 18);
+  half.dtype = DType::kF16;
+  half.hidden = 136;
+  v.push_back(half);
+  Case single = make_case(Routing::kSkewed, 19);
+  single.dtype = DType::kF32;
+  single.hidden = 100;
+  v.push_back(single);
+  v.push_back(make_case(Routing::kRepeated, 21));
+  Case many = make_case(Routing::kUniform, 20);  // several routing CTAs
+  many.tokens = 3000;
+  many.hidden = 64;
+  v.push_back(many);
+  return v;
+}
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  std::string n = std::to_string(info.index) + "_" + routing_name(info.param.routing);
+  for (char& ch : n) ch = ch == '-' ? '_' : ch;
+  return n;
+}
+
+INSTANTIATE_TEST_SUITE_P(Moe, MoeOps, ::testing::ValuesIn(cases()), case_name);
+
+// ---- capacity ---------------------------------------------------------------------------------------
+
+class MoeCapacity : public MoeTest {};
+
+// kDrop: rows past a rank's capacity are dropped exactly as the reference drops them; combine
+// adds nothing for their slots.
+TEST_F(MoeCapacity, DropKeepsTheReceiveOrderAndCountsTheRest) {
+  Case c = make_case(Routing::kSkewed, 31);
+  c.overflow = MoeOverflow::kDrop;
+  // About 60% of the mean rank's rows: the hot ranks drop, possibly all of them.
+  c.capacity = std::max<int64_t>(1, c.tokens * c.top_k * 6 / 10);
+  run_case(c);
+}
+
+// kError: any rank over capacity fails the call on every rank; nothing is written anywhere.
+TEST_F(MoeCapacity, OverCapacityIsReportedAndNothingMoves) {
+  Communicator& comm = shared_comm();
+  Case c = make_case(Routing::kAllToOne, 32);
+  c.capacity = 8;
+  const std::string what = c.text(comm.local_world_size());
+  CaseBuffers s(c);
+  ASSERT_TRUE(agree(s.ok)) << what << ": setting up";
+  Result<MoePlan> plan = launch_all(s, s.combine_args());
+  ASSERT_TRUE(plan.ok()) << what << ": " << plan.status().to_string();
+  Result<MoeReport> report = moe_report(comm, *plan, nullptr);
+  ASSERT_TRUE(agree(report.ok())) << what << ": " << report.status().to_string();
+  const ref::RefRank& want = s.expected[s.me];
+  ASSERT_EQ(want.code, ref::kRefCapacity) << what << ": the case must overflow";
+  EXPECT_EQ(report->status.code(), StatusCode::kInvalidArgument) << what << ": " << report->status.to_string();
+  const std::string rank_text = "rank " + std::to_string(internal(comm).topology.local_peers[want.bad_rank]) + " would receive " +
+                                std::to_string(want.bad_token) + " rows";
+  EXPECT_NE(report->status.message().find(rank_text), std::string::npos) << report->status.message();
+  EXPECT_TRUE(all_bytes(s.recv, s.recv_bytes(), 0xFF)) << what << ": recv_x was written";
+  EXPECT_TRUE(all_bytes(s.d_out.get(), s.out_bytes(), 0xFF)) << what << ": out was written";
+  EXPECT_EQ(download<int32_t>(s.d_offsets.get(), want.expert_offsets.size()), want.expert_offsets) << what;
+  EXPECT_EQ(report->kept_rows, 0);
+  EXPECT_TRUE(agree(!::testing::Test::HasFailure())) << what << ": a peer failed";
+}
+
+// ---- bad input ----------------------------------------------------------------------------------------
+
+class MoeBadInput : public MoeTest {};
+
+// An expert id out of range on the last rank: every rank's report names it; nothing moves.
+TEST_F(MoeBadInput, ExpertIdOutOfRangeIsReportedEverywhere) {
+  Communicator& comm = shared_comm();
+  Case c = make_case(Routing::kUniform, 41);
+  CaseBuffers s(c);
+  const int last = s.world - 1;
+  const int32_t bad = static_cast<int32_t>(s.config.num_experts + 5);
+  s.ids[last][3 * c.top_k + 1] = bad;  // token 3, slot 1 of the last rank
+  s.ids[0][0] = -1;                     // an unused slot is fine
+  bool ready = s.ok && upload(s.d_ids.get(), s.ids[s.me]);
+  const std::string what = "bad id: " + c.text(s.world);
+  ASSERT_TRUE(agree(ready)) << what << ": setting up";
+  Result<MoePlan> plan = launch_all(s, s.combine_args());
+  ASSERT_TRUE(plan.ok()) << what << ": the host cannot see ids, so the calls must launch: " << plan.status().to_string();
+  Result<MoeReport> report = moe_report(comm, *plan, nullptr);
+  ASSERT_TRUE(agree(report.ok())) << what << ": the communicator must stay usable: " << report.status().to_string();
+  EXPECT_EQ(report->status.code(), StatusCode::kInvalidArgument) << what << ": " << report->status.to_string();
+  const std::string named = "rank " + std::to_string(internal(comm).topology.local_peers[last]) + " token 3 slot 1: expert id " +
+                            std::to_string(bad);
+  EXPECT_NE(report->status.message().find(named), std::string::npos) << report->status.message();
+  EXPECT_TRUE(all_bytes(s.recv, s.recv_bytes(), 0xFF)) << what << ": recv_x was written";
+  EXPECT_TRUE(all_bytes(s.d_out.get(), s.out_bytes(), 0xFF)) << what << ": out was written";
+  const std::vector<int32_t> offsets = download<int32_t>(s.d_offsets.get(), static_cast<size_t>(s.layouts.local_experts + 1));
+  EXPECT_TRUE(std::all_of(offsets.begin(), offsets.end(), [](int32_t v) { return v == 0; })) << what << ": expert_offsets";
+  EXPECT_TRUE(comm.health().ok()) << comm.health().to_string();
+  EXPECT_TRUE(agree(!::testing::Test::HasFailure())) << what << ": a peer failed";
+  // And the next call on the same communicator works.
+  run_case(make_case(Routing::kUniform, 42));
+}
+
+// What the host can check is refused before anything is launched, identically on every rank.
+TEST_F(MoeBadInput, HostCheckableInputIsRefusedBeforeLaunch) {
+  Communicator& comm = shared_comm();
+  const int world = comm.local_world_size();
+  MoeConfig config;
+  config.num_experts = 4 * world;
+  config.top_k = 4 * world + 1;  // k > E
+  config.hidden = 256;
+  config.max_tokens = 64;
+  Status s = moe_can_implement(comm, config);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find("larger than the expert count"), std::string::npos) << s.message();
+  config.top_k = 2;
+  if (world > 1) {
+    config.num_experts = 2 * world + 1;  // not a multiple of W
+    EXPECT_EQ(moe_can_implement(comm, config).code(), StatusCode::kInvalidArgument);
+    config.num_experts = 4 * world;
+  }
+  ASSERT_TRUE(moe_can_implement(comm, config).ok());
+
+  Case c = make_case(Routing::kUniform, 51);
+  CaseBuffers setup(c);
+  ASSERT_TRUE(agree(setup.ok)) << "setting up";
+  MoeRoutingArgs args = setup.routing_args();
+  args.num_tokens = setup.config.max_tokens + 1;
+  EXPECT_EQ(moe_routing(comm, setup.config, args, nullptr).status().code(), StatusCode::kInvalidArgument);
+  args = setup.routing_args();
+  args.plan = static_cast<char*>(args.plan) + 4;  // misaligned
+  EXPECT_EQ(moe_routing(comm, setup.config, args, nullptr).status().code(), StatusCode::kInvalidArgument);
+  Result<MoePlan> plan = moe_routing(comm, setup.config, setup.routing_args(), nullptr);
+  ASSERT_TRUE(agree(plan.ok())) << plan.status().to_string();
+  // recv_x not symmetric (plain device memory): refused, nothing launched.
+  const DeviceBuffer plain = device_buffer(setup.recv_bytes());
+  Status d = moe_dispatch(comm, *plan, setup.d_x.get(), plain.get(), nullptr);
+  EXPECT_EQ(d.code(), StatusCode::kInvalidArgument) << d.to_string();
+  EXPECT_NE(d.message().find("symmetric"), std::string::npos) << d.message();
+  // out overlapping expert_out: refused.
+  MoeCombineArgs a = setup.combine_args();
+  a.out = setup.y;
+  EXPECT_EQ(moe_combine(comm, *plan, a, nullptr).code(), StatusCode::kInvalidArgument);
+  // The accepted calls still run to completion on every rank.
+  ASSERT_TRUE(agree(moe_dispatch(comm, *plan, setup.d_x.get(), setup.recv, nullptr).ok()));
+  ASSERT_TRUE(agree(moe_combine(comm, *plan, setup.combine_args(), nullptr).ok()));
+  const Status synced = comm.synchronize(nullptr);
+  ASSERT_TRUE(agree(synced.ok())) << synced.to_string();
+}
+
+// ---- repetition ----------------------------------------------------------------------------------------
+
+class MoeStress : public MoeTest {};
+class MoeCompose : public MoeTest {};
+
+__global__ void checksum_kernel(const uint64_t* p, uint64_t words, unsigned long long* out) {
+  unsigned long long sum = 0;
+  for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < words; i += uint64_t{gridDim.x} * blockDim.x) {
+    sum += verify::mix64(p[i] ^ verify::mix64(i));
+  }
+  atomicAdd(out, sum);
+}
+
+// The three calls LOOM_TEST_MOE_LAUNCHES times (default 100) without host synchronization, the
+// outputs poisoned before each launch: every launch leaves the same bits (checksums of recv_x and
+// out on the stream), and the first launch's bits are the reference's.
+TEST_F(MoeStress, BackToBackLaunchesAreBitIdentical) {
+  Communicator& comm = shared_comm();
+  const char* env = std::getenv("LOOM_TEST_MOE_LAUNCHES");
+  const int launches = env != nullptr ? std::max(1, std::atoi(env)) : 100;
+  Case c = make_case(Routing::kSkewed, 61);
+  const std::string what = c.text(comm.local_world_size()) + ", " + std::to_string(launches) + " launches";
+  CaseBuffers s(c);
+  ASSERT_TRUE(agree(s.ok && s.fill_expert_outputs())) << what << ": setting up";
+  const DeviceBuffer sums = device_buffer(static_cast<size_t>(launches) * 2 * sizeof(unsigned long long));
+  ASSERT_TRUE(agree(sums && cudaMemset(sums.get(), 0, static_cast<size_t>(launches) * 16) == cudaSuccess));
+  auto* d_sums = static_cast<unsigned long long*>(sums.get());
+  cudaStream_t stream;
+  LOOM_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  MoePlan plan;
+  std::vector<cudaEvent_t> finished(static_cast<size_t>(launches), nullptr);  // recorded after each launch
+  // One launch of the three calls, the outputs poisoned first; then the checksums and the event.
+  auto launch = [&](int i) -> Status {
+    LOOM_CUDA_TRY(cudaMemsetAsync(s.recv, 0xFF, s.recv_bytes(), stream));
+    LOOM_CUDA_TRY(cudaMemsetAsync(s.d_out.get(), 0xFF, s.out_bytes(), stream));
+    LOOM_ASSIGN_OR_RETURN(plan, moe_routing(comm, s.config, s.routing_args(), stream));
+    LOOM_TRY(moe_dispatch(comm, plan, s.d_x.get(), s.recv, stream));
+    LOOM_TRY(moe_combine(comm, plan, s.combine_args(), stream));
+    checksum_kernel<<<64, 256, 0, stream>>>(static_cast<const uint64_t*>(s.recv), s.recv_bytes() / 8, d_sums + 2 * i);
+    checksum_kernel<<<64, 256, 0, stream>>>(static_cast<const uint64_t*>(s.d_out.get()), s.out_bytes() / 8, d_sums + 2 * i + 1);
+    LOOM_CUDA_TRY(cudaGetLastError());
+    LOOM_CUDA_TRY(cudaEventCreateWithFlags(&finished[i], cudaEventDisableTiming));
+    LOOM_CUDA_TRY(cudaEventRecord(finished[i], stream));
+    return {};
+  };
+  // Every launch is queued before the host waits for any. comm.synchronize bounds ALL the work
+  // queued before it by one call's limit (LOOM_TIMEOUT_MS + 1 s, then it aborts), which 300 calls
+  // taking turns with the peers' on a shared GPU may exceed with nothing stuck. So the host first
+  // watches the launches finish one by one (an event after each), each within that limit of the
+  // one before, and synchronizes only then (for the device's verdict).
+  std::string failure;
+  int queued = 0;
+  for (int i = 0; i < launches && failure.empty(); ++i) {
+    const Status st = launch(i);
+    if (!st.ok()) failure = "launch " + std::to_string(i) + ": " + st.to_string();
+    if (st.ok()) ++queued;
+  }
+  const auto per_launch = internal(comm).settings.op_timeout + std::chrono::seconds(1);
+  for (int i = 0; i < queued && failure.empty(); ++i) {
+    const auto deadline = std::chrono::steady_clock::now() + per_launch;
+    for (;;) {
+      const cudaError_t q = cudaEventQuery(finished[i]);
+      if (q == cudaSuccess) break;
+      if (q != cudaErrorNotReady) {
+        failure = "launch " + std::to_string(i) + ": " + cudaGetErrorString(q);
+        break;
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        failure = "launch " + std::to_string(i) + " of " + std::to_string(queued) + " did not finish within " +
+                  std::to_string(per_launch.count()) + " ms of the one before";
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+  const Status synced = comm.synchronize(stream);  // immediate when the watch saw every launch finish
+  for (cudaEvent_t e : finished) {
+    if (e != nullptr) cudaEventDestroy(e);  // returns at once, finished or not
+  }
+  cudaStreamDestroy(stream);
+  ASSERT_TRUE(agree(failure.empty() && synced.ok())) << what << ": rank " << process().rank << ": " << failure << " / "
+                                                    << synced.to_string();
+  const std::vector<unsigned long long> got = download<unsigned long long>(sums.get(), static_cast<size_t>(launches) * 2);
+  ASSERT_EQ(got.size(), static_cast<size_t>(launches) * 2);
+  int differ = 0;
+  for (int i = 1; i < launches; ++i) differ += got[2 * i] != got[0] || got[2 * i + 1] != got[1];
+  EXPECT_EQ(differ, 0) << what << ": rank " << process().rank << ": " << differ << " launches differ from launch 0";
+  // The last launch's bits are the reference's (all launches are equal).
+  Result<MoeReport> report = moe_report(comm, plan, nullptr);
+  ASSERT_TRUE(report.ok()) << report.status().to_string();
+  EXPECT_TRUE(report->status.ok()) << report->status.to_string();
+  check_routing(s, plan, *report, what);
+  check_dispatch(s, what);
+  check_combine(s, what);
+  EXPECT_TRUE(agree(!::testing::Test::HasFailure())) << what << ": a peer failed";
+}
+
+// Composition: combine straight over the dispatched rows (identity experts): out[t] is the
+// slot-order fp32 sum of w[t, j] * x[t] over t's kept slots.
+TEST_F(MoeCompose, CombineOfDispatchIsTheWeightedToken) {
+  Communicator& comm = shared_comm();
+  Case c = make_case(Routing::kUniform, 71);
+  const std::string what = "compose: " + c.text(comm.local_world_size());
+  CaseBuffers s(c);
+  ASSERT_TRUE(agree(s.ok)) << what << ": setting up";
+  MoeCombineArgs a = s.combine_args();
+  a.expert_out = s.recv;
+  Result<MoePlan> plan = launch_all(s, a);
+  ASSERT_TRUE(plan.ok()) << what << ": " << plan.status().to_string();
+  const Status synced = comm.synchronize(nullptr);
+  ASSERT_TRUE(agree(synced.ok())) << what << ": " << synced.to_string();
+  const std::vector<uint8_t> got = download<uint8_t>(s.d_out.get(), s.out_bytes());
+  ASSERT_EQ(got.size(), s.out_bytes());
+  const ref::RefRank& want = s.expected[s.me];
+  int64_t wrong = 0;
+  for (int64_t t = 0; t < s.tokens; ++t) {
+    for (int64_t h = 0; h < c.hidden; ++h) {
+      const float xv = from_bits(c.dtype, to_bits(c.dtype, x_value(c.seed, s.me, t, h, c.hidden)));
+      float acc = 0.0f;
+      for (int j = 0; j < c.top_k; ++j) {
+        const size_t q = static_cast<size_t>(t * c.top_k + j);
+        if (want.slot_dest[q] >= 0) acc = std::fma(s.weights[s.me][q], xv, acc);
+      }
+      const float value = from_bits(c.dtype, element_bits(c.dtype, got.data(), static_cast<size_t>(t * c.hidden + h)));
+      if (to_bits(c.dtype, acc) != to_bits(c.dtype, value) && !(value == 0.0f && acc == 0.0f)) ++wrong;
+    }
+  }
+  EXPECT_EQ(wrong, 0) << what << ": rank " << s.me << ": " << wrong << " outputs differ";
+  EXPECT_TRUE(agree(!::testing::Test::HasFailure())) << what << ": a peer failed";
+}
+
+}  // namespace
+}  // namespace loom
