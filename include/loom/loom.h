@@ -5,6 +5,7 @@
 #include "loom/communicator.h"
 #include "loom/diagnostics.h"
 #include "loom/gemm.h"
+#include "loom/moe.h"
 #include "loom/status.h"
 #include "loom/tensor_parallel.h"
 #include "loom/types.h"

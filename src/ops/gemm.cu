@@ -18,9 +18,7 @@ namespace loom::ops {
 
 namespace kg = kernels::gemm;
 
-namespace {
-
-Result<planner::GemmDeviceLimits> device_limits() {
+Result<planner::GemmDeviceLimits> gemm_device_limits() {
   int device = 0;
   LOOM_CUDA_TRY(cudaGetDevice(&device));
   planner::GemmDeviceLimits limits;
@@ -38,14 +36,6 @@ Result<planner::GemmDeviceLimits> device_limits() {
   }
   return limits;
 }
-
-// The standalone GEMM has no communicator: its bounded waits report into a per-device record
-// (host-mapped) that the next gemm() call turns into a Status.
-struct StandaloneWait {
-  uint32_t* device_abort = nullptr;
-  ErrorRecord* error = nullptr;
-  uint64_t timeout_ns = 0;
-};
 
 Result<StandaloneWait*> standalone_wait() {
   static std::mutex mu;
@@ -70,20 +60,20 @@ Result<StandaloneWait*> standalone_wait() {
   return &w;
 }
 
-// A device-side failure recorded by an earlier launch (a bug: the standalone GEMM waits on
-// nothing outside its own CTAs). Reported once, then cleared.
 Status take_standalone_error(StandaloneWait& w, cudaStream_t stream) {
   volatile ErrorRecord* e = w.error;
   if (e->code == 0) return Status{};
   char buf[256];
   std::snprintf(buf, sizeof buf,
-                "gemm: an earlier launch failed on the device (code %u, cta %d, flag_index 0x%x, waited %llu ns); "
-                "this is a loom bug",
+                "gemm: an earlier launch of a standalone GEMM-engine kernel failed on the device (code %u, cta %d, "
+                "flag_index 0x%x, waited %llu ns); this is a loom bug",
                 e->code, e->cta, e->flag_index, static_cast<unsigned long long>(e->waited_ns));
   std::memset(const_cast<ErrorRecord*>(w.error), 0, sizeof(ErrorRecord));
   LOOM_CUDA_TRY(cudaMemsetAsync(w.device_abort, 0, sizeof(uint32_t), stream));
   return Status::internal(buf);
 }
+
+namespace {
 
 Status check_launch_fields(const GemmLaunch& l, const planner::GemmPlan& plan) {
   const GemmTileInfo info = gemm_tile_info(plan.tile);
@@ -138,7 +128,7 @@ Status check_launch_fields(const GemmLaunch& l, const planner::GemmPlan& plan) {
 
 Result<GemmLaunchPlan> plan_gemm_launch(const GemmArgs& args, const GemmOptions& options) {
   LOOM_TRY(validate_gemm(args, options));
-  LOOM_ASSIGN_OR_RETURN(planner::GemmDeviceLimits limits, device_limits());
+  LOOM_ASSIGN_OR_RETURN(planner::GemmDeviceLimits limits, gemm_device_limits());
   LOOM_ASSIGN_OR_RETURN(planner::GemmPlan plan, planner::plan_gemm(args, options, limits));
   return GemmLaunchPlan{plan.tile, plan.num_ctas, plan.group_m, plan.m_blocks, plan.n_blocks};
 }
@@ -146,7 +136,7 @@ Result<GemmLaunchPlan> plan_gemm_launch(const GemmArgs& args, const GemmOptions&
 Status gemm_kernel_params(const GemmLaunch& l, kg::GemmKernelParams* params, GemmLaunchPlan* launch_plan) {
   LOOM_TRY(validate_gemm(l.args, l.options));
   if (l.args.m == 0) return Status::invalid_argument("gemm launch: M = 0 has no kernel parameters");
-  LOOM_ASSIGN_OR_RETURN(planner::GemmDeviceLimits limits, device_limits());
+  LOOM_ASSIGN_OR_RETURN(planner::GemmDeviceLimits limits, gemm_device_limits());
   LOOM_ASSIGN_OR_RETURN(planner::GemmPlan plan, planner::plan_gemm(l.args, l.options, limits));
   LOOM_TRY(check_launch_fields(l, plan));
   *launch_plan = GemmLaunchPlan{plan.tile, plan.num_ctas, plan.group_m, plan.m_blocks, plan.n_blocks};
