@@ -121,6 +121,16 @@ def ring_attention(comm: Communicator, q: object | None, k: object | None, v: ob
 def attention_merge(partial_out: object | None, partial_lse: object | None, out: object | None, lse: object | None, stream: int) -> None:
     """Combines partial-mode attention results over disjoint key sets (fp32)."""
 
+def grouped_gemm(a: object | None, b: object | None, d: object | None, offsets: object | None, counts: object | None, workspace: object | None, stream: int, tile: str = 'auto', num_ctas: int = 0) -> None:
+    """
+    d_e = a_e @ b_e^T for every expert e (MoE grouped GEMM on one GPU); offsets: contiguous rows, counts: masked.
+    """
+
+def grouped_gemm_workspace_bytes(rows: int, num_experts: int, masked: bool = False) -> int:
+    """
+    Bytes of workspace grouped_gemm needs: rows = M (contiguous) or the capacity per expert (masked).
+    """
+
 def synchronize_standalone(stream: int) -> None:
     """
     Waits for the stream and raises what a standalone op (attention, gemm) recorded on the device (bad offsets).

@@ -23,14 +23,16 @@ except ImportError as error:  # pragma: no cover - only when the package was not
 
 from ._comm import Communicator, discard_unique_id, make_unique_id
 from ._ops import (ag_gemm, all_gather, all_reduce, attention, attention_merge, gemm, gemm_ar, gemm_rs,
-                   reduce_scatter, ring_attention, synchronize_standalone)
+                   grouped_gemm, grouped_gemm_workspace_bytes, reduce_scatter, ring_attention,
+                   synchronize_standalone)
 
 __version__ = _C.__version__
 
 __all__ = [
     "Communicator", "discard_unique_id", "make_unique_id",
     "gemm", "all_gather", "reduce_scatter", "all_reduce", "ag_gemm", "gemm_rs", "gemm_ar",
-    "attention", "attention_merge", "ring_attention", "synchronize_standalone",
+    "attention", "attention_merge", "ring_attention", "synchronize_standalone", "grouped_gemm",
+    "grouped_gemm_workspace_bytes",
     "LoomError", "InvalidArgument", "Unsupported", "Timeout", "PeerFailure", "CudaError",
     "SystemCallError", "Aborted", "InternalError",
     "__version__",

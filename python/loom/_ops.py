@@ -153,3 +153,26 @@ def ring_attention(comm: CommLike, q: DLPackArray, k: DLPackArray, v: DLPackArra
     _C.ring_attention(c._c, q, k, v, out, lse, _stream(stream, q, "ring_attention", c.device, c.rank), causal,
                       0.0 if scale is None else float(scale), kv_ctas, block_n)
     return out
+
+
+def grouped_gemm(a: DLPackArray, b: DLPackArray, d: Out, *, workspace: DLPackArray,
+                 offsets: Optional[DLPackArray] = None, counts: Optional[DLPackArray] = None,
+                 stream: StreamArg = None, tile: str = "auto", num_ctas: int = 0) -> Out:
+    """d_e = a_e @ b_e^T for every expert e in one kernel (MoE expert GEMM on one GPU); b [E, N, K]
+    (one nn.Linear weight per expert), bf16 or fp16; d bf16, fp16 or fp32; fp32 accumulation.
+
+    Contiguous layout (offsets given): a [M, K] with rows grouped by expert, offsets int32 [E + 1]
+    on the GPU (expert e owns rows offsets[e] .. offsets[e+1], any count including 0), d [M, N].
+    Masked layout (counts given): a [E, C, K], counts int32 [E], d [E, C, N]. Rows outside every
+    expert are not written. workspace: int32 on the GPU with at least
+    grouped_gemm_workspace_bytes(M or C, E, masked) / 4 elements, one call at a time. The counts
+    stay on the GPU: no host synchronization."""
+    device = _device_of(a) if stream is not None else None
+    _C.grouped_gemm(a, b, d, offsets, counts, workspace, _stream(stream, a, "grouped_gemm", device), tile, num_ctas)
+    return d
+
+
+def grouped_gemm_workspace_bytes(rows: int, num_experts: int, masked: bool = False) -> int:
+    """Bytes of workspace grouped_gemm needs: rows = M (contiguous layout) or the capacity per
+    expert (masked)."""
+    return _C.grouped_gemm_workspace_bytes(rows, num_experts, masked)

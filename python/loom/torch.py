@@ -52,7 +52,7 @@ from ._errors import _invalid
 
 __all__ = ["empty", "handle", "register_communicator", "set_staging_budget", "gemm", "all_gather",
            "reduce_scatter", "all_reduce", "ag_gemm", "gemm_rs", "gemm_ar", "attention", "attention_merge",
-           "ring_attention", "zigzag_shard", "zigzag_unshard"]
+           "ring_attention", "zigzag_shard", "zigzag_unshard", "grouped_gemm"]
 
 _HALF = (torch.bfloat16, torch.float16)
 _FLOAT = (torch.bfloat16, torch.float16, torch.float32)
@@ -191,9 +191,10 @@ _lib.define("attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? s
             "Tensor? cu_seqlens_k=None, int max_seqlen_q=0, int max_seqlen_k=0, bool partial=False) -> (Tensor, Tensor)")
 _lib.define("attention_merge(Tensor partial_out, Tensor partial_lse, ScalarType? out_dtype=None) -> (Tensor, Tensor)")
 _lib.define("ring_attention(int comm, Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None) -> (Tensor, Tensor)")
+_lib.define("grouped_gemm(Tensor a, Tensor b, Tensor? offsets=None, Tensor? counts=None, ScalarType? out_dtype=None) -> Tensor")
 
 OPS = ("gemm", "all_gather", "reduce_scatter", "all_reduce", "ag_gemm", "gemm_rs", "gemm_ar", "attention",
-       "attention_merge", "ring_attention")
+       "attention_merge", "ring_attention", "grouped_gemm")
 
 _Fn = Callable[..., torch.Tensor]
 
@@ -457,6 +458,50 @@ def _ring_attention_fake(comm, q, k, v, causal=False, scale=None):
     return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=torch.float32)
 
 
+# grouped GEMM (MoE experts) ----------------------------------------------------------------------
+
+def _grouped_shapes(a, b, offsets, counts, out_dtype) -> tuple:
+    """(d shape, d dtype, workspace rows, masked) with the shape rules checked (loom/moe.h)."""
+    op = "grouped_gemm"
+    if (offsets is None) == (counts is None):
+        raise _invalid(op, "give exactly one of offsets (the contiguous layout) and counts (the masked layout)")
+    if b.dim() != 3:
+        raise _invalid(op, f"b must be [E, N, K], got {list(b.shape)}")
+    if a.dtype != b.dtype or a.dtype not in _HALF:
+        raise _invalid(op, f"a and b must both be bfloat16 or both float16, got {a.dtype} and {b.dtype}")
+    if out_dtype is not None and out_dtype not in _FLOAT:
+        raise _invalid(op, f"out_dtype {out_dtype}: expected bfloat16, float16 or float32")
+    e, n, k = b.shape
+    masked = counts is not None
+    rows = counts if masked else offsets
+    want = e if masked else e + 1
+    if rows.dtype != torch.int32 or rows.dim() != 1 or rows.shape[0] != want:
+        raise _invalid(op, f"{'counts' if masked else 'offsets'} must be int32 [{want}], got {list(rows.shape)} {rows.dtype}")
+    if masked:
+        if a.dim() != 3 or a.shape[0] != e or a.shape[2] != k:
+            raise _invalid(op, f"a must be [E, capacity, K] = [{e}, C, {k}] for b {list(b.shape)}, got {list(a.shape)}")
+        return (e, a.shape[1], n), out_dtype or a.dtype, a.shape[1], True
+    if a.dim() != 2 or a.shape[1] != k:
+        raise _invalid(op, f"a must be [M, K] with K = {k} for b {list(b.shape)}, got {list(a.shape)}")
+    return (a.shape[0], n), out_dtype or a.dtype, a.shape[0], False
+
+
+@_impl("grouped_gemm")
+def _grouped_gemm_impl(a, b, offsets=None, counts=None, out_dtype=None):
+    shape, dtype, rows, masked = _grouped_shapes(a, b, offsets, counts, out_dtype)
+    d = a.new_zeros(shape, dtype=dtype)  # rows outside every expert stay zero
+    words = max(1, -(-_C.grouped_gemm_workspace_bytes(rows, b.shape[0], masked) // 4))
+    workspace = a.new_empty((words,), dtype=torch.int32)
+    _C.grouped_gemm(a, b, d, offsets, counts, workspace, _stream(a.get_device()))
+    return d
+
+
+@_fake("grouped_gemm")
+def _grouped_gemm_fake(a, b, offsets=None, counts=None, out_dtype=None):
+    shape, dtype, _, _ = _grouped_shapes(a, b, offsets, counts, out_dtype)
+    return a.new_empty(shape, dtype=dtype)
+
+
 # ---- Python entry points -----------------------------------------------------------------------
 
 def gemm(a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn", out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
@@ -517,6 +562,14 @@ def ring_attention(comm: CommLike, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     """(out, lse) of this rank's chunk q [B, S_l, Hq, D] over every rank's k, v [B, S_l, Hkv, D]
     (collective over comm's node; causal: the zigzag layout, see zigzag_shard). See loom.ring_attention."""
     return torch.ops.loom.ring_attention.default(register_communicator(comm), q, k, v, causal, scale)
+
+
+def grouped_gemm(a: torch.Tensor, b: torch.Tensor, *, offsets: Optional[torch.Tensor] = None,
+                 counts: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """d_e = a_e @ b_e^T for every expert e (MoE expert GEMM on one GPU), b [E, N, K]. Contiguous
+    (offsets int32 [E + 1]): a [M, K] -> d [M, N]; masked (counts int32 [E]): a [E, C, K] -> d [E, C, N].
+    Rows outside every expert are zero. See loom.grouped_gemm."""
+    return torch.ops.loom.grouped_gemm.default(a, b, offsets, counts, out_dtype)
 
 
 def zigzag_shard(x: torch.Tensor, world: int, rank: int, dim: int = 1) -> torch.Tensor:

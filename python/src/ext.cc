@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "loom/attention.h"
+#include "loom/moe.h"
 #include "loom/collectives.h"
 #include "loom/communicator.h"
 #include "loom/gemm.h"
@@ -726,6 +727,86 @@ AttentionMergeCall prepare_attention_merge(nb::handle partial_out, nb::handle pa
   return c;
 }
 
+// ---- grouped GEMM -------------------------------------------------------------------------------
+
+struct GroupedGemmCall {
+  TensorArg a, b, d, rows, workspace;
+  GroupedGemmArgs args;
+  GroupedGemmOptions options;
+  cudaStream_t stream = nullptr;
+  Status launch() const { return grouped_gemm(args, stream, options); }
+  std::string_view op() const { return "grouped_gemm"; }
+  int rank() const { return -1; }
+};
+
+// Contiguous (offsets given): a [M, K], offsets int32 [E + 1], d [M, N]. Masked (counts given):
+// a [E, C, K], counts int32 [E], d [E, C, N]. b [E, N, K]; workspace int32 of at least
+// grouped_gemm_workspace_bytes / 4 elements.
+GroupedGemmCall prepare_grouped_gemm(nb::handle a, nb::handle b, nb::handle d, nb::handle offsets, nb::handle counts,
+                                     nb::handle workspace, uintptr_t stream, std::string_view tile, int num_ctas) {
+  const char* op = "grouped_gemm";
+  const int rank = -1;
+  GroupedGemmCall c;
+  if (offsets.is_none() == counts.is_none()) {
+    invalid(op, rank, "give exactly one of offsets (the contiguous layout) and counts (the masked layout)");
+  }
+  const bool masked = !counts.is_none();
+  c.a = tensor_arg(a, "a", op, rank);
+  c.b = tensor_arg(b, "b", op, rank);
+  c.d = tensor_arg(d, "d", op, rank);
+  c.rows = tensor_arg(masked ? counts : offsets, masked ? "counts" : "offsets", op, rank, /*int32=*/true);
+  c.workspace = tensor_arg(workspace, "workspace", op, rank, /*int32=*/true);
+  require_ndim(c.b, 3, "[E, N, K]", op, rank);
+  require_same_dtype(c.a, c.b, op, rank);
+  require_half(c.a, op, rank);
+  require_ndim(c.workspace, 1, "[n] int32", op, rank);
+  const int64_t experts = c.b.dim(0), n = c.b.dim(1), k = c.b.dim(2);
+  GroupedGemmArgs& g = c.args;
+  if (masked) {
+    require_ndim(c.a, 3, "[E, capacity, K]", op, rank);
+    require_ndim(c.d, 3, "[E, capacity, N]", op, rank);
+    require_ndim(c.rows, 1, "[E] int32", op, rank);
+    if (c.a.dim(0) != experts || c.a.dim(2) != k || c.rows.dim(0) != experts) {
+      invalid(op, rank, "a " + c.a.shape_text() + " and counts " + c.rows.shape_text() + " must be [E, capacity, K] and [E] for b " +
+                            c.b.shape_text() + " [E, N, K]");
+    }
+    if (c.d.dim(0) != experts || c.d.dim(1) != c.a.dim(1) || c.d.dim(2) != n) {
+      invalid(op, rank, "d " + c.d.shape_text() + " must be [E, capacity, N] = [" + std::to_string(experts) + ", " +
+                            std::to_string(c.a.dim(1)) + ", " + std::to_string(n) + "]");
+    }
+    g.layout = GroupedLayout::kMasked;
+    g.capacity = c.a.dim(1);
+    g.counts = static_cast<const int32_t*>(c.rows.data);
+  } else {
+    require_ndim(c.a, 2, "[M, K]", op, rank);
+    require_ndim(c.rows, 1, "[E + 1] int32", op, rank);
+    if (c.a.dim(1) != k || c.rows.dim(0) != experts + 1) {
+      invalid(op, rank, "a " + c.a.shape_text() + " and offsets " + c.rows.shape_text() + " must be [M, K] and [E + 1] for b " +
+                            c.b.shape_text() + " [E, N, K]");
+    }
+    require_shape(c.d, c.a.dim(0), n, "[M, N]", op, rank);
+    g.layout = GroupedLayout::kContiguous;
+    g.m_total = c.a.dim(0);
+    g.offsets = static_cast<const int32_t*>(c.rows.data);
+  }
+  g.a = c.a.data;
+  g.b = c.b.data;
+  g.d = c.d.data;
+  g.n = n;
+  g.k = k;
+  g.num_experts = experts;
+  g.in_dtype = c.a.dtype;
+  g.out_dtype = c.d.dtype;
+  g.workspace = c.workspace.data;
+  g.workspace_bytes = c.workspace.bytes();
+  c.options.tile = tile_of(tile, op, rank);
+  c.options.num_ctas = num_ctas;
+  require_device(c.a, -1, op, rank);
+  for (const TensorArg* t : {&c.b, &c.d, &c.rows, &c.workspace}) require_device(*t, c.a.device, op, rank);
+  c.stream = as_stream(stream);
+  return c;
+}
+
 template <class Call>
 void run(const Call& call) {
   check(without_gil([&] { return call.launch(); }), call.op(), call.rank());
@@ -953,6 +1034,26 @@ NB_MODULE(_C, m) {
       },
       "partial_out"_a.none(), "partial_lse"_a.none(), "out"_a.none(), "lse"_a.none(), "stream"_a,
       "Combines partial-mode attention results over disjoint key sets (fp32).");
+  m.def(
+      "grouped_gemm",
+      [](nb::handle a, nb::handle b, nb::handle d, nb::handle offsets, nb::handle counts, nb::handle workspace,
+         uintptr_t stream, std::string_view tile, int num_ctas) {
+        run(prepare_grouped_gemm(a, b, d, offsets, counts, workspace, stream, tile, num_ctas));
+      },
+      "a"_a.none(), "b"_a.none(), "d"_a.none(), "offsets"_a.none(), "counts"_a.none(), "workspace"_a.none(),
+      "stream"_a, "tile"_a = "auto", "num_ctas"_a = 0,
+      "d_e = a_e @ b_e^T for every expert e (MoE grouped GEMM on one GPU); offsets: contiguous rows, counts: masked.");
+  m.def(
+      "grouped_gemm_workspace_bytes",
+      [](int64_t rows, int64_t num_experts, bool masked) {
+        GroupedGemmArgs g;
+        g.layout = masked ? GroupedLayout::kMasked : GroupedLayout::kContiguous;
+        (masked ? g.capacity : g.m_total) = rows;
+        g.num_experts = num_experts;
+        return grouped_gemm_workspace_bytes(g);
+      },
+      "rows"_a, "num_experts"_a, "masked"_a = false,
+      "Bytes of workspace grouped_gemm needs: rows = M (contiguous) or the capacity per expert (masked).");
   m.def(
       "synchronize_standalone",
       [](uintptr_t stream) {

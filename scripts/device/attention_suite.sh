@@ -3,11 +3,13 @@
 # bench/attention.py through the Python package (loom beside torch SDPA's cuDNN and flash
 # backends in one process). Uses the binaries staged in .device-carry/bin (scripts/device/stage.sh).
 #
-#   scripts/device/attention_suite.sh [tests] [pytest] [bench] [ring-bench] [-- bench/attention.py arguments]
+#   scripts/device/attention_suite.sh [tests] [pytest] [bench] [ring-bench] [grouped-bench]
+#                                     [-- bench/attention.py arguments]
 #     tests       loom_gpu_tests --gtest_filter="$TEST_FILTER" (one rank; default 'Attention*')
 #     pytest      tests/python/test_gpu_attention.py through the Python package
 #     bench       bench/attention.py (JSON in $OUT/attention_1xH200.json)
 #     ring-bench  bench/ring_attention.py at W = 1 (JSON in $OUT/ring_attention_1xH200.json)
+#     grouped-bench  bench/grouped_gemm.py (JSON in $OUT/grouped_gemm_1xH200.json)
 #   (default: tests pytest bench; logs in $OUT/attention_suite.log)
 # Each step runs under a wall-clock limit; exit status 0 only if every step passed.
 set -uo pipefail
@@ -61,6 +63,13 @@ for step in "${steps[@]}"; do
         python3 bench/ring_attention.py --json "$OUT/ring_attention_1xH200.json" 2>&1 | tee -a "$LOG" | tail -14
       r=${PIPESTATUS[0]}; ((r != 0)) && rc=1
       log "ring-bench: exit $r" ;;
+    grouped-bench)
+      if ! ext; then rc=1; continue; fi
+      log "bench/grouped_gemm.py"
+      PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=10 ${GROUPED_BENCH_LIMIT_S:-240} \
+        python3 bench/grouped_gemm.py --json "$OUT/grouped_gemm_1xH200.json" 2>&1 | tee -a "$LOG" | tail -34
+      r=${PIPESTATUS[0]}; ((r != 0)) && rc=1
+      log "grouped-bench: exit $r" ;;
     *) log "unknown step $step"; rc=1 ;;
   esac
 done

@@ -15,9 +15,7 @@ namespace loom::ops {
 
 namespace kg = kernels::gemm;
 
-namespace {
-
-Result<planner::GemmDeviceLimits> device_limits() {
+Result<planner::GemmDeviceLimits> gemm_device_limits() {
   int device = 0;
   LOOM_CUDA_TRY(cudaGetDevice(&device));
   planner::GemmDeviceLimits limits;
@@ -35,6 +33,8 @@ Result<planner::GemmDeviceLimits> device_limits() {
   }
   return limits;
 }
+
+namespace {
 
 Status check_launch_fields(const GemmLaunch& l, const planner::GemmPlan& plan) {
   const GemmTileInfo info = gemm_tile_info(plan.tile);
@@ -89,7 +89,7 @@ Status check_launch_fields(const GemmLaunch& l, const planner::GemmPlan& plan) {
 
 Result<GemmLaunchPlan> plan_gemm_launch(const GemmArgs& args, const GemmOptions& options) {
   LOOM_TRY(validate_gemm(args, options));
-  LOOM_ASSIGN_OR_RETURN(planner::GemmDeviceLimits limits, device_limits());
+  LOOM_ASSIGN_OR_RETURN(planner::GemmDeviceLimits limits, gemm_device_limits());
   LOOM_ASSIGN_OR_RETURN(planner::GemmPlan plan, planner::plan_gemm(args, options, limits));
   return GemmLaunchPlan{plan.tile, plan.num_ctas, plan.group_m, plan.m_blocks, plan.n_blocks};
 }
@@ -97,7 +97,7 @@ Result<GemmLaunchPlan> plan_gemm_launch(const GemmArgs& args, const GemmOptions&
 Status gemm_kernel_params(const GemmLaunch& l, kg::GemmKernelParams* params, GemmLaunchPlan* launch_plan) {
   LOOM_TRY(validate_gemm(l.args, l.options));
   if (l.args.m == 0) return Status::invalid_argument("gemm launch: M = 0 has no kernel parameters");
-  LOOM_ASSIGN_OR_RETURN(planner::GemmDeviceLimits limits, device_limits());
+  LOOM_ASSIGN_OR_RETURN(planner::GemmDeviceLimits limits, gemm_device_limits());
   LOOM_ASSIGN_OR_RETURN(planner::GemmPlan plan, planner::plan_gemm(l.args, l.options, limits));
   LOOM_TRY(check_launch_fields(l, plan));
   *launch_plan = GemmLaunchPlan{plan.tile, plan.num_ctas, plan.group_m, plan.m_blocks, plan.n_blocks};

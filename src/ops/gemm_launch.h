@@ -11,6 +11,7 @@
 #include "kernels/gemm/params.h"
 #include "loom/gemm.h"
 #include "loom/status.h"
+#include "planner/gemm_heuristic.h"
 #include "runtime/device_abi.h"
 
 namespace loom::kernels::sm90 {
@@ -66,6 +67,9 @@ Status encode_gemm_output_map(void* ptr, int64_t rows, int64_t n, int64_t ld, DT
 // tiles that the compute role folds in (ComputeRole's Fold policy).
 Status encode_gemm_rows_map(const void* ptr, int64_t rows, int64_t cols, int64_t ld, DType dtype, int box_rows,
                             kernels::sm90::TmaDescriptor* out);
+
+// The current device's limits for the planner; unsupported unless it is a Hopper GPU (sm_90).
+Result<planner::GemmDeviceLimits> gemm_device_limits();
 
 // Per-launcher dispatch into the instantiation files (gemm_sm90_<tile>.cu).
 namespace detail {

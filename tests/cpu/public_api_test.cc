@@ -16,6 +16,9 @@ static_assert(std::is_same_v<decltype(&all_reduce), Status (*)(Communicator&, co
               "loom.h must declare loom::all_reduce (loom/collectives.h)");
 static_assert(std::is_same_v<decltype(&gemm), Status (*)(const GemmArgs&, cudaStream_t, const GemmOptions&)>,
               "loom.h must declare loom::gemm (loom/gemm.h)");
+static_assert(std::is_same_v<decltype(&grouped_gemm),
+                             Status (*)(const GroupedGemmArgs&, cudaStream_t, const GroupedGemmOptions&)>,
+              "loom.h must declare loom::grouped_gemm (loom/moe.h)");
 static_assert(std::is_same_v<decltype(&ag_gemm), Status (*)(Communicator&, const TpGemmArgs&, cudaStream_t,
                                                              const TpGemmOptions&)>,
               "loom.h must declare loom::ag_gemm (loom/tensor_parallel.h)");

@@ -65,7 +65,25 @@ def _ring_attention(comm, q, k, v, causal=False, scale=None):
     return out, lse + torch.log(torch.tensor(float(WORLD)))
 
 
+def _grouped_gemm(a, b, offsets=None, counts=None, out_dtype=None):
+    """Every expert's rows times its weight's transpose in fp32; rows outside every expert zero."""
+    e = b.shape[0]
+    dtype = out_dtype or a.dtype
+    if counts is not None:
+        d = torch.zeros(e, a.shape[1], b.shape[1], dtype=FP32)
+        for i in range(e):
+            c = int(counts[i])
+            d[i, :c] = a[i, :c].float() @ b[i].float().t()
+        return d.to(dtype)
+    d = torch.zeros(a.shape[0], b.shape[1], dtype=FP32)
+    for i in range(e):
+        lo, hi = int(offsets[i]), int(offsets[i + 1])
+        d[lo:hi] = a[lo:hi].float() @ b[i].float().t()
+    return d.to(dtype)
+
+
 REFERENCE_KERNELS = {
+    "grouped_gemm": _grouped_gemm,
     "attention": _attention,
     "ring_attention": _ring_attention,
     "attention_merge": _attention_merge,
@@ -135,6 +153,11 @@ def cases():
                                       dtype)
             yield "ring_attention", (HANDLE, rand(2, 6, 4, 64, dtype=dtype, requires_grad=grad), rand(2, 6, 2, 64, dtype=dtype),
                                      rand(2, 6, 2, 64, dtype=dtype), False, None)
+            offsets = torch.tensor([0, 5, 5, 12], dtype=torch.int32)  # an empty expert
+            yield "grouped_gemm", (rand(12, 32, dtype=dtype, requires_grad=grad), rand(3, 16, 32, dtype=dtype), offsets,
+                                   None, None)
+            yield "grouped_gemm", (rand(3, 8, 32, dtype=dtype), rand(3, 16, 32, dtype=dtype, requires_grad=grad), None,
+                                   torch.tensor([8, 0, 3], dtype=torch.int32), FP32)
         for dtype in (BF16, FP16, FP32):
             for shape in ((8 * w,), (4 * w, 3, 5)):
                 for op in ("all_gather", "reduce_scatter", "all_reduce"):

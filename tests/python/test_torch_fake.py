@@ -214,3 +214,18 @@ def test_ring_attention_shapes_and_zigzag(comm):
     assert torch.equal(lt.zigzag_unshard(parts), x)
     with pytest.raises(loom.InvalidArgument, match="does not split"):
         lt.zigzag_shard(x[:, :5], w, 0)
+
+
+def test_grouped_gemm_shapes_and_refusals():
+    with FakeTensorMode():
+        offsets = torch.empty(5, dtype=torch.int32)
+        d = torch.ops.loom.grouped_gemm(fake(100, 64), fake(4, 48, 64), offsets)
+        assert d.shape == (100, 48) and d.dtype == BF16
+        d = torch.ops.loom.grouped_gemm(fake(4, 32, 64), fake(4, 48, 64), None, torch.empty(4, dtype=torch.int32), FP32)
+        assert d.shape == (4, 32, 48) and d.dtype == FP32
+        with pytest.raises(loom.InvalidArgument, match="exactly one of offsets"):
+            torch.ops.loom.grouped_gemm(fake(100, 64), fake(4, 48, 64))
+        with pytest.raises(loom.InvalidArgument, match=r"offsets must be int32 \[5\]"):
+            torch.ops.loom.grouped_gemm(fake(100, 64), fake(4, 48, 64), torch.empty(4, dtype=torch.int32))
+        with pytest.raises(loom.InvalidArgument, match="K = 64"):
+            torch.ops.loom.grouped_gemm(fake(100, 32), fake(4, 48, 64), offsets)

@@ -81,6 +81,10 @@ class ComputeRole {
   static constexpr int BN = Cfg::kBlockN;
   static constexpr int kStages = Cfg::kStages;
   static constexpr int kAcc = BN / 2;  // fp32 accumulators per consumer thread
+  // Tiles with their own row ranges (a grouped GEMM over unpadded groups, operands.cuh).
+  static constexpr bool kRowRanges = ranges_rows<Scheduler>();
+  static_assert(!(kRowRanges && Fold::kEnabled),
+                "a scheduler with row ranges cannot fold partial tiles: the fold addresses staged rows by m_block");
 
   // Every thread of the CTA, once per launch, before the first run().
   __device__ static void init(uint8_t* smem_raw) {
@@ -178,7 +182,7 @@ class ComputeRole {
         Timeline::record_claim(ops.timeline[Timeline::record_index(ops, item)], item);
       }
 
-      const int32_t m0 = static_cast<int32_t>(item.m_block * BM);
+      const int32_t m0 = static_cast<int32_t>(tile_rows<BM, kRowRanges>(item, ops.m).first);
       const int32_t n0 = static_cast<int32_t>(item.n_block * BN);
       const sm90::TmaDescriptor* a_map = ops.a;
       int32_t a_row = m0;
@@ -304,11 +308,11 @@ class ComputeRole {
       }
       const uint32_t out = epi.out_dtype();
       if (out == 2u) {
-        Staging::template store<float, 32>(sm, acc, item, epi, ops, g, warp, lane, parity);
+        Staging::template store<float, 32, kRowRanges>(sm, acc, item, epi, ops, g, warp, lane, parity);
       } else if (out == 1u) {
-        Staging::template store<__half, 64>(sm, acc, item, epi, ops, g, warp, lane, parity);
+        Staging::template store<__half, 64, kRowRanges>(sm, acc, item, epi, ops, g, warp, lane, parity);
       } else {
-        Staging::template store<__nv_bfloat16, 64>(sm, acc, item, epi, ops, g, warp, lane, parity);
+        Staging::template store<__nv_bfloat16, 64, kRowRanges>(sm, acc, item, epi, ops, g, warp, lane, parity);
       }
       if (timed) Timeline::record_stored(*record);
       if (epi.signals()) {

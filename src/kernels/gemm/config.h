@@ -23,7 +23,7 @@ constexpr int kBlockK = 64;       // 64 x 16-bit = 128 bytes: one 128B-swizzle r
 constexpr int kMaxDst = 8;        // epilogue destinations (row partition, e.g. one per rank)
 constexpr int kTileSlots = 4;     // tile ring depth between the producer and the consumers, and
                                   // signal ring depth between the consumers and the signaler
-constexpr int kWorkItemBytes = 36;  // a WorkItem (params.h) in the tile and signal rings
+constexpr int kWorkItemBytes = 44;  // a WorkItem (params.h) in the tile and signal rings
 constexpr int kRoleStateBytes = 128;  // the compute role's state persisted between run() calls
 constexpr int kEpiRows = 16;      // rows per consumer warp
 constexpr int kEpiBoxBytes = kEpiRows * 128;

@@ -11,6 +11,10 @@
 //   void issue(const void* box, const WorkItem& tile, uint32_t row, uint32_t col) const;
 //                                                     // lane 0 of a consumer warp: send the box of
 //                                                     // `tile` whose top-left element is (row, col)
+//   void write16(uint32_t row, uint32_t col, const uint4& v) const;  // only with a scheduler
+//                                                     // that sets kRowRanges: 16 bytes of output at
+//                                                     // (row, col), a generic store (the rows of a
+//                                                     // box that crosses the tile's row limit)
 //   bool signals() const;                             // does signal() need calling?
 //   void signal(const WorkItem& tile, uint32_t m_blocks, uint32_t n_blocks) const;  // one thread,
 //                                                     // after every box of the tile has landed

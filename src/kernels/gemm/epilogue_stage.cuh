@@ -40,20 +40,36 @@ struct EpilogueStage {
   // 8j + 2(l%4) + {0, 1}. A box is the warp's 16 rows x kCols columns (128 bytes per row); the
   // 16-byte chunk q of row r is stored at chunk q ^ (r % 8) (TMA's 128B swizzle), which keeps
   // the eight rows one store instruction touches in distinct banks.
-  template <class OutT, int kCols, class Smem, class Epilogue>
+  //
+  // kRowRanges (tiles with their own row range, operands.cuh): the tile starts at item.row_first
+  // and only rows below item.row_limit are written. A warp whose 16 rows cross the limit (a
+  // group's last rows; the rows after it belong to the next group) stages its boxes as usual and
+  // then writes their first rows itself (Epilogue::write16, generic stores) instead of handing
+  // them to TMA, whose only row bound is the tensor map's.
+  template <class OutT, int kCols, bool kRowRanges = false, class Smem, class Epilogue>
   __device__ static void store(const Smem& sm, float (&acc)[kAcc], const WorkItem& item, const Epilogue& epi,
                                const GemmOperands& ops, uint32_t g, uint32_t warp, uint32_t lane, uint32_t& parity) {
     static_assert(kCols * sizeof(OutT) == 128, "a staged row is 128 bytes");
-    const uint32_t row0 = item.m_block * BM + g * 64 + warp * 16;
+    const TileRows rows = tile_rows<BM, kRowRanges>(item, ops.m);
+    const uint32_t row0 = rows.first + g * 64 + warp * 16;
     const uint32_t col0 = item.n_block * BN;
-    if (row0 >= ops.m) return;  // all 16 rows of this warp lie past M
+    if (row0 >= rows.limit) return;  // all 16 rows of this warp lie past the limit (M)
+    const uint32_t box_rows = kRowRanges ? min(rows.limit - row0, static_cast<uint32_t>(kEpiRows)) : kEpiRows;
+    const bool direct = kRowRanges && box_rows < static_cast<uint32_t>(kEpiRows);  // uniform across the warp
     const uint32_t r = lane / 4;
 #pragma unroll
     for (int c = 0; c < BN / kCols; ++c) {
       if (col0 + c * kCols >= ops.n) break;  // past N (uniform across the warp)
       uint8_t* box = sm.epi(g, warp, parity);
-      // The box written two chunks ago (same buffer) must have been read out by TMA.
-      if (lane == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<1>{});
+      // The box written two chunks ago (same buffer) must have been read out by TMA; a box written
+      // directly waits for every earlier one (the chunk before it may not have gone to TMA).
+      if (lane == 0) {
+        if (direct) {
+          cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+        } else {
+          cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<1>{});
+        }
+      }
       __syncwarp();
       const uint32_t box_addr = sm90::smem_u32(box);
       if constexpr (sizeof(OutT) == 2) {
@@ -80,6 +96,15 @@ struct EpilogueStage {
                        : "memory");
         }
       }
+      if constexpr (kRowRanges) {
+        if (direct) {
+          __syncwarp();
+          write_rows<OutT, kCols>(box, epi, ops, row0, box_rows, col0 + c * kCols, lane);
+          __syncwarp();  // every lane's reads of the box are done before it is written again
+          parity ^= 1;
+          continue;
+        }
+      }
       // Generic-proxy stores must be visible to the async proxy (TMA) that reads the box.
       cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
       __syncwarp();
@@ -88,6 +113,22 @@ struct EpilogueStage {
         cuda::ptx::cp_async_bulk_commit_group();
       }
       parity ^= 1;
+    }
+  }
+
+  // The first `rows` rows of a staged box (row r's 16-byte chunk q at chunk q ^ (r % 8)) to
+  // rows row0.. and columns col.. of the destination, 16 bytes per lane and store, chunks past N
+  // left out (N is a multiple of 8, so a chunk is wholly inside or outside).
+  template <class OutT, int kCols, class Epilogue>
+  __device__ static void write_rows(const uint8_t* box, const Epilogue& epi, const GemmOperands& ops, uint32_t row0,
+                                    uint32_t rows, uint32_t col, uint32_t lane) {
+    constexpr uint32_t kChunkCols = 16 / sizeof(OutT);
+    for (uint32_t i = lane; i < rows * 8; i += 32) {
+      const uint32_t row = i / 8, q = i % 8;
+      const uint32_t chunk_col = col + q * kChunkCols;
+      if (chunk_col >= ops.n) continue;
+      const uint4 v = *reinterpret_cast<const uint4*>(box + row * 128 + ((q ^ (row % 8)) << 4));
+      epi.write16(row0 + row, chunk_col, v);
     }
   }
 };

@@ -16,8 +16,10 @@ namespace loom::kernels::gemm {
 // and the problem shape.
 // Grouped GEMM (a scheduler whose Tiles policy sets kGroupedB, scheduler.cuh): b is a 3-D map with
 // the group outermost ([groups, K, N] or [groups, N, K], box depth 1), each tile's B loaded at its
-// WorkItem::group; A's and D's rows stay absolute (the policy hands out each group's tile rows
-// where its rows sit, each group padded to whole tile rows), so no other operand changes.
+// WorkItem::group; A's and D's rows stay absolute. Either the policy hands out each group's tile
+// rows where its rows sit, each group padded to whole tile rows, or it also sets kRowRanges and
+// gives every tile its first row and row limit (WorkItem::row_first, row_limit): then groups need
+// no padding (a tile's loads may read the next group's rows; its stores stop at the limit).
 struct GemmOperands {
   const sm90::TmaDescriptor* a;  // [M, K] row-major, box {64, BLOCK_M}, 128B swizzle
   const sm90::TmaDescriptor* b;  // N-major: [K, N], box {64, 64}; K-major: [N, K], box {64, BLOCK_N}
@@ -41,6 +43,30 @@ constexpr bool groups_tiles() {
     return S::kGroupedB;
   } else {
     return false;
+  }
+}
+
+// Does scheduler (or Tiles policy) S give every tile its own row range (static constexpr bool
+// kRowRanges = true; WorkItem::row_first and row_limit)?
+template <class S>
+constexpr bool ranges_rows() {
+  if constexpr (requires { S::kRowRanges; }) {
+    return S::kRowRanges;
+  } else {
+    return false;
+  }
+}
+
+// A tile's rows of A and D: the first, and the end of the rows its epilogue may store.
+struct TileRows {
+  uint32_t first, limit;
+};
+template <int kBlockM, bool kRowRanges>
+__device__ __forceinline__ TileRows tile_rows(const WorkItem& item, uint32_t m) {
+  if constexpr (kRowRanges) {
+    return TileRows{item.row_first, item.row_limit};
+  } else {
+    return TileRows{item.m_block * kBlockM, m};
   }
 }
 

@@ -42,6 +42,13 @@ struct WorkItem {
   // Grouped GEMM (a MoE layer's experts): the group whose B the tile multiplies, set by a
   // scheduler policy that groups tiles (scheduler.cuh, kGroupedB); 0 for every other GEMM.
   uint32_t group = 0;
+  // Row ranges (a Tiles policy with kRowRanges, scheduler.cuh): the tile's first row of A and D
+  // (any row, not only a multiple of BLOCK_M: a group's rows start where the previous group's
+  // end) and the end of the rows it may store (exclusive; rows past it belong to another group
+  // or to nobody). Every other scheduler leaves both 0 and its tiles start at m_block * BLOCK_M,
+  // stored up to M.
+  uint32_t row_first = 0;
+  uint32_t row_limit = 0;
 };
 static_assert(sizeof(WorkItem) == kWorkItemBytes, "the tile and signal rings hold kWorkItemBytes per item");
 

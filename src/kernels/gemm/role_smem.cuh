@@ -36,6 +36,8 @@ __device__ __forceinline__ WorkItem load_item(const WorkItem* slot) {
   w.split_slot = v->split_slot;
   w.split_count = v->split_count;
   w.group = v->group;
+  w.row_first = v->row_first;
+  w.row_limit = v->row_limit;
   return w;
 }
 

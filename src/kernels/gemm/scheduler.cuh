@@ -22,6 +22,8 @@
 //   void place(WorkItem& item) const;                   // kind (kTile / kTileFold), group
 //   static constexpr bool kGroupedB;                    // optional: true when place() sets groups
 //                                                       // (B is then grouped, operands.cuh)
+//   static constexpr bool kRowRanges;                   // optional: true when place() sets every
+//                                                       // tile's row_first and row_limit
 #pragma once
 
 #include <cstdint>
@@ -51,6 +53,7 @@ template <class Tiles = RotatedTiles, class Split = NoTailSplit>
 class TileScheduler {
  public:
   static constexpr bool kGroupedB = groups_tiles<Tiles>();
+  static constexpr bool kRowRanges = ranges_rows<Tiles>();
 
   __device__ explicit TileScheduler(const SchedulerParams& params, Tiles tiles = Tiles{}, Split split = Split{})
       : p_(params), tiles_(tiles), split_(split) {}

@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""loom.grouped_gemm beside torch._grouped_mm on one GPU (MoE expert GEMMs, bf16).
+
+    python3 bench/grouped_gemm.py --json grouped.json
+
+The per-GPU slices of expert-parallel MoE layers (EP8): DeepSeek-V3 (H 7168, I 2048, 32 experts
+per GPU, top-8), Qwen3-235B (H 4096, I 1536, 16 per GPU, top-8) and Mixtral (H 4096, I 14336, 1 per
+GPU, top-2); 1K / 4K / 16K tokens per GPU, so tokens x top-k rows reach the GPU's experts. fc1: N = 2I
+(gate and up), K = H; fc2: N = H, K = I. Routing: uniform (equal counts) or skewed (counts drawn
+from Categorical(p), p ~ U(0, 1) per expert: max/mean about 2). Both operators take the same A
+(rows grouped by expert), the same weights [E, N, K] (torch reads them as [E, K, N] views) and the
+same offsets; loom's output is checked against torch's (rel_err). Median of --iters shuffled rounds
+after warm-up. TFLOP/s = 2 rows N K / time. A table is printed last.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+
+MODELS = {  # name: (H, I, experts per GPU, top-k)
+    "deepseek-v3": (7168, 2048, 32, 8),
+    "qwen3-235b": (4096, 1536, 16, 8),
+    "mixtral": (4096, 14336, 1, 2),
+}
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--tokens", default="1024,4096,16384", help="tokens per GPU")
+    p.add_argument("--routing", default="uniform,skewed")
+    p.add_argument("--gemms", default="fc1,fc2")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--max-rel-err", type=float, default=1e-2)
+    p.add_argument("--json", default="")
+    args = p.parse_args()
+    if args.iters < 20:
+        p.error("--iters must be at least 20")
+    args.models = [m for m in args.models.split(",") if m]
+    for m in args.models:
+        if m not in MODELS:
+            p.error(f"unknown model {m!r}: expected one of {', '.join(MODELS)}")
+    args.tokens = [int(t) for t in args.tokens.split(",") if t]
+    args.routing = [r for r in args.routing.split(",") if r]
+    args.gemms = [g for g in args.gemms.split(",") if g]
+    return args
+
+
+def counts_of(rows, experts, routing, gen):
+    import torch
+    if routing == "uniform" or experts == 1:
+        c = torch.full((experts,), rows // experts, dtype=torch.int64)
+        c[: rows % experts] += 1
+        return c
+    p = torch.rand(experts, generator=gen)
+    idx = torch.multinomial(p, rows, replacement=True, generator=gen)
+    return torch.bincount(idx, minlength=experts)
+
+
+def main():
+    args = parse_args()
+    import torch
+
+    import loom
+
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    gen = torch.Generator().manual_seed(7)
+    random.seed(0)
+    rows_out = []
+    for model in args.models:
+        hidden, inter, experts, topk = MODELS[model]
+        for gemm in args.gemms:
+            n, k = (2 * inter, hidden) if gemm == "fc1" else (hidden, inter)
+            w = (torch.randn(experts, n, k, device=dev, dtype=torch.bfloat16) / k ** 0.5).contiguous()
+            for tokens in args.tokens:
+                for routing in args.routing:
+                    if routing != "uniform" and experts == 1:
+                        continue
+                    rows = tokens * topk
+                    counts = counts_of(rows, experts, routing, gen)
+                    ends = counts.cumsum(0).to(torch.int32)
+                    offsets = torch.cat([torch.zeros(1, dtype=torch.int32), ends]).to(dev)
+                    offs = ends.to(dev)  # torch._grouped_mm: the end of each group
+                    a = torch.randn(rows, k, device=dev, dtype=torch.bfloat16)
+                    d = torch.full((rows, n), float("nan"), device=dev, dtype=torch.bfloat16)
+                    words = -(-loom.grouped_gemm_workspace_bytes(rows, experts) // 4)
+                    ws = torch.empty(max(words, 1), device=dev, dtype=torch.int32)
+                    wt = w.transpose(-2, -1)  # [E, K, N] view
+
+                    def run_loom():
+                        loom.grouped_gemm(a, w, d, offsets=offsets, workspace=ws)
+
+                    def run_torch():
+                        return torch._grouped_mm(a, wt, offs=offs)
+
+                    run_loom()
+                    ref = run_torch()
+                    torch.cuda.synchronize()
+                    rel_err = float((d.float() - ref.float()).norm() / ref.float().norm())
+                    candidates = {"loom": run_loom, "torch_grouped": run_torch}
+                    times = {c: [] for c in candidates}
+                    for rnd in range(args.warmup + args.iters):
+                        order = list(candidates)
+                        random.shuffle(order)
+                        for c in order:
+                            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                            start.record()
+                            candidates[c]()
+                            end.record()
+                            end.synchronize()
+                            if rnd >= args.warmup:
+                                times[c].append(start.elapsed_time(end))
+                    ms = {c: sorted(t)[len(t) // 2] for c, t in times.items()}
+                    row = {"op": "grouped_gemm", "model": model, "gemm": gemm, "experts": experts, "tokens": tokens,
+                           "routing": routing, "rows": rows, "max_over_mean": float(counts.max()) / (rows / experts),
+                           "N": n, "K": k, "rel_err": rel_err, "ms": ms}
+                    rows_out.append(row)
+                    print(f"[{len(rows_out)}] {model} {gemm} T{tokens} {routing}: loom {ms['loom']:.3f} ms, "
+                          f"torch {ms['torch_grouped']:.3f} ms, rel_err {rel_err:.2e}", flush=True)
+                    del a, d, ref, ws
+            del w
+            torch.cuda.empty_cache()
+
+    sha = "unknown"
+    here = os.path.dirname(os.path.abspath(__file__))
+    carry = os.path.join(here, "..", ".device-carry", "GIT_SHA")
+    if os.path.exists(carry):
+        sha = open(carry).read().split()[0]
+    else:
+        try:
+            sha = subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=here, text=True).strip()
+        except Exception:  # noqa: BLE001
+            pass
+    result = {"git_sha": sha, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "gpu": torch.cuda.get_device_name(), "host": socket.gethostname(), "world": 1, "torch": torch.__version__,
+              "command": " ".join(sys.argv), "rows": rows_out}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+    def tflops(r, t):
+        return 2.0 * r["rows"] * r["N"] * r["K"] / (t * 1e-3) / 1e12
+
+    print("\nTFLOP/s (one GPU, bf16)")
+    print(f"{'model':<13}{'gemm':<6}{'tokens':>7} {'routing':<9}{'max/mean':>9}{'loom':>8}{'torch':>8}"
+          f"{'torch/loom time':>17}{'rel_err':>10}")
+    for r in rows_out:
+        print(f"{r['model']:<13}{r['gemm']:<6}{r['tokens']:>7} {r['routing']:<9}{r['max_over_mean']:>9.2f}"
+              f"{tflops(r, r['ms']['loom']):>8.0f}{tflops(r, r['ms']['torch_grouped']):>8.0f}"
+              f"{r['ms']['torch_grouped'] / r['ms']['loom']:>17.3f}{r['rel_err']:>10.2e}")
+    sys.exit(1 if any(not (r["rel_err"] <= args.max_rel_err) for r in rows_out) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+// Plain data of the grouped GEMM (a MoE layer's experts, kernels/moe/grouped_gemm.cuh) shared by
+// the host launcher, the planner and the kernels: the tunables, the two row layouts and the
+// workspace. No CUDA headers (the planner and the CPU tests include it).
+//
+// Workspace (device memory the caller provides; the plan kernel rewrites it at every launch, the
+// GEMM kernel reads it):
+//   header   16 bytes        GroupedWorkspaceHeader: tile_rows (T, the tile rows of all experts
+//                            together), clamped_experts (experts whose offsets or count were out
+//                            of range and were clamped, see loom/moe.h)
+//   table    T_max x 16 B    GroupedTileRow per tile row, experts in order, each expert's rows in
+//                            ceil(count_e / BLOCK_M) tile rows
+//   T_max = ceil(M_total / kMinBlockM) + E          (contiguous: each expert wastes < 1 tile row)
+//         = E * ceil(capacity / kMinBlockM)          (masked)
+//   bytes = 16 + 16 * T_max   (grouped_gemm_workspace_bytes, loom/moe.h)
+// kMinBlockM (the smallest BLOCK_M) bounds T for every tile configuration, so the size does not
+// depend on the configuration the planner picks.
+#pragma once
+
+#include <cstdint>
+
+namespace loom::kernels::moe {
+
+struct GroupedGemmTunables {
+  // The plan kernel: one CTA of kPlanThreads threads scans the experts' tile-row counts
+  // kPlanThreads experts at a time (one warp-shuffle scan per warp, one over the warps' sums).
+  static constexpr int kPlanThreads = 1024;
+  // The smallest BLOCK_M of a GEMM engine configuration (kernels/gemm/config.h): sizes the table.
+  static constexpr int kMinBlockM = 64;
+};
+static_assert(GroupedGemmTunables::kPlanThreads % 32 == 0 && GroupedGemmTunables::kPlanThreads / 32 <= 32,
+              "the plan kernel's scan over the warps' sums runs in one warp: at most 32 warps");
+
+// Where each expert's rows of A and D are.
+enum class GroupedRows : uint32_t {
+  kContiguous = 0,  // A [M_total, K], D [M_total, N]; expert e's rows [offsets[e], offsets[e+1])
+  kMasked = 1,      // A [E, capacity, K], D [E, capacity, N]; expert e's rows e * capacity + [0, counts[e])
+};
+
+struct GroupedWorkspaceHeader {
+  uint32_t tile_rows;        // T
+  uint32_t clamped_experts;  // experts whose offsets or count were clamped (malformed input)
+  uint32_t unused[2];
+};
+static_assert(sizeof(GroupedWorkspaceHeader) == 16, "the table starts 16 bytes into the workspace");
+
+// One tile row: BLOCK_M rows of expert `expert` from row_first (a row of A and D), storable up to
+// row_limit (the expert's end; exclusive).
+struct alignas(16) GroupedTileRow {
+  uint32_t expert;
+  uint32_t row_first;
+  uint32_t row_limit;
+  uint32_t unused;
+};
+static_assert(sizeof(GroupedTileRow) == 16, "a tile row is read with one 16-byte load");
+
+constexpr uint64_t kGroupedWorkspaceHeaderBytes = sizeof(GroupedWorkspaceHeader);
+
+// T_max for a BLOCK_M of block_m (see above).
+constexpr uint64_t grouped_max_tile_rows(GroupedRows layout, uint64_t rows, uint64_t experts, uint64_t block_m) {
+  return layout == GroupedRows::kContiguous ? (rows + block_m - 1) / block_m + experts
+                                            : experts * ((rows + block_m - 1) / block_m);
+}
+
+// What the plan kernel reads and writes.
+struct GroupedPlanParams {
+  uint32_t layout = 0;       // GroupedRows
+  uint32_t experts = 0;      // E >= 1
+  uint32_t rows = 0;         // contiguous: M_total; masked: capacity
+  uint32_t block_m = 0;      // the GEMM's BLOCK_M
+  const int32_t* offsets = nullptr;  // contiguous: [E + 1]
+  const int32_t* counts = nullptr;   // masked: [E]
+  GroupedWorkspaceHeader* header = nullptr;
+  GroupedTileRow* table = nullptr;
+  uint32_t max_tile_rows = 0;  // the table's capacity (entries)
+};
+
+}  // namespace loom::kernels::moe

@@ -1,0 +1,11 @@
+// Instantiations of the grouped GEMM kernel for the 64x128 tile (bf16 / fp16 inputs).
+#include "ops/moe/grouped_gemm_dispatch.cuh"
+
+namespace loom::ops::detail {
+
+Status launch_sm90_grouped_gemm_64x128(const kernels::moe::GroupedGemmKernelParams& params, bool bf16, int grid,
+                                   cudaStream_t stream) {
+  return launch_grouped_config<kernels::gemm::Tile64x128>(params, bf16, grid, stream);
+}
+
+}  // namespace loom::ops::detail

@@ -1,0 +1,259 @@
+// The grouped GEMM's host logic without a GPU: grouped_gemm_can_implement, the workspace size
+// formula, layout names and the launch plan.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/moe/grouped_gemm_params.h"
+#include "loom/moe.h"
+#include "planner/moe_plan.h"
+
+namespace loom {
+namespace {
+
+// Fake, well-aligned, non-overlapping device addresses: the checks never dereference them.
+const void* kA = reinterpret_cast<const void*>(uintptr_t{0x10000000});
+const void* kB = reinterpret_cast<const void*>(uintptr_t{0x40000000});
+void* kD = reinterpret_cast<void*>(uintptr_t{0x80000000});
+void* kWorkspace = reinterpret_cast<void*>(uintptr_t{0xC0000000});
+const int32_t* kOffsets = reinterpret_cast<const int32_t*>(uintptr_t{0xD0000000});
+
+GroupedGemmArgs contiguous_args() {
+  GroupedGemmArgs a;
+  a.layout = GroupedLayout::kContiguous;
+  a.a = kA;
+  a.b = kB;
+  a.d = kD;
+  a.offsets = kOffsets;
+  a.m_total = 1000;
+  a.n = 256;
+  a.k = 512;
+  a.num_experts = 8;
+  a.workspace = kWorkspace;
+  a.workspace_bytes = grouped_gemm_workspace_bytes(a);
+  return a;
+}
+
+GroupedGemmArgs masked_args() {
+  GroupedGemmArgs a = contiguous_args();
+  a.layout = GroupedLayout::kMasked;
+  a.offsets = nullptr;
+  a.counts = kOffsets;
+  a.m_total = 0;
+  a.capacity = 100;
+  a.workspace_bytes = grouped_gemm_workspace_bytes(a);
+  return a;
+}
+
+void expect_code(const GroupedGemmArgs& a, StatusCode code, const std::string& words) {
+  const Status s = grouped_gemm_can_implement(a);
+  EXPECT_EQ(s.code(), code) << s.to_string();
+  EXPECT_NE(s.message().find(words), std::string::npos) << "message should mention '" << words << "': " << s.message();
+}
+
+TEST(GroupedGemmValidation, AcceptsBothLayouts) {
+  EXPECT_TRUE(grouped_gemm_can_implement(contiguous_args()).ok()) << grouped_gemm_can_implement(contiguous_args()).to_string();
+  EXPECT_TRUE(grouped_gemm_can_implement(masked_args()).ok()) << grouped_gemm_can_implement(masked_args()).to_string();
+  GroupedGemmArgs a = contiguous_args();
+  a.in_dtype = DType::kF16;
+  a.out_dtype = DType::kF32;
+  EXPECT_TRUE(grouped_gemm_can_implement(a).ok());
+  a.num_experts = 1;  // one expert is a plain GEMM
+  EXPECT_TRUE(grouped_gemm_can_implement(a).ok());
+}
+
+TEST(GroupedGemmValidation, NoRowsNeedsNoWorkspace) {
+  GroupedGemmArgs a = contiguous_args();
+  a.m_total = 0;
+  a.workspace = nullptr;
+  a.workspace_bytes = 0;
+  EXPECT_TRUE(grouped_gemm_can_implement(a).ok()) << grouped_gemm_can_implement(a).to_string();
+  GroupedGemmArgs m = masked_args();
+  m.capacity = 0;
+  m.workspace = nullptr;
+  EXPECT_TRUE(grouped_gemm_can_implement(m).ok()) << grouped_gemm_can_implement(m).to_string();
+}
+
+TEST(GroupedGemmValidation, WorkspaceFollowsTheDocumentedFormula) {
+  // Contiguous: 16 * (1 + ceil(M_total / 64) + E).
+  EXPECT_EQ(grouped_gemm_workspace_bytes(contiguous_args()), 16u * (1 + 16 + 8));
+  // Masked: 16 * (1 + E * ceil(capacity / 64)).
+  EXPECT_EQ(grouped_gemm_workspace_bytes(masked_args()), 16u * (1 + 8 * 2));
+  GroupedGemmArgs a = contiguous_args();
+  a.num_experts = 0;
+  EXPECT_EQ(grouped_gemm_workspace_bytes(a), 0u);
+  // The table is laid out as the kernels read it.
+  EXPECT_EQ(kernels::moe::kGroupedWorkspaceHeaderBytes, 16u);
+  EXPECT_EQ(sizeof(kernels::moe::GroupedTileRow), 16u);
+}
+
+TEST(GroupedGemmValidation, NullPointersAreInvalid) {
+  for (int which = 0; which < 4; ++which) {
+    GroupedGemmArgs a = contiguous_args();
+    if (which == 0) a.a = nullptr;
+    if (which == 1) a.b = nullptr;
+    if (which == 2) a.d = nullptr;
+    if (which == 3) a.offsets = nullptr;
+    expect_code(a, StatusCode::kInvalidArgument, which == 3 ? "offsets" : "null");
+  }
+  GroupedGemmArgs m = masked_args();
+  m.counts = nullptr;
+  expect_code(m, StatusCode::kInvalidArgument, "counts");
+}
+
+TEST(GroupedGemmValidation, ExpertsAndSizes) {
+  GroupedGemmArgs a = contiguous_args();
+  a.num_experts = 0;
+  expect_code(a, StatusCode::kInvalidArgument, "expert");
+  a = contiguous_args();
+  a.num_experts = -3;
+  expect_code(a, StatusCode::kInvalidArgument, "expert");
+  a = contiguous_args();
+  a.m_total = -1;
+  expect_code(a, StatusCode::kInvalidArgument, "negative");
+  GroupedGemmArgs m = masked_args();
+  m.capacity = -5;
+  expect_code(m, StatusCode::kInvalidArgument, "negative");
+  m = masked_args();
+  m.num_experts = 1 << 20;
+  m.capacity = 1 << 12;  // 2^32 rows
+  m.workspace_bytes = 1ull << 40;
+  expect_code(m, StatusCode::kUnsupported, "E * capacity");
+}
+
+TEST(GroupedGemmValidation, NAndKMustSuitTma) {
+  for (int64_t n : {0, 4, 100, 257}) {
+    GroupedGemmArgs a = contiguous_args();
+    a.n = n;
+    expect_code(a, StatusCode::kUnsupported, "N = " + std::to_string(n));
+  }
+  for (int64_t k : {0, 12, 1001}) {
+    GroupedGemmArgs a = contiguous_args();
+    a.k = k;
+    expect_code(a, StatusCode::kUnsupported, "K = " + std::to_string(k));
+  }
+  GroupedGemmArgs a = contiguous_args();
+  a.n = -8;
+  expect_code(a, StatusCode::kInvalidArgument, "negative");
+}
+
+TEST(GroupedGemmValidation, Dtypes) {
+  GroupedGemmArgs a = contiguous_args();
+  a.in_dtype = DType::kF32;
+  expect_code(a, StatusCode::kUnsupported, "fp32");
+  a = contiguous_args();
+  a.out_dtype = static_cast<DType>(9);
+  expect_code(a, StatusCode::kInvalidArgument, "out_dtype");
+  a = contiguous_args();
+  a.layout = static_cast<GroupedLayout>(7);
+  expect_code(a, StatusCode::kInvalidArgument, "layout");
+}
+
+TEST(GroupedGemmValidation, Alignment) {
+  GroupedGemmArgs a = contiguous_args();
+  a.a = static_cast<const char*>(kA) + 8;
+  expect_code(a, StatusCode::kInvalidArgument, "a is not 16-byte aligned");
+  a = contiguous_args();
+  a.b = static_cast<const char*>(kB) + 2;
+  expect_code(a, StatusCode::kInvalidArgument, "b is not 16-byte aligned");
+  a = contiguous_args();
+  a.d = static_cast<char*>(kD) + 4;
+  expect_code(a, StatusCode::kInvalidArgument, "d is not 16-byte aligned");
+  a = contiguous_args();
+  a.offsets = reinterpret_cast<const int32_t*>(reinterpret_cast<uintptr_t>(kOffsets) + 2);
+  expect_code(a, StatusCode::kInvalidArgument, "offsets");
+}
+
+TEST(GroupedGemmValidation, Workspace) {
+  GroupedGemmArgs a = contiguous_args();
+  a.workspace = nullptr;
+  expect_code(a, StatusCode::kInvalidArgument, "workspace is null");
+  a = contiguous_args();
+  a.workspace_bytes -= 16;
+  expect_code(a, StatusCode::kInvalidArgument, "too small");
+  a = contiguous_args();
+  a.workspace = static_cast<char*>(kWorkspace) + 8;
+  expect_code(a, StatusCode::kInvalidArgument, "workspace is not 16-byte aligned");
+  a = contiguous_args();
+  a.workspace = kD;
+  expect_code(a, StatusCode::kInvalidArgument, "overlaps");
+}
+
+TEST(GroupedGemmValidation, OverlapsAreInvalid) {
+  GroupedGemmArgs a = contiguous_args();
+  a.d = const_cast<void*>(kA);
+  expect_code(a, StatusCode::kInvalidArgument, "d overlaps a");
+  a = contiguous_args();
+  a.d = const_cast<void*>(kB);
+  expect_code(a, StatusCode::kInvalidArgument, "d overlaps b");
+}
+
+TEST(GroupedGemmValidation, Options) {
+  GroupedGemmOptions o;
+  o.num_ctas = -1;
+  EXPECT_EQ(grouped_gemm_can_implement(contiguous_args(), o).code(), StatusCode::kInvalidArgument);
+  o = GroupedGemmOptions{};
+  o.tile = static_cast<GemmTile>(42);
+  EXPECT_EQ(grouped_gemm_can_implement(contiguous_args(), o).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(GroupedGemmValidation, LayoutNames) {
+  EXPECT_EQ(grouped_layout_name(GroupedLayout::kContiguous), "contiguous");
+  EXPECT_EQ(grouped_layout_name(GroupedLayout::kMasked), "masked");
+  EXPECT_EQ(parse_grouped_layout("masked").value(), GroupedLayout::kMasked);
+  EXPECT_EQ(parse_grouped_layout("contiguous").value(), GroupedLayout::kContiguous);
+  EXPECT_EQ(parse_grouped_layout("ragged").status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(GroupedGemmPlan, SizesTheTableAndTheGrid) {
+  const planner::GemmDeviceLimits h200{132, 232448};
+  GroupedGemmOptions o;
+  o.tile = GemmTile::k128x128;
+  Result<planner::GroupedGemmPlan> p = planner::plan_grouped_gemm(contiguous_args(), o, h200);
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_EQ(p->tile, GemmTile::k128x128);
+  EXPECT_EQ(p->rows, 1000);
+  EXPECT_EQ(p->max_tile_rows, 8 + 8);  // ceil(1000 / 128) + E
+  EXPECT_EQ(p->n_blocks, 2);
+  EXPECT_EQ(p->num_ctas, 32);  // at most T_max * n_blocks tiles
+  EXPECT_GE(p->group_m, 1);
+
+  Result<planner::GroupedGemmPlan> m = planner::plan_grouped_gemm(masked_args(), o, h200);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(m->rows, 800);
+  EXPECT_EQ(m->max_tile_rows, 8);  // E * ceil(100 / 128)
+
+  // The table of any configuration fits the workspace sized for the smallest BLOCK_M.
+  for (GemmTile t : {GemmTile::k128x256, GemmTile::k128x128, GemmTile::k128x64, GemmTile::k64x128}) {
+    o.tile = t;
+    for (const GroupedGemmArgs& a : {contiguous_args(), masked_args()}) {
+      Result<planner::GroupedGemmPlan> q = planner::plan_grouped_gemm(a, o, h200);
+      ASSERT_TRUE(q.ok()) << q.status().to_string();
+      EXPECT_LE(16u * (1 + static_cast<uint64_t>(q->max_tile_rows)), grouped_gemm_workspace_bytes(a));
+    }
+  }
+
+  GroupedGemmArgs big = contiguous_args();
+  big.m_total = 32768;
+  big.n = 4096;
+  big.k = 7168;
+  big.num_experts = 32;
+  // B alone is 1.9 GB here: addresses far apart.
+  big.a = reinterpret_cast<const void*>(uintptr_t{1} << 40);
+  big.b = reinterpret_cast<const void*>(uintptr_t{2} << 40);
+  big.d = reinterpret_cast<void*>(uintptr_t{3} << 40);
+  big.workspace = reinterpret_cast<void*>(uintptr_t{4} << 40);
+  big.workspace_bytes = grouped_gemm_workspace_bytes(big);
+  Result<planner::GroupedGemmPlan> auto_plan = planner::plan_grouped_gemm(big, GroupedGemmOptions{}, h200);
+  ASSERT_TRUE(auto_plan.ok()) << auto_plan.status().to_string();
+  EXPECT_NE(auto_plan->tile, GemmTile::kAuto);
+  EXPECT_EQ(auto_plan->num_ctas, 132);
+
+  const planner::GemmDeviceLimits small_smem{132, 100 * 1024};
+  o.tile = GemmTile::k128x256;
+  EXPECT_EQ(planner::plan_grouped_gemm(contiguous_args(), o, small_smem).status().code(), StatusCode::kUnsupported);
+}
+
+}  // namespace
+}  // namespace loom
