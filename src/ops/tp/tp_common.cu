@@ -137,17 +137,8 @@ std::string check_flag_capacity(const Communicator::Impl& impl, uint64_t launch_
 }
 
 GemmArgs local_gemm(const void* a, const void* b, void* d, int64_t m, const TpGemmArgs& args) {
-  GemmArgs g;
-  g.a = a;
-  g.b = b;
-  g.d = d;
-  g.m = m;
-  g.n = args.n;
-  g.k = args.k;
-  g.in_dtype = args.dtype;
-  g.out_dtype = args.dtype;
-  g.b_layout = args.b_layout;
-  return g;
+  return GemmArgs{.a = a, .b = b, .d = d, .m = m, .n = args.n, .k = args.k, .in_dtype = args.dtype,
+                  .out_dtype = args.dtype, .b_layout = args.b_layout};
 }
 
 GemmOptions gemm_options_for(const TpCall& call) {
