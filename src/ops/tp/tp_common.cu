@@ -70,16 +70,8 @@ Status check_reduce_buffers(Communicator::Impl& impl, OpId op, const TpGemmArgs&
 }
 
 planner::TpRequest tp_request(OpId op, const TpGemmArgs& a, int world, int sm_count) {
-  planner::TpRequest r;
-  r.op = op;
-  r.m = a.m;
-  r.n = a.n;
-  r.k = a.k;
-  r.local_world = world;
-  r.dtype = a.dtype;
-  r.b_layout = a.b_layout;
-  r.sm_count = sm_count;
-  return r;
+  return planner::TpRequest{.op = op, .m = a.m, .n = a.n, .k = a.k, .local_world = world, .dtype = a.dtype,
+                            .b_layout = a.b_layout, .sm_count = sm_count};
 }
 
 Result<TpCall> decide(Communicator::Impl& impl, OpId op, const TpGemmArgs& a, const TpGemmOptions& options,
