@@ -16,25 +16,16 @@ Status all_gather_for(Communicator& comm, const void* send, void* recv, size_t c
   LOOM_TRY_CTX(ops::check_collective_common(impl, "all_gather", count, dtype), "all_gather");
   if (count == 0) return {};
   const uint64_t shard = static_cast<uint64_t>(count) * dtype_size(dtype);
-  const uint64_t world = static_cast<uint64_t>(impl.topology.local_world_size);
-  uint64_t recv_bytes = 0;
-  if (__builtin_mul_overflow(shard, world, &recv_bytes)) {
-    return Status::invalid_argument("all_gather: count x world size overflows a 64-bit byte size");
-  }
+  LOOM_ASSIGN_OR_RETURN(const uint64_t recv_bytes, ops::bytes_of_all_ranks(impl, "all_gather", shard));
   LOOM_ASSIGN_OR_RETURN(uint64_t recv_offset, impl.symmetric_offset(recv, recv_bytes, "all_gather: recv"));
   LOOM_TRY_CTX(impl.check_local_device_buffer(send, shard, "send"), "all_gather");
-  if (world == 1) return ops::single_rank_copy(send, recv, shard, stream);
+  if (impl.topology.local_world_size == 1) return ops::single_rank_copy(send, recv, shard, stream);
   const bool bulk_eligible = ops::is_aligned16(send) && recv_offset % 16 == 0 && shard % 16 == 0;
   LOOM_ASSIGN_OR_RETURN(planner::CollectivePlan plan,
                         ops::plan_for(impl, OpId::kAllGather, shard, options, bulk_eligible));
 
-  kernels::CollectiveArgs args{};
-  args.comm = impl.device_comm();
-  args.op = static_cast<uint32_t>(label);
-  args.send = static_cast<const char*>(send);
-  args.recv = static_cast<char*>(recv);
+  kernels::CollectiveArgs args = ops::collective_args(impl, label, send, recv, shard);
   args.recv_offset = recv_offset;
-  args.bytes = shard;
   args.vectorizable = 1;  // vector_copy handles alignment itself
   args.signature = collective_signature(label, outer, shard, dtype, plan.num_ctas, static_cast<int>(plan.engine), 0, recv_offset);
   using Config = kernels::AllGatherConfig;

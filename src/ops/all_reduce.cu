@@ -14,9 +14,7 @@ Status all_reduce_for(Communicator& comm, const void* send, void* recv, size_t c
                   const CollectiveOptions& options, OpId label, uint32_t outer) {
   Communicator::Impl& impl = internal(comm);
   LOOM_TRY_CTX(ops::check_collective_common(impl, "all_reduce", count, dtype), "all_reduce");
-  if (options.engine == CopyEngineChoice::kBulk) {
-    return Status::invalid_argument("all_reduce: the bulk copy engine applies to all_gather only");
-  }
+  LOOM_TRY(ops::check_no_bulk_engine("all_reduce", options));
   if (count == 0) return {};
   const uint64_t bytes = static_cast<uint64_t>(count) * dtype_size(dtype);
   LOOM_ASSIGN_OR_RETURN(uint64_t send_offset, impl.symmetric_offset(send, bytes, "all_reduce: send"));
@@ -25,14 +23,9 @@ Status all_reduce_for(Communicator& comm, const void* send, void* recv, size_t c
   const uint64_t per_rank = bytes / static_cast<uint64_t>(impl.topology.local_world_size);
   LOOM_ASSIGN_OR_RETURN(planner::CollectivePlan plan, ops::plan_for(impl, OpId::kAllReduce, per_rank, options, false));
 
-  kernels::CollectiveArgs args{};
-  args.comm = impl.device_comm();
-  args.op = static_cast<uint32_t>(label);
-  args.send = static_cast<const char*>(send);
-  args.recv = static_cast<char*>(recv);
+  kernels::CollectiveArgs args = ops::collective_args(impl, label, send, recv, bytes);
   args.send_offset = send_offset;
   args.recv_offset = recv_offset;
-  args.bytes = bytes;
   args.vectorizable = send_offset % 16 == 0 && recv_offset % 16 == 0;
   args.signature = collective_signature(label, outer, bytes, dtype, plan.num_ctas, static_cast<int>(plan.engine), send_offset,
                                         recv_offset);

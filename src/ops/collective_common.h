@@ -31,6 +31,35 @@ inline Status check_collective_common(Communicator::Impl& impl, const char* op, 
 
 inline bool is_aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+// invalid_argument unless `options` leave the copy engine to loom or ask for vectors (only
+// all_gather has a bulk-copy kernel).
+inline Status check_no_bulk_engine(const char* op, const CollectiveOptions& options) {
+  if (options.engine != CopyEngineChoice::kBulk) return {};
+  return Status::invalid_argument(std::string(op) + ": the bulk copy engine applies to all_gather only");
+}
+
+// The bytes of all ranks' `per_rank` bytes together; invalid_argument when that overflows.
+inline Result<uint64_t> bytes_of_all_ranks(const Communicator::Impl& impl, const char* op, uint64_t per_rank) {
+  uint64_t total = 0;
+  if (__builtin_mul_overflow(per_rank, static_cast<uint64_t>(impl.topology.local_world_size), &total)) {
+    return Status::invalid_argument(std::string(op) + ": count x world size overflows a 64-bit byte size");
+  }
+  return total;
+}
+
+// The arguments every collective kernel takes: the communicator, the operator its errors name
+// (`label`: the collective or the decomposed TP operator it serves), send, recv and `bytes`.
+inline kernels::CollectiveArgs collective_args(const Communicator::Impl& impl, OpId label, const void* send, void* recv,
+                                               uint64_t bytes) {
+  kernels::CollectiveArgs args{};
+  args.comm = impl.device_comm();
+  args.op = static_cast<uint32_t>(label);
+  args.send = static_cast<const char*>(send);
+  args.recv = static_cast<char*>(recv);
+  args.bytes = bytes;
+  return args;
+}
+
 // A collective over one rank moves its own data only: a device copy, or nothing in place (no
 // kernel and no flags). Called after the arguments were checked like any other call's.
 inline Status single_rank_copy(const void* send, void* recv, uint64_t bytes, cudaStream_t stream) {

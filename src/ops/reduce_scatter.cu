@@ -14,28 +14,18 @@ Status reduce_scatter_for(Communicator& comm, const void* send, void* recv, size
                       cudaStream_t stream, const CollectiveOptions& options, OpId label, uint32_t outer) {
   Communicator::Impl& impl = internal(comm);
   LOOM_TRY_CTX(ops::check_collective_common(impl, "reduce_scatter", recv_count, dtype), "reduce_scatter");
-  if (options.engine == CopyEngineChoice::kBulk) {
-    return Status::invalid_argument("reduce_scatter: the bulk copy engine applies to all_gather only");
-  }
+  LOOM_TRY(ops::check_no_bulk_engine("reduce_scatter", options));
   if (recv_count == 0) return {};
   const uint64_t chunk = static_cast<uint64_t>(recv_count) * dtype_size(dtype);
   const uint64_t world = static_cast<uint64_t>(impl.topology.local_world_size);
-  uint64_t send_bytes = 0;
-  if (__builtin_mul_overflow(chunk, world, &send_bytes)) {
-    return Status::invalid_argument("reduce_scatter: count x world size overflows a 64-bit byte size");
-  }
+  LOOM_ASSIGN_OR_RETURN(const uint64_t send_bytes, ops::bytes_of_all_ranks(impl, "reduce_scatter", chunk));
   LOOM_ASSIGN_OR_RETURN(uint64_t send_offset, impl.symmetric_offset(send, send_bytes, "reduce_scatter: send"));
   LOOM_TRY_CTX(impl.check_local_device_buffer(recv, chunk, "recv"), "reduce_scatter");
   if (world == 1) return ops::single_rank_copy(send, recv, chunk, stream);
   LOOM_ASSIGN_OR_RETURN(planner::CollectivePlan plan, ops::plan_for(impl, OpId::kReduceScatter, chunk, options, false));
 
-  kernels::CollectiveArgs args{};
-  args.comm = impl.device_comm();
-  args.op = static_cast<uint32_t>(label);
-  args.send = static_cast<const char*>(send);
-  args.recv = static_cast<char*>(recv);
+  kernels::CollectiveArgs args = ops::collective_args(impl, label, send, recv, chunk);
   args.send_offset = send_offset;
-  args.bytes = chunk;
   // Vectors need every rank's chunk start (send_offset + r * chunk) and recv 16-byte aligned.
   args.vectorizable = send_offset % 16 == 0 && chunk % 16 == 0 && ops::is_aligned16(recv);
   args.signature = collective_signature(label, outer, chunk, dtype, plan.num_ctas, static_cast<int>(plan.engine), send_offset, 0);

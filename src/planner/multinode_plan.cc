@@ -13,17 +13,8 @@ namespace kmn = kernels::tp::multinode;
 using kernels::tp::TpTunables;
 
 TpRequest tp_request_of(const MultiNodeRequest& r) {
-  TpRequest t;
-  t.op = r.op;
-  t.m = r.m;
-  t.n = r.n;
-  t.k = r.k;
-  t.local_world = static_cast<int>(r.grid.local);
-  t.nodes = static_cast<int>(r.grid.nodes);
-  t.dtype = r.dtype;
-  t.b_layout = r.b_layout;
-  t.sm_count = r.sm_count;
-  return t;
+  return TpRequest{.op = r.op, .m = r.m, .n = r.n, .k = r.k, .local_world = static_cast<int>(r.grid.local),
+                   .nodes = static_cast<int>(r.grid.nodes), .dtype = r.dtype, .b_layout = r.b_layout, .sm_count = r.sm_count};
 }
 
 std::string shape_text(const MultiNodeRequest& r) {

@@ -49,6 +49,7 @@
 #include "runtime/communicator_impl.h"
 #include "runtime/network_layout.h"
 #include "tests/common/verifiable.cuh"
+#include "tests/gpu/common/tp_fixture.cuh"
 #include "tests/gpu/harness.h"
 
 namespace loom {
@@ -56,6 +57,7 @@ namespace {
 
 using test::process;
 using test::shared_comm;
+using namespace test::tp;  // tests/gpu/common/tp_fixture.cuh
 using namespace std::chrono_literals;
 
 bool multi_node() { return shared_comm().num_nodes() > 1; }
@@ -70,39 +72,6 @@ bool agree(bool ok) { return test::all_ranks_agree(shared_comm(), ok); }
     cudaError_t mn_err_ = (expr);                                                      \
     ASSERT_EQ(mn_err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(mn_err_);   \
   } while (0)
-
-struct DeviceMem {
-  void* p = nullptr;
-  size_t bytes = 0;
-  DeviceMem() = default;
-  explicit DeviceMem(size_t n) : bytes(n) {
-    if (cudaMalloc(&p, std::max<size_t>(n, 16)) != cudaSuccess) p = nullptr;
-  }
-  DeviceMem(const DeviceMem&) = delete;
-  DeviceMem& operator=(const DeviceMem&) = delete;
-  ~DeviceMem() {
-    if (p) cudaFree(p);
-  }
-};
-
-// Symmetric buffers, freed in reverse order (collective, same order on every rank).
-struct SymmetricMem {
-  Communicator& comm;
-  std::vector<void*> owned;
-  explicit SymmetricMem(Communicator& c) : comm(c) {}
-  SymmetricMem(const SymmetricMem&) = delete;
-  SymmetricMem& operator=(const SymmetricMem&) = delete;
-  ~SymmetricMem() {
-    for (auto it = owned.rbegin(); it != owned.rend(); ++it) (void)comm.free(*it);
-  }
-  void* alloc(size_t bytes) {
-    Result<void*> p = comm.alloc(bytes);
-    EXPECT_TRUE(p.ok()) << "rank " << process().rank << ": symmetric alloc of " << bytes << " B: " << p.status().to_string();
-    if (!p.ok()) return nullptr;
-    owned.push_back(*p);
-    return *p;
-  }
-};
 
 // ---- raw network puts ------------------------------------------------------------------------------
 
@@ -308,6 +277,7 @@ struct Shape {
   int64_t a_rows() const { return op == OpId::kAgGemm ? rows() : m; }
   int64_t out_rows() const { return op == OpId::kGemmRs ? rows() : m; }
   int64_t out_row0() const { return op == OpId::kGemmRs ? block * rows() : 0; }
+  int fill_rank() const { return rank; }  // whose values this rank's operands hold
   size_t elem() const { return dtype_size(dtype); }
   size_t a_bytes() const { return static_cast<size_t>(a_rows() * k_rank()) * elem(); }
   size_t b_bytes() const { return static_cast<size_t>(n * k_rank()) * elem(); }
@@ -328,6 +298,8 @@ struct Shape {
   }
 };
 
+using Inputs = test::tp::Inputs<Shape>;
+
 Shape make_shape(OpId op, int64_t m, int64_t n, int64_t k_global, BLayout layout, DType dtype = DType::kBF16) {
   Communicator& comm = shared_comm();
   Shape s;
@@ -347,112 +319,6 @@ Shape make_shape(OpId op, int64_t m, int64_t n, int64_t k_global, BLayout layout
 int rank_of_block(int d) {
   const auto& t = internal(shared_comm()).topology;
   return t.rank_of(d / t.local_world_size, d % t.local_world_size);
-}
-
-Status launch(Communicator& comm, OpId op, const TpGemmArgs& args, cudaStream_t stream, const TpGemmOptions& options = {}) {
-  switch (op) {
-    case OpId::kAgGemm: return ag_gemm(comm, args, stream, options);
-    case OpId::kGemmRs: return gemm_rs(comm, args, stream, options);
-    default: return gemm_ar(comm, args, stream, options);
-  }
-}
-
-template <typename T>
-__global__ void fill_matrix_kernel(T* out, int64_t rows, int64_t cols, int64_t ld, uint64_t seed, int rank) {
-  const int64_t total = rows * cols;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t r = i / cols, c = i % cols;
-    out[r * ld + c] = verify::from_float<T>(verify::element_value(seed, rank, static_cast<uint64_t>(i)));
-  }
-}
-
-void fill_matrix(void* out, DType t, int64_t rows, int64_t cols, int64_t ld, uint64_t seed, int rank) {
-  const unsigned grid = verify::grid_for(static_cast<uint64_t>(rows * cols));
-  if (t == DType::kBF16) fill_matrix_kernel<<<grid, 256>>>(static_cast<__nv_bfloat16*>(out), rows, cols, ld, seed, rank);
-  else fill_matrix_kernel<<<grid, 256>>>(static_cast<__half*>(out), rows, cols, ld, seed, rank);
-}
-
-void* at(void* p, int64_t elements, DType t) { return static_cast<char*>(p) + elements * static_cast<int64_t>(dtype_size(t)); }
-uint64_t seed_a(uint64_t seed) { return seed * 16 + 1; }
-uint64_t seed_b(uint64_t seed) { return seed * 16 + 2; }
-
-struct Inputs {
-  DeviceMem a, b;
-  Inputs(const Shape& s, uint64_t seed) : a(s.a_bytes()), b(s.b_bytes()) {
-    const bool kn = s.layout == BLayout::kKN;
-    if (a.p) fill_matrix(a.p, s.dtype, s.a_rows(), s.k_rank(), s.k_rank(), seed_a(seed), s.rank);
-    if (b.p) fill_matrix(b.p, s.dtype, kn ? s.k_rank() : s.n, kn ? s.n : s.k_rank(), kn ? s.n : s.k_rank(), seed_b(seed), s.rank);
-  }
-  bool ok() const { return a.p != nullptr && b.p != nullptr; }
-};
-
-TpGemmArgs args_for(const Shape& s, const Inputs& in, void* out) {
-  TpGemmArgs args;
-  args.a = in.a.p;
-  args.b = in.b.p;
-  args.out = out;
-  args.m = s.m;
-  args.n = s.n;
-  args.k = s.k_rank();
-  args.dtype = s.dtype;
-  args.b_layout = s.layout;
-  return args;
-}
-
-struct Output {
-  std::unique_ptr<DeviceMem> plain;
-  void* p = nullptr;
-  Output(const Shape& s, SymmetricMem& sym) {
-    if (s.op == OpId::kGemmAr) {
-      p = sym.alloc(s.out_bytes());
-    } else {
-      plain = std::make_unique<DeviceMem>(s.out_bytes());
-      p = plain->p;
-    }
-  }
-};
-
-// C[i, j] = sum_k A[i, k] B(k, j) and bound = sum_k |A||B| in fp32 (256 threads per 32 x 32 block).
-template <typename T>
-__global__ void __launch_bounds__(256) reference_kernel(const T* A, int64_t lda, const T* B, int64_t ldb, bool b_kn, int64_t rows,
-                                                        int64_t N, int64_t K, float* C, float* bound) {
-  __shared__ float as[32][33];
-  __shared__ float bs[32][33];
-  const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
-  const int64_t row0 = blockIdx.y * int64_t{32}, col0 = blockIdx.x * int64_t{32};
-  float acc[4] = {0, 0, 0, 0}, mag[4] = {0, 0, 0, 0};
-  for (int64_t k0 = 0; k0 < K; k0 += 32) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int r = ty + 8 * i;
-      as[r][tx] = (row0 + r < rows && k0 + tx < K) ? verify::to_float(A[(row0 + r) * lda + k0 + tx]) : 0.f;
-      if (b_kn) {
-        bs[r][tx] = (k0 + r < K && col0 + tx < N) ? verify::to_float(B[(k0 + r) * ldb + col0 + tx]) : 0.f;
-      } else {
-        bs[tx][r] = (k0 + tx < K && col0 + r < N) ? verify::to_float(B[(col0 + r) * ldb + k0 + tx]) : 0.f;
-      }
-    }
-    __syncthreads();
-#pragma unroll 8
-    for (int kk = 0; kk < 32; ++kk) {
-      const float b = bs[kk][tx];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float a = as[ty + 8 * i][kk];
-        acc[i] = fmaf(a, b, acc[i]);
-        mag[i] = fmaf(fabsf(a), fabsf(b), mag[i]);
-      }
-    }
-    __syncthreads();
-  }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int64_t r = row0 + ty + 8 * i;
-    if (r < rows && col0 + tx < N) {
-      C[r * N + col0 + tx] = acc[i];
-      bound[r * N + col0 + tx] = mag[i];
-    }
-  }
 }
 
 // The fp32 reference of this rank's output rows, from every rank's regenerated operands. Row
@@ -479,17 +345,7 @@ struct Reference {
         fill_matrix(at(b_full.p, b_off, t), t, kn ? s.k_rank() : s.n, kn ? s.n : s.k_rank(), kn ? s.n : kt, seed_b(seed), r);
       }
     }
-    const dim3 grid(static_cast<unsigned>((s.n + 31) / 32), static_cast<unsigned>((s.out_rows() + 31) / 32));
-    const int64_t ldb = kn ? s.n : kt;
-    void* a_rows = at(a_full.p, s.out_row0() * kt, t);
-    if (t == DType::kBF16) {
-      reference_kernel<<<grid, 256>>>(static_cast<const __nv_bfloat16*>(a_rows), kt, static_cast<const __nv_bfloat16*>(b_full.p), ldb,
-                                      kn, s.out_rows(), s.n, kt, static_cast<float*>(c.p), static_cast<float*>(bound.p));
-    } else {
-      reference_kernel<<<grid, 256>>>(static_cast<const __half*>(a_rows), kt, static_cast<const __half*>(b_full.p), ldb, kn,
-                                      s.out_rows(), s.n, kt, static_cast<float*>(c.p), static_cast<float*>(bound.p));
-    }
-    ok = cudaDeviceSynchronize() == cudaSuccess;
+    ok = run_reference(at(a_full.p, s.out_row0() * kt, t), b_full.p, kn, kn ? s.n : kt, s.out_rows(), s.n, kt, t, c.p, bound.p);
   }
 };
 

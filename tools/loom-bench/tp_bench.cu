@@ -35,7 +35,6 @@
 #include <vector>
 
 #include "collectives_bench.h"
-#include "kernels/gemm/reference.cuh"
 #include "loom/diagnostics.h"
 #include "loom/tensor_parallel.h"
 #include "ops/gemm_launch.h"
@@ -49,7 +48,6 @@
 namespace loom::bench {
 namespace {
 
-namespace ref = kernels::gemm::reference;
 using planner::tp_op_name;
 
 // ---- small helpers ----------------------------------------------------------------------------
@@ -85,11 +83,7 @@ struct Shape {
   }
 };
 
-struct Check {
-  double rel_err = -1;
-  int64_t nan_count = 0;
-  std::string first_mismatch;  // "row r col c: got g want w"
-};
+using Check = SampledCheck;  // tp_bench_common.cuh
 
 // Operands and baselines of one shape on this rank.
 class TpCase {
@@ -286,94 +280,19 @@ class TpCase {
   uint64_t seed_b() const { return o_.seed * 16 + 2; }
 
   Result<Check> compare_with_reference() {
-    const DType t = o_.dtype;
-    const bool kn = o_.b_layout == BLayout::kKN;
-    // Reference operands: ag, the gathered A (shard s is rank s's fill) and this rank's B;
-    // rs / ar, A_full [M, K] (rank s's slice in columns s*K_r) and B_full (rank s's rows, or
-    // columns for [N, K], s*K_r).
-    DeviceBuffer ref_a, ref_b;
-    const int64_t k_total = s_.op == OpId::kAgGemm ? s_.k_rank : s_.k_rank * s_.world;
-    LOOM_TRY(ref_a.alloc(static_cast<size_t>(s_.m * k_total) * dtype_size(t)));
-    const void* b_ref = b_.p;
-    int64_t ldb = kn ? s_.n : s_.k_rank;
-    if (s_.op == OpId::kAgGemm) {
-      const int64_t shard = s_.m / s_.world;
-      for (int r = 0; r < s_.world; ++r) {
-        LOOM_TRY(fill_matrix(offset_elements(ref_a.p, r * shard * k_total, t), t, shard, k_total, k_total, seed_a(), r, stream_));
-      }
-    } else {
-      LOOM_TRY(ref_b.alloc(static_cast<size_t>(s_.n * k_total) * dtype_size(t)));
-      for (int r = 0; r < s_.world; ++r) {
-        LOOM_TRY(fill_matrix(offset_elements(ref_a.p, r * s_.k_rank, t), t, s_.m, s_.k_rank, k_total, seed_a(), r, stream_));
-        if (kn) {
-          LOOM_TRY(fill_matrix(offset_elements(ref_b.p, r * s_.k_rank * s_.n, t), t, s_.k_rank, s_.n, s_.n, seed_b(), r, stream_));
-        } else {
-          LOOM_TRY(fill_matrix(offset_elements(ref_b.p, r * s_.k_rank, t), t, s_.n, s_.k_rank, k_total, seed_b(), r, stream_));
-        }
-      }
-      b_ref = ref_b.p;
-      ldb = kn ? s_.n : k_total;
-    }
-    // Sampled output rows: first and last, every shard boundary, and spread in between.
-    const int64_t out_rows = s_.out_rows();
-    std::vector<int> rows;
-    const int64_t want = std::min<int64_t>(out_rows, 256);
-    for (int64_t i = 0; i < want; ++i) rows.push_back(static_cast<int>(want == out_rows ? i : i * (out_rows - 1) / (want - 1)));
-    if (s_.op != OpId::kGemmRs && want < out_rows) {
-      for (int r = 1; r < s_.world; ++r) {
-        rows.push_back(static_cast<int>(r * (s_.m / s_.world) - 1));
-        rows.push_back(static_cast<int>(r * (s_.m / s_.world)));
-      }
-    }
-    std::sort(rows.begin(), rows.end());
-    rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
-    // Rows of A the reference multiplies: gemm_rs's local row i is global row me*M/W + i.
-    std::vector<int> a_rows = rows;
-    if (s_.op == OpId::kGemmRs) {
-      for (int& r : a_rows) r += static_cast<int>(s_.me * (s_.m / s_.world));
-    }
-    DeviceBuffer d_rows, c;
-    LOOM_TRY(d_rows.alloc(a_rows.size() * sizeof(int)));
-    LOOM_TRY(c.alloc(a_rows.size() * static_cast<size_t>(s_.n) * sizeof(float)));
-    LOOM_CUDA_TRY(cudaMemcpyAsync(d_rows.p, a_rows.data(), a_rows.size() * sizeof(int), cudaMemcpyHostToDevice, stream_));
-    const int n_rows = static_cast<int>(a_rows.size());
-    const dim3 grid(static_cast<unsigned>((s_.n + 31) / 32), static_cast<unsigned>((n_rows + 31) / 32));
-    if (t == DType::kBF16) {
-      ref::gemm_fp32<__nv_bfloat16><<<grid, 256, 0, stream_>>>(
-          static_cast<const __nv_bfloat16*>(ref_a.p), static_cast<const __nv_bfloat16*>(b_ref), static_cast<float*>(c.p),
-          static_cast<const int*>(d_rows.p), n_rows, static_cast<int>(s_.n), static_cast<int>(k_total), k_total, ldb, kn);
-    } else {
-      ref::gemm_fp32<__half><<<grid, 256, 0, stream_>>>(static_cast<const __half*>(ref_a.p), static_cast<const __half*>(b_ref),
-                                                       static_cast<float*>(c.p), static_cast<const int*>(d_rows.p), n_rows,
-                                                       static_cast<int>(s_.n), static_cast<int>(k_total), k_total, ldb, kn);
-    }
-    LOOM_CUDA_TRY_LAUNCH();
-    std::vector<float> want_values(a_rows.size() * static_cast<size_t>(s_.n));
-    LOOM_CUDA_TRY(cudaMemcpyAsync(want_values.data(), c.p, want_values.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
-    std::vector<uint16_t> got(static_cast<size_t>(s_.n));
-    Check result;
-    double num = 0, den = 0;
-    double worst = -1;
-    for (size_t i = 0; i < rows.size(); ++i) {
-      LOOM_CUDA_TRY(cudaMemcpyAsync(got.data(), offset_elements(out_, rows[i] * s_.n, t), got.size() * 2, cudaMemcpyDeviceToHost, stream_));
-      LOOM_CUDA_TRY(cudaStreamSynchronize(stream_));
-      for (int64_t j = 0; j < s_.n; ++j) {
-        const double g = host_value(got.data(), static_cast<size_t>(j), t);
-        const double w = want_values[i * static_cast<size_t>(s_.n) + static_cast<size_t>(j)];
-        const double err = std::isnan(g) ? 1e30 : (g - w) * (g - w);
-        if (std::isnan(g)) ++result.nan_count;
-        num += err;
-        den += w * w;
-        const double scaled = err / (w * w + 1.0);
-        if (scaled > worst) {
-          worst = scaled;
-          result.first_mismatch = "row " + std::to_string(rows[i]) + " col " + std::to_string(j) + ": got " + fmt("%g", g) +
-                                  " want " + fmt("%g", w);
-        }
-      }
-    }
-    result.rel_err = den > 0 ? std::sqrt(num / den) : (num > 0 ? 1e30 : 0);
-    return result;
+    ReferenceCall c;
+    c.op = s_.op;
+    c.m = s_.m;
+    c.n = s_.n;
+    c.k_rank = s_.k_rank;
+    c.world = s_.world;
+    c.dtype = o_.dtype;
+    c.layout = o_.b_layout;
+    c.seed = o_.seed;
+    c.block = s_.me;
+    c.b = b_.p;
+    c.owner = [](int d) { return d; };
+    return check_sampled_rows(c, out_, stream_);
   }
 
   Communicator& comm_;

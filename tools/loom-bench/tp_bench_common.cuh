@@ -1,6 +1,7 @@
 // Helpers shared by the tensor-parallel benches (tp_bench.cu, multinode_bench.cu): owned device,
-// symmetric and stream handles, a cuBLAS handle with its workspace, and the random matrices
-// every rank can regenerate for its fp32 reference (tests/common/verifiable.cuh's values).
+// symmetric and stream handles, a cuBLAS handle with its workspace, the random matrices every
+// rank can regenerate for its fp32 reference (tests/common/verifiable.cuh's values), and the one
+// reference check of a call's output (check_sampled_rows).
 #pragma once
 
 #include <cublas_v2.h>
@@ -10,10 +11,14 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cmath>
 #include <cstdio>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "baselines.h"
+#include "kernels/gemm/reference.cuh"
 #include "loom/communicator.h"
 #include "loom/status.h"
 #include "loom/types.h"
@@ -114,6 +119,120 @@ inline Status fill_matrix(void* out, DType t, int64_t rows, int64_t cols, int64_
 
 inline void* offset_elements(void* p, int64_t elements, DType t) {
   return static_cast<char*>(p) + elements * static_cast<int64_t>(dtype_size(t));
+}
+
+// One TP call (ag_gemm, gemm_rs or gemm_ar over `world` ranks) as its reference sees it. Rank r's
+// operands are fill_matrix(seed * 16 + 1, r) for a and (seed * 16 + 2, r) for b.
+struct ReferenceCall {
+  OpId op = OpId::kAgGemm;
+  int64_t m = 0, n = 0, k_rank = 0;  // k_rank: this rank's K (gemm_rs / gemm_ar: K / world)
+  int world = 1;
+  DType dtype = DType::kBF16;
+  BLayout layout = BLayout::kKN;
+  uint64_t seed = 0;
+  int64_t block = 0;                 // this rank's row block (gemm_rs: its out rows are block * M/W + i)
+  const void* b = nullptr;           // this rank's b (ag_gemm multiplies the gathered A by it)
+  std::function<int(int)> owner;     // the rank whose a is row block d of the gathered A (ag_gemm)
+  int64_t max_rows = 256;            // rows sampled evenly (plus every block boundary)
+};
+
+struct SampledCheck {
+  double rel_err = -1;          // over the sampled rows: ||out - ref|| / ||ref||
+  int64_t nan_count = 0;
+  std::string first_mismatch;   // the largest relative error: "row r col c: got g want w"
+};
+
+// Compares sampled rows of this rank's output `out` of `c` (first and last, block boundaries,
+// spread in between) with an fp32 reference from every rank's regenerated operands.
+inline Result<SampledCheck> check_sampled_rows(const ReferenceCall& c, const void* out, cudaStream_t stream) {
+  const DType t = c.dtype;
+  const bool kn = c.layout == BLayout::kKN;
+  const bool ag = c.op == OpId::kAgGemm;
+  const uint64_t seed_a = c.seed * 16 + 1, seed_b = c.seed * 16 + 2;
+  const int64_t block_rows = c.m / c.world;
+  // Reference operands: ag_gemm, the gathered A and this rank's b; gemm_rs / gemm_ar, A_full
+  // [M, K] (rank r's columns r*K_r) and B_full (rank r's rows, or columns for [N, K]).
+  const int64_t k_total = ag ? c.k_rank : c.k_rank * c.world;
+  DeviceBuffer ref_a, ref_b;
+  LOOM_TRY(ref_a.alloc(static_cast<size_t>(c.m * k_total) * dtype_size(t)));
+  const void* b_ref = c.b;
+  int64_t ldb = kn ? c.n : c.k_rank;
+  if (ag) {
+    for (int d = 0; d < c.world; ++d) {
+      LOOM_TRY(fill_matrix(offset_elements(ref_a.p, d * block_rows * k_total, t), t, block_rows, k_total, k_total, seed_a,
+                           c.owner(d), stream));
+    }
+  } else {
+    LOOM_TRY(ref_b.alloc(static_cast<size_t>(c.n * k_total) * dtype_size(t)));
+    for (int r = 0; r < c.world; ++r) {
+      LOOM_TRY(fill_matrix(offset_elements(ref_a.p, r * c.k_rank, t), t, c.m, c.k_rank, k_total, seed_a, r, stream));
+      if (kn) {
+        LOOM_TRY(fill_matrix(offset_elements(ref_b.p, r * c.k_rank * c.n, t), t, c.k_rank, c.n, c.n, seed_b, r, stream));
+      } else {
+        LOOM_TRY(fill_matrix(offset_elements(ref_b.p, r * c.k_rank, t), t, c.n, c.k_rank, k_total, seed_b, r, stream));
+      }
+    }
+    b_ref = ref_b.p;
+    ldb = kn ? c.n : k_total;
+  }
+  const int64_t out_rows = c.op == OpId::kGemmRs ? block_rows : c.m;
+  std::vector<int> rows;
+  const int64_t want = std::min<int64_t>(out_rows, c.max_rows);
+  for (int64_t i = 0; i < want; ++i) rows.push_back(static_cast<int>(want == out_rows ? i : i * (out_rows - 1) / (want - 1)));
+  if (c.op != OpId::kGemmRs && want < out_rows) {
+    for (int d = 1; d < c.world; ++d) {
+      rows.push_back(static_cast<int>(d * block_rows - 1));
+      rows.push_back(static_cast<int>(d * block_rows));
+    }
+  }
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  std::vector<int> a_rows = rows;  // rows of A the reference multiplies
+  if (c.op == OpId::kGemmRs) {
+    for (int& r : a_rows) r += static_cast<int>(c.block * block_rows);
+  }
+  DeviceBuffer d_rows, ref;
+  LOOM_TRY(d_rows.alloc(a_rows.size() * sizeof(int)));
+  LOOM_TRY(ref.alloc(a_rows.size() * static_cast<size_t>(c.n) * sizeof(float)));
+  LOOM_CUDA_TRY(cudaMemcpyAsync(d_rows.p, a_rows.data(), a_rows.size() * sizeof(int), cudaMemcpyHostToDevice, stream));
+  const int n_rows = static_cast<int>(a_rows.size());
+  const dim3 grid(static_cast<unsigned>((c.n + 31) / 32), static_cast<unsigned>((n_rows + 31) / 32));
+  if (t == DType::kBF16) {
+    kernels::gemm::reference::gemm_fp32<__nv_bfloat16><<<grid, 256, 0, stream>>>(
+        static_cast<const __nv_bfloat16*>(ref_a.p), static_cast<const __nv_bfloat16*>(b_ref), static_cast<float*>(ref.p),
+        static_cast<const int*>(d_rows.p), n_rows, static_cast<int>(c.n), static_cast<int>(k_total), k_total, ldb, kn);
+  } else {
+    kernels::gemm::reference::gemm_fp32<__half><<<grid, 256, 0, stream>>>(static_cast<const __half*>(ref_a.p), static_cast<const __half*>(b_ref),
+                                                    static_cast<float*>(ref.p), static_cast<const int*>(d_rows.p), n_rows,
+                                                    static_cast<int>(c.n), static_cast<int>(k_total), k_total, ldb, kn);
+  }
+  LOOM_CUDA_TRY_LAUNCH();
+  std::vector<float> want_values(a_rows.size() * static_cast<size_t>(c.n));
+  LOOM_CUDA_TRY(cudaMemcpyAsync(want_values.data(), ref.p, want_values.size() * sizeof(float), cudaMemcpyDeviceToHost, stream));
+  std::vector<uint16_t> got(static_cast<size_t>(c.n));
+  SampledCheck result;
+  double num = 0, den = 0, worst = -1;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const void* row = static_cast<const char*>(out) + static_cast<size_t>(rows[i] * c.n) * dtype_size(t);
+    LOOM_CUDA_TRY(cudaMemcpyAsync(got.data(), row, got.size() * 2, cudaMemcpyDeviceToHost, stream));
+    LOOM_CUDA_TRY(cudaStreamSynchronize(stream));
+    for (int64_t j = 0; j < c.n; ++j) {
+      const double g = host_value(got.data(), static_cast<size_t>(j), t);
+      const double w = want_values[i * static_cast<size_t>(c.n) + static_cast<size_t>(j)];
+      const double err = std::isnan(g) ? 1e30 : (g - w) * (g - w);
+      if (std::isnan(g)) ++result.nan_count;
+      num += err;
+      den += w * w;
+      const double scaled = err / (w * w + 1.0);
+      if (scaled > worst) {
+        worst = scaled;
+        result.first_mismatch = "row " + std::to_string(rows[i]) + " col " + std::to_string(j) + ": got " + fmt("%g", g) +
+                                " want " + fmt("%g", w);
+      }
+    }
+  }
+  result.rel_err = den > 0 ? std::sqrt(num / den) : (num > 0 ? 1e30 : 0);
+  return result;
 }
 
 }  // namespace loom::bench

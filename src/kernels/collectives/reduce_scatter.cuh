@@ -95,9 +95,18 @@ __device__ __forceinline__ const uint64_t* stage_peer_bases(const DeviceComm& c,
   return smem_bases;
 }
 
-template <typename T>
-__global__ void __launch_bounds__(ReduceConfig::kThreads, 1) reduce_scatter_kernel(CollectiveArgs a) {
-  extern __shared__ __align__(16) uint64_t bases_smem[];  // [local_world]
+// all_reduce: the chunk of rank r when `bytes` is cut into `world` chunks with `granule`-aligned
+// boundaries.
+__device__ __host__ __forceinline__ Slice all_reduce_chunk(uint64_t bytes, int world, int r, uint32_t granule) {
+  return slice_of(bytes, static_cast<uint32_t>(world), static_cast<uint32_t>(r), granule);
+}
+
+// Both reducing collectives' kernel body: every CTA enters, reduces its slice of this rank's
+// chunk (reduce_scatter: chunk me of every rank's send into the local recv; all_reduce, kPushToAll:
+// chunk me of the buffer, cut by all_reduce_chunk, into every rank's recv), tells every peer it is
+// done and waits for the same from every peer.
+template <typename T, bool kPushToAll>
+__device__ __forceinline__ void reduce_collective(const CollectiveArgs& a, uint64_t* bases_smem) {
   const DeviceComm& c = a.comm;
   const frame::LaunchFrame f = frame::LaunchFrame::begin(c, static_cast<OpId>(a.op));
   const uint64_t epoch = f.epoch;
@@ -107,14 +116,28 @@ __global__ void __launch_bounds__(ReduceConfig::kThreads, 1) reduce_scatter_kern
 
   if (cta_enter_all(c, collective_entry(c), epoch, a.signature, ctx)) {
     const uint32_t granule = a.vectorizable ? kVectorBytes : sizeof(T);
-    const Slice slice = slice_of(a.bytes, gridDim.x, cta, granule);
-    const uint64_t chunk_offset = a.send_offset + static_cast<uint64_t>(c.local_rank) * a.bytes;
-    reduce_slice<T, false>(c, bases, chunk_offset + slice.begin, 0, a.recv + slice.begin, slice.size(),
-                           a.vectorizable != 0);
+    if constexpr (kPushToAll) {
+      const Slice chunk = all_reduce_chunk(a.bytes, c.local_world, c.local_rank, granule);
+      const Slice slice = slice_of(chunk.size(), gridDim.x, cta, granule);
+      const uint64_t offset = chunk.begin + slice.begin;
+      reduce_slice<T, true>(c, bases, a.send_offset + offset, a.recv_offset + offset, nullptr, slice.size(),
+                            a.vectorizable != 0);
+    } else {
+      const Slice slice = slice_of(a.bytes, gridDim.x, cta, granule);
+      const uint64_t chunk_offset = a.send_offset + static_cast<uint64_t>(c.local_rank) * a.bytes;
+      reduce_slice<T, false>(c, bases, chunk_offset + slice.begin, 0, a.recv + slice.begin, slice.size(),
+                             a.vectorizable != 0);
+    }
     cta_publish_chunk(c, cta, epoch);  // "done reading your send" to every peer
     cta_wait_chunk_from_all(c, cta, epoch, ctx);
   }
   f.finish(c);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(ReduceConfig::kThreads, 1) reduce_scatter_kernel(CollectiveArgs a) {
+  extern __shared__ __align__(16) uint64_t bases_smem[];  // [local_world]
+  reduce_collective<T, false>(a, bases_smem);
 }
 
 }  // namespace loom::kernels

@@ -57,6 +57,7 @@
 #include "kernels/gemm/params.h"
 #include "kernels/gemm/tail_split.cuh"
 #include "kernels/tp/flags.h"
+#include "kernels/tp/peer_stores.cuh"
 #include "kernels/tp/fused_frame.cuh"
 #include "kernels/tp/tail_pieces.cuh"
 #include "kernels/tp/tp_scheduler.cuh"
@@ -140,16 +141,16 @@ class ReduceEpilogue {
         for (uint32_t i = 0; i < world; ++i) {
           const uint32_t d = (me + i) % world;  // ours first, then the peers
           if (d != me && !entered(d)) continue;
-          send(&p_.out[d], col, row, box);
+          tma_store_2d(&p_.out[d], col, row, box);
         }
       } else {
-        send(&p_.out[0], col, row_in_owner, box);
+        tma_store_2d(&p_.out[0], col, row_in_owner, box);
       }
       return;
     }
     if (!entered(owner)) return;  // failure recorded; the launch is aborting
     const uint32_t slot = staging_slot(me, owner, world);
-    send(&p_.stage_to[owner], col, slot * p_.rows_per_rank + row_in_owner, box);
+    tma_store_2d(&p_.stage_to[owner], col, slot * p_.rows_per_rank + row_in_owner, box);
   }
 
   // One thread (the compute role's signaler), once every box of `tile` has landed.
@@ -184,22 +185,13 @@ class ReduceEpilogue {
  private:
   // Has `peer` entered this launch (waiting the first time this thread asks)?
   __device__ bool entered(uint32_t peer) const {
-    const uint32_t bit = 1u << peer;
-    if ((entered_mask_ & bit) != 0) return true;
-    if (!wait_entry(p_.comm, tp_entry(p_.comm), static_cast<int>(peer), epoch_, p_.signature, ctx_)) return false;
-    entered_mask_ |= bit;
-    return true;
-  }
-
-  __device__ static void send(const sm90::TmaDescriptor* map, uint32_t col, uint32_t row, const void* box) {
-    const int32_t coords[2] = {static_cast<int32_t>(col), static_cast<int32_t>(row)};
-    cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, map, coords, box);
+    return entered_.check(p_.comm, tp_entry(p_.comm), peer, epoch_, p_.signature, ctx_);
   }
 
   const ReduceGemmParams& p_;
   const WaitContext& ctx_;
   uint64_t epoch_;
-  mutable uint32_t entered_mask_ = 0;  // per thread: peers known to have entered
+  mutable EnteredPeers entered_;  // per thread: peers known to have entered
 };
 
 // The compute role's Fold policy (ComputeRole explains the interface): partials of own tiles.

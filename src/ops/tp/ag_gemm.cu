@@ -120,14 +120,7 @@ Status run_fused(Communicator& comm, const TpGemmArgs& a, const TpCall& call, cu
   void* gathered = a.gathered_a != nullptr ? a.gathered_a : workspace;
 
   kt::AgGemmParams p{};
-  LOOM_TRY(encode_gemm_operand_maps(local_gemm(gathered, a.b, a.out, a.m, a), tile, &p.a_gathered, &p.b));
-  LOOM_TRY(encode_gemm_rows_map(a.a, rows, a.k, a.k, a.dtype, info.block_m, &p.a_local));
-  LOOM_TRY(encode_gemm_output_map(a.out, a.m, a.n, a.n, a.dtype, &p.out));
-  p.comm = impl.device_comm();
-  LOOM_ASSIGN_OR_RETURN(p.state, family_launch_state(impl, kFamily));
-  p.m = static_cast<uint32_t>(a.m);
-  p.n = static_cast<uint32_t>(a.n);
-  p.k = static_cast<uint32_t>(a.k);
+  LOOM_TRY(set_ag_operands(impl, kFamily, a, gathered, rows, tile, &p));
 
   const int64_t rank_blocks = rows / info.block_m;
   kg::SchedulerParams& s = p.sched;
@@ -146,14 +139,7 @@ Status run_fused(Communicator& comm, const TpGemmArgs& a, const TpCall& call, cu
   t.ungated_end = static_cast<uint32_t>((me + 1) * rows);
   LOOM_TRY(set_tail_split(call.split, piece_slots > 0 ? static_cast<char*>(workspace) + gathered_bytes : nullptr, tile, a.dtype,
                           a.k, world + a.m / call.rows_per_flag /* after the rows flags */, &p.split, &p.pieces));
-  kg::EpilogueParams& epi = p.epi;
-  epi.op = static_cast<uint32_t>(kg::EpilogueOp::kStore);
-  epi.out_dtype = static_cast<uint32_t>(a.dtype);
-  epi.num_dst = 1;
 
-  p.shard = static_cast<const char*>(a.a);
-  p.gathered_offset = impl.heap->offset_of(gathered);
-  p.row_bytes = static_cast<uint64_t>(a.k) * e;
   p.rows_per_rank = static_cast<uint32_t>(rows);
   p.rows_per_flag = static_cast<uint32_t>(call.rows_per_flag);
   p.comm_ctas = static_cast<uint32_t>(call.info.comm_ctas);
@@ -186,11 +172,10 @@ Status launch(Communicator& comm, const TpCall& call, const TpGemmArgs& args, cu
   return Status::internal("ag_gemm: a one-node call planned a multi-node path");
 }
 
+constexpr TpOperator kOperator{kOp, kFamily, plan, check_buffers, launch};
+
 }  // namespace
 
-const TpOperator& ag_gemm_operator() {
-  static const TpOperator op{kOp, kFamily, plan, check_buffers, launch};
-  return op;
-}
+const TpOperator& ag_gemm_operator() { return kOperator; }
 
 }  // namespace loom::ops::tp

@@ -1,15 +1,21 @@
 // The configurations the tensor-parallel kernels are built for (128x256 and 128x128 tiles x bf16 /
-// fp16 x B layout) and the dispatch from a call's to its kernel. For the .cu files that
-// instantiate kernels (each operator's own, so no translation unit takes long on 2 cores).
+// fp16 x B layout) and the dispatch from a call's to its kernel, and the parameters every
+// ag_gemm kernel (one node or several) fills alike. For the .cu files that instantiate kernels
+// (each operator's own, so no translation unit takes long on 2 cores).
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "kernels/gemm/config.h"
+#include "kernels/gemm/params.h"
 #include "loom/gemm.h"
 #include "loom/status.h"
 #include "loom/types.h"
+#include "ops/gemm_launch.h"
+#include "ops/launch/family_resources.h"
+#include "ops/tp/tp_common.h"
 
 namespace loom::ops::tp {
 
@@ -58,6 +64,31 @@ Status for_each_fused_kernel(KernelOf&& kernel_of, Fn&& fn) {
       }
     }
   }
+  return {};
+}
+
+// What every ag_gemm kernel's parameters p (kernels::tp::AgGemmParams,
+// kernels::tp::multinode::AgParams) hold alike: the tensor maps of the gathered A and B (tile),
+// of this rank's shard a [rows, K] and of out [M, N]; the communicator, the family's launch state,
+// the shape, the epilogue's plain store of out, and the shard and gathered A the copies move
+// between (the gathered A's heap offset: peers push into it by their own offset).
+template <class Params>
+Status set_ag_operands(Communicator::Impl& impl, std::string_view family, const TpGemmArgs& a, void* gathered, int64_t rows,
+                       GemmTile tile, Params* p) {
+  LOOM_TRY(encode_gemm_operand_maps(local_gemm(gathered, a.b, a.out, a.m, a), tile, &p->a_gathered, &p->b));
+  LOOM_TRY(encode_gemm_rows_map(a.a, rows, a.k, a.k, a.dtype, gemm_tile_info(tile).block_m, &p->a_local));
+  LOOM_TRY(encode_gemm_output_map(a.out, a.m, a.n, a.n, a.dtype, &p->out));
+  p->comm = impl.device_comm();
+  LOOM_ASSIGN_OR_RETURN(p->state, family_launch_state(impl, family));
+  p->m = static_cast<uint32_t>(a.m);
+  p->n = static_cast<uint32_t>(a.n);
+  p->k = static_cast<uint32_t>(a.k);
+  p->epi.op = static_cast<uint32_t>(kernels::gemm::EpilogueOp::kStore);
+  p->epi.out_dtype = static_cast<uint32_t>(a.dtype);
+  p->epi.num_dst = 1;
+  p->shard = static_cast<const char*>(a.a);
+  p->gathered_offset = impl.heap->offset_of(gathered);
+  p->row_bytes = static_cast<uint64_t>(a.k) * dtype_size(a.dtype);
   return {};
 }
 

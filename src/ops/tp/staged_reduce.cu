@@ -209,16 +209,12 @@ Status launch(Communicator& comm, const TpCall& call, const TpGemmArgs& args, cu
   return Status::internal(std::string(kBroadcast ? "gemm_ar" : "gemm_rs") + ": a one-node call planned a multi-node path");
 }
 
+template <bool kBroadcast>
+constexpr TpOperator kOperator{kOp<kBroadcast>, kFamily, plan<kBroadcast>, check_buffers<kBroadcast>, launch<kBroadcast>};
+
 }  // namespace
 
-const TpOperator& gemm_rs_operator() {
-  static const TpOperator op{OpId::kGemmRs, kFamily, plan<false>, check_buffers<false>, launch<false>};
-  return op;
-}
-
-const TpOperator& gemm_ar_operator() {
-  static const TpOperator op{OpId::kGemmAr, kFamily, plan<true>, check_buffers<true>, launch<true>};
-  return op;
-}
+const TpOperator& gemm_rs_operator() { return kOperator<false>; }
+const TpOperator& gemm_ar_operator() { return kOperator<true>; }
 
 }  // namespace loom::ops::tp

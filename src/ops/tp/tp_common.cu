@@ -70,16 +70,8 @@ Status check_reduce_buffers(Communicator::Impl& impl, OpId op, const TpGemmArgs&
 }
 
 planner::TpRequest tp_request(OpId op, const TpGemmArgs& a, int world, int sm_count) {
-  planner::TpRequest r;
-  r.op = op;
-  r.m = a.m;
-  r.n = a.n;
-  r.k = a.k;
-  r.local_world = world;
-  r.dtype = a.dtype;
-  r.b_layout = a.b_layout;
-  r.sm_count = sm_count;
-  return r;
+  return planner::TpRequest{.op = op, .m = a.m, .n = a.n, .k = a.k, .local_world = world, .dtype = a.dtype,
+                            .b_layout = a.b_layout, .sm_count = sm_count};
 }
 
 Result<TpCall> decide(Communicator::Impl& impl, OpId op, const TpGemmArgs& a, const TpGemmOptions& options,
@@ -137,17 +129,8 @@ std::string check_flag_capacity(const Communicator::Impl& impl, uint64_t launch_
 }
 
 GemmArgs local_gemm(const void* a, const void* b, void* d, int64_t m, const TpGemmArgs& args) {
-  GemmArgs g;
-  g.a = a;
-  g.b = b;
-  g.d = d;
-  g.m = m;
-  g.n = args.n;
-  g.k = args.k;
-  g.in_dtype = args.dtype;
-  g.out_dtype = args.dtype;
-  g.b_layout = args.b_layout;
-  return g;
+  return GemmArgs{.a = a, .b = b, .d = d, .m = m, .n = args.n, .k = args.k, .in_dtype = args.dtype,
+                  .out_dtype = args.dtype, .b_layout = args.b_layout};
 }
 
 GemmOptions gemm_options_for(const TpCall& call) {

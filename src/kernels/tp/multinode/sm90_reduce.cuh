@@ -53,6 +53,7 @@
 #include "kernels/gemm/compute_role.cuh"
 #include "kernels/gemm/params.h"
 #include "kernels/tp/flags.h"
+#include "kernels/tp/peer_stores.cuh"
 #include "kernels/tp/multinode/frame.cuh"
 #include "kernels/tp/multinode/layout.h"
 
@@ -200,17 +201,17 @@ class ReduceEpilogue {
     if (owner_local != g.me) {
       if (!entered(owner_local)) return;  // failure recorded; the launch is aborting
       const uint32_t j = Grid::slot(g.me, owner_local, g.local);
-      send(&p_.stage_to[owner_local], col, L.local_slot_row(j, g.node_of(d)) + row_in_block, box);
+      tma_store_2d(&p_.stage_to[owner_local], col, L.local_slot_row(j, g.node_of(d)) + row_in_block, box);
     } else if (g.node_of(d) != g.node) {
-      send(&p_.send, col, L.send_row(g.node_of(d)) + row_in_block, box);
+      tma_store_2d(&p_.send, col, L.send_row(g.node_of(d)) + row_in_block, box);
     } else if constexpr (kAllReduce) {
       for (uint32_t i = 0; i < g.local; ++i) {
         const uint32_t q = (g.me + i) % g.local;  // ours first, then the local peers
         if (q != g.me && !entered(q)) continue;
-        send(&p_.out[q], col, row, box);
+        tma_store_2d(&p_.out[q], col, row, box);
       }
     } else {
-      send(&p_.out[0], col, row_in_block, box);
+      tma_store_2d(&p_.out[0], col, row_in_block, box);
     }
   }
 
@@ -241,22 +242,13 @@ class ReduceEpilogue {
  private:
   // Has local peer `q` entered this launch (waiting the first time this thread asks)?
   __device__ bool entered(uint32_t q) const {
-    const uint32_t bit = 1u << q;
-    if ((entered_mask_ & bit) != 0) return true;
-    if (!wait_entry(p_.comm, nvlink_entry(p_.comm), static_cast<int>(q), epoch_, p_.signature, ctx_)) return false;
-    entered_mask_ |= bit;
-    return true;
-  }
-
-  __device__ static void send(const sm90::TmaDescriptor* map, uint32_t col, uint32_t row, const void* box) {
-    const int32_t coords[2] = {static_cast<int32_t>(col), static_cast<int32_t>(row)};
-    cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, map, coords, box);
+    return entered_.check(p_.comm, nvlink_entry(p_.comm), q, epoch_, p_.signature, ctx_);
   }
 
   const ReduceParams& p_;
   const WaitContext& ctx_;
   uint64_t epoch_;
-  mutable uint32_t entered_mask_ = 0;  // per thread: local peers known to have entered
+  mutable EnteredPeers entered_;  // per thread: local peers known to have entered
 };
 
 // Waits (one thread) until the tiles of chunk `chunk` of block d are done on this rank.

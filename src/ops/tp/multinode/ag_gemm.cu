@@ -17,7 +17,6 @@ namespace loom::ops::tp::multinode {
 namespace {
 
 namespace kmn = kernels::tp::multinode;
-namespace kg = kernels::gemm;
 constexpr OpId kOp = OpId::kAgGemm;
 
 struct KernelOf {
@@ -52,23 +51,10 @@ Status launch(Communicator& comm, const TpCall& call, const TpGemmArgs& a, cudaS
   const char* own_rows = static_cast<const char*>(gathered) + static_cast<size_t>(g.own_block()) * rows * a.k * e;
 
   kmn::AgParams p{};
-  LOOM_TRY(encode_gemm_operand_maps(local_gemm(gathered, a.b, a.out, a.m, a), plan.tile, &p.a_gathered, &p.b));
-  LOOM_TRY(encode_gemm_rows_map(a.a, rows, a.k, a.k, a.dtype, info.block_m, &p.a_local));
-  LOOM_TRY(encode_gemm_output_map(a.out, a.m, a.n, a.n, a.dtype, &p.out));
-  p.comm = impl.device_comm();
-  LOOM_ASSIGN_OR_RETURN(p.state, family_launch_state(impl, kFamily));
-  p.m = static_cast<uint32_t>(a.m);
-  p.n = static_cast<uint32_t>(a.n);
-  p.k = static_cast<uint32_t>(a.k);
+  LOOM_TRY(set_ag_operands(impl, kFamily, a, gathered, rows, plan.tile, &p));
   p.n_blocks = static_cast<uint32_t>((a.n + info.block_n - 1) / info.block_n);
   p.group_m = plan.group_m;
   p.layout = layout;
-  p.epi.op = static_cast<uint32_t>(kg::EpilogueOp::kStore);
-  p.epi.out_dtype = static_cast<uint32_t>(a.dtype);
-  p.epi.num_dst = 1;
-  p.shard = static_cast<const char*>(a.a);
-  p.gathered_offset = impl.heap->offset_of(gathered);
-  p.row_bytes = static_cast<uint64_t>(a.k) * e;
   p.copy_own = a.a != own_rows ? 1u : 0u;
   p.roles = plan.roles;
   // The gathered A's heap offset is part of the plan: peers write into it by their own offset.
@@ -85,12 +71,11 @@ Status launch(Communicator& comm, const TpCall& call, const TpGemmArgs& a, cudaS
   return launch_kernel(kernel.fn, static_cast<unsigned>(plan.grid), kernel.threads, kernel.smem_bytes, stream, p);
 }
 
+constexpr TpOperator kOperator{kOp, kFamily, plan_ag, check_buffers, launch};
+
 }  // namespace
 
-const TpOperator& ag_gemm_operator() {
-  static const TpOperator op{kOp, kFamily, plan_ag, check_buffers, launch};
-  return op;
-}
+const TpOperator& ag_gemm_operator() { return kOperator; }
 
 Status load_ag_gemm_kernels() {
   return for_each_fused_kernel<kmn::AgParams>(KernelOf{}, [](const FusedKernel<kmn::AgParams>& k) {

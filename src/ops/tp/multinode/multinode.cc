@@ -2,7 +2,6 @@
 
 #include <string>
 
-#include "ops/launch/checks.h"
 #include "ops/tp/tp_common.h"
 #include "planner/tp_plan.h"
 #include "runtime/communicator_impl.h"
@@ -21,14 +20,11 @@ kmn::Grid grid_of(const Communicator::Impl& impl) {
 }
 
 Result<planner::MultiNodePlan> plan(Communicator::Impl& impl, OpId op, const TpGemmArgs& a, const TpGemmOptions& options) {
-  const std::string name(planner::tp_op_name(op));
-  LOOM_TRY(impl.check_usable());
-  if (!impl.network) return Status::unsupported(name + ": the multi-node path needs a communicator spanning several nodes");
-  LOOM_TRY(check_tma_pointers(name, {{a.a, "a"}, {a.b, "b"}, {a.out, "out"}}));
-  if (a.gathered_a != nullptr && op != OpId::kAgGemm) {
-    return Status::invalid_argument(name + ": gathered_a belongs to ag_gemm; leave it null");
+  LOOM_TRY(check_common(impl, op, a));
+  if (!impl.network) {
+    return Status::unsupported(std::string(planner::tp_op_name(op)) +
+                               ": the multi-node path needs a communicator spanning several nodes");
   }
-  LOOM_TRY(check_optional_tma_pointer(name, {a.gathered_a, "gathered_a"}));
   planner::MultiNodeRequest r;
   r.op = op;
   r.m = a.m;

@@ -97,16 +97,12 @@ Status launch(Communicator& comm, const TpCall& call, const TpGemmArgs& a, cudaS
   return launch_kernel(kernel.fn, static_cast<unsigned>(plan.grid), kernel.threads, kernel.smem_bytes, stream, p);
 }
 
+template <bool kAllReduce>
+constexpr TpOperator kOperator{kOp<kAllReduce>, kFamily, plan_reduce<kAllReduce>, check_buffers<kAllReduce>, launch<kAllReduce>};
+
 }  // namespace
 
-const TpOperator& gemm_rs_operator() {
-  static const TpOperator op{OpId::kGemmRs, kFamily, plan_reduce<false>, check_buffers<false>, launch<false>};
-  return op;
-}
-
-const TpOperator& gemm_ar_operator() {
-  static const TpOperator op{OpId::kGemmAr, kFamily, plan_reduce<true>, check_buffers<true>, launch<true>};
-  return op;
-}
+const TpOperator& gemm_rs_operator() { return kOperator<false>; }
+const TpOperator& gemm_ar_operator() { return kOperator<true>; }
 
 }  // namespace loom::ops::tp::multinode
