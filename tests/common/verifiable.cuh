@@ -73,6 +73,18 @@ __global__ void fill_values_kernel(T* out, uint64_t n, uint64_t seed, int rank) 
   }
 }
 
+// A rows x cols matrix at `out` (leading dimension ld): element (r, c) is rank `rank`'s value
+// r*cols + c, so a rank's packed operand and the same block inside a larger reference matrix hold
+// equal values (the TP GPU tests and loom-bench's TP reference check).
+template <typename T>
+__global__ void fill_matrix_kernel(T* out, int64_t rows, int64_t cols, int64_t ld, uint64_t seed, int rank) {
+  const int64_t total = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / cols, c = i % cols;
+    out[r * ld + c] = from_float<T>(element_value(seed, rank, static_cast<uint64_t>(i)));
+  }
+}
+
 struct Mismatch {
   unsigned long long wrong;
   unsigned long long first;  // index of the smallest wrong element (~0 when none)

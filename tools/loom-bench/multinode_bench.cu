@@ -166,18 +166,7 @@ class Case {
   uint64_t seed_b() const { return o_.seed * 16 + 2; }
 
   Result<double> compare(int64_t* nans) {
-    ReferenceCall c;
-    c.op = s_.op;
-    c.m = s_.m;
-    c.n = s_.n;
-    c.k_rank = s_.k_rank;
-    c.world = s_.world;
-    c.dtype = o_.dtype;
-    c.layout = o_.b_layout;
-    c.seed = o_.seed;
-    c.block = s_.block;
-    c.b = b_.p;
-    c.owner = [this](int d) { return rank_of_block(comm_, d); };
+    ReferenceCall c = reference_call(s_, o_, s_.block, b_.p, [this](int d) { return rank_of_block(comm_, d); });
     c.max_rows = 192;
     LOOM_ASSIGN_OR_RETURN(const SampledCheck check, check_sampled_rows(c, out_, stream_));
     *nans = check.nan_count;

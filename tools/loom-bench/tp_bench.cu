@@ -280,19 +280,7 @@ class TpCase {
   uint64_t seed_b() const { return o_.seed * 16 + 2; }
 
   Result<Check> compare_with_reference() {
-    ReferenceCall c;
-    c.op = s_.op;
-    c.m = s_.m;
-    c.n = s_.n;
-    c.k_rank = s_.k_rank;
-    c.world = s_.world;
-    c.dtype = o_.dtype;
-    c.layout = o_.b_layout;
-    c.seed = o_.seed;
-    c.block = s_.me;
-    c.b = b_.p;
-    c.owner = [](int d) { return d; };
-    return check_sampled_rows(c, out_, stream_);
+    return check_sampled_rows(reference_call(s_, o_, s_.me, b_.p, [](int d) { return d; }), out_, stream_);
   }
 
   Communicator& comm_;

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "baselines.h"
@@ -94,24 +95,15 @@ struct CublasContext {
   }
 };
 
-template <typename T>
-__global__ void fill_matrix_kernel(T* out, int64_t rows, int64_t cols, int64_t ld, uint64_t seed, int rank) {
-  const int64_t total = rows * cols;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t r = i / cols, c = i % cols;
-    out[r * ld + c] = verify::from_float<T>(verify::element_value(seed, rank, static_cast<uint64_t>(i)));
-  }
-}
-
 // rows x cols at `out` (leading dimension ld), bf16 or fp16: element (r, c) is rank `rank`'s
 // value r*cols + c of the seed's sequence.
 inline Status fill_matrix(void* out, DType t, int64_t rows, int64_t cols, int64_t ld, uint64_t seed, int rank,
                           cudaStream_t s) {
   const unsigned grid = verify::grid_for(static_cast<uint64_t>(rows * cols));
   if (t == DType::kBF16) {
-    fill_matrix_kernel<<<grid, 256, 0, s>>>(static_cast<__nv_bfloat16*>(out), rows, cols, ld, seed, rank);
+    verify::fill_matrix_kernel<<<grid, 256, 0, s>>>(static_cast<__nv_bfloat16*>(out), rows, cols, ld, seed, rank);
   } else {
-    fill_matrix_kernel<<<grid, 256, 0, s>>>(static_cast<__half*>(out), rows, cols, ld, seed, rank);
+    verify::fill_matrix_kernel<<<grid, 256, 0, s>>>(static_cast<__half*>(out), rows, cols, ld, seed, rank);
   }
   LOOM_CUDA_TRY_LAUNCH();
   return {};
@@ -135,6 +127,25 @@ struct ReferenceCall {
   std::function<int(int)> owner;     // the rank whose a is row block d of the gathered A (ag_gemm)
   int64_t max_rows = 256;            // rows sampled evenly (plus every block boundary)
 };
+
+// The ReferenceCall of a bench case: its Shape (op, m, n, k_rank, world), its options (dtype,
+// b_layout, seed), this rank's row block, its b and the owner of each row block.
+template <class Shape, class Options>
+ReferenceCall reference_call(const Shape& s, const Options& o, int64_t block, const void* b, std::function<int(int)> owner) {
+  ReferenceCall c;
+  c.op = s.op;
+  c.m = s.m;
+  c.n = s.n;
+  c.k_rank = s.k_rank;
+  c.world = s.world;
+  c.dtype = o.dtype;
+  c.layout = o.b_layout;
+  c.seed = o.seed;
+  c.block = block;
+  c.b = b;
+  c.owner = std::move(owner);
+  return c;
+}
 
 struct SampledCheck {
   double rel_err = -1;          // over the sampled rows: ||out - ref|| / ||ref||

@@ -60,22 +60,16 @@ struct SymmetricMem {
 
 // ---- operands -----------------------------------------------------------------------------------
 
-template <typename T>
-__global__ void fill_matrix_kernel(T* out, int64_t rows, int64_t cols, int64_t ld, uint64_t seed, int rank) {
-  const int64_t total = rows * cols;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t r = i / cols, c = i % cols;
-    out[r * ld + c] = verify::from_float<T>(verify::element_value(seed, rank, static_cast<uint64_t>(i)));
-  }
-}
-
 // rows x cols at `out` (leading dimension ld): element (r, c) is rank `rank`'s value r*cols + c, so
 // a rank's packed operand and the same block inside a larger reference matrix hold equal values.
 inline void fill_matrix(void* out, DType t, int64_t rows, int64_t cols, int64_t ld, uint64_t seed, int rank,
                         cudaStream_t s = nullptr) {
   const unsigned grid = verify::grid_for(static_cast<uint64_t>(rows * cols));
-  if (t == DType::kBF16) fill_matrix_kernel<<<grid, 256, 0, s>>>(static_cast<__nv_bfloat16*>(out), rows, cols, ld, seed, rank);
-  else fill_matrix_kernel<<<grid, 256, 0, s>>>(static_cast<__half*>(out), rows, cols, ld, seed, rank);
+  if (t == DType::kBF16) {
+    verify::fill_matrix_kernel<<<grid, 256, 0, s>>>(static_cast<__nv_bfloat16*>(out), rows, cols, ld, seed, rank);
+  } else {
+    verify::fill_matrix_kernel<<<grid, 256, 0, s>>>(static_cast<__half*>(out), rows, cols, ld, seed, rank);
+  }
 }
 
 inline void* at(void* p, int64_t elements, DType t) {
