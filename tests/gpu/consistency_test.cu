@@ -133,12 +133,15 @@ TEST_P(Consistency, MismatchIsInvalidArgumentNamingWhoCalledWhatAndNothingMoves)
       config.top_k = mine_odd ? 2 : 1;
       config.hidden = 256;
       config.max_tokens = 64;
-      Result<MoeSizes> sizes = moe_sizes(*comm, config);
+      // Symmetric allocations are collective and equal on every rank: sized for the larger top-k.
+      MoeConfig largest = config;
+      largest.top_k = 2;
+      Result<MoeSizes> sizes = moe_sizes(*comm, largest);
       ASSERT_TRUE(sizes.ok()) << sizes.status().to_string();
       std::vector<int32_t> ids(static_cast<size_t>(config.max_tokens * config.top_k));
       for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i % static_cast<size_t>(config.num_experts));
       MoeRoutingArgs r;
-      void* topk_ids = buf.get(ids.size() * sizeof(int32_t));
+      void* topk_ids = buf.get(static_cast<size_t>(config.max_tokens * largest.top_k) * sizeof(int32_t));
       r.plan = buf.get(sizes->plan_bytes);
       r.expert_offsets = static_cast<int32_t*>(buf.get(static_cast<size_t>(sizes->local_experts + 1) * sizeof(int32_t)));
       ASSERT_TRUE(test::all_ranks_agree(*comm, topk_ids && r.plan && r.expert_offsets));

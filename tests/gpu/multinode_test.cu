@@ -760,7 +760,8 @@ INSTANTIATE_TEST_SUITE_P(MultiNode, MultiNodeFailure, ::testing::Values(OpId::kA
                          [](const ::testing::TestParamInfo<OpId>& info) { return std::string(op_name(info.param)); });
 
 // A command the proxy must reject (destination = the rank itself): the kernel waits for nothing,
-// but synchronize reports the proxy's verdict and the communicator is failed.
+// but synchronize reports the proxy's verdict and the communicator is failed. Every rank sends
+// one, so a rank may hear of a peer's verdict (peer_failure, through the watchdog) before its own.
 __global__ void bad_command_kernel(const __grid_constant__ DeviceComm c) {
   const uint64_t epoch = kernels::launch_epoch(c.epoch_state);
   const kernels::WaitContext ctx = kernels::WaitContext::start(c.wait, OpId::kNetExchange, epoch);
@@ -781,7 +782,7 @@ TEST(MultiNodeFailure, ProxyRejectionIsReportedBySynchronize) {
   bad_command_kernel<<<1, 32>>>(internal(*comm).device_comm());
   MN_CUDA(cudaGetLastError());
   const Status st = comm->synchronize(nullptr);
-  EXPECT_EQ(st.code(), StatusCode::kInternal) << st.to_string();
+  EXPECT_TRUE(st.code() == StatusCode::kInternal || st.code() == StatusCode::kPeerFailure) << st.to_string();
   EXPECT_NE(st.message().find("not a peer"), std::string::npos) << st.to_string();
   EXPECT_NE(st.message().find("proxy"), std::string::npos) << st.to_string();
   EXPECT_FALSE(comm->health().ok());

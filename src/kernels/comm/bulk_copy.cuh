@@ -155,6 +155,18 @@ class BulkCopyStream {
         flag_store_release(it.flag, epoch);
       }
     };
+    // Every item stored so far gets its flag now (its stores completed first), whatever kFlagLag:
+    // called before blocking on a forwarded item's source, which a peer may send only once it has
+    // seen one of these flags (with flags held back, a ring of ranks waited on each other).
+    auto publish_stored = [&]() {
+      if (fl_item >= st_item) return;
+      cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
+      cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
+      while (fl_item < st_item) {
+        publish(fl_item);
+        if (++fl_item < items) fl_end += pieces_of(list.item(fl_item).bytes);
+      }
+    };
 
     // Loads run up to kStages - 1 pieces ahead of the stores (the stage of piece q is reused by
     // piece q + kStages once group q has been read: wait_group.read 1 before each load).
@@ -170,7 +182,12 @@ class BulkCopyStream {
     while (ok && st_item < items) {
       if (st_seq == ld_seq) {  // nothing loaded: the next piece's source must arrive first
         cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<1>{});
-        if (load_next(true) < 0) {
+        int loaded = load_next(false);
+        if (loaded == 0) {  // not arrived: publish what is stored, then wait for it
+          publish_stored();
+          loaded = load_next(true);
+        }
+        if (loaded < 0) {
           ok = false;
           break;
         }
