@@ -236,6 +236,11 @@ def opcheck_args(comm, seed, op, requires_grad):
     if op == "ring_attention":
         qkv = [rand(seed, f"opcheck-ring-{x}", comm.rank, (1, 256, 4, 64)) for x in "qkv"]
         return (h, qkv[0].requires_grad_(requires_grad), qkv[1], qkv[2], False, None)
+    if op == "grouped_gemm":  # 3 experts (one empty) of a contiguous 200 x 64 A, b [3, 96, 64]
+        offsets = torch.tensor([0, 120, 120, 200], dtype=torch.int32, device=a.device)
+        experts = rand(seed, "opcheck-experts", comm.rank, (3, 96, 64), scale=0.125)
+        rows = rand(seed, "opcheck-grouped-a", comm.rank, (200, 64)).requires_grad_(requires_grad)
+        return (rows, experts, offsets, None, None)
     if op == "attention_merge":
         parts = rand(seed, "opcheck-parts", comm.rank, (2, 2, 100, 4, 64), FP32).requires_grad_(requires_grad)
         return (parts, rand(seed, "opcheck-lse", comm.rank, (2, 2, 4, 100), FP32), BF16)
