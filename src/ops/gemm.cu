@@ -7,6 +7,7 @@
 #include "loom/gemm.h"
 #include "ops/gemm_dispatch.cuh"
 #include "ops/gemm_launch.h"
+#include "ops/launch/checks.h"
 #include "ops/launch/standalone_wait.h"
 #include "planner/gemm_heuristic.h"
 #include "runtime/cuda_check.h"
@@ -16,22 +17,8 @@ namespace loom::ops {
 namespace kg = kernels::gemm;
 
 Result<planner::GemmDeviceLimits> gemm_device_limits() {
-  int device = 0;
-  LOOM_CUDA_TRY(cudaGetDevice(&device));
-  planner::GemmDeviceLimits limits;
-  int value = 0;
-  LOOM_CUDA_TRY(cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device));
-  limits.sm_count = value;
-  LOOM_CUDA_TRY(cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  limits.smem_per_block_optin = value;
-  int major = 0, minor = 0;
-  LOOM_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  LOOM_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  if (major != 9 || minor != 0) {
-    return Status::unsupported("gemm: the GEMM engine needs a Hopper GPU (sm_90); device " + std::to_string(device) +
-                               " is sm_" + std::to_string(major * 10 + minor));
-  }
-  return limits;
+  LOOM_ASSIGN_OR_RETURN(const HopperDevice device, current_hopper_device("gemm", "the GEMM engine"));
+  return planner::GemmDeviceLimits{device.sm_count, device.smem_per_block_optin};
 }
 
 namespace {

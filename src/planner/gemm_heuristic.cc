@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <string>
 
+#include "core/enum_names.h"
 #include "kernels/gemm/config.h"
 
 namespace loom {
@@ -49,24 +50,15 @@ Result<BLayout> parse_b_layout(std::string_view name) {
   return Status::invalid_argument("unknown B layout '" + std::string(name) + "' (expected kn or nk)");
 }
 
-std::string_view gemm_tile_name(GemmTile tile) {
-  switch (tile) {
-    case GemmTile::kAuto: return "auto";
-    case GemmTile::k128x256: return "128x256";
-    case GemmTile::k128x128: return "128x128";
-    case GemmTile::k128x64: return "128x64";
-    case GemmTile::k64x128: return "64x128";
-  }
-  return "?";
-}
+constexpr EnumName<GemmTile> kGemmTileNames[] = {{GemmTile::kAuto, "auto"},
+                                                  {GemmTile::k128x256, "128x256"},
+                                                  {GemmTile::k128x128, "128x128"},
+                                                  {GemmTile::k128x64, "128x64"},
+                                                  {GemmTile::k64x128, "64x128"}};
 
-Result<GemmTile> parse_gemm_tile(std::string_view name) {
-  for (GemmTile t : {GemmTile::kAuto, GemmTile::k128x256, GemmTile::k128x128, GemmTile::k128x64, GemmTile::k64x128}) {
-    if (name == gemm_tile_name(t)) return t;
-  }
-  return Status::invalid_argument("unknown GEMM tile '" + std::string(name) +
-                                  "' (expected auto, 128x256, 128x128, 128x64 or 64x128)");
-}
+std::string_view gemm_tile_name(GemmTile tile) { return name_in(kGemmTileNames, tile); }
+
+Result<GemmTile> parse_gemm_tile(std::string_view name) { return parse_name_in(kGemmTileNames, name, "GEMM tile"); }
 
 GemmTileInfo gemm_tile_info(GemmTile tile) {
   switch (tile) {

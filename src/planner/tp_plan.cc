@@ -16,6 +16,7 @@
 #include <sstream>
 #include <string>
 
+#include "core/enum_names.h"
 #include "core/env.h"
 #include "core/log.h"
 #include "planner/gemm_heuristic.h"
@@ -281,36 +282,19 @@ std::string key_text(const TpKey& k) {
 
 // ---- names -----------------------------------------------------------------------------------
 
-std::string_view tp_op_name(OpId op) {
-  switch (op) {
-    case OpId::kAgGemm: return "ag_gemm";
-    case OpId::kGemmRs: return "gemm_rs";
-    case OpId::kGemmAr: return "gemm_ar";
-    default: return "not_a_tp_op";
-  }
-}
+constexpr EnumName<OpId> kTpOpNames[] = {{OpId::kAgGemm, "ag_gemm"}, {OpId::kGemmRs, "gemm_rs"}, {OpId::kGemmAr, "gemm_ar"}};
 
-Result<OpId> parse_tp_op(std::string_view name) {
-  if (name == "ag_gemm") return OpId::kAgGemm;
-  if (name == "gemm_rs") return OpId::kGemmRs;
-  if (name == "gemm_ar") return OpId::kGemmAr;
-  return Status::invalid_argument("unknown operator '" + std::string(name) + "' (expected ag_gemm, gemm_rs or gemm_ar)");
-}
+std::string_view tp_op_name(OpId op) { return name_in(kTpOpNames, op, "not_a_tp_op"); }
 
-std::string_view tp_algorithm_name(TpAlgorithm algorithm) {
-  switch (algorithm) {
-    case TpAlgorithm::kAuto: return "auto";
-    case TpAlgorithm::kFused: return "fused";
-    case TpAlgorithm::kDecomposed: return "decomposed";
-  }
-  return "?";
-}
+Result<OpId> parse_tp_op(std::string_view name) { return parse_name_in(kTpOpNames, name, "operator"); }
+
+constexpr EnumName<TpAlgorithm> kTpAlgorithmNames[] = {
+    {TpAlgorithm::kAuto, "auto"}, {TpAlgorithm::kFused, "fused"}, {TpAlgorithm::kDecomposed, "decomposed"}};
+
+std::string_view tp_algorithm_name(TpAlgorithm algorithm) { return name_in(kTpAlgorithmNames, algorithm); }
 
 Result<TpAlgorithm> parse_tp_algorithm(std::string_view name) {
-  for (TpAlgorithm a : {TpAlgorithm::kAuto, TpAlgorithm::kFused, TpAlgorithm::kDecomposed}) {
-    if (name == tp_algorithm_name(a)) return a;
-  }
-  return Status::invalid_argument("unknown algorithm '" + std::string(name) + "' (expected auto, fused or decomposed)");
+  return parse_name_in(kTpAlgorithmNames, name, "algorithm");
 }
 
 TpKey key_of(const TpRequest& r) { return TpKey{r.op, r.m, r.n, r.k, r.local_world, r.dtype, r.b_layout}; }

@@ -25,6 +25,7 @@
 
 #include "core/env.h"
 #include "core/log.h"
+#include "runtime/rank_list.h"
 #include "runtime/socket.h"
 
 namespace loom::runtime {
@@ -306,24 +307,8 @@ Notice decode_notice(const uint8_t* body, int world_size) {
   return notice;
 }
 
-// "3", "1, 3", "4-7"; long lists are cut with a count of the rest.
-std::string format_ranks(const std::vector<int>& sorted_ranks) {
-  std::string text;
-  size_t i = 0;
-  while (i < sorted_ranks.size()) {
-    size_t j = i;
-    while (j + 1 < sorted_ranks.size() && sorted_ranks[j + 1] == sorted_ranks[j] + 1) ++j;
-    if (!text.empty()) text += ", ";
-    if (text.size() > 160) return text + "and " + std::to_string(sorted_ranks.size() - i) + " more";
-    text += std::to_string(sorted_ranks[i]);
-    if (j > i) {
-      text += '-';
-      text += std::to_string(sorted_ranks[j]);
-    }
-    i = j + 1;
-  }
-  return text;
-}
+// Long lists are cut with a count of the rest.
+std::string format_ranks(const std::vector<int>& sorted_ranks) { return format_rank_list(sorted_ranks, 160); }
 
 std::string ms_text(milliseconds ms) { return std::to_string(ms.count()) + " ms"; }
 

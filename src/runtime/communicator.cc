@@ -603,44 +603,34 @@ std::string Communicator::Impl::error_record_text() const {
                                 : (waited_on >= 0 && waited_on < static_cast<int>(topology.local_peers.size())
                                        ? topology.local_peers[waited_on]
                                        : -1);
-  char text[512];
-  if (code == static_cast<uint32_t>(DeviceError::kTimeout) && kind == FlagKind::kRingSpace) {
-    std::snprintf(text, sizeof(text),
-                  "%s (epoch %llu): timed out after %llu ms waiting for space in command ring %u: the proxy did not "
-                  "retire commands (ring tail stayed at %llu; CTA %d)",
-                  op_name(op), static_cast<unsigned long long>(e->epoch),
-                  static_cast<unsigned long long>(e->waited_ns / 1'000'000ull), e->flag_index,
-                  static_cast<unsigned long long>(e->observed), e->cta);
-  } else if (code == static_cast<uint32_t>(DeviceError::kTimeout) && kind == FlagKind::kProxyDone) {
-    std::snprintf(text, sizeof(text),
-                  "%s (epoch %llu): timed out after %llu ms waiting for the proxy to complete the commands of ring %u "
-                  "(completed %llu; CTA %d): the transport did not finish the transfers",
-                  op_name(op), static_cast<unsigned long long>(e->epoch),
-                  static_cast<unsigned long long>(e->waited_ns / 1'000'000ull), e->flag_index,
-                  static_cast<unsigned long long>(e->observed), e->cta);
-  } else if (code == static_cast<uint32_t>(DeviceError::kTimeout) && kind != FlagKind::kNone) {
-    std::snprintf(text, sizeof(text),
-                  "%s (epoch %llu): timed out after %llu ms waiting for rank %d's '%s' flag %u (CTA %d, flag at epoch %llu)",
-                  op_name(op), static_cast<unsigned long long>(e->epoch),
-                  static_cast<unsigned long long>(e->waited_ns / 1'000'000ull), waited_global,
-                  flag_kind_name(static_cast<FlagKind>(e->flag_kind)), e->flag_index, e->cta,
-                  static_cast<unsigned long long>(e->observed));
-  } else if (code == static_cast<uint32_t>(DeviceError::kMismatch)) {
+  if (code == static_cast<uint32_t>(DeviceError::kMismatch)) {
     return mismatch_text(op, e->epoch, waited_global, e->flag_index, entry_signature(e->observed));
+  }
+  const bool timed_out = code == static_cast<uint32_t>(DeviceError::kTimeout);
+  // What the CTA was waiting for; the sentence around it is the same for every wait.
+  char waiting[512];
+  if (timed_out && kind == FlagKind::kRingSpace) {
+    std::snprintf(waiting, sizeof(waiting),
+                  "waiting for space in command ring %u: the proxy did not retire commands (ring tail stayed at %llu; "
+                  "CTA %d)",
+                  e->flag_index, static_cast<unsigned long long>(e->observed), e->cta);
+  } else if (timed_out && kind == FlagKind::kProxyDone) {
+    std::snprintf(waiting, sizeof(waiting),
+                  "waiting for the proxy to complete the commands of ring %u (completed %llu; CTA %d): the transport "
+                  "did not finish the transfers",
+                  e->flag_index, static_cast<unsigned long long>(e->observed), e->cta);
   } else if (kind != FlagKind::kNone) {
-    std::snprintf(text, sizeof(text),
-                  "%s (epoch %llu): aborted after %llu ms waiting for rank %d's '%s' flag %u (CTA %d, flag at epoch %llu)",
-                  op_name(op), static_cast<unsigned long long>(e->epoch),
-                  static_cast<unsigned long long>(e->waited_ns / 1'000'000ull), waited_global, flag_kind_name(kind),
-                  e->flag_index, e->cta, static_cast<unsigned long long>(e->observed));
+    std::snprintf(waiting, sizeof(waiting), "waiting for rank %d's '%s' flag %u (CTA %d, flag at epoch %llu)",
+                  waited_global, flag_kind_name(kind), e->flag_index, e->cta,
+                  static_cast<unsigned long long>(e->observed));
   } else {
     // An intra-CTA barrier (flag_index = BarrierWhat << 16 | slot).
-    std::snprintf(text, sizeof(text), "%s (epoch %llu): %s after %llu ms at an intra-CTA barrier: %s (CTA %d)",
-                  op_name(op), static_cast<unsigned long long>(e->epoch),
-                  code == static_cast<uint32_t>(DeviceError::kTimeout) ? "timed out" : "aborted",
-                  static_cast<unsigned long long>(e->waited_ns / 1'000'000ull), barrier_text(e->flag_index).c_str(), e->cta);
+    std::snprintf(waiting, sizeof(waiting), "at an intra-CTA barrier: %s (CTA %d)", barrier_text(e->flag_index).c_str(),
+                  e->cta);
   }
-  return std::string(text) + describe_thread0(e->cta, e->epoch);
+  return std::string(op_name(op)) + " (epoch " + std::to_string(e->epoch) + "): " +
+         (timed_out ? "timed out" : "aborted") + " after " + std::to_string(e->waited_ns / 1'000'000ull) + " ms " +
+         waiting + describe_thread0(e->cta, e->epoch);
 }
 
 std::string Communicator::Impl::mismatch_text(OpId op, uint64_t epoch, int peer, uint32_t ours, uint32_t theirs) const {

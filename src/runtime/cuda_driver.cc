@@ -77,4 +77,15 @@ Status cu_status(CUresult result, const char* expr, const char* file, int line) 
   return Status::cuda_error(std::move(m));
 }
 
+void* optional_driver_entry_address(const char* symbol, unsigned int cuda_version) {
+  void* address = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion(symbol, &address, cuda_version, cudaEnableDefault, &found) != cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();  // clear the runtime's error, so the next CUDA call does not report it
+    return nullptr;
+  }
+  return address;
+}
+
 }  // namespace loom::runtime

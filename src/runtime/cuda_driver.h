@@ -41,6 +41,14 @@ Result<const CudaDriver*> cuda_driver();
 // symmetric_heap.cc:42": the failed call, the CUresult's string and name, and where.
 Status cu_status(CUresult result, const char* expr, const char* file, int line);
 
+// An entry point outside the table, for a feature loom can do without: looked up once by the
+// caller at the ABI version `cuda_version` its PFN typedef names; null when the driver lacks it.
+void* optional_driver_entry_address(const char* symbol, unsigned int cuda_version);
+template <typename Function>
+Function optional_driver_entry(const char* symbol, unsigned int cuda_version) {
+  return reinterpret_cast<Function>(optional_driver_entry_address(symbol, cuda_version));
+}
+
 }  // namespace loom::runtime
 
 // Evaluates a driver call made through the CudaDriver table; on failure returns a cuda_error

@@ -46,6 +46,24 @@ union FdControlBuffer {
   cmsghdr align;
 };
 
+// A header and room for one descriptor, with the msghdr that sendmsg and recvmsg take pointing at
+// them. Not copyable: the msghdr points into the object itself.
+struct FdMessage {
+  FdMessageHeader header{};
+  iovec payload{&header, sizeof(header)};
+  msghdr message{};
+  FdControlBuffer control{};  // last: its cmsghdr ends in a flexible array
+
+  FdMessage() {
+    message.msg_iov = &payload;
+    message.msg_iovlen = 1;
+    message.msg_control = control.bytes;
+    message.msg_controllen = sizeof(control.bytes);
+  }
+  FdMessage(const FdMessage&) = delete;
+  FdMessage& operator=(const FdMessage&) = delete;
+};
+
 socklen_t abstract_address(const std::string& name, sockaddr_un* address) {
   std::memset(address, 0, sizeof(*address));
   address->sun_family = AF_UNIX;
@@ -167,7 +185,8 @@ Status FdExchange::send(int peer_local_rank, int fd, uint64_t value, Deadline de
                                 std::to_string(getuid()) + "); refusing to send it a memory handle");
   }
 
-  FdMessageHeader header{};
+  FdMessage out;
+  FdMessageHeader& header = out.header;
   header.magic = kMessageMagic;
   header.version = kMessageVersion;
   std::memcpy(header.tag, tag_.data(), sizeof(header.tag));
@@ -175,13 +194,7 @@ Status FdExchange::send(int peer_local_rank, int fd, uint64_t value, Deadline de
   header.local_rank = local_rank_;
   header.value = value;
 
-  iovec payload{&header, sizeof(header)};
-  FdControlBuffer control{};
-  msghdr message{};
-  message.msg_iov = &payload;
-  message.msg_iovlen = 1;
-  message.msg_control = control.bytes;
-  message.msg_controllen = sizeof(control.bytes);
+  msghdr& message = out.message;
   cmsghdr* rights = CMSG_FIRSTHDR(&message);
   rights->cmsg_level = SOL_SOCKET;
   rights->cmsg_type = SCM_RIGHTS;
@@ -217,14 +230,9 @@ Result<std::vector<ReceivedFd>> FdExchange::receive(std::span<const int> peer_lo
   // Reads the one message of an accepted connection. Returns true when the connection is done
   // with (message taken or dropped), false when it has not sent anything yet.
   auto read_message = [&](int connection) -> bool {
-    FdMessageHeader header{};
-    iovec payload{&header, sizeof(header)};
-    FdControlBuffer control{};
-    msghdr message{};
-    message.msg_iov = &payload;
-    message.msg_iovlen = 1;
-    message.msg_control = control.bytes;
-    message.msg_controllen = sizeof(control.bytes);
+    FdMessage in;
+    const FdMessageHeader& header = in.header;
+    msghdr& message = in.message;
     const ssize_t got = recvmsg(connection, &message, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
     if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
 

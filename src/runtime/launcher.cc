@@ -19,6 +19,7 @@
 #include <string_view>
 
 #include "core/log.h"
+#include "runtime/rank_list.h"
 #include "runtime/socket.h"
 
 extern char** environ;
@@ -218,22 +219,6 @@ Result<std::string> random_secret_hex() {
     hex += kDigits[byte & 15];
   }
   return hex;
-}
-
-std::string format_rank_list(const std::vector<int>& ranks) {
-  std::string text;
-  for (size_t i = 0; i < ranks.size();) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    if (!text.empty()) text += ", ";
-    text += std::to_string(ranks[i]);
-    if (j > i) {
-      text += '-';
-      text += std::to_string(ranks[j]);
-    }
-    i = j + 1;
-  }
-  return text;
 }
 
 std::string seconds_text(milliseconds ms) {

@@ -79,17 +79,7 @@ Result<TransportDecision> decide_transport(const NetworkSettings& settings, cons
 using RetainHandle = PFN_cuMemRetainAllocationHandle_v11000;
 
 Result<RetainHandle> retain_handle_fn() {
-  static RetainHandle fn = [] {
-    void* address = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuMemRetainAllocationHandle", &address, 11000, cudaEnableDefault, &found) !=
-            cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      return static_cast<RetainHandle>(nullptr);
-    }
-    return reinterpret_cast<RetainHandle>(address);
-  }();
+  static const RetainHandle fn = optional_driver_entry<RetainHandle>("cuMemRetainAllocationHandle", 11000);
   if (fn == nullptr) return Status::unsupported("the CUDA driver has no cuMemRetainAllocationHandle");
   return fn;
 }

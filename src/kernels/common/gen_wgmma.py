@@ -33,49 +33,43 @@ def out_lines(regs):
     return lines
 
 
-def emit_ss(n, ptx_type, name):
+def emit_form(n, ptx_type, fn, comment, a_param, a_ptx, a_inputs, immediates):
+    """One wgmma form as a function. The asm operands are the n/2 fp32 accumulators d, then
+    a_inputs (operand A's constraints; a_ptx names them in the instruction, given the index of
+    the first), desc_b, scale_d and kTransB. `immediates` precede trans-b: scale-a, scale-b and,
+    for an A in shared memory, trans-a."""
     regs = n // 2
-    da, db, sd, tb = regs, regs + 1, regs + 2, regs + 3
-    fn = f"wgmma_m64n{n}k16_{name}"
-    lines = [f"// D[64x{n}] (+)= A[64x16] * B[16x{n}], {ptx_type} inputs from shared memory, fp32 accumulators in d[{regs}].",
-             "template <int kTransB>",
-             f"__device__ __forceinline__ void {fn}(float (&d)[{regs}], uint64_t desc_a, uint64_t desc_b,",
-             f"{' ' * (33 + len(fn))}uint32_t scale_d) {{",
-             "  asm volatile(",
-             '      "{\\n"',
-             '      ".reg .pred p;\\n"',
-             f'      "setp.ne.b32 p, %{sd}, 0;\\n"',
-             f'      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx_type}.{ptx_type} "']
+    db = regs + len(a_inputs)
+    sd, tb = db + 1, db + 2
+    lines = comment + [
+        "template <int kTransB>",
+        f"__device__ __forceinline__ void {fn}(float (&d)[{regs}], {a_param}, uint64_t desc_b,",
+        f"{' ' * (33 + len(fn))}uint32_t scale_d) {{",
+        "  asm volatile(",
+        '      "{\\n"',
+        '      ".reg .pred p;\\n"',
+        f'      "setp.ne.b32 p, %{sd}, 0;\\n"',
+        f'      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx_type}.{ptx_type} "']
     lines += acc_lines(regs)
-    lines.append(f'      "}}, %{da}, %{db}, p, 1, 1, 0, %{tb};\\n"')
+    lines.append(f'      "}}, {a_ptx(regs)}, %{db}, p, {immediates}, %{tb};\\n"')
     lines.append('      "}\\n"')
     lines += out_lines(regs)
-    lines.append('      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransB));')
+    lines.append(f'      : {", ".join(a_inputs)}, "l"(desc_b), "r"(scale_d), "n"(kTransB));')
     lines.append("}")
     return "\n".join(lines)
+
+
+def emit_ss(n, ptx_type, name):
+    comment = [f"// D[64x{n}] (+)= A[64x16] * B[16x{n}], {ptx_type} inputs from shared memory, fp32 accumulators in d[{n // 2}]."]
+    return emit_form(n, ptx_type, f"wgmma_m64n{n}k16_{name}", comment, "uint64_t desc_a", lambda i: f"%{i}",
+                     ['"l"(desc_a)'], "1, 1, 0")
 
 
 def emit_rs(n, ptx_type, name):
-    regs = n // 2
-    a0, db, sd, tb = regs, regs + 4, regs + 5, regs + 6
-    fn = f"wgmma_m64n{n}k16_rs_{name}"
-    lines = [f"// D[64x{n}] (+)= A[64x16] * B[16x{n}], {ptx_type} inputs, A from registers (a[4]: the m64k16 A",
-             f"// fragment, two elements per register), B from shared memory, fp32 accumulators in d[{regs}].",
-             "template <int kTransB>",
-             f"__device__ __forceinline__ void {fn}(float (&d)[{regs}], const uint32_t (&a)[4], uint64_t desc_b,",
-             f"{' ' * (33 + len(fn))}uint32_t scale_d) {{",
-             "  asm volatile(",
-             '      "{\\n"',
-             '      ".reg .pred p;\\n"',
-             f'      "setp.ne.b32 p, %{sd}, 0;\\n"',
-             f'      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx_type}.{ptx_type} "']
-    lines += acc_lines(regs)
-    lines.append(f'      "}}, {{%{a0}, %{a0 + 1}, %{a0 + 2}, %{a0 + 3}}}, %{db}, p, 1, 1, %{tb};\\n"')
-    lines.append('      "}\\n"')
-    lines += out_lines(regs)
-    lines.append('      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTransB));')
-    lines.append("}")
-    return "\n".join(lines)
+    comment = [f"// D[64x{n}] (+)= A[64x16] * B[16x{n}], {ptx_type} inputs, A from registers (a[4]: the m64k16 A",
+               f"// fragment, two elements per register), B from shared memory, fp32 accumulators in d[{n // 2}]."]
+    return emit_form(n, ptx_type, f"wgmma_m64n{n}k16_rs_{name}", comment, "const uint32_t (&a)[4]",
+                     lambda i: f"{{%{i}, %{i + 1}, %{i + 2}, %{i + 3}}}", [f'"r"(a[{k}])' for k in range(4)], "1, 1")
 
 
 def main():

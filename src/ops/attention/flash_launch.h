@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <string>
 
 #include "kernels/attention/params.h"
@@ -33,14 +34,35 @@ LOOM_RING_INSTANCE(128x176)
 LOOM_RING_INSTANCE(256x80)
 #undef LOOM_RING_INSTANCE
 
+// A built kernel configuration: its head dim, BLOCK_N and launcher.
+template <class Params>
+struct KernelInstance {
+  int head_dim;
+  int block_n;
+  Status (*launch)(const Params& p, bool bf16, bool causal, int grid, cudaStream_t stream);
+};
+
+// The launcher `instances` has for (head_dim, block_n); null when that configuration is not built.
+template <class Params, size_t N>
+auto find_instance(const KernelInstance<Params> (&instances)[N], int head_dim, int block_n) {
+  for (const KernelInstance<Params>& instance : instances) {
+    if (instance.head_dim == head_dim && instance.block_n == block_n) return instance.launch;
+  }
+  return decltype(instances[0].launch){nullptr};
+}
+
+inline constexpr KernelInstance<kernels::attention::RingParams> kRingInstances[] = {
+    {64, 128, launch_ring_64x128}, {64, 192, launch_ring_64x192},
+    {128, 176, launch_ring_128x176}, {256, 80, launch_ring_256x80}};
+
+inline constexpr KernelInstance<kernels::attention::FlashParams> kFlashInstances[] = {
+    {64, 128, launch_flash_64x128},   {64, 192, launch_flash_64x192}, {128, 128, launch_flash_128x128},
+    {128, 176, launch_flash_128x176}, {256, 64, launch_flash_256x64}, {256, 80, launch_flash_256x80}};
+
 inline Status launch_ring(const kernels::attention::RingParams& p, int head_dim, int block_n, bool bf16, bool causal,
                           int grid, cudaStream_t stream) {
-  switch (head_dim * 1000 + block_n) {
-    case 64128: return launch_ring_64x128(p, bf16, causal, grid, stream);
-    case 64192: return launch_ring_64x192(p, bf16, causal, grid, stream);
-    case 128176: return launch_ring_128x176(p, bf16, causal, grid, stream);
-    case 256080: return launch_ring_256x80(p, bf16, causal, grid, stream);
-    default: break;
+  if (const auto launch = find_instance(kRingInstances, head_dim, block_n)) {
+    return launch(p, bf16, causal, grid, stream);
   }
   return Status::unsupported("ring_attention: BLOCK_N " + std::to_string(block_n) + " at head dim " +
                              std::to_string(head_dim) + " is not built for the ring (its default configurations are)");
@@ -48,14 +70,8 @@ inline Status launch_ring(const kernels::attention::RingParams& p, int head_dim,
 
 inline Status launch_flash(const kernels::attention::FlashParams& p, int head_dim, int block_n, bool bf16, bool causal,
                            int grid, cudaStream_t stream) {
-  switch (head_dim * 1000 + block_n) {
-    case 64128: return launch_flash_64x128(p, bf16, causal, grid, stream);
-    case 64192: return launch_flash_64x192(p, bf16, causal, grid, stream);
-    case 128128: return launch_flash_128x128(p, bf16, causal, grid, stream);
-    case 128176: return launch_flash_128x176(p, bf16, causal, grid, stream);
-    case 256064: return launch_flash_256x64(p, bf16, causal, grid, stream);
-    case 256080: return launch_flash_256x80(p, bf16, causal, grid, stream);
-    default: break;
+  if (const auto launch = find_instance(kFlashInstances, head_dim, block_n)) {
+    return launch(p, bf16, causal, grid, stream);
   }
   return Status::internal("attention: no kernel for head dim " + std::to_string(head_dim) + " and BLOCK_N " +
                           std::to_string(block_n));

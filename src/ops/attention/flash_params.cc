@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "ops/launch/checks.h"
 #include "ops/launch/tensor_map.h"
 #include "runtime/cuda_check.h"
 
@@ -12,24 +13,8 @@ namespace loom::ops::attention {
 namespace ka = kernels::attention;
 
 Result<planner::AttentionDeviceLimits> device_limits(const char* op) {
-  int device = 0;
-  LOOM_CUDA_TRY(cudaGetDevice(&device));
-  int major = 0, minor = 0;
-  LOOM_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  LOOM_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  if (major != 9 || minor != 0) {
-    return Status::unsupported(std::string(op) + ": the attention engine needs a Hopper GPU (sm_90); device " +
-                               std::to_string(device) + " is sm_" + std::to_string(major * 10 + minor));
-  }
-  planner::AttentionDeviceLimits limits;
-  int value = 0;
-  LOOM_CUDA_TRY(cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device));
-  limits.sm_count = value;
-  LOOM_CUDA_TRY(cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  limits.smem_per_block_optin = value;
-  LOOM_CUDA_TRY(cudaDeviceGetAttribute(&value, cudaDevAttrL2CacheSize, device));
-  limits.l2_bytes = value;
-  return limits;
+  LOOM_ASSIGN_OR_RETURN(const HopperDevice device, current_hopper_device(op, "the attention engine"));
+  return planner::AttentionDeviceLimits{device.sm_count, device.smem_per_block_optin, device.l2_bytes};
 }
 
 Status encode_qkv_map(const void* ptr, DType dtype, int64_t head_dim, int64_t heads, int64_t rows, int64_t batch,

@@ -1,6 +1,10 @@
 #include "ops/launch/checks.h"
 
+#include <cuda_runtime_api.h>
+
 #include <string>
+
+#include "runtime/cuda_check.h"
 
 namespace loom::ops {
 
@@ -28,6 +32,25 @@ Status check_tma_pointers(std::string_view op, std::initializer_list<NamedPointe
 Status check_disjoint(std::string_view op, const ByteRange& x, const char* x_name, const ByteRange& y, const char* y_name) {
   if (!x.overlaps(y)) return {};
   return Status::invalid_argument(std::string(op) + ": " + x_name + " overlaps " + y_name);
+}
+
+Result<HopperDevice> current_hopper_device(std::string_view op, std::string_view engine) {
+  HopperDevice d;
+  LOOM_CUDA_TRY(cudaGetDevice(&d.device));
+  int major = 0, minor = 0;
+  LOOM_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d.device));
+  LOOM_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, d.device));
+  if (major != 9 || minor != 0) {
+    return Status::unsupported(std::string(op) + ": " + std::string(engine) + " needs a Hopper GPU (sm_90); device " +
+                               std::to_string(d.device) + " is sm_" + std::to_string(major * 10 + minor));
+  }
+  int value = 0;
+  LOOM_CUDA_TRY(cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, d.device));
+  LOOM_CUDA_TRY(cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlockOptin, d.device));
+  d.smem_per_block_optin = value;
+  LOOM_CUDA_TRY(cudaDeviceGetAttribute(&value, cudaDevAttrL2CacheSize, d.device));
+  d.l2_bytes = value;
+  return d;
 }
 
 }  // namespace loom::ops

@@ -33,4 +33,16 @@ Status check_optional_tma_pointer(std::string_view op, NamedPointer optional);
 // invalid_argument "op: x overlaps y" when they do.
 Status check_disjoint(std::string_view op, const ByteRange& x, const char* x_name, const ByteRange& y, const char* y_name);
 
+// The current CUDA device and the limits the planners size kernels by.
+struct HopperDevice {
+  int device = 0;
+  int sm_count = 0;
+  int64_t smem_per_block_optin = 0;  // cudaDevAttrMaxSharedMemoryPerBlockOptin
+  int64_t l2_bytes = 0;              // cudaDevAttrL2CacheSize
+};
+
+// The current device when it is a Hopper GPU (sm_90), which every wgmma/TMA engine needs; else
+// unsupported "op: `engine` needs a Hopper GPU (sm_90); device N is sm_XY".
+Result<HopperDevice> current_hopper_device(std::string_view op, std::string_view engine);
+
 }  // namespace loom::ops

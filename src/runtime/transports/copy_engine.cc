@@ -16,6 +16,7 @@
 
 #include "core/log.h"
 #include "runtime/cuda_check.h"
+#include "runtime/cuda_driver.h"
 
 namespace loom::runtime::net {
 namespace {
@@ -37,16 +38,7 @@ constexpr uint32_t kKeyMagic = 0x4b45434c;  // "LCEK" in memory order
 
 // The allocation that contains `ptr` (legacy IPC handles name whole allocations).
 Result<std::pair<uint64_t, uint64_t>> allocation_range(const void* ptr) {
-  static PFN_cuMemGetAddressRange_v3020 get_range = [] {
-    void* address = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &address, 3020, cudaEnableDefault, &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      return static_cast<PFN_cuMemGetAddressRange_v3020>(nullptr);
-    }
-    return reinterpret_cast<PFN_cuMemGetAddressRange_v3020>(address);
-  }();
+  static const auto get_range = optional_driver_entry<PFN_cuMemGetAddressRange_v3020>("cuMemGetAddressRange", 3020);
   if (get_range == nullptr) return Status::unsupported("the CUDA driver has no cuMemGetAddressRange");
   CUdeviceptr base = 0;
   size_t size = 0;
@@ -78,10 +70,11 @@ int device_of(const void* ptr) {
   return attributes.type == cudaMemoryTypeDevice ? attributes.device : -1;
 }
 
-class CopyEngineTransport final : public Transport {
+class CopyEngineTransport final : public TransportBase {
  public:
   CopyEngineTransport(TransportConfig config, CopyEngineOptions options)
-      : config_(std::move(config)), options_(std::move(options)),
+      : TransportBase(TransportKind::kCopyEngine, "copy_engine"),
+        config_(std::move(config)), options_(std::move(options)),
         shaper_(options_.emulate_gbps, options_.emulate_latency_us) {}
   ~CopyEngineTransport() override { (void)close(); }
 
@@ -106,13 +99,8 @@ class CopyEngineTransport final : public Transport {
     return {};
   }
 
-  TransportKind kind() const override { return TransportKind::kCopyEngine; }
-  const TransportCaps& caps() const override { return caps_; }
-  std::string describe() const override { return describe_; }
-
   Result<LocalRegistration> register_memory(const MemoryRegion& region) override {
-    if (closed_) return Status::aborted("copy_engine: transport closed");
-    if (region.base == nullptr || region.bytes == 0) return Status::invalid_argument("copy_engine: empty memory region");
+    LOOM_TRY(check_registrable(region));
     if (region.kind == MemoryKind::kDevice && region.device < 0) {
       return Status::invalid_argument("copy_engine: a device memory region needs its CUDA device ordinal");
     }
@@ -190,7 +178,7 @@ class CopyEngineTransport final : public Transport {
   }
 
   Result<size_t> post_writes(std::span<const WriteOp> ops) override {
-    if (closed_) return Status::aborted("copy_engine: transport closed");
+    LOOM_TRY(check_open());
     LOOM_CUDA_TRY(cudaSetDevice(options_.device));
     size_t taken = 0;
     for (const WriteOp& op : ops) {
@@ -211,10 +199,9 @@ class CopyEngineTransport final : public Transport {
   }
 
   Result<bool> post_flag(const FlagOp& op) override {
-    if (closed_) return Status::aborted("copy_engine: transport closed");
+    LOOM_TRY(check_open());
     if (free_slots_.empty()) return false;
-    if (op.remote >= remotes_.size() || remotes_[op.remote].rank != op.rank ||
-        !within(op.remote_offset, sizeof(uint64_t), remotes_[op.remote].bytes)) {
+    if (!flag_in_window(remotes_, op)) {
       return Status::internal("copy_engine: flag outside its window");
     }
     LOOM_CUDA_TRY(cudaSetDevice(options_.device));
@@ -314,11 +301,6 @@ class CopyEngineTransport final : public Transport {
     LinkShaper::Clock::time_point not_before{};
   };
 
-  static bool within(uint64_t offset, uint64_t bytes, uint64_t limit) {
-    uint64_t end = 0;
-    return !__builtin_add_overflow(offset, bytes, &end) && end <= limit;
-  }
-
   uint32_t take_slot(uint64_t id, int rank, bool is_flag, uint64_t bytes) {
     const uint32_t s = free_slots_.back();
     free_slots_.pop_back();
@@ -371,8 +353,6 @@ class CopyEngineTransport final : public Transport {
   TransportConfig config_;
   CopyEngineOptions options_;
   LinkShaper shaper_;
-  TransportCaps caps_;
-  std::string describe_ = "copy_engine";
   cudaStream_t stream_ = nullptr;
   std::vector<Slot> slots_;
   std::vector<uint32_t> free_slots_;
@@ -383,7 +363,6 @@ class CopyEngineTransport final : public Transport {
   std::vector<Local> locals_;
   std::vector<Remote> remotes_;
   std::map<std::pair<int, std::string>, void*> opened_;  // (rank, IPC handle) -> opened base
-  bool closed_ = false;
 };
 
 }  // namespace

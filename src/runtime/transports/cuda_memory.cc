@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "runtime/cuda_check.h"
+#include "runtime/cuda_driver.h"
 
 namespace loom::runtime::net {
 
@@ -44,39 +45,24 @@ MappedRing::~MappedRing() {
   if (shared_host_ != nullptr) cudaFreeHost(shared_host_);
 }
 
-ring::RingView MappedRing::device_view() const {
+ring::RingView MappedRing::view_at(void* shared, ring::RingProducerState* producer) const {
   ring::RingView v{};
-  v.tail = &static_cast<ring::RingControl*>(shared_device_)->tail;
-  v.slots = reinterpret_cast<ring::Command*>(static_cast<char*>(shared_device_) + sizeof(ring::RingControl));
-  v.producer = producer_device_;
+  v.tail = &static_cast<ring::RingControl*>(shared)->tail;
+  v.slots = reinterpret_cast<ring::Command*>(static_cast<char*>(shared) + sizeof(ring::RingControl));
+  v.producer = producer;
   v.capacity = capacity_;
   v.ring_index = ring_index_;
   return v;
 }
 
-ring::RingView MappedRing::host_view() const {
-  ring::RingView v{};
-  v.tail = &static_cast<ring::RingControl*>(shared_host_)->tail;
-  v.slots = reinterpret_cast<ring::Command*>(static_cast<char*>(shared_host_) + sizeof(ring::RingControl));
-  v.producer = nullptr;
-  v.capacity = capacity_;
-  v.ring_index = ring_index_;
-  return v;
-}
+ring::RingView MappedRing::device_view() const { return view_at(shared_device_, producer_device_); }
+
+ring::RingView MappedRing::host_view() const { return view_at(shared_host_, nullptr); }
 
 Result<int> export_dmabuf_fd(void* base, uint64_t bytes) {
   // Not in CudaDriver's table (runtime/cuda_driver.h): fetched here, once, at its 11.7 ABI.
-  static PFN_cuMemGetHandleForAddressRange_v11070 get_handle = [] {
-    void* address = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuMemGetHandleForAddressRange", &address, 11070, cudaEnableDefault, &found) !=
-            cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      return static_cast<PFN_cuMemGetHandleForAddressRange_v11070>(nullptr);
-    }
-    return reinterpret_cast<PFN_cuMemGetHandleForAddressRange_v11070>(address);
-  }();
+  static const auto get_handle =
+      optional_driver_entry<PFN_cuMemGetHandleForAddressRange_v11070>("cuMemGetHandleForAddressRange", 11070);
   if (get_handle == nullptr) return Status::unsupported("the CUDA driver has no cuMemGetHandleForAddressRange (dma-buf export)");
   const long page = ::sysconf(_SC_PAGESIZE);
   if (page > 0 && (reinterpret_cast<uint64_t>(base) % static_cast<uint64_t>(page) != 0 || bytes % static_cast<uint64_t>(page) != 0)) {

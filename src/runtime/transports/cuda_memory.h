@@ -29,6 +29,9 @@ class MappedRing {
   ring::RingView host_view() const;    // for the proxy: host addresses, no producer state
 
  private:
+  // The ring control block and its slots at `shared` (either address of the mapped allocation).
+  ring::RingView view_at(void* shared, ring::RingProducerState* producer) const;
+
   void* shared_host_ = nullptr;    // cudaHostAlloc(mapped)
   void* shared_device_ = nullptr;  // its device alias
   ring::RingProducerState* producer_device_ = nullptr;  // cudaMalloc

@@ -11,12 +11,11 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <type_traits>
-#include <mutex>
 #include <vector>
 
 #include "core/log.h"
+#include "runtime/transports/shared_library.h"
 
 namespace loom::runtime::net {
 namespace {
@@ -33,20 +32,11 @@ struct FabricApi {
   uint32_t (*fi_version)(void) = nullptr;
 };
 
-// Opened once per library path and never closed: providers start threads and register atexit
-// handlers, so unloading libfabric while the process runs is not safe.
+// Opened once per library path and never closed (load_api_once says why).
 Result<const FabricApi*> load_fabric_api(const std::string& library) {
-  static std::mutex mutex;
-  static std::map<std::string, Result<const FabricApi*>> loaded;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (auto it = loaded.find(library); it != loaded.end()) return it->second;
-  auto load = [&]() -> Result<const FabricApi*> {
-    void* handle = ::dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (handle == nullptr) {
-      const char* why = ::dlerror();
-      return Status::unsupported("fabric: cannot load " + library + " (" + (why ? why : "unknown error") +
-                                 "); install libfabric (Debian: libfabric1) or choose another LOOM_TRANSPORT");
-    }
+  return load_api_once<FabricApi>(library, [&]() -> Result<const FabricApi*> {
+    LOOM_ASSIGN_OR_RETURN(void* handle, open_library(library, "fabric",
+                                                     "install libfabric (Debian: libfabric1) or choose another LOOM_TRANSPORT"));
     auto* api = new FabricApi();  // lives as long as the library: never freed
     bool missing = false;
     std::string which;
@@ -68,10 +58,7 @@ Result<const FabricApi*> load_fabric_api(const std::string& library) {
       return Status::unsupported("fabric: " + library + " lacks " + which);
     }
     return static_cast<const FabricApi*>(api);
-  };
-  Result<const FabricApi*> result = load();
-  loaded.emplace(library, result);
-  return result;
+  });
 }
 
 std::string version_string(const FabricApi& api) {
@@ -173,10 +160,11 @@ struct WireKey {
 };
 static_assert(sizeof(WireKey) == 24, "three little-endian 64-bit words");
 
-class FabricTransport final : public Transport {
+class FabricTransport final : public TransportBase {
  public:
   FabricTransport(const FabricApi& api, TransportConfig config, FabricOptions options)
-      : api_(api), config_(std::move(config)), options_(std::move(options)) {}
+      : TransportBase(TransportKind::kFabric, "fabric"),
+        api_(api), config_(std::move(config)), options_(std::move(options)) {}
   ~FabricTransport() override { (void)close(); }
 
   Status init() {
@@ -223,13 +211,8 @@ class FabricTransport final : public Transport {
     return {};
   }
 
-  TransportKind kind() const override { return TransportKind::kFabric; }
-  const TransportCaps& caps() const override { return caps_; }
-  std::string describe() const override { return describe_; }
-
   Result<LocalRegistration> register_memory(const MemoryRegion& region) override {
-    if (closed_) return Status::aborted("fabric: transport closed");
-    if (region.base == nullptr || region.bytes == 0) return Status::invalid_argument("fabric: empty memory region");
+    LOOM_TRY(check_registrable(region));
     if (region.kind == MemoryKind::kDevice && !options_.device_memory) {
       return Status::unsupported("fabric: device memory needs FabricOptions::device_memory (FI_HMEM)");
     }
@@ -264,7 +247,7 @@ class FabricTransport final : public Transport {
   }
 
   Result<std::vector<uint8_t>> local_endpoint() override {
-    if (closed_) return Status::aborted("fabric: transport closed");
+    LOOM_TRY(check_open());
     size_t length = 0;
     // First call learns the size (-FI_ETOOSMALL), the second fills the name.
     int rc = fi_getname(&ep_->fid, nullptr, &length);
@@ -310,7 +293,7 @@ class FabricTransport final : public Transport {
   }
 
   Result<size_t> post_writes(std::span<const WriteOp> ops) override {
-    if (closed_) return Status::aborted("fabric: transport closed");
+    LOOM_TRY(check_open());
     size_t taken = 0;
     for (const WriteOp& op : ops) {
       if (free_contexts_.empty()) break;
@@ -332,10 +315,9 @@ class FabricTransport final : public Transport {
   }
 
   Result<bool> post_flag(const FlagOp& op) override {
-    if (closed_) return Status::aborted("fabric: transport closed");
+    LOOM_TRY(check_open());
     if (free_contexts_.empty()) return false;
-    if (op.remote >= remotes_.size() || remotes_[op.remote].rank != op.rank ||
-        !within(op.remote_offset, sizeof(uint64_t), remotes_[op.remote].bytes)) {
+    if (!flag_in_window(remotes_, op)) {
       return Status::internal("fabric: flag " + std::to_string(op.id & ~(uint64_t{1} << 63)) + " outside its window");
     }
     // The context slot about to be taken owns the staging word for as long as the op is in flight.
@@ -427,11 +409,6 @@ class FabricTransport final : public Transport {
     bool is_flag = false;
   };
 
-  static bool within(uint64_t offset, uint64_t bytes, uint64_t limit) {
-    uint64_t end = 0;
-    return !__builtin_add_overflow(offset, bytes, &end) && end <= limit;
-  }
-
   Status check(int rc, const char* what) const {
     if (rc == 0) return {};
     return Status::system_error(std::string("fabric: ") + what + ": " + api_.fi_strerror(rc < 0 ? -rc : rc) + " (" +
@@ -475,8 +452,6 @@ class FabricTransport final : public Transport {
   const FabricApi& api_;
   TransportConfig config_;
   FabricOptions options_;
-  TransportCaps caps_;
-  std::string describe_ = "fabric";
   InfoList infos_;
   fi_info* info_ = nullptr;
   fid_fabric* fabric_ = nullptr;
@@ -488,7 +463,6 @@ class FabricTransport final : public Transport {
   bool prov_key_ = false;
   bool mr_endpoint_ = false;
   uint64_t next_key_ = 1;
-  bool closed_ = false;
   std::vector<LocalMr> locals_;
   std::vector<RemoteMr> remotes_;
   std::vector<OpContext> contexts_;

@@ -15,6 +15,17 @@
 #include "runtime/transports/verbs.h"
 
 namespace loom::runtime::net {
+
+Status TransportBase::check_open() const {
+  if (closed_) return Status::aborted(std::string(name_) + ": transport closed");
+  return {};
+}
+
+Status TransportBase::check_registrable(const MemoryRegion& region) const {
+  LOOM_TRY(check_open());
+  if (region.base == nullptr || region.bytes == 0) return Status::invalid_argument(std::string(name_) + ": empty memory region");
+  return {};
+}
 namespace {
 
 // An endpoint or window blob larger than this is a bug (RC endpoints grow with the world: 4 B

@@ -130,6 +130,44 @@ class Transport {
   virtual Status close() = 0;
 };
 
+// Does [offset, offset + bytes) lie within [0, limit), without overflowing?
+inline bool within(uint64_t offset, uint64_t bytes, uint64_t limit) {
+  uint64_t end = 0;
+  return !__builtin_add_overflow(offset, bytes, &end) && end <= limit;
+}
+
+// Does `op`'s flag word lie in the peer's registration remotes[op.remote], one of op.rank's?
+// Remote: a transport's record of a peer registration, with its rank and bytes.
+template <class Remote>
+bool flag_in_window(const std::vector<Remote>& remotes, const FlagOp& op) {
+  return op.remote < remotes.size() && remotes[op.remote].rank == op.rank &&
+         within(op.remote_offset, sizeof(uint64_t), remotes[op.remote].bytes);
+}
+
+// What the transports share: the getters over their capabilities and description, and the checks
+// their operations start with. `name` starts their messages ("fabric: transport closed").
+class TransportBase : public Transport {
+ public:
+  TransportKind kind() const final { return kind_; }
+  const TransportCaps& caps() const final { return caps_; }
+  std::string describe() const final { return describe_; }
+
+ protected:
+  TransportBase(TransportKind kind, const char* name) : describe_(name), kind_(kind), name_(name) {}
+  // aborted once close() has run.
+  Status check_open() const;
+  // check_open, then invalid_argument for a region without memory.
+  Status check_registrable(const MemoryRegion& region) const;
+
+  TransportCaps caps_;
+  std::string describe_;  // the name until initialization says more
+  bool closed_ = false;
+
+ private:
+  TransportKind kind_;
+  const char* name_;
+};
+
 // ---- bootstrap exchanges ----------------------------------------------------------------------
 
 // All-gathers every rank's local_endpoint() (lengths first, then equal-size slots) and calls

@@ -7,13 +7,12 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <map>
-#include <mutex>
 #include <type_traits>
 #include <unordered_map>
 #include <vector>
 
 #include "core/log.h"
+#include "runtime/transports/shared_library.h"
 
 namespace loom::runtime::net {
 namespace {
@@ -53,18 +52,9 @@ bool resolve(void* handle, Fn& fn, const char* name, const char* version) {
 }  // namespace
 
 Result<const VerbsApi*> load_verbs_api(const std::string& verbs_library, const std::string& efa_library) {
-  static std::mutex mutex;
-  static std::map<std::string, Result<const VerbsApi*>> loaded;
-  std::lock_guard<std::mutex> lock(mutex);
-  const std::string key = verbs_library + "|" + efa_library;
-  if (auto it = loaded.find(key); it != loaded.end()) return it->second;
-  auto load = [&]() -> Result<const VerbsApi*> {
-    void* handle = ::dlopen(verbs_library.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (handle == nullptr) {
-      const char* why = ::dlerror();
-      return Status::unsupported("verbs: cannot load " + verbs_library + " (" + (why ? why : "unknown error") +
-                                 "); install rdma-core (Debian: libibverbs1) or choose another LOOM_TRANSPORT");
-    }
+  return load_api_once<VerbsApi>(verbs_library + "|" + efa_library, [&]() -> Result<const VerbsApi*> {
+    LOOM_ASSIGN_OR_RETURN(void* handle, open_library(verbs_library, "verbs",
+                                                     "install rdma-core (Debian: libibverbs1) or choose another LOOM_TRANSPORT"));
     auto* api = new VerbsApi();  // lives as long as the library: never freed
     api->source = verbs_library;
     const char* v = "IBVERBS_1.1";
@@ -113,10 +103,7 @@ Result<const VerbsApi*> load_verbs_api(const std::string& verbs_library, const s
       resolve(efa, api->efadv_query_device, "efadv_query_device", nullptr);
     }
     return static_cast<const VerbsApi*>(api);
-  };
-  Result<const VerbsApi*> result = load();
-  loaded.emplace(key, result);
-  return result;
+  });
 }
 
 const char* wc_status_name(ibv_wc_status status) {
@@ -187,11 +174,6 @@ constexpr uint32_t kQkey = 0x4c4f4f4d;  // SRD queue key: any value both sides a
 // rdma-core releases older than v47 lack the name; the bit is EFA's "RDMA write supported".
 constexpr uint32_t kEfaCapRdmaWrite = 1u << 3;
 constexpr uint16_t kAmazonVendorId = 0x1d0f;
-
-bool within(uint64_t offset, uint64_t bytes, uint64_t limit) {
-  uint64_t end = 0;
-  return !__builtin_add_overflow(offset, bytes, &end) && end <= limit;
-}
 
 std::string errno_text(int err) { return std::string(std::strerror(err)) + " (errno " + std::to_string(err) + ")"; }
 
@@ -276,10 +258,11 @@ std::string describe_device(const OpenedDevice& d, uint8_t port) {
 
 // ---- the transport ---------------------------------------------------------------------------------
 
-class VerbsTransport final : public Transport {
+class VerbsTransport final : public TransportBase {
  public:
   VerbsTransport(const VerbsApi& api, TransportConfig config, VerbsOptions options)
-      : api_(api), config_(std::move(config)), options_(std::move(options)) {}
+      : TransportBase(TransportKind::kVerbs, "verbs"),
+        api_(api), config_(std::move(config)), options_(std::move(options)) {}
   ~VerbsTransport() override { (void)close(); }
 
   Status init() {
@@ -329,13 +312,8 @@ class VerbsTransport final : public Transport {
     return {};
   }
 
-  TransportKind kind() const override { return TransportKind::kVerbs; }
-  const TransportCaps& caps() const override { return caps_; }
-  std::string describe() const override { return describe_; }
-
   Result<LocalRegistration> register_memory(const MemoryRegion& region) override {
-    if (closed_) return Status::aborted("verbs: transport closed");
-    if (region.base == nullptr || region.bytes == 0) return Status::invalid_argument("verbs: empty memory region");
+    LOOM_TRY(check_registrable(region));
     // No IBV_ACCESS_RELAXED_ORDERING: the flag must never be placed before its data.
     const int access = IBV_ACCESS_LOCAL_WRITE | (region.remote_write ? IBV_ACCESS_REMOTE_WRITE : 0);
     ibv_mr* mr = nullptr;
@@ -374,7 +352,7 @@ class VerbsTransport final : public Transport {
   }
 
   Result<std::vector<uint8_t>> local_endpoint() override {
-    if (closed_) return Status::aborted("verbs: transport closed");
+    LOOM_TRY(check_open());
     EndpointHeader h{};
     h.magic = kEndpointMagic;
     h.version = kEndpointVersion;
@@ -440,7 +418,7 @@ class VerbsTransport final : public Transport {
   }
 
   Result<size_t> post_writes(std::span<const WriteOp> ops) override {
-    if (closed_) return Status::aborted("verbs: transport closed");
+    LOOM_TRY(check_open());
     size_t taken = 0;
     for (const WriteOp& op : ops) {
       if (op.local >= mrs_.size() || op.remote >= remotes_.size() || remotes_[op.remote].rank != op.rank) {
@@ -462,9 +440,8 @@ class VerbsTransport final : public Transport {
   }
 
   Result<bool> post_flag(const FlagOp& op) override {
-    if (closed_) return Status::aborted("verbs: transport closed");
-    if (op.remote >= remotes_.size() || remotes_[op.remote].rank != op.rank ||
-        !within(op.remote_offset, sizeof(uint64_t), remotes_[op.remote].bytes)) {
+    LOOM_TRY(check_open());
+    if (!flag_in_window(remotes_, op)) {
       return Status::internal("verbs: flag outside its window");
     }
     const RemoteMr& remote = remotes_[op.remote];
@@ -749,8 +726,6 @@ class VerbsTransport final : public Transport {
   const VerbsApi& api_;
   TransportConfig config_;
   VerbsOptions options_;
-  TransportCaps caps_;
-  std::string describe_ = "verbs";
   OpenedDevice device_;
   Mode mode_ = Mode::kRc;
   ibv_gid gid_{};
@@ -770,7 +745,6 @@ class VerbsTransport final : public Transport {
   uint32_t staging_handle_ = 0;
   std::vector<uint32_t> outstanding_per_peer_;
   std::unordered_map<uint64_t, InFlight> in_flight_;
-  bool closed_ = false;
 };
 
 }  // namespace
