@@ -12,8 +12,7 @@ namespace ops {
 
 Status all_gather_for(Communicator& comm, const void* send, void* recv, size_t count, DType dtype, cudaStream_t stream,
                   const CollectiveOptions& options, OpId label, uint32_t outer) {
-  Communicator::Impl& impl = internal(comm);
-  LOOM_TRY_CTX(ops::check_collective_common(impl, "all_gather", count, dtype), "all_gather");
+  LOOM_ASSIGN_OR_RETURN(Communicator::Impl& impl, ops::collective_impl(comm, "all_gather", count, dtype));
   if (count == 0) return {};
   const uint64_t shard = static_cast<uint64_t>(count) * dtype_size(dtype);
   LOOM_ASSIGN_OR_RETURN(const uint64_t recv_bytes, ops::bytes_of_all_ranks(impl, "all_gather", shard));

@@ -12,8 +12,7 @@ namespace ops {
 
 Status all_reduce_for(Communicator& comm, const void* send, void* recv, size_t count, DType dtype, cudaStream_t stream,
                   const CollectiveOptions& options, OpId label, uint32_t outer) {
-  Communicator::Impl& impl = internal(comm);
-  LOOM_TRY_CTX(ops::check_collective_common(impl, "all_reduce", count, dtype), "all_reduce");
+  LOOM_ASSIGN_OR_RETURN(Communicator::Impl& impl, ops::collective_impl(comm, "all_reduce", count, dtype));
   LOOM_TRY(ops::check_no_bulk_engine("all_reduce", options));
   if (count == 0) return {};
   const uint64_t bytes = static_cast<uint64_t>(count) * dtype_size(dtype);

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <functional>
 
 #include "kernels/collectives/common.cuh"
 #include "loom/collectives.h"
@@ -27,6 +28,15 @@ inline Status check_collective_common(Communicator::Impl& impl, const char* op, 
     return Status::invalid_argument(std::string(op) + ": count overflows a 64-bit byte size");
   }
   return {};
+}
+
+// The communicator's internals for collective `op`, once check_collective_common has passed
+// (its failures prefixed with `op`). Every collective launcher starts here.
+inline Result<std::reference_wrapper<Communicator::Impl>> collective_impl(Communicator& comm, const char* op,
+                                                                          size_t count, DType dtype) {
+  Communicator::Impl& impl = internal(comm);
+  LOOM_TRY_CTX(check_collective_common(impl, op, count, dtype), op);
+  return std::ref(impl);
 }
 
 inline bool is_aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }

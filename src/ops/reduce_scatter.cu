@@ -12,8 +12,7 @@ namespace ops {
 
 Status reduce_scatter_for(Communicator& comm, const void* send, void* recv, size_t recv_count, DType dtype,
                       cudaStream_t stream, const CollectiveOptions& options, OpId label, uint32_t outer) {
-  Communicator::Impl& impl = internal(comm);
-  LOOM_TRY_CTX(ops::check_collective_common(impl, "reduce_scatter", recv_count, dtype), "reduce_scatter");
+  LOOM_ASSIGN_OR_RETURN(Communicator::Impl& impl, ops::collective_impl(comm, "reduce_scatter", recv_count, dtype));
   LOOM_TRY(ops::check_no_bulk_engine("reduce_scatter", options));
   if (recv_count == 0) return {};
   const uint64_t chunk = static_cast<uint64_t>(recv_count) * dtype_size(dtype);
