@@ -36,6 +36,18 @@ __device__ __forceinline__ void reduce_slice(const DeviceComm& c, const uint64_t
   const uint32_t lane = threadIdx.x;
   const uint32_t lanes = blockDim.x;
   const uint64_t vectors = vectorizable ? bytes / kVectorBytes : 0;
+  // Stores `out` (a whole vector or one element) as item `idx` of the result.
+  auto store = [&](uint64_t idx, auto out) {
+    using Item = decltype(out);
+    if constexpr (kPushToAll) {
+      for (int i = 1; i <= world; ++i) {
+        const int d = (c.local_rank + i) % world;
+        reinterpret_cast<Item*>(reinterpret_cast<char*>(bases[d]) + recv_offset)[idx] = out;
+      }
+    } else {
+      reinterpret_cast<Item*>(local_out)[idx] = out;
+    }
+  };
   for (uint64_t v = lane; v < vectors; v += static_cast<uint64_t>(lanes) * kUnroll) {
     float acc[kUnroll][V::kElems];
 #pragma unroll
@@ -56,16 +68,7 @@ __device__ __forceinline__ void reduce_slice(const DeviceComm& c, const uint64_t
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const uint64_t idx = v + static_cast<uint64_t>(u) * lanes;
-      if (idx >= vectors) continue;
-      const uint4 out = V::pack(acc[u]);
-      if constexpr (kPushToAll) {
-        for (int i = 1; i <= world; ++i) {
-          const int d = (c.local_rank + i) % world;
-          reinterpret_cast<uint4*>(reinterpret_cast<char*>(bases[d]) + recv_offset)[idx] = out;
-        }
-      } else {
-        reinterpret_cast<uint4*>(local_out)[idx] = out;
-      }
+      if (idx < vectors) store(idx, V::pack(acc[u]));
     }
   }
   // Elements not covered by whole vectors.
@@ -76,15 +79,7 @@ __device__ __forceinline__ void reduce_slice(const DeviceComm& c, const uint64_t
     for (int s = 0; s < world; ++s) {
       acc += V::to_float(reinterpret_cast<const T*>(reinterpret_cast<const char*>(bases[s]) + send_offset)[i]);
     }
-    const T out = V::from_float(acc);
-    if constexpr (kPushToAll) {
-      for (int j = 1; j <= world; ++j) {
-        const int d = (c.local_rank + j) % world;
-        reinterpret_cast<T*>(reinterpret_cast<char*>(bases[d]) + recv_offset)[i] = out;
-      }
-    } else {
-      reinterpret_cast<T*>(local_out)[i] = out;
-    }
+    store(i, V::from_float(acc));
   }
 }
 

@@ -70,35 +70,35 @@ __device__ __forceinline__ bool ring_push(const ring::RingView& ring, const ring
   return ring::produce(side, ring, command);
 }
 
+// A command of `type` from this CTA for flag `flag_index` of rank dst_rank; the data fields (zero
+// here) are the caller's to fill in.
+__device__ __forceinline__ ring::Command ring_command(ring::CommandType type, uint32_t dst_rank, uint32_t flag_index,
+                                                      uint64_t flag_value, const WaitContext& ctx) {
+  ring::Command c{};
+  c.header = ring::type_only_header(type);
+  c.dst_rank = dst_rank;
+  c.flag_index = flag_index;
+  c.epoch = ctx.epoch;
+  c.flag_value = flag_value;
+  c.producer = blockIdx.x;
+  return c;
+}
+
 // Convenience: a kWrite (data, then the flag when flag_index != kNoFlag) from the calling thread.
 __device__ __forceinline__ bool ring_push_write(const ring::RingView& ring, uint32_t dst_rank, uint64_t src_offset,
                                                 uint64_t dst_offset, uint64_t length, uint32_t flag_index,
                                                 uint64_t flag_value, const WaitContext& ctx) {
-  ring::Command c{};
-  c.header = ring::type_only_header(ring::CommandType::kWrite);
-  c.dst_rank = dst_rank;
-  c.flag_index = flag_index;
-  c.epoch = ctx.epoch;
+  ring::Command c = ring_command(ring::CommandType::kWrite, dst_rank, flag_index, flag_value, ctx);
   c.src_offset = src_offset;
   c.dst_offset = dst_offset;
   c.length = length;
-  c.flag_value = flag_value;
-  c.producer = blockIdx.x;
-  c.reserved = 0;
   return ring_push(ring, c, ctx);
 }
 
 // Convenience: a kSignal (fence after this ring's earlier writes, then the flag).
 __device__ __forceinline__ bool ring_push_signal(const ring::RingView& ring, uint32_t dst_rank, uint32_t flag_index,
                                                  uint64_t flag_value, const WaitContext& ctx) {
-  ring::Command c{};
-  c.header = ring::type_only_header(ring::CommandType::kSignal);
-  c.dst_rank = dst_rank;
-  c.flag_index = flag_index;
-  c.epoch = ctx.epoch;
-  c.flag_value = flag_value;
-  c.producer = blockIdx.x;
-  return ring_push(ring, c, ctx);
+  return ring_push(ring, ring_command(ring::CommandType::kSignal, dst_rank, flag_index, flag_value, ctx), ctx);
 }
 
 }  // namespace loom::kernels

@@ -8,56 +8,49 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace loom::kernels {
 
+// The fp32 conversions of the 16-bit types, overloaded on bf16 and fp16 so that Vec16 is written
+// once for both.
+__device__ __forceinline__ float2 widen_pair(__nv_bfloat162 p) { return __bfloat1622float2(p); }
+__device__ __forceinline__ float2 widen_pair(__half2 p) { return __half22float2(p); }
+__device__ __forceinline__ float widen(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float widen(__half x) { return __half2float(x); }
+__device__ __forceinline__ void round_pair(float lo, float hi, __nv_bfloat162& out) { out = __floats2bfloat162_rn(lo, hi); }
+__device__ __forceinline__ void round_pair(float lo, float hi, __half2& out) { out = __floats2half2_rn(lo, hi); }
+__device__ __forceinline__ void round_to(float x, __nv_bfloat16& out) { out = __float2bfloat16_rn(x); }
+__device__ __forceinline__ void round_to(float x, __half& out) { out = __float2half_rn(x); }
+
+// bf16 and fp16: a vector is four pairs of elements.
 template <typename T>
-struct Vec16;
-
-template <>
-struct Vec16<__nv_bfloat16> {
+struct Vec16 {
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>, "Vec16 holds bf16, fp16 or fp32");
+  using Pair = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
   static constexpr int kElems = 8;
   __device__ static void add(float (&acc)[kElems], const uint4& v) {
-    const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&v);
+    const Pair* p = reinterpret_cast<const Pair*>(&v);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const float2 f = __bfloat1622float2(p[i]);
+      const float2 f = widen_pair(p[i]);
       acc[2 * i] += f.x;
       acc[2 * i + 1] += f.y;
     }
   }
   __device__ static uint4 pack(const float (&acc)[kElems]) {
     uint4 v;
-    __nv_bfloat162* p = reinterpret_cast<__nv_bfloat162*>(&v);
+    Pair* p = reinterpret_cast<Pair*>(&v);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) p[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
+    for (int i = 0; i < 4; ++i) round_pair(acc[2 * i], acc[2 * i + 1], p[i]);
     return v;
   }
-  __device__ static float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-  __device__ static __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
-};
-
-template <>
-struct Vec16<__half> {
-  static constexpr int kElems = 8;
-  __device__ static void add(float (&acc)[kElems], const uint4& v) {
-    const __half2* p = reinterpret_cast<const __half2*>(&v);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = __half22float2(p[i]);
-      acc[2 * i] += f.x;
-      acc[2 * i + 1] += f.y;
-    }
+  __device__ static float to_float(T x) { return widen(x); }
+  __device__ static T from_float(float x) {
+    T rounded;
+    round_to(x, rounded);
+    return rounded;
   }
-  __device__ static uint4 pack(const float (&acc)[kElems]) {
-    uint4 v;
-    __half2* p = reinterpret_cast<__half2*>(&v);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) p[i] = __floats2half2_rn(acc[2 * i], acc[2 * i + 1]);
-    return v;
-  }
-  __device__ static float to_float(__half x) { return __half2float(x); }
-  __device__ static __half from_float(float x) { return __float2half_rn(x); }
 };
 
 template <>

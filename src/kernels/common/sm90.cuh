@@ -82,26 +82,8 @@ __device__ __forceinline__ void fence_operands(uint32_t (&r)[kCount]) {
 // (64, 80, 128, 176, 192, 256).
 template <int kN, bool kBF16, int kTransB>
 __device__ __forceinline__ void wgmma_m64k16(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
-  if constexpr (kN == 256) {
-    if constexpr (kBF16) wgmma_m64n256k16_bf16<kTransB>(d, desc_a, desc_b, scale_d);
-    else wgmma_m64n256k16_f16<kTransB>(d, desc_a, desc_b, scale_d);
-  } else if constexpr (kN == 192) {
-    if constexpr (kBF16) wgmma_m64n192k16_bf16<kTransB>(d, desc_a, desc_b, scale_d);
-    else wgmma_m64n192k16_f16<kTransB>(d, desc_a, desc_b, scale_d);
-  } else if constexpr (kN == 176) {
-    if constexpr (kBF16) wgmma_m64n176k16_bf16<kTransB>(d, desc_a, desc_b, scale_d);
-    else wgmma_m64n176k16_f16<kTransB>(d, desc_a, desc_b, scale_d);
-  } else if constexpr (kN == 128) {
-    if constexpr (kBF16) wgmma_m64n128k16_bf16<kTransB>(d, desc_a, desc_b, scale_d);
-    else wgmma_m64n128k16_f16<kTransB>(d, desc_a, desc_b, scale_d);
-  } else if constexpr (kN == 80) {
-    if constexpr (kBF16) wgmma_m64n80k16_bf16<kTransB>(d, desc_a, desc_b, scale_d);
-    else wgmma_m64n80k16_f16<kTransB>(d, desc_a, desc_b, scale_d);
-  } else {
-    static_assert(kN == 64, "wgmma_m64k16 is generated for N = 64, 80, 128, 176, 192, 256 (gen_wgmma.py)");
-    if constexpr (kBF16) wgmma_m64n64k16_bf16<kTransB>(d, desc_a, desc_b, scale_d);
-    else wgmma_m64n64k16_f16<kTransB>(d, desc_a, desc_b, scale_d);
-  }
+  static_assert(wgmma_ss_generated(kN), "wgmma_m64k16: gen_wgmma.py does not generate this N (SS_NS)");
+  wgmma_ss<kBF16, kTransB>(d, desc_a, desc_b, scale_d);
 }
 
 // One m64nNk16 wgmma with A from registers (the m64k16 fragment) and B in shared memory, for
@@ -109,17 +91,8 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[kN / 2], uint64_t desc_a
 template <int kN, bool kBF16, int kTransB>
 __device__ __forceinline__ void wgmma_m64k16_rs(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t desc_b,
                                                 uint32_t scale_d) {
-  if constexpr (kN == 256) {
-    if constexpr (kBF16) wgmma_m64n256k16_rs_bf16<kTransB>(d, a, desc_b, scale_d);
-    else wgmma_m64n256k16_rs_f16<kTransB>(d, a, desc_b, scale_d);
-  } else if constexpr (kN == 128) {
-    if constexpr (kBF16) wgmma_m64n128k16_rs_bf16<kTransB>(d, a, desc_b, scale_d);
-    else wgmma_m64n128k16_rs_f16<kTransB>(d, a, desc_b, scale_d);
-  } else {
-    static_assert(kN == 64, "wgmma_m64k16_rs is generated for N = 64, 128, 256 (gen_wgmma.py)");
-    if constexpr (kBF16) wgmma_m64n64k16_rs_bf16<kTransB>(d, a, desc_b, scale_d);
-    else wgmma_m64n64k16_rs_f16<kTransB>(d, a, desc_b, scale_d);
-  }
+  static_assert(wgmma_rs_generated(kN), "wgmma_m64k16_rs: gen_wgmma.py does not generate this N (RS_NS)");
+  wgmma_rs<kBF16, kTransB>(d, a, desc_b, scale_d);
 }
 
 // Named barriers (bar.sync ids 1..15; 0 is __syncthreads) between some warps of a CTA: `threads`

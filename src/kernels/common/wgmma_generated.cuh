@@ -790,4 +790,64 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs_f16(float (&d)[128], const u
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTransB));
 }
 
+// sm90.cuh's wgmma_m64k16 and wgmma_m64k16_rs dispatch through these.
+template <bool kBF16, int kTransB>
+__device__ __forceinline__ void wgmma_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
+  if constexpr (kBF16) wgmma_m64n64k16_bf16<kTransB>(d, desc_a, desc_b, scale_d);
+  else wgmma_m64n64k16_f16<kTransB>(d, desc_a, desc_b, scale_d);
+}
+
+template <bool kBF16, int kTransB>
+__device__ __forceinline__ void wgmma_ss(float (&d)[40], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
+  if constexpr (kBF16) wgmma_m64n80k16_bf16<kTransB>(d, desc_a, desc_b, scale_d);
+  else wgmma_m64n80k16_f16<kTransB>(d, desc_a, desc_b, scale_d);
+}
+
+template <bool kBF16, int kTransB>
+__device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
+  if constexpr (kBF16) wgmma_m64n128k16_bf16<kTransB>(d, desc_a, desc_b, scale_d);
+  else wgmma_m64n128k16_f16<kTransB>(d, desc_a, desc_b, scale_d);
+}
+
+template <bool kBF16, int kTransB>
+__device__ __forceinline__ void wgmma_ss(float (&d)[88], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
+  if constexpr (kBF16) wgmma_m64n176k16_bf16<kTransB>(d, desc_a, desc_b, scale_d);
+  else wgmma_m64n176k16_f16<kTransB>(d, desc_a, desc_b, scale_d);
+}
+
+template <bool kBF16, int kTransB>
+__device__ __forceinline__ void wgmma_ss(float (&d)[96], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
+  if constexpr (kBF16) wgmma_m64n192k16_bf16<kTransB>(d, desc_a, desc_b, scale_d);
+  else wgmma_m64n192k16_f16<kTransB>(d, desc_a, desc_b, scale_d);
+}
+
+template <bool kBF16, int kTransB>
+__device__ __forceinline__ void wgmma_ss(float (&d)[128], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
+  if constexpr (kBF16) wgmma_m64n256k16_bf16<kTransB>(d, desc_a, desc_b, scale_d);
+  else wgmma_m64n256k16_f16<kTransB>(d, desc_a, desc_b, scale_d);
+}
+
+template <bool kBF16, int kTransB>
+__device__ __forceinline__ void wgmma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, uint32_t scale_d) {
+  if constexpr (kBF16) wgmma_m64n64k16_rs_bf16<kTransB>(d, a, desc_b, scale_d);
+  else wgmma_m64n64k16_rs_f16<kTransB>(d, a, desc_b, scale_d);
+}
+
+template <bool kBF16, int kTransB>
+__device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, uint32_t scale_d) {
+  if constexpr (kBF16) wgmma_m64n128k16_rs_bf16<kTransB>(d, a, desc_b, scale_d);
+  else wgmma_m64n128k16_rs_f16<kTransB>(d, a, desc_b, scale_d);
+}
+
+template <bool kBF16, int kTransB>
+__device__ __forceinline__ void wgmma_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t desc_b, uint32_t scale_d) {
+  if constexpr (kBF16) wgmma_m64n256k16_rs_bf16<kTransB>(d, a, desc_b, scale_d);
+  else wgmma_m64n256k16_rs_f16<kTransB>(d, a, desc_b, scale_d);
+}
+
+// Is there a wgmma_ss for N = n?
+constexpr bool wgmma_ss_generated(int n) { return n == 64 || n == 80 || n == 128 || n == 176 || n == 192 || n == 256; }
+// Is there a wgmma_rs for N = n?
+constexpr bool wgmma_rs_generated(int n) { return n == 64 || n == 128 || n == 256; }
+
 }  // namespace loom::kernels::sm90

@@ -37,24 +37,17 @@ struct GemmOperands {
 };
 
 // Does scheduler (or Tiles policy) S group its tiles (static constexpr bool kGroupedB = true)?
+// A policy without the member does not.
 template <class S>
 constexpr bool groups_tiles() {
-  if constexpr (requires { S::kGroupedB; }) {
-    return S::kGroupedB;
-  } else {
-    return false;
-  }
+  return requires { requires S::kGroupedB; };
 }
 
 // Does scheduler (or Tiles policy) S give every tile its own row range (static constexpr bool
-// kRowRanges = true; WorkItem::row_first and row_limit)?
+// kRowRanges = true; WorkItem::row_first and row_limit)? A policy without the member does not.
 template <class S>
 constexpr bool ranges_rows() {
-  if constexpr (requires { S::kRowRanges; }) {
-    return S::kRowRanges;
-  } else {
-    return false;
-  }
+  return requires { requires S::kRowRanges; };
 }
 
 // A tile's rows of A and D: the first, and the end of the rows its epilogue may store.

@@ -1,6 +1,6 @@
 // What the reduce epilogues of the fused TP kernels (sm90_staged_reduce.cuh, one node;
 // multinode/sm90_reduce.cuh, several) share: the local peers a thread has seen enter the launch,
-// and the TMA store of a staged box into a peer's (or this rank's) tensor.
+// the state around them, and the TMA store of a staged box into a peer's (or this rank's) tensor.
 #pragma once
 
 #include <cuda/ptx>
@@ -25,6 +25,32 @@ struct EnteredPeers {
     mask |= bit;
     return true;
   }
+};
+
+// What the reduce epilogues (the compute role's epilogue policies; TileEpilogue explains the
+// interface) have in common: their kernel's parameters (Params: comm, signature, out_dtype), the
+// launch's wait context and epoch, the local peers this thread has seen enter, and that they
+// signal per tile. Which entry words the peers publish comes from entry_words_of(params),
+// declared beside each Params.
+template <class Params>
+class ReduceEpilogueBase {
+ public:
+  __device__ ReduceEpilogueBase(const Params& p, uint64_t epoch, const WaitContext& ctx)
+      : p_(p), ctx_(ctx), epoch_(epoch) {}
+
+  __device__ uint32_t out_dtype() const { return p_.out_dtype; }
+  __device__ bool signals() const { return true; }
+
+ protected:
+  // Has local peer `q` entered this launch (waiting the first time this thread asks)?
+  __device__ bool entered(uint32_t q) const {
+    return entered_.check(p_.comm, entry_words_of(p_), q, epoch_, p_.signature, ctx_);
+  }
+
+  const Params& p_;
+  const WaitContext& ctx_;
+  uint64_t epoch_;
+  mutable EnteredPeers entered_;  // per thread: local peers known to have entered
 };
 
 // One TMA store of a shared-memory box into a 2-D tensor at (col, row).

@@ -87,6 +87,9 @@ struct ReduceGemmParams {
 };
 static_assert(sizeof(ReduceGemmParams) <= 4096, "the reduce kernels' parameters must fit the classic 4 KiB limit");
 
+// Peers enter through the TP flag space (ReduceEpilogueBase).
+__device__ __forceinline__ EntryWords entry_words_of(const ReduceGemmParams& p) { return tp_entry(p.comm); }
+
 // Slot of rank `src`'s partial in rank `owner`'s staging (and in its partial flags).
 __device__ __forceinline__ uint32_t staging_slot(uint32_t src, uint32_t owner, uint32_t world) {
   return (src + world - owner - 1) % world;
@@ -105,13 +108,9 @@ __device__ __forceinline__ uint64_t final_flag_index(const ReduceGemmParams& p, 
 // The compute role's epilogue policy (see TileEpilogue for the interface): routes each staged
 // box by the rank that owns its rows and signals that rank per tile.
 template <int kBlockM, int kBlockN, bool kBroadcast>
-class ReduceEpilogue {
+class ReduceEpilogue : public ReduceEpilogueBase<ReduceGemmParams> {
  public:
-  __device__ ReduceEpilogue(const ReduceGemmParams& p, uint64_t epoch, const WaitContext& ctx)
-      : p_(p), ctx_(ctx), epoch_(epoch) {}
-
-  __device__ uint32_t out_dtype() const { return p_.out_dtype; }
-  __device__ bool signals() const { return true; }
+  using ReduceEpilogueBase::ReduceEpilogueBase;
 
   __device__ void prefetch() const {
     const int world = p_.comm.local_world;
@@ -181,17 +180,6 @@ class ReduceEpilogue {
       }
     }
   }
-
- private:
-  // Has `peer` entered this launch (waiting the first time this thread asks)?
-  __device__ bool entered(uint32_t peer) const {
-    return entered_.check(p_.comm, tp_entry(p_.comm), peer, epoch_, p_.signature, ctx_);
-  }
-
-  const ReduceGemmParams& p_;
-  const WaitContext& ctx_;
-  uint64_t epoch_;
-  mutable EnteredPeers entered_;  // per thread: peers known to have entered
 };
 
 // The compute role's Fold policy (ComputeRole explains the interface): partials of own tiles.

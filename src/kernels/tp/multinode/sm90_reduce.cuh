@@ -83,6 +83,9 @@ struct ReduceParams {
 };
 static_assert(sizeof(ReduceParams) <= 4096, "the multi-node reduce kernels' parameters must fit the classic 4 KiB limit");
 
+// Local peers enter through the NVLink flag space (ReduceEpilogueBase).
+__device__ __forceinline__ EntryWords entry_words_of(const ReduceParams& p) { return nvlink_entry(p.comm); }
+
 // Tile-done flags (ReduceLayout::done_flag) live in the network window after the operator's other
 // flags: a window word is only ever an epoch, so they need no reset between launches.
 __device__ __forceinline__ uint32_t done_flag(const ReduceLayout& L, uint32_t m_block, uint32_t n_block) {
@@ -171,12 +174,9 @@ class ReduceFold {
 // The compute role's epilogue policy (TileEpilogue explains the interface): routes each staged
 // box by the tile's role and signals per tile.
 template <int kTileM, bool kAllReduce>
-class ReduceEpilogue {
+class ReduceEpilogue : public ReduceEpilogueBase<ReduceParams> {
  public:
-  __device__ ReduceEpilogue(const ReduceParams& p, uint64_t epoch, const WaitContext& ctx) : p_(p), ctx_(ctx), epoch_(epoch) {}
-
-  __device__ uint32_t out_dtype() const { return p_.out_dtype; }
-  __device__ bool signals() const { return true; }
+  using ReduceEpilogueBase::ReduceEpilogueBase;
 
   __device__ void prefetch() const {
     const Grid& g = p_.layout.g;
@@ -238,17 +238,6 @@ class ReduceEpilogue {
       flag_store_release(net_word(c, done_flag(L, tile.m_block, tile.n_block)), epoch_);
     }
   }
-
- private:
-  // Has local peer `q` entered this launch (waiting the first time this thread asks)?
-  __device__ bool entered(uint32_t q) const {
-    return entered_.check(p_.comm, nvlink_entry(p_.comm), q, epoch_, p_.signature, ctx_);
-  }
-
-  const ReduceParams& p_;
-  const WaitContext& ctx_;
-  uint64_t epoch_;
-  mutable EnteredPeers entered_;  // per thread: local peers known to have entered
 };
 
 // Waits (one thread) until the tiles of chunk `chunk` of block d are done on this rank.
