@@ -21,11 +21,11 @@ import argparse
 import datetime
 import json
 import math
-import os
 import random
 import socket
-import subprocess
 import sys
+
+from bench_common import git_sha, time_shuffled
 
 DEFAULT_SHAPES = (
     [(32768 // s, s, 2048 // d, 2048 // d, d) for d in (64, 128, 256) for s in (1024, 4096, 8192, 16384, 32768)]
@@ -62,17 +62,6 @@ def parse_args():
     args.causal = [bool(int(c)) for c in args.causal.split(",") if c != ""]
     args.block_n = [int(b) for b in args.block_n.split(",") if b]
     return args
-
-
-def git_sha():
-    here = os.path.dirname(os.path.abspath(__file__))
-    sha_file = os.path.join(here, "..", ".device-carry", "GIT_SHA")
-    if os.path.exists(sha_file):
-        return open(sha_file).read().split()[0]
-    try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=here, text=True).strip()
-    except Exception:  # noqa: BLE001 - no git on the machine
-        return "unknown"
 
 
 def main():
@@ -151,19 +140,7 @@ def main():
                 except Exception as e:  # noqa: BLE001 - a backend that refuses the shape gets no time
                     print(f"attention.py: {name} refused {(B, S, H, Hkv, D, causal)}: {str(e).splitlines()[0][:160]}",
                           file=sys.stderr)
-            times = {name: [] for name in backends}
-            for rnd in range(args.warmup + args.iters):
-                order = list(backends)
-                random.shuffle(order)
-                for name in order:
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    backends[name]()
-                    end.record()
-                    end.synchronize()
-                    if rnd >= args.warmup:
-                        times[name].append(start.elapsed_time(end))
-            ms = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+            ms = time_shuffled(backends, args.warmup, args.iters)
             rows.append({"op": "attention", "dtype": args.dtype, "B": B, "S": S, "H": H, "H_kv": Hkv, "D": D,
                          "causal": causal, "rel_err": rel_err, "ms": ms})
             print(f"[{len(rows)}] B{B} S{S} H{H}/{Hkv} D{D} {'causal' if causal else 'full'}: "

@@ -2,6 +2,7 @@
 """Compares two benchmark runs of one kind: per row the time ratio new / old.
 
     bench/compare.py OLD.json NEW.json [--column loom] [--baseline COL] [--worst 5] [--fail-over PCT]
+                     [--fail-geomean-over PCT] [--json OUT.json]
 
 Both files are loom-bench JSON, merged TP JSON (bench/merge_results.py) or raw bench/torch_fused.py
 output (its columns are torch_fused and loom_beside_torch). Rows match on their kind (tensor-
@@ -11,15 +12,20 @@ the row's median in `--column` (default loom); with `--baseline COL` it is that 
 COL's from the same row, which was timed in the same rounds, so the GPU's clock drift between
 runs mostly cancels. A ratio above 1 means the new run is slower.
 
+OLD and NEW may each name several runs of the same kind, comma-separated (the rounds of
+scripts/device/gemm_ab.sh, which times two builds in the same shuffled rounds): a row's value is
+then its median over the runs that have it.
+
 Prints a table of every matched row, the geometric mean of the ratios and the worst rows.
 Exit status: 0 compared; 1 `--fail-over PCT` was given and some row is slower by more than PCT
-percent; 2 a file is missing or not a results file, an argument is wrong, or the files share no
+percent, or `--fail-geomean-over PCT` and the geometric mean is; 2 a file is missing or not a results file, an argument is wrong, or the files share no
 row with the time asked for.
 """
 
 import argparse
 import json
 import math
+import statistics
 import sys
 
 TP_OPS = ("ag_gemm", "gemm_rs", "gemm_ar")
@@ -102,17 +108,42 @@ def geomean(ratios):
     return math.exp(sum(math.log(r) for r in ratios) / len(ratios))
 
 
-def compare(old_path, new_path, column, baseline):
-    """[(key, old value, new value)] for the rows both files have with the time asked for, the
-    keys in one file only, the keys in both without that time, and the columns both runs timed."""
-    old_doc, new_doc = load(old_path), load(new_path)
-    old, new = rows_by_key(old_path, old_doc), rows_by_key(new_path, new_doc)
+def load_runs(paths):
+    """[(path, doc, {key: row})] for a comma-separated list of runs of one kind."""
+    runs = []
+    for path in paths.split(","):
+        doc = load(path)
+        runs.append((path, doc, rows_by_key(path, doc)))
+    return runs
+
+
+def side_values(runs, column, baseline):
+    """{key: median over the runs of the row's value, or None when no run timed it} and the
+    columns each key's rows timed in every run."""
+    values, columns = {}, {}
+    for _, _, rows in runs:
+        for key, row in rows.items():
+            values.setdefault(key, []).append(value(row, column, baseline))
+            t = set(times(row))
+            columns[key] = columns[key] & t if key in columns else t
+    medians = {}
+    for key, vs in values.items():
+        timed = [v for v in vs if v is not None]
+        medians[key] = statistics.median(timed) if timed else None
+    return medians, columns
+
+
+def compare(old_paths, new_paths, column, baseline):
+    """[(key, old value, new value)] for the rows both sides have with the time asked for, the
+    keys on one side only, the keys on both without that time, and the columns both sides timed."""
+    old, old_columns = side_values(load_runs(old_paths), column, baseline)
+    new, new_columns = side_values(load_runs(new_paths), column, baseline)
     matched, untimed, columns = [], [], set()
-    for key, old_row in old.items():
+    for key, before in old.items():
         if key not in new:
             continue
-        columns |= times(old_row).keys() & times(new[key]).keys()
-        before, after = value(old_row, column, baseline), value(new[key], column, baseline)
+        columns |= old_columns[key] & new_columns[key]
+        after = new[key]
         if before is None or after is None:
             untimed.append(key)
         else:
@@ -121,21 +152,46 @@ def compare(old_path, new_path, column, baseline):
     return matched, only, untimed, sorted(columns)
 
 
+def shas(paths):
+    return sorted({load(path).get("git_sha") or "unknown" for path in paths.split(",")})
+
+
+def write_json(path, args, matched, mean):
+    doc = {
+        "what": "compare",
+        "old": {"files": args.old.split(","), "git_sha": shas(args.old)},
+        "new": {"files": args.new.split(","), "git_sha": shas(args.new)},
+        "column": args.column,
+        "baseline": args.baseline or None,
+        "geomean_new_over_old": mean,
+        "rows": [dict(zip(("kind",) + KEY_FIELDS, key), old=before, new=after, new_over_old=after / before)
+                 for key, before, after in matched],
+    }
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("old", help="the earlier run's JSON")
-    p.add_argument("new", help="the later run's JSON")
+    p.add_argument("old", help="the earlier run's JSON (several runs: comma-separated)")
+    p.add_argument("new", help="the later run's JSON (several runs: comma-separated)")
     p.add_argument("--column", default="loom", help="ms column to compare (default: loom)")
     p.add_argument("--baseline", default="",
                    help="compare column / BASELINE (e.g. nccl_cublas, cublas, nccl) instead of the time itself")
     p.add_argument("--worst", type=int, default=5, help="how many of the slowest rows to list (default: 5)")
     p.add_argument("--fail-over", type=float, default=None, metavar="PCT",
                    help="exit 1 if any row is more than PCT percent slower (ratio > 1 + PCT/100)")
+    p.add_argument("--fail-geomean-over", type=float, default=None, metavar="PCT",
+                   help="exit 1 if the geometric mean of new/old is more than PCT percent over 1")
+    p.add_argument("--json", default="", metavar="OUT", help="also write the matched rows and their ratios here")
     args = p.parse_args(argv)
     if args.worst < 0:
         p.error("--worst must be 0 or more")
-    if args.fail_over is not None and not (args.fail_over >= 0 and math.isfinite(args.fail_over)):
-        p.error("--fail-over must be a percentage, 0 or more")
+    for name in ("fail_over", "fail_geomean_over"):
+        pct = getattr(args, name)
+        if pct is not None and not (pct >= 0 and math.isfinite(pct)):
+            p.error(f"--{name.replace('_', '-')} must be a percentage, 0 or more")
 
     try:
         matched, only, untimed, columns = compare(args.old, args.new, args.column, args.baseline)
@@ -169,14 +225,20 @@ def main(argv=None):
     worst = sorted(matched, key=lambda m: m[2] / m[1], reverse=True)[:args.worst]
     if worst:
         print("worst rows: " + "; ".join(f"{describe(key)} {after / before:.3f}" for key, before, after in worst))
+    if args.json:
+        write_json(args.json, args, matched, mean)
+    failed = False
     if args.fail_over is not None:
         limit = 1 + args.fail_over / 100
         slower = [(key, after / before) for key, before, after in matched if after / before > limit]
         if slower:
             print(f"FAIL: {len(slower)} rows slower by more than {args.fail_over:g}%: "
                   + "; ".join(f"{describe(key)} {r:.3f}" for key, r in slower))
-            return 1
-    return 0
+            failed = True
+    if args.fail_geomean_over is not None and mean > 1 + args.fail_geomean_over / 100:
+        print(f"FAIL: the geometric mean is {(mean - 1) * 100:.2f}% slower (limit {args.fail_geomean_over:g}%)")
+        failed = True
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -16,11 +16,11 @@ after warm-up. TFLOP/s = 2 rows N K / time. A table is printed last.
 import argparse
 import datetime
 import json
-import os
 import random
 import socket
-import subprocess
 import sys
+
+from bench_common import git_sha, time_shuffled
 
 MODELS = {  # name: (H, I, experts per GPU, top-k)
     "deepseek-v3": (7168, 2048, 32, 8),
@@ -105,19 +105,7 @@ def main():
                     torch.cuda.synchronize()
                     rel_err = float((d.float() - ref.float()).norm() / ref.float().norm())
                     candidates = {"loom": run_loom, "torch_grouped": run_torch}
-                    times = {c: [] for c in candidates}
-                    for rnd in range(args.warmup + args.iters):
-                        order = list(candidates)
-                        random.shuffle(order)
-                        for c in order:
-                            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                            start.record()
-                            candidates[c]()
-                            end.record()
-                            end.synchronize()
-                            if rnd >= args.warmup:
-                                times[c].append(start.elapsed_time(end))
-                    ms = {c: sorted(t)[len(t) // 2] for c, t in times.items()}
+                    ms = time_shuffled(candidates, args.warmup, args.iters)
                     row = {"op": "grouped_gemm", "model": model, "gemm": gemm, "experts": experts, "tokens": tokens,
                            "routing": routing, "rows": rows, "max_over_mean": float(counts.max()) / (rows / experts),
                            "N": n, "K": k, "rel_err": rel_err, "ms": ms}
@@ -128,17 +116,7 @@ def main():
             del w
             torch.cuda.empty_cache()
 
-    sha = "unknown"
-    here = os.path.dirname(os.path.abspath(__file__))
-    carry = os.path.join(here, "..", ".device-carry", "GIT_SHA")
-    if os.path.exists(carry):
-        sha = open(carry).read().split()[0]
-    else:
-        try:
-            sha = subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=here, text=True).strip()
-        except Exception:  # noqa: BLE001
-            pass
-    result = {"git_sha": sha, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    result = {"git_sha": git_sha(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "gpu": torch.cuda.get_device_name(), "host": socket.gethostname(), "world": 1, "torch": torch.__version__,
               "command": " ".join(sys.argv), "rows": rows_out}
     if args.json:

@@ -32,8 +32,9 @@ import json
 import math
 import random
 import socket
-import subprocess
 import sys
+
+from bench_common import git_sha, time_shuffled
 
 
 def parse_args():
@@ -223,24 +224,12 @@ def main():
                         sdpa_cudnn(qt[:, :, h * half:(h + 1) * half], kw[:, :, :end], vw[:, :, :end], True)
 
                 candidates["allgather_cudnn"] = allgather_cudnn
-            times = {n: [] for n in candidates}
-            for rnd in range(args.warmup + args.iters):
-                order = list(candidates)
-                random.shuffle(order)  # the same order on every rank (same seed)
-                for n in order:
-                    dist.barrier()
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    candidates[n]()
-                    end.record()
-                    end.synchronize()
-                    if rnd >= args.warmup:
-                        times[n].append(start.elapsed_time(end))
+            medians = time_shuffled(candidates, args.warmup, args.iters, before_each=dist.barrier)  # same order on every rank
             comm.synchronize()
-            med = torch.tensor([sorted(t)[len(t) // 2] for t in times.values()], device=dev)
+            med = torch.tensor(list(medians.values()), device=dev)
             if world > 1:
                 dist.all_reduce(med, op=dist.ReduceOp.MAX)
-            ms = dict(zip(times, med.tolist()))
+            ms = dict(zip(medians, med.tolist()))
             rows.append({"op": "ring_attention", "dtype": "bf16", "B": B, "S": S, "H": H, "H_kv": Hkv, "D": D,
                          "causal": causal, "rel_err": rel_err, "torch_ring_rel_err": torch_ring_err, "ms": ms})
             if rank == 0:
@@ -251,17 +240,7 @@ def main():
             torch.cuda.empty_cache()
 
     if rank == 0:
-        sha = "unknown"
-        here = os.path.dirname(os.path.abspath(__file__))
-        carry = os.path.join(here, "..", ".device-carry", "GIT_SHA")
-        if os.path.exists(carry):
-            sha = open(carry).read().split()[0]
-        else:
-            try:
-                sha = subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=here, text=True).strip()
-            except Exception:  # noqa: BLE001
-                pass
-        result = {"git_sha": sha, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        result = {"git_sha": git_sha(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   "gpu": torch.cuda.get_device_name(), "host": socket.gethostname(), "world": world, "nodes": 1,
                   "command": " ".join(sys.argv), "rows": rows}
         if args.json:

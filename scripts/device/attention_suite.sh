@@ -34,6 +34,18 @@ ext() {
   ext_built=1
 }
 rc=0
+# py_bench STEP LIMIT_S TAIL_LINES SCRIPT ARGS...: a benchmark script through the extension under a
+# wall-clock limit; its table (the last TAIL_LINES lines) goes to the console, everything to $LOG.
+py_bench() {
+  local step=$1 limit=$2 lines=$3
+  shift 3
+  if ! ext; then rc=1; return; fi
+  log "$*"
+  PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=10 "$limit" python3 "$@" 2>&1 | tee -a "$LOG" | tail -"$lines"
+  local r=${PIPESTATUS[0]}
+  ((r != 0)) && rc=1
+  log "$step: exit $r"
+}
 for step in "${steps[@]}"; do
   case $step in
     tests)
@@ -49,27 +61,11 @@ for step in "${steps[@]}"; do
         python3 -m pytest test_gpu_attention.py -m gpu -p no:cacheprovider -q -rfE) >> "$LOG" 2>&1
       r=$?; ((r != 0)) && rc=1
       log "pytest: exit $r"; grep -E "passed|failed|Error|assert" "$LOG" | tail -12 ;;
-    bench)
-      if ! ext; then rc=1; continue; fi
-      log "bench/attention.py $*"
-      PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=10 ${BENCH_LIMIT_S:-420} \
-        python3 bench/attention.py --json "$OUT/attention_1xH200.json" "$@" 2>&1 | tee -a "$LOG" | tail -48
-      r=${PIPESTATUS[0]}; ((r != 0)) && rc=1
-      log "bench: exit $r" ;;
+    bench) py_bench bench "${BENCH_LIMIT_S:-420}" 48 bench/attention.py --json "$OUT/attention_1xH200.json" "$@" ;;
     ring-bench)
-      if ! ext; then rc=1; continue; fi
-      log "bench/ring_attention.py (W = 1)"
-      PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=10 ${RING_BENCH_LIMIT_S:-240} \
-        python3 bench/ring_attention.py --json "$OUT/ring_attention_1xH200.json" 2>&1 | tee -a "$LOG" | tail -14
-      r=${PIPESTATUS[0]}; ((r != 0)) && rc=1
-      log "ring-bench: exit $r" ;;
+      py_bench ring-bench "${RING_BENCH_LIMIT_S:-240}" 14 bench/ring_attention.py --json "$OUT/ring_attention_1xH200.json" ;;
     grouped-bench)
-      if ! ext; then rc=1; continue; fi
-      log "bench/grouped_gemm.py"
-      PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=10 ${GROUPED_BENCH_LIMIT_S:-240} \
-        python3 bench/grouped_gemm.py --json "$OUT/grouped_gemm_1xH200.json" 2>&1 | tee -a "$LOG" | tail -34
-      r=${PIPESTATUS[0]}; ((r != 0)) && rc=1
-      log "grouped-bench: exit $r" ;;
+      py_bench grouped-bench "${GROUPED_BENCH_LIMIT_S:-240}" 34 bench/grouped_gemm.py --json "$OUT/grouped_gemm_1xH200.json" ;;
     *) log "unknown step $step"; rc=1 ;;
   esac
 done

@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
 # Here (no GPU): builds and copies what the GPU machine needs into .device-carry/ (git-ignored),
 # which the device call names in `carry`. The binaries find libloom.so next to them.
+#   scripts/device/stage.sh [--base DIR]
+# --base DIR also stages an earlier build's loom-bench and libloom.so (DIR: its build folder in a
+# git worktree) as .device-carry/base, for scripts/device/gemm_ab.sh.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+base=""
+if [[ ${1:-} == --base ]]; then
+  base=$(realpath "${2:?--base needs the earlier build folder}")
+  [[ -x $base/loom-bench && -f $base/libloom.so ]] || { echo "stage.sh: no loom-bench and libloom.so in $base" >&2; exit 2; }
+fi
 export PATH="/usr/local/cuda/bin:$PATH"
 cmake --preset default >/dev/null
 cmake --build --preset default
@@ -11,4 +19,10 @@ cp build/libloom.so build/loom-bench build/loom-run build/loom_gpu_tests .device
 strip --strip-unneeded .device-carry/bin/* 2>/dev/null || true
 git rev-parse HEAD > .device-carry/GIT_SHA 2>/dev/null || echo unknown > .device-carry/GIT_SHA
 git status --porcelain | grep -q . && echo dirty >> .device-carry/GIT_SHA || true
+if [[ -n $base ]]; then
+  mkdir -p .device-carry/base
+  cp "$base/loom-bench" "$base/libloom.so" .device-carry/base/
+  strip --strip-unneeded .device-carry/base/* 2>/dev/null || true
+  git -C "$base" rev-parse HEAD > .device-carry/base/GIT_SHA
+fi
 du -sh .device-carry

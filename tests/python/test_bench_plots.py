@@ -117,6 +117,24 @@ def test_compare_against_a_baseline_cancels_a_uniformly_slower_gpu(tmp_path):
     assert all(math.isclose(r, 1.0) for r in ratio_column(relative.stdout).values())
 
 
+def test_compare_takes_each_rows_median_over_rounds_and_checks_the_geomean(tmp_path):
+    # Three rounds a side (scripts/device/gemm_ab.sh): one slow outlier round per side is ignored.
+    old = ",".join(str(tp_run(tmp_path / f"old{i}.json", {1024: t, 2048: 2.0})) for i, t in enumerate((1.0, 1.0, 9.0)))
+    new = ",".join(str(tp_run(tmp_path / f"new{i}.json", {1024: t, 2048: 2.03})) for i, t in enumerate((5.0, 1.01, 1.01)))
+    out = tmp_path / "ab.json"
+    result = run(COMPARE, old, new, "--fail-over", 2, "--fail-geomean-over", 1, "--json", out)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert ratio_column(result.stdout) == {1024: 1.01, 2048: 1.015}
+    assert "FAIL: the geometric mean is 1.25% slower (limit 1%)" in result.stdout
+    assert "rows slower by more than" not in result.stdout
+    doc = json.loads(out.read_text())
+    assert doc["old"]["git_sha"] == ["abc1234"] and len(doc["new"]["files"]) == 3
+    assert [row["M"] for row in doc["rows"]] == [1024, 2048]
+    assert math.isclose(doc["rows"][0]["new_over_old"], 1.01)
+    assert run(COMPARE, old, new, "--fail-over", 2, "--fail-geomean-over", 1.5).returncode == 0
+    assert run(COMPARE, old, new, "--fail-geomean-over", "nan").returncode == 2
+
+
 def test_compare_refuses_runs_of_different_kinds_and_bad_arguments(tmp_path):
     tp = tp_run(tmp_path / "tp.json", {1024: 1.0})
     collectives = write(tmp_path / "coll.json", {"rows": [
