@@ -219,10 +219,10 @@ class BulkCopyStream {
       }
       ++st_seq;
       // Publish the flags of items whose last group has completed.
-      if (fl_item < st_item && st_seq - fl_end >= static_cast<uint64_t>(kFlagLag)) {
+      if (fl_item < st_item && st_seq >= fl_end + static_cast<uint64_t>(kFlagLag)) {
         cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<kFlagLag>{});
         cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
-        while (fl_item < st_item && st_seq - fl_end >= static_cast<uint64_t>(kFlagLag)) {
+        while (fl_item < st_item && st_seq >= fl_end + static_cast<uint64_t>(kFlagLag)) {
           publish(fl_item);
           if (++fl_item < items) fl_end += pieces_of(list.item(fl_item).bytes);
         }

@@ -19,10 +19,19 @@ Status launch_variant(const KernelOf& kernel_of, const Params& p, bool bf16, boo
   return launch_kernel(kernel, static_cast<unsigned>(grid), Cfg::kThreads, Cfg::kSmemBytes, stream, p);
 }
 
+// A struct, not a template lambda: nvcc warns that a template lambda's conversion to a function
+// pointer does not use its template parameters.
+template <class Cfg>
+struct FlashKernelOf {
+  template <bool kBF16, bool kCausal>
+  auto operator()() const {
+    return &kernels::attention::sm90_flash_fwd_kernel<Cfg, kBF16, kCausal>;
+  }
+};
+
 template <class Cfg>
 Status launch_flash(const kernels::attention::FlashParams& p, bool bf16, bool causal, int grid, cudaStream_t stream) {
-  auto kernel_of = []<bool kBF16, bool kCausal>() { return &kernels::attention::sm90_flash_fwd_kernel<Cfg, kBF16, kCausal>; };
-  return launch_variant<Cfg>(kernel_of, p, bf16, causal, grid, stream);
+  return launch_variant<Cfg>(FlashKernelOf<Cfg>{}, p, bf16, causal, grid, stream);
 }
 
 }  // namespace loom::ops::attention

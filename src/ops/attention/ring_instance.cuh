@@ -11,9 +11,16 @@
 namespace loom::ops::attention {
 
 template <class Cfg>
+struct RingKernelOf {
+  template <bool kBF16, bool kCausal>
+  auto operator()() const {
+    return &kernels::attention::sm90_ring_attention_kernel<Cfg, kBF16, kCausal>;
+  }
+};
+
+template <class Cfg>
 Status launch_ring_instance(const kernels::attention::RingParams& p, bool bf16, bool causal, int grid, cudaStream_t stream) {
-  auto kernel_of = []<bool kBF16, bool kCausal>() { return &kernels::attention::sm90_ring_attention_kernel<Cfg, kBF16, kCausal>; };
-  return launch_variant<Cfg>(kernel_of, p, bf16, causal, grid, stream);
+  return launch_variant<Cfg>(RingKernelOf<Cfg>{}, p, bf16, causal, grid, stream);
 }
 
 }  // namespace loom::ops::attention
