@@ -3,9 +3,10 @@ list(APPEND LOOM_CORE_SOURCES
   src/planner/collective_plan.cc)
 list(APPEND LOOM_LIB_SOURCES
   src/runtime/communicator.cc
-  src/ops/all_gather.cu
-  src/ops/reduce_scatter.cu
-  src/ops/all_reduce.cu)
+  src/ops/collectives/collectives.cu
+  src/ops/collectives/all_gather.cu
+  src/ops/collectives/reduce_scatter.cu
+  src/ops/collectives/all_reduce.cu)
 list(APPEND LOOM_CPU_TEST_SOURCES
   tests/cpu/collective_plan_test.cc
   tests/cpu/epoch_test.cc)

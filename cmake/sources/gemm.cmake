@@ -4,12 +4,12 @@ list(APPEND LOOM_CORE_SOURCES
 # The kernel instantiations are split one tile configuration per file (4 kernels each) so that
 # no translation unit takes long on a 2-core CI machine.
 list(APPEND LOOM_LIB_SOURCES
-  src/ops/gemm.cu
-  src/ops/gemm_tensor_map.cc
-  src/ops/gemm_sm90_128x256.cu
-  src/ops/gemm_sm90_128x128.cu
-  src/ops/gemm_sm90_128x64.cu
-  src/ops/gemm_sm90_64x128.cu)
+  src/ops/gemm/gemm.cu
+  src/ops/gemm/gemm_tensor_map.cc
+  src/ops/gemm/gemm_sm90_128x256.cu
+  src/ops/gemm/gemm_sm90_128x128.cu
+  src/ops/gemm/gemm_sm90_128x64.cu
+  src/ops/gemm/gemm_sm90_64x128.cu)
 list(APPEND LOOM_CPU_TEST_SOURCES
   tests/cpu/gemm_validation_test.cc)
 list(APPEND LOOM_GPU_TEST_SOURCES

@@ -90,10 +90,11 @@ struct AttentionPlanInfo {
   int grid = 0;       // persistent CTAs
 };
 
+// ---- plan and workspace, before a call (e.g. before CUDA-graph capture) ------------------------
 // Checks everything that can be checked without a GPU (no CUDA call is made).
-Status can_implement_attention(const AttentionArgs& args, const AttentionOptions& options = {});
-// The plan for the current device.
-Result<AttentionPlanInfo> plan_attention(const AttentionArgs& args, const AttentionOptions& options = {});
+Status attention_can_implement(const AttentionArgs& args, const AttentionOptions& options = {});
+// attention_can_implement's checks, then the plan for the current device.
+Result<AttentionPlanInfo> attention_plan(const AttentionArgs& args, const AttentionOptions& options = {});
 // Scratch memory a call needs: none (the kernel keeps everything in registers and shared memory).
 constexpr size_t attention_workspace_bytes(const AttentionArgs&, const AttentionOptions& = {}) { return 0; }
 
@@ -114,7 +115,7 @@ struct AttentionMergeArgs {
   DType out_dtype = DType::kBF16;
   int64_t batch = 0, seqlen = 0, heads = 0, head_dim = 0;
 };
-Status can_implement_attention_merge(const AttentionMergeArgs& args);
+Status attention_merge_can_implement(const AttentionMergeArgs& args);
 Status attention_merge(const AttentionMergeArgs& args, cudaStream_t stream);
 
 // ---- ring attention: sequence parallelism over the ranks of one node ------------------------------
@@ -150,10 +151,31 @@ struct RingAttentionOptions {
   int block_n = 0;      // as AttentionOptions::block_n
 };
 
+// ---- plan and workspace, before a call (e.g. before CUDA-graph capture) ------------------------
+// A call takes its workspace from loom's symmetric heap and grows it when a shape needs more; a
+// growth cannot happen inside a capture, so reserve the largest shape first.
+//
 // Checks everything that can be checked without a GPU for a ring of `world` ranks.
-Status can_implement_ring_attention(const RingAttentionArgs& args, const RingAttentionOptions& options, int world);
+Status ring_attention_can_implement(const RingAttentionArgs& args, const RingAttentionOptions& options, int world);
 // The symmetric workspace a call needs on every rank (every rank's K and V, and arrival flags).
 size_t ring_attention_workspace_bytes(const RingAttentionArgs& args, int world);
+
+// What a call launches on this communicator.
+struct RingAttentionPlanInfo {
+  AttentionPlanInfo engine;    // the attention engine's plan for this rank's queries and one K/V chunk
+  int grid = 0;                // persistent CTAs (one per SM)
+  int kv_ctas = 0;             // of those, the CTAs that push K/V before they compute
+  size_t workspace_bytes = 0;  // ring_attention_workspace_bytes(args, W)
+};
+// The host checks (buffers excluded: plan before allocating them), then the plan; unsupported
+// across nodes.
+Result<RingAttentionPlanInfo> ring_attention_plan(Communicator& comm, const RingAttentionArgs& args,
+                                                  const RingAttentionOptions& options = {});
+// Grows loom's symmetric workspace to what the call needs (stream: where the growth waits for
+// earlier work). Collective like the call itself: every rank reserves the same shapes in order.
+Status ring_attention_reserve_workspace(Communicator& comm, const RingAttentionArgs& args, cudaStream_t stream,
+                                        const RingAttentionOptions& options = {});
+
 Status ring_attention(Communicator& comm, const RingAttentionArgs& args, cudaStream_t stream,
                       const RingAttentionOptions& options = {});
 

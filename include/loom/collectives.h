@@ -38,4 +38,23 @@ Status reduce_scatter(Communicator& comm, const void* send, void* recv, size_t r
 Status all_reduce(Communicator& comm, const void* send, void* recv, size_t count, DType dtype,
                   cudaStream_t stream, const CollectiveOptions& options = {});
 
+// ---- plan and workspace, before a call (e.g. before CUDA-graph capture) ------------------------
+enum class CollectiveOp : uint8_t { kAllGather, kReduceScatter, kAllReduce };
+
+// What a call launches.
+struct CollectivePlanInfo {
+  int num_ctas = 0;          // 0: no kernel (count 0, or one rank)
+  bool device_copy = false;  // one rank, send != recv: a device copy instead of a kernel
+  CopyEngineChoice engine = CopyEngineChoice::kVector;  // resolved: kVector or kBulk
+};
+// Every check the call makes (the buffers included; `count` as the call takes it: recv_count for
+// reduce_scatter) and its plan, without launching anything.
+Result<CollectivePlanInfo> collective_plan(Communicator& comm, CollectiveOp op, const void* send, const void* recv,
+                                           size_t count, DType dtype, const CollectiveOptions& options = {});
+Status collective_can_implement(Communicator& comm, CollectiveOp op, const void* send, const void* recv, size_t count,
+                                DType dtype, const CollectiveOptions& options = {});
+// Scratch memory a call needs: none (the data moves between the callers' buffers; the arrival
+// flags live in the communicator's control region).
+constexpr size_t collective_workspace_bytes(CollectiveOp, size_t, DType) { return 0; }
+
 }  // namespace loom

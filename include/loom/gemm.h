@@ -74,8 +74,23 @@ struct GemmOptions {
                                            // tile_timeline_capacity(M, N) records
 };
 
+// ---- plan and workspace, before a call (e.g. before CUDA-graph capture) ------------------------
 // Checks everything that can be checked without a GPU (no CUDA call is made).
-Status validate_gemm(const GemmArgs& args, const GemmOptions& options = {});
+Status gemm_can_implement(const GemmArgs& args, const GemmOptions& options = {});
+
+// What a call launches on the current device (a Hopper GPU): the resolved tile and grid.
+struct GemmPlanInfo {
+  GemmTile tile = GemmTile::kAuto;  // never kAuto in a returned plan
+  GemmTileInfo tile_info;
+  int grid = 0;                     // persistent CTAs
+  int group_m = 0;                  // raster group height in tile rows
+  int64_t tiles = 0;                // output tiles: ceil(M / block_m) * ceil(N / block_n)
+};
+// gemm_can_implement's checks, then the plan (unsupported when the device is not sm_90 or a
+// forced tile does not fit it).
+Result<GemmPlanInfo> gemm_plan(const GemmArgs& args, const GemmOptions& options = {});
+// Scratch memory a call needs: none (the bounded-wait record is loom's, per stream).
+constexpr size_t gemm_workspace_bytes(const GemmArgs&, const GemmOptions& = {}) { return 0; }
 
 // The configuration the heuristic picks for a shape on a device with `sm_count` SMs.
 GemmTile choose_gemm_tile(int64_t m, int64_t n, int64_t k, int sm_count);

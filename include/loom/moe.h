@@ -75,10 +75,17 @@ struct MoeSizes {
   size_t workspace_bytes = 0;   // what loom takes from the symmetric heap for the MoE family
 };
 
+// ---- plan and workspace, before the calls (e.g. before CUDA-graph capture) ---------------------
+// The MoE family's plan query is moe_sizes (MoePlan is the routing's handle, made by moe_routing).
+//
 // ok when the config can run on this communicator (host checks only; nothing is allocated).
 Status moe_can_implement(const Communicator& comm, const MoeConfig& config);
 // The sizes of a config that moe_can_implement accepts, or its refusal.
 Result<MoeSizes> moe_sizes(const Communicator& comm, const MoeConfig& config);
+// Grows loom's symmetric workspace to MoeSizes::workspace_bytes now (the calls grow it on first
+// use, which cannot happen inside a CUDA-graph capture). Collective: every rank reserves the same
+// configs in the same order. stream: where the growth waits for earlier work.
+Status moe_reserve_workspace(Communicator& comm, const MoeConfig& config, cudaStream_t stream);
 
 struct MoeRoutingArgs {
   const int32_t* topk_ids = nullptr;    // [T, k] device; -1: unused slot; others must be in [0, E)
@@ -210,11 +217,24 @@ struct GroupedGemmOptions {
                                     // fewer tiles, whatever the counts turn out to be)
 };
 
+// ---- plan and workspace, before a call (e.g. before CUDA-graph capture) ------------------------
 // Bytes of workspace `args` needs (the formula above; 0 for a negative size or E < 1).
 size_t grouped_gemm_workspace_bytes(const GroupedGemmArgs& args);
 
 // Checks everything that can be checked without a GPU (no CUDA call is made).
 Status grouped_gemm_can_implement(const GroupedGemmArgs& args, const GroupedGemmOptions& options = {});
+
+// What a call launches on the current device.
+struct GroupedGemmPlanInfo {
+  GemmTile tile = GemmTile::kAuto;  // never kAuto in a returned plan
+  GemmTileInfo tile_info;
+  int grid = 0;                     // persistent CTAs
+  int64_t rows = 0;                 // rows of A and D (M_total, or E * capacity when masked)
+  int64_t max_tiles = 0;            // the most output tiles any counts can give (the tile table's size)
+  size_t workspace_bytes = 0;       // grouped_gemm_workspace_bytes(args)
+};
+// grouped_gemm_can_implement's checks, then the plan (unsupported unless the device is sm_90).
+Result<GroupedGemmPlanInfo> grouped_gemm_plan(const GroupedGemmArgs& args, const GroupedGemmOptions& options = {});
 
 Status grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream, const GroupedGemmOptions& options = {});
 

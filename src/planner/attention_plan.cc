@@ -373,14 +373,14 @@ size_t ring_attention_workspace_bytes(const RingAttentionArgs& args, int world) 
   return static_cast<size_t>(planner::ring_workspace(args, world).bytes);
 }
 
-Status can_implement_ring_attention(const RingAttentionArgs& args, const RingAttentionOptions& options, int world) {
+Status ring_attention_can_implement(const RingAttentionArgs& args, const RingAttentionOptions& options, int world) {
   return planner::validate_ring_attention(args, options, world);
 }
 
-Status can_implement_attention(const AttentionArgs& args, const AttentionOptions& options) {
+Status attention_can_implement(const AttentionArgs& args, const AttentionOptions& options) {
   return planner::validate_attention(args, options);
 }
 
-Status can_implement_attention_merge(const AttentionMergeArgs& args) { return planner::validate_attention_merge(args); }
+Status attention_merge_can_implement(const AttentionMergeArgs& args) { return planner::validate_attention_merge(args); }
 
 }  // namespace loom

@@ -39,7 +39,7 @@ struct AttentionPlan {
   bool empty = false;         // nothing to compute (no query rows): launch nothing
 };
 
-// The rules of loom/attention.h (the same as can_implement_attention).
+// The rules of loom/attention.h (the same as attention_can_implement).
 Status validate_attention(const AttentionArgs& args, const AttentionOptions& options);
 Result<AttentionPlan> plan_attention(const AttentionArgs& args, const AttentionOptions& options,
                                      const AttentionDeviceLimits& device);

@@ -71,7 +71,7 @@ GemmTileInfo gemm_tile_info(GemmTile tile) {
   return GemmTileInfo{};
 }
 
-Status validate_gemm(const GemmArgs& args, const GemmOptions& options) {
+Status gemm_can_implement(const GemmArgs& args, const GemmOptions& options) {
   if (args.a == nullptr) return Status::invalid_argument("gemm: a is null");
   if (args.b == nullptr) return Status::invalid_argument("gemm: b is null");
   if (args.d == nullptr) return Status::invalid_argument("gemm: d is null");
@@ -187,7 +187,7 @@ double gemm_model_seconds(GemmTile tile, int64_t m, int64_t n, int64_t k, int sm
 }
 
 Result<GemmPlan> plan_gemm(const GemmArgs& args, const GemmOptions& options, const GemmDeviceLimits& device) {
-  LOOM_TRY(validate_gemm(args, options));
+  LOOM_TRY(gemm_can_implement(args, options));
   if (device.sm_count <= 0) return Status::invalid_argument("gemm: device reports no SMs");
   GemmPlan plan;
   plan.tile = options.tile == GemmTile::kAuto ? choose_gemm_tile(args.m, args.n, args.k, device.sm_count) : options.tile;

@@ -43,7 +43,7 @@ struct GemmPlan {
   int64_t n_blocks = 0;
 };
 
-// Validates (as validate_gemm), resolves kAuto, checks the tile fits the device, sizes the grid.
+// Validates (as gemm_can_implement), resolves kAuto, checks the tile fits the device, sizes the grid.
 Result<GemmPlan> plan_gemm(const GemmArgs& args, const GemmOptions& options, const GemmDeviceLimits& device);
 
 // Leading dimensions with 0 ("packed") resolved.

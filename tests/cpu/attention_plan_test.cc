@@ -41,16 +41,16 @@ TEST(AttentionPlan, AcceptsSupportedShapes) {
   for (int64_t d : {64, 128, 256}) {
     AttentionArgs a = good_args();
     a.head_dim = d;
-    EXPECT_TRUE(can_implement_attention(a).ok()) << d;
+    EXPECT_TRUE(attention_can_implement(a).ok()) << d;
     AttentionOptions causal;
     causal.causal = true;
-    EXPECT_TRUE(can_implement_attention(a, causal).ok()) << d;
+    EXPECT_TRUE(attention_can_implement(a, causal).ok()) << d;
   }
   AttentionArgs a = good_args();
   a.dtype = DType::kF16;
-  EXPECT_TRUE(can_implement_attention(a).ok());
+  EXPECT_TRUE(attention_can_implement(a).ok());
   a.heads_kv = 1;  // MQA
-  EXPECT_TRUE(can_implement_attention(a).ok());
+  EXPECT_TRUE(attention_can_implement(a).ok());
 }
 
 TEST(AttentionPlan, RefusesBadInputWithAReason) {
@@ -108,7 +108,7 @@ TEST(AttentionPlan, RefusesBadInputWithAReason) {
     AttentionArgs a = good_args();
     AttentionOptions o;
     c.mutate(a, o);
-    const Status s = can_implement_attention(a, o);
+    const Status s = attention_can_implement(a, o);
     EXPECT_EQ(s.code(), c.code) << c.what << ": " << s.to_string();
     EXPECT_FALSE(s.message().empty()) << c.what;
   }
@@ -118,12 +118,12 @@ TEST(AttentionPlan, EmptyTensorsNeedNoPointers) {
   AttentionArgs a = good_args();
   a.seqlen_k = 0;  // no keys: every row gets O = 0, LSE = -inf
   a.k = a.v = nullptr;
-  EXPECT_TRUE(can_implement_attention(a).ok());
+  EXPECT_TRUE(attention_can_implement(a).ok());
   a = good_args();
   a.batch = 0;
   a.q = a.k = a.v = nullptr;
   a.out = nullptr;
-  ASSERT_TRUE(can_implement_attention(a).ok());
+  ASSERT_TRUE(attention_can_implement(a).ok());
   auto plan = planner::plan_attention(a, {}, h200());
   ASSERT_TRUE(plan.ok());
   EXPECT_TRUE(plan.value().empty);
@@ -234,23 +234,23 @@ TEST(AttentionPlan, RingRulesAndWorkspace) {
   r.heads_kv = 2;
   r.head_dim = 128;
   RingAttentionOptions o;
-  EXPECT_TRUE(can_implement_ring_attention(r, o, 4).ok());
+  EXPECT_TRUE(ring_attention_can_implement(r, o, 4).ok());
   o.causal = true;
-  EXPECT_TRUE(can_implement_ring_attention(r, o, 4).ok());
+  EXPECT_TRUE(ring_attention_can_implement(r, o, 4).ok());
   RingAttentionArgs odd = r;
   odd.seqlen = 999;
-  const Status s = can_implement_ring_attention(odd, o, 4);
+  const Status s = ring_attention_can_implement(odd, o, 4);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("even"), std::string::npos) << s.message();
   RingAttentionArgs bad = r;
   bad.heads_kv = 3;
-  EXPECT_EQ(can_implement_ring_attention(bad, o, 4).message().rfind("ring_attention: ", 0), 0u);
-  EXPECT_EQ(can_implement_ring_attention(r, o, 0).code(), StatusCode::kInvalidArgument);
-  EXPECT_TRUE(can_implement_ring_attention(r, o, 8).ok());
-  EXPECT_EQ(can_implement_ring_attention(r, o, 9).code(), StatusCode::kUnsupported);  // 18 segments
+  EXPECT_EQ(ring_attention_can_implement(bad, o, 4).message().rfind("ring_attention: ", 0), 0u);
+  EXPECT_EQ(ring_attention_can_implement(r, o, 0).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(ring_attention_can_implement(r, o, 8).ok());
+  EXPECT_EQ(ring_attention_can_implement(r, o, 9).code(), StatusCode::kUnsupported);  // 18 segments
   RingAttentionOptions neg;
   neg.kv_ctas = -1;
-  EXPECT_EQ(can_implement_ring_attention(r, neg, 2).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ring_attention_can_implement(r, neg, 2).code(), StatusCode::kInvalidArgument);
   // Every rank's K and V, 1 KiB aligned, then W * B * chunks flags.
   const planner::RingWorkspace w = planner::ring_workspace(r, 4);
   const uint64_t kv = 4ull * 2 * 1000 * 2 * 128 * 2;
@@ -274,19 +274,19 @@ TEST(AttentionPlan, MergeRules) {
   m.seqlen = 100;
   m.heads = 4;
   m.head_dim = 128;
-  EXPECT_TRUE(can_implement_attention_merge(m).ok());
+  EXPECT_TRUE(attention_merge_can_implement(m).ok());
   AttentionMergeArgs bad = m;
   bad.num_partials = 0;
-  EXPECT_EQ(can_implement_attention_merge(bad).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(attention_merge_can_implement(bad).code(), StatusCode::kInvalidArgument);
   bad = m;
   bad.head_dim = 126;
-  EXPECT_EQ(can_implement_attention_merge(bad).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(attention_merge_can_implement(bad).code(), StatusCode::kInvalidArgument);
   bad = m;
   bad.out = const_cast<float*>(m.partial_out) + 4;
-  EXPECT_EQ(can_implement_attention_merge(bad).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(attention_merge_can_implement(bad).code(), StatusCode::kInvalidArgument);
   bad = m;
   bad.partial_lse = nullptr;
-  EXPECT_EQ(can_implement_attention_merge(bad).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(attention_merge_can_implement(bad).code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

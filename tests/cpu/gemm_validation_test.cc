@@ -28,16 +28,16 @@ GemmArgs good_args() {
 }
 
 TEST(GemmValidation, AcceptsAPlainProblem) {
-  EXPECT_TRUE(validate_gemm(good_args()).ok());
+  EXPECT_TRUE(gemm_can_implement(good_args()).ok());
   GemmArgs a = good_args();
   a.b_layout = BLayout::kNK;
   a.out_dtype = DType::kF32;
   a.in_dtype = DType::kF16;
-  EXPECT_TRUE(validate_gemm(a).ok()) << validate_gemm(a).to_string();
+  EXPECT_TRUE(gemm_can_implement(a).ok()) << gemm_can_implement(a).to_string();
   a.m = 0;  // nothing to do is fine
-  EXPECT_TRUE(validate_gemm(a).ok());
+  EXPECT_TRUE(gemm_can_implement(a).ok());
   a.m = 1;
-  EXPECT_TRUE(validate_gemm(a).ok());
+  EXPECT_TRUE(gemm_can_implement(a).ok());
 }
 
 TEST(GemmValidation, NullPointersAreInvalid) {
@@ -46,7 +46,7 @@ TEST(GemmValidation, NullPointersAreInvalid) {
     if (which == 0) a.a = nullptr;
     if (which == 1) a.b = nullptr;
     if (which == 2) a.d = nullptr;
-    const Status s = validate_gemm(a);
+    const Status s = gemm_can_implement(a);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
     EXPECT_NE(s.message().find("null"), std::string::npos) << s.message();
   }
@@ -55,13 +55,13 @@ TEST(GemmValidation, NullPointersAreInvalid) {
 TEST(GemmValidation, MisalignedPointersAreInvalid) {
   GemmArgs a = good_args();
   a.a = static_cast<const char*>(kA) + 8;
-  EXPECT_EQ(validate_gemm(a).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(gemm_can_implement(a).code(), StatusCode::kInvalidArgument);
   a = good_args();
   a.b = static_cast<const char*>(kB) + 2;
-  EXPECT_EQ(validate_gemm(a).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(gemm_can_implement(a).code(), StatusCode::kInvalidArgument);
   a = good_args();
   a.d = static_cast<char*>(kD) + 4;
-  const Status s = validate_gemm(a);
+  const Status s = gemm_can_implement(a);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("16-byte"), std::string::npos) << s.message();
 }
@@ -69,61 +69,61 @@ TEST(GemmValidation, MisalignedPointersAreInvalid) {
 TEST(GemmValidation, LeadingDimensions) {
   GemmArgs a = good_args();
   a.lda = 500;  // < K
-  EXPECT_EQ(validate_gemm(a).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(gemm_can_implement(a).code(), StatusCode::kInvalidArgument);
   a = good_args();
   a.lda = 516;  // >= K but 1032 bytes: not a multiple of 16
-  EXPECT_EQ(validate_gemm(a).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(gemm_can_implement(a).code(), StatusCode::kInvalidArgument);
   a.lda = 520;  // 1040 bytes: fine
-  EXPECT_TRUE(validate_gemm(a).ok());
+  EXPECT_TRUE(gemm_can_implement(a).ok());
   a = good_args();
   a.ldb = 128;  // B [K, N] needs ldb >= N = 256
-  EXPECT_EQ(validate_gemm(a).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(gemm_can_implement(a).code(), StatusCode::kInvalidArgument);
   a.b_layout = BLayout::kNK;  // B [N, K] needs ldb >= K = 512
-  EXPECT_EQ(validate_gemm(a).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(gemm_can_implement(a).code(), StatusCode::kInvalidArgument);
   a.ldb = 512;
-  EXPECT_TRUE(validate_gemm(a).ok());
+  EXPECT_TRUE(gemm_can_implement(a).ok());
   a = good_args();
   a.out_dtype = DType::kF32;
   a.ldd = 260;  // 1040 bytes: fine for fp32
-  EXPECT_TRUE(validate_gemm(a).ok());
+  EXPECT_TRUE(gemm_can_implement(a).ok());
   a.ldd = 258;  // 1032 bytes
-  EXPECT_EQ(validate_gemm(a).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(gemm_can_implement(a).code(), StatusCode::kInvalidArgument);
   a = good_args();
   a.ldd = -1;
-  EXPECT_EQ(validate_gemm(a).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(gemm_can_implement(a).code(), StatusCode::kInvalidArgument);
 }
 
 TEST(GemmValidation, UnsupportedShapesNameTheConstraint) {
   GemmArgs a = good_args();
   a.n = 100;
-  Status s = validate_gemm(a);
+  Status s = gemm_can_implement(a);
   EXPECT_EQ(s.code(), StatusCode::kUnsupported);
   EXPECT_NE(s.message().find("N = 100"), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("multiple of 8"), std::string::npos) << s.message();
   a = good_args();
   a.k = 20;
-  s = validate_gemm(a);
+  s = gemm_can_implement(a);
   EXPECT_EQ(s.code(), StatusCode::kUnsupported);
   EXPECT_NE(s.message().find("K = 20"), std::string::npos) << s.message();
   a = good_args();
   a.k = 0;
-  EXPECT_EQ(validate_gemm(a).code(), StatusCode::kUnsupported);
+  EXPECT_EQ(gemm_can_implement(a).code(), StatusCode::kUnsupported);
   a = good_args();
   a.in_dtype = DType::kF32;
-  EXPECT_EQ(validate_gemm(a).code(), StatusCode::kUnsupported);
+  EXPECT_EQ(gemm_can_implement(a).code(), StatusCode::kUnsupported);
   a = good_args();
   a.m = -3;
-  EXPECT_EQ(validate_gemm(a).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(gemm_can_implement(a).code(), StatusCode::kInvalidArgument);
   a = good_args();
   a.m = int64_t{1} << 31;
   a.d = reinterpret_cast<void*>(uintptr_t{1} << 46);
-  EXPECT_EQ(validate_gemm(a).code(), StatusCode::kUnsupported);
+  EXPECT_EQ(gemm_can_implement(a).code(), StatusCode::kUnsupported);
 }
 
 TEST(GemmValidation, OverlappingOutputIsInvalid) {
   GemmArgs a = good_args();
   a.d = const_cast<void*>(static_cast<const void*>(static_cast<const char*>(kA) + 1024));
-  const Status s = validate_gemm(a);
+  const Status s = gemm_can_implement(a);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("overlaps"), std::string::npos) << s.message();
 }
@@ -131,13 +131,13 @@ TEST(GemmValidation, OverlappingOutputIsInvalid) {
 TEST(GemmValidation, Options) {
   GemmOptions o;
   o.num_ctas = -1;
-  EXPECT_EQ(validate_gemm(good_args(), o).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(gemm_can_implement(good_args(), o).code(), StatusCode::kInvalidArgument);
   o = GemmOptions{};
   o.tile = static_cast<GemmTile>(42);
-  EXPECT_EQ(validate_gemm(good_args(), o).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(gemm_can_implement(good_args(), o).code(), StatusCode::kInvalidArgument);
   o = GemmOptions{};
   o.group_m = -2;
-  EXPECT_EQ(validate_gemm(good_args(), o).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(gemm_can_implement(good_args(), o).code(), StatusCode::kInvalidArgument);
 }
 
 TEST(GemmTiles, NamesRoundTripAndInfoMatchesConfigs) {

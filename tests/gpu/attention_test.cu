@@ -437,7 +437,7 @@ TEST(Attention, BadInputIsRefusedBeforeLaunch) {
   make_buffers(p, b, 9000, false);
   const AttentionArgs good = b.args;
   auto expect = [&](AttentionArgs a, AttentionOptions o, StatusCode code, const char* what) {
-    const Status s = can_implement_attention(a, o);
+    const Status s = attention_can_implement(a, o);
     EXPECT_EQ(s.code(), code) << what << ": " << s.to_string();
     const Status t = attention(a, nullptr, o);
     EXPECT_EQ(t.code(), code) << what << ": " << t.to_string();

@@ -218,6 +218,35 @@ TEST(CollectivesValidation, BadBuffersAreRejectedBeforeLaunch) {
   // Zero elements: a no-op.
   EXPECT_TRUE(all_reduce(comm, sym, sym, 0, DType::kF32, nullptr).ok());
   LOOM_ASSERT_OK(comm.synchronize(nullptr));
+
+  // collective_plan makes the same checks as the calls, and launches nothing.
+  EXPECT_EQ(collective_plan(comm, CollectiveOp::kAllGather, plain, plain, 1024, DType::kF32).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(collective_can_implement(comm, CollectiveOp::kReduceScatter, plain, plain, 1024, DType::kF32).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(collective_plan(comm, CollectiveOp::kAllReduce, sym, sym, 16, DType::kF32, bulk).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(collective_plan(comm, CollectiveOp::kAllReduce, sym, sym, 16, static_cast<DType>(9)).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(collective_plan(comm, static_cast<CollectiveOp>(7), sym, sym, 16, DType::kF32).status().code(),
+            StatusCode::kInvalidArgument);
+  for (CollectiveOp op : {CollectiveOp::kAllGather, CollectiveOp::kReduceScatter, CollectiveOp::kAllReduce}) {
+    const void* send = op == CollectiveOp::kAllGather ? static_cast<const void*>(static_cast<char*>(sym) + 0) : sym;
+    const Result<CollectivePlanInfo> plan = collective_plan(comm, op, send, sym, 1024, DType::kF32);
+    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    if (world > 1) {
+      EXPECT_GT(plan->num_ctas, 0);
+      EXPECT_FALSE(plan->device_copy);
+    } else {
+      EXPECT_EQ(plan->num_ctas, 0) << "one rank: no kernel";
+    }
+    EXPECT_EQ(collective_workspace_bytes(op, 1024, DType::kF32), 0u);
+  }
+  CollectiveOptions eight;
+  eight.num_ctas = 8;
+  if (world > 1) {
+    EXPECT_EQ(collective_plan(comm, CollectiveOp::kAllReduce, sym, sym, 1024, DType::kF32, eight)->num_ctas, 8);
+  }
   cudaFree(plain);
 }
 

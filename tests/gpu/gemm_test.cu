@@ -24,7 +24,7 @@
 #include "kernels/tp/flags.h"
 #include "kernels/tp/tp_scheduler.cuh"
 #include "loom/gemm.h"
-#include "ops/gemm_launch.h"
+#include "ops/gemm/gemm_launch.h"
 #include "planner/gemm_heuristic.h"
 #include "runtime/cuda_check.h"
 
@@ -341,6 +341,39 @@ TEST(Sm90Gemm, EveryTileConfiguration) {
       }
     }
   }
+}
+
+// gemm_plan: the heuristic's tile for kAuto, a forced tile and grid as asked, the tile count, and
+// the same refusals as gemm_can_implement.
+TEST(Sm90Gemm, PlanResolvesTheTileAndGrid) {
+  REQUIRE_HOPPER();
+  GemmArgs a;
+  a.a = a.b = reinterpret_cast<const void*>(uintptr_t{1} << 20);  // never dereferenced
+  a.d = reinterpret_cast<void*>(uintptr_t{1} << 40);
+  a.m = 4096;
+  a.n = 14336;
+  a.k = 8192;
+  a.b_layout = BLayout::kNK;
+  const Result<GemmPlanInfo> plan = gemm_plan(a);
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  EXPECT_EQ(plan->tile, choose_gemm_tile(a.m, a.n, a.k, sm_count()));
+  EXPECT_EQ(plan->tile_info.block_m, gemm_tile_info(plan->tile).block_m);
+  const int64_t bm = plan->tile_info.block_m, bn = plan->tile_info.block_n;
+  EXPECT_EQ(plan->tiles, ((a.m + bm - 1) / bm) * ((a.n + bn - 1) / bn));
+  EXPECT_EQ(plan->grid, static_cast<int>(std::min<int64_t>(plan->tiles, sm_count())));
+  EXPECT_GE(plan->group_m, 1);
+  EXPECT_EQ(gemm_workspace_bytes(a), 0u);
+  GemmOptions forced;
+  forced.tile = GemmTile::k64x128;
+  forced.num_ctas = 7;
+  const Result<GemmPlanInfo> small = gemm_plan(a, forced);
+  ASSERT_TRUE(small.ok()) << small.status().to_string();
+  EXPECT_EQ(small->tile, GemmTile::k64x128);
+  EXPECT_EQ(small->grid, 7);
+  GemmArgs bad = a;
+  bad.k = 100;  // not a multiple of 8
+  EXPECT_EQ(gemm_plan(bad).status().code(), gemm_can_implement(bad).code());
+  EXPECT_EQ(gemm_plan(bad).status().code(), StatusCode::kUnsupported);
 }
 
 // GemmOptions::timeline: every tile of the grid gets one plausible record (claimed, mainloop end,

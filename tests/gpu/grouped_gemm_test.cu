@@ -29,7 +29,7 @@
 #include "kernels/moe/grouped_gemm_params.h"
 #include "loom/gemm.h"
 #include "loom/moe.h"
-#include "ops/gemm_launch.h"
+#include "ops/gemm/gemm_launch.h"
 #include "ops/launch/standalone_wait.h"
 
 namespace loom {
@@ -476,6 +476,40 @@ TEST(GroupedGemmApi, BadInputIsRefusedBeforeAnyLaunch) {
   args.num_experts = 2;
   args.k = 60;
   EXPECT_EQ(grouped_gemm(args, nullptr).code(), StatusCode::kUnsupported) << "K not a multiple of 8";
+}
+
+TEST(GroupedGemmApi, PlanSizesTheWorkspaceAndGrid) {
+  REQUIRE_HOPPER();
+  GroupedGemmArgs args;
+  args.a = reinterpret_cast<const void*>(uintptr_t{1} << 20);  // never dereferenced
+  args.b = reinterpret_cast<const void*>(uintptr_t{1} << 30);
+  args.d = reinterpret_cast<void*>(uintptr_t{1} << 40);
+  args.offsets = reinterpret_cast<const int32_t*>(uintptr_t{1} << 41);
+  args.m_total = 4096;
+  args.n = 4096;
+  args.k = 2048;
+  args.num_experts = 8;
+  args.workspace = reinterpret_cast<void*>(uintptr_t{1} << 42);
+  args.workspace_bytes = grouped_gemm_workspace_bytes(args);
+  const Result<GroupedGemmPlanInfo> plan = grouped_gemm_plan(args);
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  EXPECT_NE(plan->tile, GemmTile::kAuto);
+  EXPECT_EQ(plan->rows, 4096);
+  EXPECT_EQ(plan->workspace_bytes, grouped_gemm_workspace_bytes(args));
+  EXPECT_GT(plan->grid, 0);
+  // Every expert's last tile row may be partial: at most M_total / BLOCK_M + E tile rows.
+  const int64_t bm = plan->tile_info.block_m, bn = plan->tile_info.block_n;
+  EXPECT_LE(plan->max_tiles, (4096 / bm + 8) * ((4096 + bn - 1) / bn));
+  EXPECT_GE(plan->max_tiles, (4096 / bm) * ((4096 + bn - 1) / bn));
+  GroupedGemmOptions forced;
+  forced.tile = GemmTile::k128x128;
+  forced.num_ctas = 5;
+  const Result<GroupedGemmPlanInfo> small = grouped_gemm_plan(args, forced);
+  ASSERT_TRUE(small.ok()) << small.status().to_string();
+  EXPECT_EQ(small->tile, GemmTile::k128x128);
+  EXPECT_EQ(small->grid, 5);
+  args.k = 60;
+  EXPECT_EQ(grouped_gemm_plan(args).status().code(), StatusCode::kUnsupported) << "K not a multiple of 8";
 }
 
 TEST(GroupedGemmApi, NoRowsLaunchesNothing) {

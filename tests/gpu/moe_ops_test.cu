@@ -686,6 +686,14 @@ TEST_F(MoeBadInput, HostCheckableInputIsRefusedBeforeLaunch) {
     config.num_experts = 4 * world;
   }
   ASSERT_TRUE(moe_can_implement(comm, config).ok());
+  // Reserving refuses what moe_can_implement refuses, and grows the workspace to moe_sizes' bytes.
+  MoeConfig refused = config;
+  refused.top_k = 0;
+  EXPECT_EQ(moe_reserve_workspace(comm, refused, nullptr).code(), StatusCode::kInvalidArgument);
+  const Status reserved = moe_reserve_workspace(comm, config, nullptr);
+  ASSERT_TRUE(agree(reserved.ok())) << reserved.to_string();
+  ASSERT_TRUE(moe_sizes(comm, config).ok());
+  EXPECT_GT(moe_sizes(comm, config)->workspace_bytes, 0u);
 
   Case c = make_case(Routing::kUniform, 51);
   CaseBuffers setup(c);

@@ -5,7 +5,8 @@
 // sequence (tests/gpu/attention_reference.cuh), and against loom::attention on the whole sequence
 // on one GPU: the ring's fp32 merge must be no less accurate (rel_err within 1.25x + 1e-4).
 // Outputs are pre-filled with NaN. Also: GQA, S_l that is no multiple of any tile, 100 launches
-// bit-identical, bad input refused on every rank.
+// bit-identical, a plan and a reserved workspace then a CUDA-graph capture, bad input refused on
+// every rank.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -64,8 +65,10 @@ struct RingResult {
 };
 
 // Runs one case on every rank; returns this rank's errors.
+// graph: the launches are captured into a CUDA graph (after ring_attention_reserve_workspace)
+// and the graph is replayed once.
 RingResult run_case(Communicator& comm, const RingCase& c, uint64_t seed, std::vector<uint16_t>* out_bits = nullptr,
-                    int launches = 1) {
+                    int launches = 1, bool graph = false) {
   const int world = comm.local_world_size(), rank = comm.local_rank();
   const int64_t total = world * c.seqlen, D = c.head_dim;
   const size_t q_full = static_cast<size_t>(c.batch * total * c.heads_q * D);
@@ -97,12 +100,36 @@ RingResult run_case(Communicator& comm, const RingCase& c, uint64_t seed, std::v
   RingAttentionOptions o;
   o.causal = c.causal;
   RingResult r;
-  for (int i = 0; i < launches; ++i) {
-    const Status s = ring_attention(comm, a, nullptr, o);
-    EXPECT_TRUE(s.ok()) << s.to_string();
-    if (!s.ok()) return r;
+  cudaStream_t stream = nullptr;
+  cudaGraph_t captured = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  if (graph) {
+    EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    const Status reserved = ring_attention_reserve_workspace(comm, a, stream, o);
+    EXPECT_TRUE(reserved.ok()) << reserved.to_string();
+    if (!reserved.ok()) return r;
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
   }
-  const Status synced = comm.synchronize(nullptr);
+  for (int i = 0; i < launches; ++i) {
+    const Status s = ring_attention(comm, a, stream, o);
+    EXPECT_TRUE(s.ok()) << s.to_string();
+    if (!s.ok()) {
+      if (graph) (void)cudaStreamEndCapture(stream, &captured);
+      return r;
+    }
+  }
+  if (graph) {
+    EXPECT_EQ(cudaStreamEndCapture(stream, &captured), cudaSuccess);
+    EXPECT_EQ(cudaGraphInstantiate(&exec, captured, 0), cudaSuccess);
+    EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  }
+  const Status synced = comm.synchronize(stream);
+  if (graph) {
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(captured);
+    cudaStreamDestroy(stream);
+  }
   EXPECT_TRUE(synced.ok()) << synced.to_string();
   if (!synced.ok()) return r;
 
@@ -222,6 +249,37 @@ TEST(RingAttention, HundredLaunchesAreBitIdentical) {
   EXPECT_EQ(r.nonfinite, 0);
 }
 
+TEST(RingAttention, PlannedReservedAndCapturedInAGraph) {
+  if (skip_without_hopper()) GTEST_SKIP() << "needs an sm_90 GPU";
+  Communicator& comm = test::shared_comm();
+  const RingCase c{1, 256, 4, 2, 128, true};
+  RingAttentionArgs a;
+  a.batch = c.batch;
+  a.seqlen = c.seqlen;
+  a.heads_q = c.heads_q;
+  a.heads_kv = c.heads_kv;
+  a.head_dim = c.head_dim;
+  RingAttentionOptions o;
+  o.causal = true;
+  // The plan needs no buffers (a caller sizes everything before allocating).
+  const Result<RingAttentionPlanInfo> plan = ring_attention_plan(comm, a, o);
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  EXPECT_EQ(plan->workspace_bytes, ring_attention_workspace_bytes(a, comm.local_world_size()));
+  EXPECT_GT(plan->grid, 0);
+  EXPECT_GE(plan->kv_ctas, 0);
+  EXPECT_LT(plan->kv_ctas, plan->grid);
+  EXPECT_GT(plan->engine.block_n, 0);
+  RingAttentionArgs odd = a;
+  odd.seqlen = 63;
+  EXPECT_EQ(ring_attention_plan(comm, odd, o).status().code(), StatusCode::kInvalidArgument);
+
+  std::vector<uint16_t> direct, replayed;
+  (void)run_case(comm, c, 400, &direct, 2);
+  const RingResult r = run_case(comm, c, 400, &replayed, 2, /*graph=*/true);
+  EXPECT_EQ(r.nonfinite, 0);
+  EXPECT_EQ(direct, replayed) << "the graph replay differs from the direct launches";
+}
+
 TEST(RingAttention, BadInputIsRefusedOnEveryRank) {
   Communicator& comm = test::shared_comm();
   const int world = comm.local_world_size();
@@ -241,7 +299,7 @@ TEST(RingAttention, BadInputIsRefusedOnEveryRank) {
   EXPECT_EQ(ring_attention(comm, odd, nullptr, o).code(), StatusCode::kInvalidArgument);
   RingAttentionArgs heads = a;
   heads.heads_kv = 3;
-  EXPECT_EQ(can_implement_ring_attention(heads, o, world).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ring_attention_can_implement(heads, o, world).code(), StatusCode::kInvalidArgument);
   RingAttentionArgs hd = a;
   hd.head_dim = 96;
   EXPECT_EQ(ring_attention(comm, hd, nullptr, o).code(), StatusCode::kUnsupported);

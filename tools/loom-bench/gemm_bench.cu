@@ -14,7 +14,7 @@
 #include <string>
 
 #include "kernels/gemm/reference.cuh"
-#include "ops/gemm_launch.h"
+#include "ops/gemm/gemm_launch.h"
 #include "runtime/cuda_check.h"
 #include "timing.h"
 

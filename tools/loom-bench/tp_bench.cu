@@ -37,7 +37,7 @@
 #include "collectives_bench.h"
 #include "loom/diagnostics.h"
 #include "loom/tensor_parallel.h"
-#include "ops/gemm_launch.h"
+#include "ops/gemm/gemm_launch.h"
 #include "planner/tp_plan.h"
 #include "runtime/communicator_impl.h"
 #include "runtime/cuda_check.h"

@@ -26,7 +26,7 @@ const NameRegistration kNames{{{ka::kRingChunkFlag, "ring K/V chunk"}},
 
 }  // namespace
 
-Result<AttentionPlanInfo> plan_attention(const AttentionArgs& args, const AttentionOptions& options) {
+Result<AttentionPlanInfo> attention_plan(const AttentionArgs& args, const AttentionOptions& options) {
   LOOM_ASSIGN_OR_RETURN(planner::AttentionDeviceLimits limits, ops::attention::device_limits("attention"));
   LOOM_ASSIGN_OR_RETURN(planner::AttentionPlan plan, planner::plan_attention(args, options, limits));
   return plan.info;

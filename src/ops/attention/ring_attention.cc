@@ -43,12 +43,46 @@ uint32_t ring_signature(const RingAttentionArgs& a, const RingAttentionOptions& 
                                                     {"workspace", static_cast<int64_t>(workspace)}});
 }
 
+// Everything a call decides before it touches memory: the checks that need no buffers, the
+// engine's plan for one rank's share, the workspace layout and the CTA split.
+struct RingCall {
+  AttentionArgs core;
+  AttentionOptions core_options;
+  planner::AttentionPlan plan;
+  planner::RingWorkspace layout;
+  int world = 0;
+  int grid = 0;
+  int kv_ctas = 0;
+};
+
+Result<RingCall> plan_ring(Communicator::Impl& impl, const RingAttentionArgs& args, const RingAttentionOptions& options) {
+  if (impl.topology.num_nodes > 1) {
+    return Status::unsupported("ring_attention: rings across nodes are not built yet (one node, " +
+                               std::to_string(impl.topology.local_world_size) + " local ranks, works)");
+  }
+  LOOM_TRY(impl.check_usable());
+  RingCall call;
+  call.world = impl.topology.local_world_size;
+  LOOM_TRY(planner::validate_ring_attention(args, options, call.world));
+  call.core = planner::ring_core_args(args);
+  call.core_options.causal = options.causal;
+  call.core_options.scale = options.scale;
+  call.core_options.block_n = options.block_n;
+  LOOM_ASSIGN_OR_RETURN(planner::AttentionDeviceLimits limits, ops::attention::device_limits("ring_attention"));
+  LOOM_ASSIGN_OR_RETURN(call.plan, planner::plan_attention(call.core, call.core_options, limits));
+  call.layout = planner::ring_workspace(args, call.world);
+  call.grid = impl.sm_count;
+  call.kv_ctas = planner::ring_kv_ctas(options, call.world, call.grid);
+  return call;
+}
+
 Status ring_one_node(Communicator& comm, const RingAttentionArgs& args, cudaStream_t stream,
                      const RingAttentionOptions& options) {
   Communicator::Impl& impl = internal(comm);
-  LOOM_TRY(impl.check_usable());
-  const int world = impl.topology.local_world_size;
-  LOOM_TRY(planner::validate_ring_attention(args, options, world));
+  LOOM_ASSIGN_OR_RETURN(const RingCall call, plan_ring(impl, args, options));
+  const int world = call.world;
+  const planner::AttentionPlan& plan = call.plan;
+  const planner::RingWorkspace& layout = call.layout;
   const size_t elem = dtype_size(args.dtype);
   const size_t q_bytes = static_cast<size_t>(args.batch * args.seqlen * args.heads_q * args.head_dim) * elem;
   const size_t kv_bytes = static_cast<size_t>(args.batch * args.seqlen * args.heads_kv * args.head_dim) * elem;
@@ -56,15 +90,6 @@ Status ring_one_node(Communicator& comm, const RingAttentionArgs& args, cudaStre
   LOOM_TRY_CTX(impl.check_local_device_buffer(args.k, kv_bytes, "k ([B, S_l, Hkv, D])"), "ring_attention");
   LOOM_TRY_CTX(impl.check_local_device_buffer(args.v, kv_bytes, "v ([B, S_l, Hkv, D])"), "ring_attention");
   LOOM_TRY_CTX(impl.check_local_device_buffer(args.out, q_bytes, "out ([B, S_l, Hq, D])"), "ring_attention");
-
-  const AttentionArgs core = planner::ring_core_args(args);
-  AttentionOptions core_options;
-  core_options.causal = options.causal;
-  core_options.scale = options.scale;
-  core_options.block_n = options.block_n;
-  LOOM_ASSIGN_OR_RETURN(planner::AttentionDeviceLimits limits, ops::attention::device_limits("ring_attention"));
-  LOOM_ASSIGN_OR_RETURN(planner::AttentionPlan plan, planner::plan_attention(core, core_options, limits));
-  const planner::RingWorkspace layout = planner::ring_workspace(args, world);
   LOOM_ASSIGN_OR_RETURN(void* workspace,
                         ops::family_workspace(impl, kFamily, static_cast<size_t>(layout.bytes), stream, "ring_attention"));
 
@@ -75,7 +100,7 @@ Status ring_one_node(Communicator& comm, const RingAttentionArgs& args, cudaStre
   LOOM_CUDA_TRY(cudaMemsetAsync(static_cast<char*>(workspace) + layout.arrived, 0, flag_bytes, stream));
 
   ka::RingParams p{};
-  LOOM_ASSIGN_OR_RETURN(p.core, ops::attention::make_flash_params(core, core_options, plan));
+  LOOM_ASSIGN_OR_RETURN(p.core, ops::attention::make_flash_params(call.core, call.core_options, plan));
   LOOM_ASSIGN_OR_RETURN(p.core.queue, ops::family_launch_state(impl, kFamily));
   const uint64_t base = impl.heap->offset_of(workspace);
   const char* ws = static_cast<const char*>(workspace);
@@ -96,8 +121,8 @@ Status ring_one_node(Communicator& comm, const RingAttentionArgs& args, cudaStre
   p.arrived_offset = base + layout.arrived;
   p.row_bytes = static_cast<uint64_t>(args.heads_kv * args.head_dim) * elem;
   p.chunks = layout.chunks;
-  const int grid = impl.sm_count;
-  p.kv_ctas = static_cast<uint32_t>(planner::ring_kv_ctas(options, world, grid));
+  const int grid = call.grid;
+  p.kv_ctas = static_cast<uint32_t>(call.kv_ctas);
   p.signature = ring_signature(args, options, plan.info.block_n, base);
   LOOM_DEBUG("ring_attention: W %d, B %lld, S_l %lld, H %lld/%lld, D %lld, %s, BLOCK_N %d, %d CTAs (%u push K/V first)",
              world, static_cast<long long>(args.batch), static_cast<long long>(args.seqlen),
@@ -110,12 +135,26 @@ Status ring_one_node(Communicator& comm, const RingAttentionArgs& args, cudaStre
 
 }  // namespace
 
+Result<RingAttentionPlanInfo> ring_attention_plan(Communicator& comm, const RingAttentionArgs& args,
+                                                  const RingAttentionOptions& options) {
+  LOOM_ASSIGN_OR_RETURN(const RingCall call, plan_ring(internal(comm), args, options));
+  RingAttentionPlanInfo info;
+  info.engine = call.plan.info;
+  info.grid = call.grid;
+  info.kv_ctas = call.kv_ctas;
+  info.workspace_bytes = static_cast<size_t>(call.layout.bytes);
+  return info;
+}
+
+Status ring_attention_reserve_workspace(Communicator& comm, const RingAttentionArgs& args, cudaStream_t stream,
+                                        const RingAttentionOptions& options) {
+  Communicator::Impl& impl = internal(comm);
+  LOOM_ASSIGN_OR_RETURN(const RingCall call, plan_ring(impl, args, options));
+  return ops::family_workspace(impl, kFamily, static_cast<size_t>(call.layout.bytes), stream, "ring_attention").status();
+}
+
 Status ring_attention(Communicator& comm, const RingAttentionArgs& args, cudaStream_t stream,
                       const RingAttentionOptions& options) {
-  if (comm.num_nodes() > 1) {
-    return Status::unsupported("ring_attention: rings across nodes are not built yet (one node, " +
-                               std::to_string(comm.local_world_size()) + " local ranks, works)");
-  }
   return ops::noted(comm, ring_one_node(comm, args, stream, options), stream);
 }
 

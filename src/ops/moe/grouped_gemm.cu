@@ -7,7 +7,7 @@
 #include "kernels/moe/grouped_gemm.cuh"
 #include "kernels/moe/grouped_gemm_params.h"
 #include "loom/moe.h"
-#include "ops/gemm_launch.h"
+#include "ops/gemm/gemm_launch.h"
 #include "ops/launch/kernel_launch.h"
 #include "ops/launch/standalone_wait.h"
 #include "ops/moe/grouped_gemm_dispatch.cuh"
@@ -32,6 +32,20 @@ Status launch_tile(GemmTile tile, const km::GroupedGemmKernelParams& p, bool bf1
 }
 
 }  // namespace
+
+Result<GroupedGemmPlanInfo> grouped_gemm_plan(const GroupedGemmArgs& args, const GroupedGemmOptions& options) {
+  LOOM_TRY(grouped_gemm_can_implement(args, options));
+  LOOM_ASSIGN_OR_RETURN(planner::GemmDeviceLimits limits, ops::gemm_device_limits());
+  LOOM_ASSIGN_OR_RETURN(planner::GroupedGemmPlan plan, planner::plan_grouped_gemm(args, options, limits));
+  GroupedGemmPlanInfo info;
+  info.tile = plan.tile;
+  info.tile_info = gemm_tile_info(plan.tile);
+  info.grid = plan.num_ctas;
+  info.rows = plan.rows;
+  info.max_tiles = plan.max_tile_rows * plan.n_blocks;
+  info.workspace_bytes = grouped_gemm_workspace_bytes(args);
+  return info;
+}
 
 Status grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream, const GroupedGemmOptions& options) {
   LOOM_TRY(grouped_gemm_can_implement(args, options));

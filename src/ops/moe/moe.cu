@@ -128,6 +128,14 @@ Result<MoeSizes> moe_sizes(const Communicator& comm, const MoeConfig& config) {
   return l.sizes();
 }
 
+Status moe_reserve_workspace(Communicator& comm, const MoeConfig& config, cudaStream_t stream) {
+  Communicator::Impl& impl = internal(comm);
+  LOOM_TRY(impl.check_usable());
+  LOOM_ASSIGN_OR_RETURN(planner::MoeLayouts l, layouts_for(impl, config));
+  return ops::family_workspace(impl, kFamily, static_cast<size_t>(l.workspace.bytes), stream, "moe_reserve_workspace")
+      .status();
+}
+
 Result<MoePlan> moe_routing(Communicator& comm, const MoeConfig& config, const MoeRoutingArgs& args, cudaStream_t stream) {
   constexpr const char* kOp = "moe_routing";
   Communicator::Impl& impl = internal(comm);

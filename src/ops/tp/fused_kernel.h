@@ -13,7 +13,7 @@
 #include "loom/gemm.h"
 #include "loom/status.h"
 #include "loom/types.h"
-#include "ops/gemm_launch.h"
+#include "ops/gemm/gemm_launch.h"
 #include "ops/launch/family_resources.h"
 #include "ops/tp/tp_common.h"
 

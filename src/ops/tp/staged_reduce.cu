@@ -10,8 +10,8 @@
 
 #include "core/log.h"
 #include "loom/gemm.h"
-#include "ops/collective_common.h"
-#include "ops/gemm_launch.h"
+#include "ops/collectives/common.h"
+#include "ops/gemm/gemm_launch.h"
 #include "ops/launch/family_resources.h"
 #include "ops/launch/kernel_launch.h"
 #include "ops/launch/signature.h"

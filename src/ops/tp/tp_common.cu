@@ -5,7 +5,7 @@
 #include "core/log.h"
 #include "kernels/gemm/params.h"
 #include "kernels/tp/tail_pieces.cuh"
-#include "ops/gemm_launch.h"
+#include "ops/gemm/gemm_launch.h"
 #include "ops/launch/checks.h"
 #include "ops/launch/signature.h"
 

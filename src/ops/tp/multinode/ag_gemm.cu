@@ -6,7 +6,7 @@
 
 #include "core/log.h"
 #include "kernels/tp/multinode/sm90_ag_gemm.cuh"
-#include "ops/gemm_launch.h"
+#include "ops/gemm/gemm_launch.h"
 #include "ops/launch/family_resources.h"
 #include "ops/launch/kernel_launch.h"
 #include "ops/tp/fused_kernel.h"

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "core/log.h"
-#include "ops/gemm_launch.h"
+#include "ops/gemm/gemm_launch.h"
 #include "ops/launch/family_resources.h"
 #include "ops/launch/kernel_launch.h"
 #include "ops/tp/multinode/multinode.h"

@@ -5,8 +5,8 @@
 
 #include "kernels/gemm/sm90_gemm.cuh"
 #include "loom/gemm.h"
-#include "ops/gemm_dispatch.cuh"
-#include "ops/gemm_launch.h"
+#include "ops/gemm/gemm_dispatch.cuh"
+#include "ops/gemm/gemm_launch.h"
 #include "ops/launch/checks.h"
 #include "ops/launch/standalone_wait.h"
 #include "planner/gemm_heuristic.h"
@@ -75,14 +75,14 @@ Status check_launch_fields(const GemmLaunch& l, const planner::GemmPlan& plan) {
 }  // namespace
 
 Result<GemmLaunchPlan> plan_gemm_launch(const GemmArgs& args, const GemmOptions& options) {
-  LOOM_TRY(validate_gemm(args, options));
+  LOOM_TRY(gemm_can_implement(args, options));
   LOOM_ASSIGN_OR_RETURN(planner::GemmDeviceLimits limits, gemm_device_limits());
   LOOM_ASSIGN_OR_RETURN(planner::GemmPlan plan, planner::plan_gemm(args, options, limits));
   return GemmLaunchPlan{plan.tile, plan.num_ctas, plan.group_m, plan.m_blocks, plan.n_blocks};
 }
 
 Status gemm_kernel_params(const GemmLaunch& l, kg::GemmKernelParams* params, GemmLaunchPlan* launch_plan) {
-  LOOM_TRY(validate_gemm(l.args, l.options));
+  LOOM_TRY(gemm_can_implement(l.args, l.options));
   if (l.args.m == 0) return Status::invalid_argument("gemm launch: M = 0 has no kernel parameters");
   LOOM_ASSIGN_OR_RETURN(planner::GemmDeviceLimits limits, gemm_device_limits());
   LOOM_ASSIGN_OR_RETURN(planner::GemmPlan plan, planner::plan_gemm(l.args, l.options, limits));
@@ -119,7 +119,7 @@ Status gemm_kernel_params(const GemmLaunch& l, kg::GemmKernelParams* params, Gem
 }
 
 Status launch_gemm(const GemmLaunch& l, cudaStream_t stream) {
-  LOOM_TRY(validate_gemm(l.args, l.options));
+  LOOM_TRY(gemm_can_implement(l.args, l.options));
   if (l.args.m == 0) return Status{};
   kg::GemmKernelParams p;
   GemmLaunchPlan plan;
@@ -140,8 +140,19 @@ Status launch_gemm(const GemmLaunch& l, cudaStream_t stream) {
 
 namespace loom {
 
+Result<GemmPlanInfo> gemm_plan(const GemmArgs& args, const GemmOptions& options) {
+  LOOM_ASSIGN_OR_RETURN(const ops::GemmLaunchPlan plan, ops::plan_gemm_launch(args, options));
+  GemmPlanInfo info;
+  info.tile = plan.tile;
+  info.tile_info = gemm_tile_info(plan.tile);
+  info.grid = plan.num_ctas;
+  info.group_m = plan.group_m;
+  info.tiles = plan.m_blocks * plan.n_blocks;
+  return info;
+}
+
 Status gemm(const GemmArgs& args, cudaStream_t stream, const GemmOptions& options) {
-  LOOM_TRY(validate_gemm(args, options));
+  LOOM_TRY(gemm_can_implement(args, options));
   if (args.m == 0) return Status{};
   LOOM_ASSIGN_OR_RETURN(ops::StandaloneWait * w, ops::standalone_wait());
   LOOM_TRY(ops::take_standalone_error(*w, stream));

@@ -34,7 +34,7 @@ struct GemmLaunch {
   WaitParams wait{};                     // bounded waits: error record, abort words, timeout
 };
 
-// Validates, plans, encodes the tensor maps and launches. Rules beyond validate_gemm():
+// Validates, plans, encodes the tensor maps and launches. Rules beyond gemm_can_implement():
 // num_dst in 1..8 with rows_per_dst > 0 when num_dst > 1 (a multiple of BLOCK_M, times
 // chunk_m_blocks if set, when signalling); chunk_counters with chunk_m_blocks;
 // wait.device_abort non-null.

@@ -1,5 +1,5 @@
 // Instantiations of the standalone GEMM kernel for the 128x128 tile (bf16/fp16 x B [K,N]/[N,K]).
-#include "ops/gemm_dispatch.cuh"
+#include "ops/gemm/gemm_dispatch.cuh"
 
 namespace loom::ops::detail {
 

@@ -10,6 +10,7 @@
 
 #include "kernels/collectives/common.cuh"
 #include "loom/collectives.h"
+#include "ops/launch/kernel_launch.h"
 #include "planner/collective_plan.h"
 #include "runtime/communicator_impl.h"
 #include "runtime/cuda_check.h"
@@ -22,6 +23,9 @@ inline Status check_collective_common(Communicator::Impl& impl, const char* op, 
   if (impl.topology.num_nodes > 1) {
     return Status::unsupported(std::string(op) + ": loom's collectives run within one NVLink domain; this job spans " +
                                std::to_string(impl.topology.num_nodes) + " nodes");
+  }
+  if (dtype != DType::kBF16 && dtype != DType::kF16 && dtype != DType::kF32) {
+    return Status::invalid_argument(std::string(op) + ": unknown dtype " + std::to_string(static_cast<int>(dtype)));
   }
   const uint64_t bytes = static_cast<uint64_t>(count) * dtype_size(dtype);
   if (count != 0 && bytes / dtype_size(dtype) != count) {
@@ -70,12 +74,39 @@ inline kernels::CollectiveArgs collective_args(const Communicator::Impl& impl, O
   return args;
 }
 
+// What a collective call decided once every check passed (collective_plan reports it; the
+// launchers launch it): nothing (count 0), a device copy (one rank), or a kernel.
+struct CollectiveCall {
+  enum class Kind : uint8_t { kNothing, kDeviceCopy, kKernel };
+  Kind kind = Kind::kNothing;
+  planner::CollectivePlan plan;
+  kernels::CollectiveArgs args{};  // kKernel: the kernel's arguments; kDeviceCopy: send, recv, bytes
+  size_t smem = 0;                 // dynamic shared memory of the kernel
+};
 // A collective over one rank moves its own data only: a device copy, or nothing in place (no
-// kernel and no flags). Called after the arguments were checked like any other call's.
-inline Status single_rank_copy(const void* send, void* recv, uint64_t bytes, cudaStream_t stream) {
-  if (send == recv || bytes == 0) return {};
-  LOOM_CUDA_TRY(cudaMemcpyAsync(recv, send, bytes, cudaMemcpyDeviceToDevice, stream));
-  return {};
+// kernel and no flags). Planned after the arguments were checked like any other call's.
+inline CollectiveCall single_rank_copy(const void* send, const void* recv, uint64_t bytes) {
+  CollectiveCall call;
+  if (send == recv || bytes == 0) return call;
+  call.kind = CollectiveCall::Kind::kDeviceCopy;
+  call.args.send = static_cast<const char*>(send);
+  call.args.recv = static_cast<char*>(const_cast<void*>(recv));
+  call.args.bytes = bytes;
+  return call;
+}
+
+// Launches a planned call: `kernel(dtype)` gives the kernel for a kKernel call.
+template <typename KernelFor>
+Status launch_collective(const CollectiveCall& call, unsigned threads, cudaStream_t stream, KernelFor&& kernel) {
+  switch (call.kind) {
+    case CollectiveCall::Kind::kNothing: return {};
+    case CollectiveCall::Kind::kDeviceCopy:
+      LOOM_CUDA_TRY(cudaMemcpyAsync(call.args.recv, call.args.send, call.args.bytes, cudaMemcpyDeviceToDevice, stream));
+      return {};
+    case CollectiveCall::Kind::kKernel:
+      return launch_kernel(kernel(), static_cast<unsigned>(call.plan.num_ctas), threads, call.smem, stream, call.args);
+  }
+  return Status::internal("collective: unknown call kind");
 }
 
 inline Result<planner::CollectivePlan> plan_for(const Communicator::Impl& impl, OpId op, uint64_t bytes,
@@ -92,6 +123,14 @@ inline Result<planner::CollectivePlan> plan_for(const Communicator::Impl& impl, 
   return planner::plan_collective(request);
 }
 
+// Checks and plans each collective (labels and `outer` as in the *_for launchers below).
+Result<CollectiveCall> plan_all_gather(Communicator& comm, const void* send, const void* recv, size_t count, DType dtype,
+                                       const CollectiveOptions& options, OpId label, uint32_t outer = 0);
+Result<CollectiveCall> plan_reduce_scatter(Communicator& comm, const void* send, const void* recv, size_t recv_count,
+                                           DType dtype, const CollectiveOptions& options, OpId label, uint32_t outer = 0);
+Result<CollectiveCall> plan_all_reduce(Communicator& comm, const void* send, const void* recv, size_t count, DType dtype,
+                                       const CollectiveOptions& options, OpId label, uint32_t outer = 0);
+
 // The collectives with the operator they serve recorded in error records (a decomposed
 // ag_gemm's all_gather times out as "ag_gemm"); the public functions pass their own OpId. `outer`:
 // the served operator's own signature (ops/launch/signature.h), which joins the collective's in
@@ -103,15 +142,15 @@ Status reduce_scatter_for(Communicator& comm, const void* send, void* recv, size
 Status all_reduce_for(Communicator& comm, const void* send, void* recv, size_t count, DType dtype, cudaStream_t stream,
                       const CollectiveOptions& options, OpId label, uint32_t outer = 0);
 
-// Runs `launch` with T = the CUDA element type of `dtype`.
-template <typename Fn>
-Status dispatch_dtype(DType dtype, Fn&& launch) {
+// `kernel_of(T{})` with T the CUDA element type of `dtype` (a reduction's kernel instance).
+template <typename KernelOf>
+auto reduction_kernel(DType dtype, KernelOf&& kernel_of) {
   switch (dtype) {
-    case DType::kBF16: return launch(__nv_bfloat16{});
-    case DType::kF16: return launch(__half{});
-    case DType::kF32: return launch(float{});
+    case DType::kBF16: return kernel_of(__nv_bfloat16{});
+    case DType::kF16: return kernel_of(__half{});
+    case DType::kF32: break;
   }
-  return Status::invalid_argument("unknown dtype");
+  return kernel_of(float{});
 }
 
 }  // namespace loom::ops

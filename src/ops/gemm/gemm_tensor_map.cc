@@ -2,7 +2,7 @@
 #include <string>
 
 #include "kernels/common/tma_descriptor.h"
-#include "ops/gemm_launch.h"
+#include "ops/gemm/gemm_launch.h"
 #include "ops/launch/tensor_map.h"
 #include "planner/gemm_heuristic.h"
 #include "runtime/cuda_check.h"
