@@ -10,7 +10,11 @@
 #                    attention and MoE; SIGSTOP; two communicators)
 #   4. benchmarks:   bench/grouped_gemm.py, bench/attention.py, bench/ring_attention.py (W = 1),
 #                    loom-bench gemm (one GPU, against cuBLAS)
-# VERIFY_STEPS narrows it (e.g. "tests shared"). Exit status 0 only if every step that ran passed.
+#   gemm-ab (only when named): scripts/device/gemm_ab.sh, the GEMM sweep of the build staged in
+#                    .device-carry/base against this one in the same shuffled rounds (AB_ROUNDS, 6)
+# VERIFY_STEPS narrows it (e.g. "tests shared"); SHARED_STEPS replaces the shared-GPU steps and
+# FAULT_FILTER the failure subset (e.g. 'Fault*' for all). Exit status 0 only if every step that
+# ran passed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/device/env.sh
@@ -30,12 +34,12 @@ for step in "${steps[@]}"; do
       budget=$(( $(left) - 150 ))  # leave room for the failure subset and the benchmarks
       if (( budget < 60 )); then log "shared: skipped, $(left) s left"; rc=1; continue; fi
       STEP_LIMIT_S=70 SUITE_BUDGET_S=$budget MOE_TIMEOUT_MS=5000 \
-        scripts/device/shared_gpu_suite.sh ring-2 ring-3 moe-2 moe-4 single-2 multi-2x2 consistency-2 ring-4 ring-8 \
+        scripts/device/shared_gpu_suite.sh ${SHARED_STEPS:-ring-2 ring-3 moe-2 moe-4 single-2 multi-2x2 consistency-2 ring-4 ring-8} \
         || rc=1 ;;
     faults)
       budget=$(( $(left) - 100 ))
       if (( budget < 40 )); then log "faults: skipped, $(left) s left"; rc=1; continue; fi
-      FAULT_FILTER='Fault/FaultKill.*/ag_gemm_2ranks_1nodes_kill1:Fault/FaultKill.*/gemm_ar_2ranks_2nodes_kill1:Fault/FaultKill.*/ring_attention_2ranks_1nodes_kill1:Fault/FaultKill.*/moe_2ranks_1nodes_kill1:Fault/FaultStop.*/0:FaultTwoComms.*' \
+      FAULT_FILTER=${FAULT_FILTER:-'Fault/FaultKill.*/ag_gemm_2ranks_1nodes_kill1:Fault/FaultKill.*/gemm_ar_2ranks_2nodes_kill1:Fault/FaultKill.*/ring_attention_2ranks_1nodes_kill1:Fault/FaultKill.*/moe_2ranks_1nodes_kill1:Fault/FaultStop.*/0:FaultTwoComms.*'} \
         STEP_LIMIT_S=$budget SUITE_BUDGET_S=$(( budget + 10 )) scripts/device/shared_gpu_suite.sh faults || rc=1 ;;
     benches)
       # The extension is built once, by the first attention_suite.sh step that needs it.
@@ -48,6 +52,11 @@ for step in "${steps[@]}"; do
           .device-carry/bin/loom-bench gemm --spawn 1 --json "$OUT/gemm_1xH200.json" >> "$LOG" 2>&1 || rc=1
         tail -32 "$LOG"
       fi ;;
+    gemm-ab)
+      if (( $(left) < 60 )); then log "gemm-ab: skipped, $(left) s left"; rc=1; continue; fi
+      log "gemm-ab: $(head -1 .device-carry/base/GIT_SHA 2>/dev/null) against $(head -1 .device-carry/GIT_SHA)"
+      AB_LIMIT_S=$(( $(left) - 20 )) scripts/device/gemm_ab.sh "${AB_ROUNDS:-6}" >> "$LOG" 2>&1 || rc=1
+      tail -40 "$OUT/gemm_ab.txt" 2>/dev/null ;;
     *) log "unknown step $step"; rc=1 ;;
   esac
 done
