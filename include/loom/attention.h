@@ -167,7 +167,8 @@ struct RingAttentionPlanInfo {
   int kv_ctas = 0;             // of those, the CTAs that push K/V before they compute
   size_t workspace_bytes = 0;  // ring_attention_workspace_bytes(args, W)
 };
-// The host checks (buffers excluded: plan before allocating them), then the plan; unsupported
+// The call's checks but where its buffers live (the pointers must be set and aligned as for the
+// call, but are not looked up: placeholders work before allocating), then the plan; unsupported
 // across nodes.
 Result<RingAttentionPlanInfo> ring_attention_plan(Communicator& comm, const RingAttentionArgs& args,
                                                   const RingAttentionOptions& options = {});

@@ -8,15 +8,17 @@
 #
 # The builds: .device-carry/base (old: loom-bench + libloom.so, `scripts/device/stage.sh --base
 # DIR`) and .device-carry/bin (new). Each binary finds its own libloom.so through LD_LIBRARY_PATH.
-# Writes $OUT/gemm_ab/{old,new}_<round>.json, $OUT/gemm_ab.json (compare.py --json) and
-# $OUT/gemm_ab.txt (the table). Exit status: compare.py's (1: over a limit), or 1 if a run failed.
+# Writes $OUT/gemm_ab.json (compare.py --json), $OUT/gemm_ab.txt (the table) and
+# $OUT/gemm_ab_rounds.tar.gz (each round's {old,new}_<round>.json and log). Exit status:
+# compare.py's (1: over a limit), or 1 if a run failed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/device/env.sh
 ROUNDS=${1:-8}
 LIMIT=${AB_LIMIT_S:-300}
 start=$(date +%s)
-dir="$OUT/gemm_ab"
+dir="$WORK/gemm_ab"
+rm -rf "$dir"
 mkdir -p "$dir"
 declare -A bin_dir=([old]="$PWD/.device-carry/base" [new]="$PWD/.device-carry/bin")
 for side in old new; do
@@ -47,6 +49,7 @@ echo "gemm_ab: ${#new_files[@]} rounds of $(cat .device-carry/base/GIT_SHA 2>/de
 python3 bench/compare.py "$(join "${old_files[@]}")" "$(join "${new_files[@]}")" --worst 5 \
   --fail-over 2 --fail-geomean-over 1 --json "$OUT/gemm_ab.json" 2>&1 | tee -a "$OUT/gemm_ab.txt"
 rc=${PIPESTATUS[0]}
+tar -czf "$OUT/gemm_ab_rounds.tar.gz" -C "$WORK" gemm_ab
 echo "cuBLAS-relative (loom / cuBLAS timed in the same run):" | tee -a "$OUT/gemm_ab.txt"
 python3 bench/compare.py "$(join "${old_files[@]}")" "$(join "${new_files[@]}")" --baseline cublas --worst 3 \
   2>&1 | tail -3 | tee -a "$OUT/gemm_ab.txt"

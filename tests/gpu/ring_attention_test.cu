@@ -254,6 +254,9 @@ TEST(RingAttention, PlannedReservedAndCapturedInAGraph) {
   Communicator& comm = test::shared_comm();
   const RingCase c{1, 256, 4, 2, 128, true};
   RingAttentionArgs a;
+  // The plan looks no buffer up: placeholders, as a caller sizing everything before allocating.
+  a.q = a.k = a.v = reinterpret_cast<const void*>(uintptr_t{1} << 20);
+  a.out = reinterpret_cast<void*>(uintptr_t{1} << 40);
   a.batch = c.batch;
   a.seqlen = c.seqlen;
   a.heads_q = c.heads_q;
@@ -261,7 +264,6 @@ TEST(RingAttention, PlannedReservedAndCapturedInAGraph) {
   a.head_dim = c.head_dim;
   RingAttentionOptions o;
   o.causal = true;
-  // The plan needs no buffers (a caller sizes everything before allocating).
   const Result<RingAttentionPlanInfo> plan = ring_attention_plan(comm, a, o);
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
   EXPECT_EQ(plan->workspace_bytes, ring_attention_workspace_bytes(a, comm.local_world_size()));
