@@ -12,7 +12,8 @@
 #                    loom-bench gemm (one GPU, against cuBLAS)
 #   gemm-ab (only when named): scripts/device/gemm_ab.sh, the GEMM sweep of the build staged in
 #                    .device-carry/base against this one in the same shuffled rounds (AB_ROUNDS, 6)
-# VERIFY_STEPS narrows it (e.g. "tests shared"); SHARED_STEPS replaces the shared-GPU steps and
+# VERIFY_STEPS narrows it (e.g. "tests shared"); SHARED_STEPS replaces the shared-GPU steps (each
+# limited to SHARED_STEP_LIMIT_S, default 70) and
 # FAULT_FILTER the failure subset (e.g. 'Fault*' for all). Exit status 0 only if every step that
 # ran passed.
 set -uo pipefail
@@ -33,7 +34,7 @@ for step in "${steps[@]}"; do
     shared)
       budget=$(( $(left) - 150 ))  # leave room for the failure subset and the benchmarks
       if (( budget < 60 )); then log "shared: skipped, $(left) s left"; rc=1; continue; fi
-      STEP_LIMIT_S=70 SUITE_BUDGET_S=$budget MOE_TIMEOUT_MS=5000 \
+      STEP_LIMIT_S=${SHARED_STEP_LIMIT_S:-70} SUITE_BUDGET_S=$budget MOE_TIMEOUT_MS=5000 \
         scripts/device/shared_gpu_suite.sh ${SHARED_STEPS:-ring-2 ring-3 moe-2 moe-4 single-2 multi-2x2 consistency-2 ring-4 ring-8} \
         || rc=1 ;;
     faults)
