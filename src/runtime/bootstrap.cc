@@ -903,7 +903,7 @@ void RootAdmission::serve_joined(int rank) {
       LOOM_WARN("bootstrap: rank %d cannot start: %s", rank, said.text.c_str());
       joined_[rank].reset();
       --joined_count_;
-      fail_job(Notice{StatusCode::kPeerFailure, rank, "could not start: " + said.text, NoticeKind::kInitFailure});
+      fail_job(Notice{StatusCode::kPeerFailure, rank, said.text, NoticeKind::kInitFailure});
       return;
     }
   }
@@ -1488,9 +1488,11 @@ Status announce_with(BootstrapConfig config, std::optional<Listener> listener, c
   if (!validate_config(config).ok() || config.world_size == 1) return failure;  // nobody to tell
   config.timeout = std::min<milliseconds>(config.timeout, Bootstrap::kAnnounceLimit);
   const Deadline deadline = Clock::now() + config.timeout;
-  // What a client sends is its reason; rank 0 (here, or when it relays a client's) says "could not start".
-  const Notice notice{StatusCode::kPeerFailure, config.rank,
-                      (config.rank == 0 ? "could not start: " : "") + failure.to_string(), NoticeKind::kInitFailure};
+  // The text says "could not start" itself: rank 0 relays a client's as it came, and a client whose
+  // notice arrives only after admission (the job's last rank to join) is read by the first
+  // all_gather, which names the rank before this text.
+  const Notice notice{StatusCode::kPeerFailure, config.rank, "could not start: " + failure.to_string(),
+                      NoticeKind::kInitFailure};
   auto not_told = [&](const std::string& why) {
     return Status(failure.code(), failure.message() + " (the other ranks were not all told: " + why + ")");
   };

@@ -136,19 +136,19 @@ class Operator {
     return *p;
   }
   Status prepare_tp() {
-    constexpr int64_t kM = 1024, kN = 512, kK = 1024;
     const int64_t w = comm_.world_size();
+    const int64_t m = 512 * w, n = 512, k = 1024;  // every rank owns M / W rows
     const size_t e = 2;  // bf16
-    const int64_t a_rows = op_ == "ag_gemm" ? kM / w : kM;
-    const int64_t out_rows = op_ == "gemm_rs" ? kM / w : kM;
-    LOOM_ASSIGN_OR_RETURN(void* a, buffer(static_cast<size_t>(a_rows * kK) * e));
-    LOOM_ASSIGN_OR_RETURN(void* b, buffer(static_cast<size_t>(kK * kN) * e));
-    LOOM_ASSIGN_OR_RETURN(tp_.out, buffer(static_cast<size_t>(out_rows * kN) * e));
+    const int64_t a_rows = op_ == "ag_gemm" ? m / w : m;
+    const int64_t out_rows = op_ == "gemm_rs" ? m / w : m;
+    LOOM_ASSIGN_OR_RETURN(void* a, buffer(static_cast<size_t>(a_rows * k) * e));
+    LOOM_ASSIGN_OR_RETURN(void* b, buffer(static_cast<size_t>(k * n) * e));
+    LOOM_ASSIGN_OR_RETURN(tp_.out, buffer(static_cast<size_t>(out_rows * n) * e));
     tp_.a = a;
     tp_.b = b;
-    tp_.m = kM;
-    tp_.n = kN;
-    tp_.k = kK;
+    tp_.m = m;
+    tp_.n = n;
+    tp_.k = k;
     tp_.dtype = DType::kBF16;
     tp_.b_layout = BLayout::kKN;
     return {};
