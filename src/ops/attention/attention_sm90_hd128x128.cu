@@ -5,7 +5,7 @@
 namespace loom::ops::attention {
 
 Status launch_flash_128x128(const kernels::attention::FlashParams& p, bool bf16, bool causal, int grid, cudaStream_t stream) {
-  return launch_flash<kernels::attention::Flash128x128>(p, bf16, causal, grid, stream);
+  return launch_variant<kernels::attention::Flash128x128, FlashKernels>(p, bf16, causal, grid, stream);
 }
 
 }  // namespace loom::ops::attention

@@ -5,7 +5,7 @@
 namespace loom::ops::attention {
 
 Status launch_flash_256x80(const kernels::attention::FlashParams& p, bool bf16, bool causal, int grid, cudaStream_t stream) {
-  return launch_flash<kernels::attention::Flash256x80>(p, bf16, causal, grid, stream);
+  return launch_variant<kernels::attention::Flash256x80, FlashKernels>(p, bf16, causal, grid, stream);
 }
 
 }  // namespace loom::ops::attention

@@ -5,33 +5,29 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
+
 #include "kernels/attention/sm90_flash_fwd.cuh"
 #include "loom/status.h"
 #include "ops/launch/kernel_launch.h"
 
 namespace loom::ops::attention {
 
-// kernel_of.template operator()<kBF16, kCausal>() is the kernel of one variant of Cfg.
-template <class Cfg, class Params, class KernelOf>
-Status launch_variant(const KernelOf& kernel_of, const Params& p, bool bf16, bool causal, int grid, cudaStream_t stream) {
-  auto* kernel = bf16 ? (causal ? kernel_of.template operator()<true, true>() : kernel_of.template operator()<true, false>())
-                      : (causal ? kernel_of.template operator()<false, true>() : kernel_of.template operator()<false, false>());
-  return launch_kernel(kernel, static_cast<unsigned>(grid), Cfg::kThreads, Cfg::kSmemBytes, stream, p);
+// Launches the variant of one configuration's kernel a call needs. `Kernels::of<Cfg, kBF16,
+// kCausal>` is the kernel of a variant (a struct per kernel family: a function template cannot be
+// a template argument).
+template <class Cfg, class Kernels, class Params>
+Status launch_variant(const Params& p, bool bf16, bool causal, int grid, cudaStream_t stream) {
+  constexpr std::array<void (*)(Params), 4> kVariants{
+      Kernels::template of<Cfg, true, true>, Kernels::template of<Cfg, true, false>,
+      Kernels::template of<Cfg, false, true>, Kernels::template of<Cfg, false, false>};
+  const size_t variant = (bf16 ? 0 : 2) + (causal ? 0 : 1);
+  return launch_kernel(kVariants[variant], static_cast<unsigned>(grid), Cfg::kThreads, Cfg::kSmemBytes, stream, p);
 }
 
-// A struct, not a template lambda: nvcc warns that a template lambda's conversion to a function
-// pointer does not use its template parameters.
-template <class Cfg>
-struct FlashKernelOf {
-  template <bool kBF16, bool kCausal>
-  auto operator()() const {
-    return &kernels::attention::sm90_flash_fwd_kernel<Cfg, kBF16, kCausal>;
-  }
+struct FlashKernels {
+  template <class Cfg, bool kBF16, bool kCausal>
+  static constexpr auto of = &kernels::attention::sm90_flash_fwd_kernel<Cfg, kBF16, kCausal>;
 };
-
-template <class Cfg>
-Status launch_flash(const kernels::attention::FlashParams& p, bool bf16, bool causal, int grid, cudaStream_t stream) {
-  return launch_variant<Cfg>(FlashKernelOf<Cfg>{}, p, bf16, causal, grid, stream);
-}
 
 }  // namespace loom::ops::attention

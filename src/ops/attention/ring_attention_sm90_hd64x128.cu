@@ -5,7 +5,7 @@
 namespace loom::ops::attention {
 
 Status launch_ring_64x128(const kernels::attention::RingParams& p, bool bf16, bool causal, int grid, cudaStream_t stream) {
-  return launch_ring_instance<kernels::attention::Flash64x128>(p, bf16, causal, grid, stream);
+  return launch_variant<kernels::attention::Flash64x128, RingKernels>(p, bf16, causal, grid, stream);
 }
 
 }  // namespace loom::ops::attention

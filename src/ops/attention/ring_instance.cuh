@@ -1,5 +1,5 @@
-// Instantiates the ring attention kernel for one configuration (bf16/fp16 x causal) and launches
-// the variant a call needs. Included by exactly one ring_attention_sm90_hd<D>.cu each.
+// The ring attention kernel's variants (bf16/fp16 x causal) for launch_variant (flash_instance.cuh).
+// Included by exactly one ring_attention_sm90_hd<D>.cu each, which instantiates one configuration.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -10,17 +10,9 @@
 
 namespace loom::ops::attention {
 
-template <class Cfg>
-struct RingKernelOf {
-  template <bool kBF16, bool kCausal>
-  auto operator()() const {
-    return &kernels::attention::sm90_ring_attention_kernel<Cfg, kBF16, kCausal>;
-  }
+struct RingKernels {
+  template <class Cfg, bool kBF16, bool kCausal>
+  static constexpr auto of = &kernels::attention::sm90_ring_attention_kernel<Cfg, kBF16, kCausal>;
 };
-
-template <class Cfg>
-Status launch_ring_instance(const kernels::attention::RingParams& p, bool bf16, bool causal, int grid, cudaStream_t stream) {
-  return launch_variant<Cfg>(RingKernelOf<Cfg>{}, p, bf16, causal, grid, stream);
-}
 
 }  // namespace loom::ops::attention

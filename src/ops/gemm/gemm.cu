@@ -142,13 +142,7 @@ namespace loom {
 
 Result<GemmPlanInfo> gemm_plan(const GemmArgs& args, const GemmOptions& options) {
   LOOM_ASSIGN_OR_RETURN(const ops::GemmLaunchPlan plan, ops::plan_gemm_launch(args, options));
-  GemmPlanInfo info;
-  info.tile = plan.tile;
-  info.tile_info = gemm_tile_info(plan.tile);
-  info.grid = plan.num_ctas;
-  info.group_m = plan.group_m;
-  info.tiles = plan.m_blocks * plan.n_blocks;
-  return info;
+  return GemmPlanInfo{plan.tile, gemm_tile_info(plan.tile), plan.num_ctas, plan.group_m, plan.m_blocks * plan.n_blocks};
 }
 
 Status gemm(const GemmArgs& args, cudaStream_t stream, const GemmOptions& options) {

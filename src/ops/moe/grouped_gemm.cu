@@ -37,14 +37,8 @@ Result<GroupedGemmPlanInfo> grouped_gemm_plan(const GroupedGemmArgs& args, const
   LOOM_TRY(grouped_gemm_can_implement(args, options));
   LOOM_ASSIGN_OR_RETURN(planner::GemmDeviceLimits limits, ops::gemm_device_limits());
   LOOM_ASSIGN_OR_RETURN(planner::GroupedGemmPlan plan, planner::plan_grouped_gemm(args, options, limits));
-  GroupedGemmPlanInfo info;
-  info.tile = plan.tile;
-  info.tile_info = gemm_tile_info(plan.tile);
-  info.grid = plan.num_ctas;
-  info.rows = plan.rows;
-  info.max_tiles = plan.max_tile_rows * plan.n_blocks;
-  info.workspace_bytes = grouped_gemm_workspace_bytes(args);
-  return info;
+  return GroupedGemmPlanInfo{plan.tile, gemm_tile_info(plan.tile), plan.num_ctas, plan.rows,
+                             plan.max_tile_rows * plan.n_blocks, grouped_gemm_workspace_bytes(args)};
 }
 
 Status grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream, const GroupedGemmOptions& options) {
