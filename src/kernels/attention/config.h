@@ -55,20 +55,12 @@ struct FlashConfig {
   static_assert(kQStages == 1 || kQStages == 2, "Q has one slot, or two so the next tile's Q loads early");
   static_assert(kConsumerRows == 64, "each consumer warpgroup owns one m64 row block");
 
-  // Registers: the producer warpgroup gives registers to the consumers (128 * producer + 256 *
-  // consumer <= 65536). A producer whose keys policy tracks more (ring attention's: segments,
-  // arrival waits) spills below 56 and keeps that many; the standalone engine's keeps 40 and its
-  // consumers get 232. hd256's consumers (O alone is 128 registers) always get 232.
-  template <bool kLargeProducer>
-  static constexpr int producer_regs() {
-    return kLargeProducer && kHeadDim != 256 ? 56 : 40;
-  }
-  template <bool kLargeProducer>
-  static constexpr int consumer_regs() {
-    return (65536 / 128 - producer_regs<kLargeProducer>()) / kConsumers / 8 * 8;
-  }
-  static_assert(consumer_regs<false>() == 232 && consumer_regs<true>() == (kHeadDim == 256 ? 232 : 224),
-                "the register split: 40 / 232, or 56 / 224 for a large producer below hd256");
+  // Registers: the producer gives registers to the consumers (128 * producer + 256 * consumer <=
+  // 65536). Ring attention's producer (its keys policy: segments, arrival waits) spills below 56;
+  // hd256's consumers (O alone is 128 registers) need 232, and their producer gets 40.
+  static constexpr int kProducerRegs = kHeadDim == 256 ? 40 : 56;
+  static constexpr int kConsumerRegs = kHeadDim == 256 ? 232 : 224;
+  static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "the register split exceeds the SM's registers");
 
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2;
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * 2;

@@ -113,7 +113,6 @@ struct TileView {
 // a sequence sits at position i + len_k - len_q (causal masks aligned to the bottom right).
 template <int kBlockM, int kBlockN, bool kCausal>
 struct SequenceKeys {
-  static constexpr bool kLargeProducer = false;  // FlashConfig::producer_regs
   const FlashParams& p;
   uint32_t pairs;  // batch * heads_q
 
@@ -512,10 +511,10 @@ __device__ void run_attention(const typename FlashForward<Cfg, kBF16, kCausal, K
                               const Keys& keys, const WaitContext& ctx) {
   using Fwd = FlashForward<Cfg, kBF16, kCausal, Keys>;
   if (static_cast<WarpGroupRole>(threadIdx.x / 128) == WarpGroupRole::kProducer) {
-    sm90::setmaxnreg_dec<Cfg::template producer_regs<Keys::kLargeProducer>()>();
+    sm90::setmaxnreg_dec<Cfg::kProducerRegs>();
     if (threadIdx.x == 0) Fwd::producer(sm, p, keys, ctx);
   } else {
-    sm90::setmaxnreg_inc<Cfg::template consumer_regs<Keys::kLargeProducer>()>();
+    sm90::setmaxnreg_inc<Cfg::kConsumerRegs>();
     Fwd::consumer(sm, p, keys, ctx, threadIdx.x / 128 - 1);
   }
 }

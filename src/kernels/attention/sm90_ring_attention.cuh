@@ -119,7 +119,6 @@ struct RingPushList {
 // in the whole sequence.
 template <int kBlockM, int kBlockN, bool kCausal>
 struct RingKeys {
-  static constexpr bool kLargeProducer = true;  // FlashConfig::producer_regs: segments and arrival waits
   const RingParams& p;
   uint64_t epoch;
   int32_t world, me, half;  // half = S_l / 2 (causal)
