@@ -148,8 +148,9 @@ struct MoeReport {
 Result<MoeReport> moe_report(Communicator& comm, const MoePlan& plan, cudaStream_t stream);
 
 // ---- grouped GEMM ------------------------------------------------------------------------------
-// loom::grouped_gemm: for every expert e, D_e = A_e * B_e^T (B_e an nn.Linear weight), all experts
-// in one persistent kernel of loom's GEMM engine; fp32 accumulation.
+// loom::grouped_gemm: for every expert e, D_e = A_e * B_e^T (B_e an nn.Linear weight [N, K]; or
+// A_e * B_e with B_e [K, N]), all experts in one persistent kernel of loom's GEMM engine; fp32
+// accumulation.
 //
 //   layout kContiguous (rows grouped by expert, e.g. after a MoE dispatch):
 //     A        [M_total, K] row-major                      bf16 or fp16
@@ -161,7 +162,8 @@ Result<MoeReport> moe_report(Communicator& comm, const MoePlan& plan, cudaStream
 //     A        [E, capacity, K]
 //     counts   int32 [E], device memory: rows [0, counts[e]) of expert e are valid
 //     D        [E, capacity, N]; rows >= counts[e] are not written
-//   B          [E, N, K] row-major (one [N, K] weight per expert), same type as A
+//   B          b_layout kNK: [E, N, K] row-major (one nn.Linear weight [N, K] per expert), or
+//              b_layout kKN: [E, K, N] row-major (one [K, N] matrix per expert); same type as A
 //
 // The per-expert row counts stay on the device: a small plan kernel turns them into the tile list
 // in `workspace`, the GEMM kernel reads it (no host synchronization; the call is asynchronous on
@@ -177,7 +179,7 @@ Result<MoeReport> moe_report(Communicator& comm, const MoePlan& plan, cudaStream
 //   invalid_argument: null a, b or d; null offsets (contiguous) or counts (masked); pointers not
 //                     16-byte aligned (offsets / counts: 4-byte); E < 1; negative M_total or
 //                     capacity; a missing, small or misaligned workspace; D overlapping A or B;
-//                     an unknown layout, dtype or option.
+//                     an unknown layout, B layout, dtype or option.
 //   unsupported:      N or K not a positive multiple of 8 (TMA needs 16-byte row strides), fp32
 //                     inputs, rows of A (M_total or E * capacity), N, K or E of 2^31 or more,
 //                     a forced tile that does not fit the device.
@@ -197,7 +199,7 @@ Result<GroupedLayout> parse_grouped_layout(std::string_view name);
 struct GroupedGemmArgs {
   GroupedLayout layout = GroupedLayout::kContiguous;
   const void* a = nullptr;
-  const void* b = nullptr;  // [E, N, K]
+  const void* b = nullptr;  // [E, N, K] (b_layout kNK) or [E, K, N] (kKN)
   void* d = nullptr;
   const int32_t* offsets = nullptr;  // kContiguous: [E + 1], device memory
   const int32_t* counts = nullptr;   // kMasked: [E], device memory
@@ -207,6 +209,7 @@ struct GroupedGemmArgs {
   int64_t num_experts = 0;           // E
   DType in_dtype = DType::kBF16;     // A and B: bf16 or fp16
   DType out_dtype = DType::kBF16;    // D: bf16, fp16 or fp32
+  BLayout b_layout = BLayout::kNK;   // B: [E, N, K] (nn.Linear weights) or kKN [E, K, N]
   void* workspace = nullptr;         // device memory, grouped_gemm_workspace_bytes(args)
   size_t workspace_bytes = 0;
 };

@@ -157,9 +157,10 @@ def ring_attention(comm: CommLike, q: DLPackArray, k: DLPackArray, v: DLPackArra
 
 def grouped_gemm(a: DLPackArray, b: DLPackArray, d: Out, *, workspace: DLPackArray,
                  offsets: Optional[DLPackArray] = None, counts: Optional[DLPackArray] = None,
-                 stream: StreamArg = None, tile: str = "auto", num_ctas: int = 0) -> Out:
+                 stream: StreamArg = None, tile: str = "auto", num_ctas: int = 0, b_layout: str = "nk") -> Out:
     """d_e = a_e @ b_e^T for every expert e in one kernel (MoE expert GEMM on one GPU); b [E, N, K]
-    (one nn.Linear weight per expert), bf16 or fp16; d bf16, fp16 or fp32; fp32 accumulation.
+    (one nn.Linear weight per expert; b_layout 'kn': b [E, K, N] and d_e = a_e @ b_e), bf16 or
+    fp16; d bf16, fp16 or fp32; fp32 accumulation.
 
     Contiguous layout (offsets given): a [M, K] with rows grouped by expert, offsets int32 [E + 1]
     on the GPU (expert e owns rows offsets[e] .. offsets[e+1], any count including 0), d [M, N].
@@ -168,7 +169,8 @@ def grouped_gemm(a: DLPackArray, b: DLPackArray, d: Out, *, workspace: DLPackArr
     grouped_gemm_workspace_bytes(M or C, E, masked) / 4 elements, one call at a time. The counts
     stay on the GPU: no host synchronization."""
     device = _device_of(a) if stream is not None else None
-    _C.grouped_gemm(a, b, d, offsets, counts, workspace, _stream(stream, a, "grouped_gemm", device), tile, num_ctas)
+    _C.grouped_gemm(a, b, d, offsets, counts, workspace, _stream(stream, a, "grouped_gemm", device), tile, num_ctas,
+                    b_layout)
     return d
 
 

@@ -191,7 +191,8 @@ _lib.define("attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? s
             "Tensor? cu_seqlens_k=None, int max_seqlen_q=0, int max_seqlen_k=0, bool partial=False) -> (Tensor, Tensor)")
 _lib.define("attention_merge(Tensor partial_out, Tensor partial_lse, ScalarType? out_dtype=None) -> (Tensor, Tensor)")
 _lib.define("ring_attention(int comm, Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None) -> (Tensor, Tensor)")
-_lib.define("grouped_gemm(Tensor a, Tensor b, Tensor? offsets=None, Tensor? counts=None, ScalarType? out_dtype=None) -> Tensor")
+_lib.define("grouped_gemm(Tensor a, Tensor b, Tensor? offsets=None, Tensor? counts=None, ScalarType? out_dtype=None, "
+            "str b_layout=\"nk\") -> Tensor")
 
 OPS = ("gemm", "all_gather", "reduce_scatter", "all_reduce", "ag_gemm", "gemm_rs", "gemm_ar", "attention",
        "attention_merge", "ring_attention", "grouped_gemm")
@@ -460,18 +461,21 @@ def _ring_attention_fake(comm, q, k, v, causal=False, scale=None):
 
 # grouped GEMM (MoE experts) ----------------------------------------------------------------------
 
-def _grouped_shapes(a, b, offsets, counts, out_dtype) -> tuple:
+def _grouped_shapes(a, b, offsets, counts, out_dtype, b_layout) -> tuple:
     """(d shape, d dtype, workspace rows, masked) with the shape rules checked (loom/moe.h)."""
     op = "grouped_gemm"
     if (offsets is None) == (counts is None):
         raise _invalid(op, "give exactly one of offsets (the contiguous layout) and counts (the masked layout)")
+    if b_layout not in ("nk", "kn"):
+        raise _invalid(op, f"b_layout {b_layout!r}: expected 'nk' (b [E, N, K]) or 'kn' (b [E, K, N])")
+    b_shape = "[E, N, K]" if b_layout == "nk" else "[E, K, N]"
     if b.dim() != 3:
-        raise _invalid(op, f"b must be [E, N, K], got {list(b.shape)}")
+        raise _invalid(op, f"b must be {b_shape}, got {list(b.shape)}")
     if a.dtype != b.dtype or a.dtype not in _HALF:
         raise _invalid(op, f"a and b must both be bfloat16 or both float16, got {a.dtype} and {b.dtype}")
     if out_dtype is not None and out_dtype not in _FLOAT:
         raise _invalid(op, f"out_dtype {out_dtype}: expected bfloat16, float16 or float32")
-    e, n, k = b.shape
+    e, n, k = b.shape if b_layout == "nk" else (b.shape[0], b.shape[2], b.shape[1])
     masked = counts is not None
     rows = counts if masked else offsets
     want = e if masked else e + 1
@@ -487,18 +491,18 @@ def _grouped_shapes(a, b, offsets, counts, out_dtype) -> tuple:
 
 
 @_impl("grouped_gemm")
-def _grouped_gemm_impl(a, b, offsets=None, counts=None, out_dtype=None):
-    shape, dtype, rows, masked = _grouped_shapes(a, b, offsets, counts, out_dtype)
+def _grouped_gemm_impl(a, b, offsets=None, counts=None, out_dtype=None, b_layout="nk"):
+    shape, dtype, rows, masked = _grouped_shapes(a, b, offsets, counts, out_dtype, b_layout)
     d = a.new_zeros(shape, dtype=dtype)  # rows outside every expert stay zero
     words = max(1, -(-_C.grouped_gemm_workspace_bytes(rows, b.shape[0], masked) // 4))
     workspace = a.new_empty((words,), dtype=torch.int32)
-    _C.grouped_gemm(a, b, d, offsets, counts, workspace, _stream(a.get_device()))
+    _C.grouped_gemm(a, b, d, offsets, counts, workspace, _stream(a.get_device()), b_layout=b_layout)
     return d
 
 
 @_fake("grouped_gemm")
-def _grouped_gemm_fake(a, b, offsets=None, counts=None, out_dtype=None):
-    shape, dtype, _, _ = _grouped_shapes(a, b, offsets, counts, out_dtype)
+def _grouped_gemm_fake(a, b, offsets=None, counts=None, out_dtype=None, b_layout="nk"):
+    shape, dtype, _, _ = _grouped_shapes(a, b, offsets, counts, out_dtype, b_layout)
     return a.new_empty(shape, dtype=dtype)
 
 
@@ -565,11 +569,13 @@ def ring_attention(comm: CommLike, q: torch.Tensor, k: torch.Tensor, v: torch.Te
 
 
 def grouped_gemm(a: torch.Tensor, b: torch.Tensor, *, offsets: Optional[torch.Tensor] = None,
-                 counts: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    """d_e = a_e @ b_e^T for every expert e (MoE expert GEMM on one GPU), b [E, N, K]. Contiguous
-    (offsets int32 [E + 1]): a [M, K] -> d [M, N]; masked (counts int32 [E]): a [E, C, K] -> d [E, C, N].
-    Rows outside every expert are zero. See loom.grouped_gemm."""
-    return torch.ops.loom.grouped_gemm.default(a, b, offsets, counts, out_dtype)
+                 counts: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None,
+                 b_layout: str = "nk") -> torch.Tensor:
+    """d_e = a_e @ b_e^T for every expert e (MoE expert GEMM on one GPU), b [E, N, K] (b_layout 'kn':
+    b [E, K, N], d_e = a_e @ b_e). Contiguous (offsets int32 [E + 1]): a [M, K] -> d [M, N]; masked
+    (counts int32 [E]): a [E, C, K] -> d [E, C, N]. Rows outside every expert are zero. See
+    loom.grouped_gemm."""
+    return torch.ops.loom.grouped_gemm.default(a, b, offsets, counts, out_dtype, b_layout)
 
 
 def zigzag_shard(x: torch.Tensor, world: int, rank: int, dim: int = 1) -> torch.Tensor:

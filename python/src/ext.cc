@@ -740,10 +740,11 @@ struct GroupedGemmCall {
 };
 
 // Contiguous (offsets given): a [M, K], offsets int32 [E + 1], d [M, N]. Masked (counts given):
-// a [E, C, K], counts int32 [E], d [E, C, N]. b [E, N, K]; workspace int32 of at least
-// grouped_gemm_workspace_bytes / 4 elements.
+// a [E, C, K], counts int32 [E], d [E, C, N]. b [E, N, K] (b_layout 'nk') or [E, K, N] ('kn');
+// workspace int32 of at least grouped_gemm_workspace_bytes / 4 elements.
 GroupedGemmCall prepare_grouped_gemm(nb::handle a, nb::handle b, nb::handle d, nb::handle offsets, nb::handle counts,
-                                     nb::handle workspace, uintptr_t stream, std::string_view tile, int num_ctas) {
+                                     nb::handle workspace, uintptr_t stream, std::string_view tile, int num_ctas,
+                                     std::string_view b_layout) {
   const char* op = "grouped_gemm";
   const int rank = -1;
   GroupedGemmCall c;
@@ -756,11 +757,14 @@ GroupedGemmCall prepare_grouped_gemm(nb::handle a, nb::handle b, nb::handle d, n
   c.d = tensor_arg(d, "d", op, rank);
   c.rows = tensor_arg(masked ? counts : offsets, masked ? "counts" : "offsets", op, rank, /*int32=*/true);
   c.workspace = tensor_arg(workspace, "workspace", op, rank, /*int32=*/true);
-  require_ndim(c.b, 3, "[E, N, K]", op, rank);
+  const BLayout layout = layout_of(b_layout, op, rank);
+  const bool kn = layout == BLayout::kKN;
+  const char* b_shape = kn ? "[E, K, N]" : "[E, N, K]";
+  require_ndim(c.b, 3, b_shape, op, rank);
   require_same_dtype(c.a, c.b, op, rank);
   require_half(c.a, op, rank);
   require_ndim(c.workspace, 1, "[n] int32", op, rank);
-  const int64_t experts = c.b.dim(0), n = c.b.dim(1), k = c.b.dim(2);
+  const int64_t experts = c.b.dim(0), n = c.b.dim(kn ? 2 : 1), k = c.b.dim(kn ? 1 : 2);
   GroupedGemmArgs& g = c.args;
   if (masked) {
     require_ndim(c.a, 3, "[E, capacity, K]", op, rank);
@@ -768,7 +772,7 @@ GroupedGemmCall prepare_grouped_gemm(nb::handle a, nb::handle b, nb::handle d, n
     require_ndim(c.rows, 1, "[E] int32", op, rank);
     if (c.a.dim(0) != experts || c.a.dim(2) != k || c.rows.dim(0) != experts) {
       invalid(op, rank, "a " + c.a.shape_text() + " and counts " + c.rows.shape_text() + " must be [E, capacity, K] and [E] for b " +
-                            c.b.shape_text() + " [E, N, K]");
+                            c.b.shape_text() + " " + b_shape);
     }
     if (c.d.dim(0) != experts || c.d.dim(1) != c.a.dim(1) || c.d.dim(2) != n) {
       invalid(op, rank, "d " + c.d.shape_text() + " must be [E, capacity, N] = [" + std::to_string(experts) + ", " +
@@ -782,7 +786,7 @@ GroupedGemmCall prepare_grouped_gemm(nb::handle a, nb::handle b, nb::handle d, n
     require_ndim(c.rows, 1, "[E + 1] int32", op, rank);
     if (c.a.dim(1) != k || c.rows.dim(0) != experts + 1) {
       invalid(op, rank, "a " + c.a.shape_text() + " and offsets " + c.rows.shape_text() + " must be [M, K] and [E + 1] for b " +
-                            c.b.shape_text() + " [E, N, K]");
+                            c.b.shape_text() + " " + b_shape);
     }
     require_shape(c.d, c.a.dim(0), n, "[M, N]", op, rank);
     g.layout = GroupedLayout::kContiguous;
@@ -797,6 +801,7 @@ GroupedGemmCall prepare_grouped_gemm(nb::handle a, nb::handle b, nb::handle d, n
   g.num_experts = experts;
   g.in_dtype = c.a.dtype;
   g.out_dtype = c.d.dtype;
+  g.b_layout = layout;
   g.workspace = c.workspace.data;
   g.workspace_bytes = c.workspace.bytes();
   c.options.tile = tile_of(tile, op, rank);
@@ -1037,12 +1042,13 @@ NB_MODULE(_C, m) {
   m.def(
       "grouped_gemm",
       [](nb::handle a, nb::handle b, nb::handle d, nb::handle offsets, nb::handle counts, nb::handle workspace,
-         uintptr_t stream, std::string_view tile, int num_ctas) {
-        run(prepare_grouped_gemm(a, b, d, offsets, counts, workspace, stream, tile, num_ctas));
+         uintptr_t stream, std::string_view tile, int num_ctas, std::string_view b_layout) {
+        run(prepare_grouped_gemm(a, b, d, offsets, counts, workspace, stream, tile, num_ctas, b_layout));
       },
       "a"_a.none(), "b"_a.none(), "d"_a.none(), "offsets"_a.none(), "counts"_a.none(), "workspace"_a.none(),
-      "stream"_a, "tile"_a = "auto", "num_ctas"_a = 0,
-      "d_e = a_e @ b_e^T for every expert e (MoE grouped GEMM on one GPU); offsets: contiguous rows, counts: masked.");
+      "stream"_a, "tile"_a = "auto", "num_ctas"_a = 0, "b_layout"_a = "nk",
+      "d_e = a_e @ b_e^T (b [E, N, K], b_layout 'nk') or a_e @ b_e (b [E, K, N], 'kn') for every expert e (MoE "
+      "grouped GEMM on one GPU); offsets: contiguous rows, counts: masked.");
   m.def(
       "grouped_gemm_workspace_bytes",
       [](int64_t rows, int64_t num_experts, bool masked) {

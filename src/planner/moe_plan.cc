@@ -193,6 +193,9 @@ Status grouped_gemm_can_implement(const GroupedGemmArgs& args, const GroupedGemm
   if (args.layout != GroupedLayout::kContiguous && !masked) {
     return Status::invalid_argument("grouped_gemm: unknown layout");
   }
+  if (args.b_layout != BLayout::kNK && args.b_layout != BLayout::kKN) {
+    return Status::invalid_argument("grouped_gemm: unknown b_layout");
+  }
   if (args.a == nullptr) return Status::invalid_argument("grouped_gemm: a is null");
   if (args.b == nullptr) return Status::invalid_argument("grouped_gemm: b is null");
   if (args.d == nullptr) return Status::invalid_argument("grouped_gemm: d is null");

@@ -63,6 +63,17 @@ TEST(GroupedGemmValidation, AcceptsBothLayouts) {
   EXPECT_TRUE(grouped_gemm_can_implement(a).ok());
 }
 
+TEST(GroupedGemmValidation, BLayouts) {
+  GroupedGemmArgs a = contiguous_args();
+  a.b_layout = BLayout::kKN;  // [E, K, N]
+  EXPECT_TRUE(grouped_gemm_can_implement(a).ok()) << grouped_gemm_can_implement(a).to_string();
+  GroupedGemmArgs m = masked_args();
+  m.b_layout = BLayout::kKN;
+  EXPECT_TRUE(grouped_gemm_can_implement(m).ok()) << grouped_gemm_can_implement(m).to_string();
+  a.b_layout = static_cast<BLayout>(5);
+  expect_code(a, StatusCode::kInvalidArgument, "b_layout");
+}
+
 TEST(GroupedGemmValidation, NoRowsNeedsNoWorkspace) {
   GroupedGemmArgs a = contiguous_args();
   a.m_total = 0;

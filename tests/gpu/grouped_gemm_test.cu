@@ -1,5 +1,5 @@
-// loom::grouped_gemm on one GPU: both layouts, bf16 and fp16 inputs, every tile configuration,
-// against an fp32 reference of each expert's product computed on the GPU (CUDA cores,
+// loom::grouped_gemm on one GPU: both layouts, B as [E, N, K] and [E, K, N], bf16 and fp16 inputs,
+// every tile configuration, against an fp32 reference of each expert's product computed on the GPU (CUDA cores,
 // kernels/gemm/reference.cuh).
 //
 // Inputs: A uniform in [-1, 1), B (nn.Linear-like) uniform in [-1, 1) / sqrt(K), fresh seeds per
@@ -101,12 +101,14 @@ struct GroupedCase {
   int num_ctas = 0;
   uint64_t seed = 1;
   uint32_t expect_clamped = 0;
+  BLayout b_layout = BLayout::kNK;  // B [E, N, K], or kKN [E, K, N]
 };
 
 std::string describe(const GroupedCase& c) {
   std::ostringstream s;
   s << c.name << " [" << grouped_layout_name(c.layout) << ", " << dtype_name(c.in) << "->" << dtype_name(c.out)
-    << ", N " << c.n << ", K " << c.k << ", tile " << gemm_tile_name(c.tile) << ", E " << c.counts.size();
+    << ", B " << (c.b_layout == BLayout::kKN ? "[E, K, N]" : "[E, N, K]") << ", N " << c.n << ", K " << c.k
+    << ", tile " << gemm_tile_name(c.tile) << ", E " << c.counts.size();
   if (c.layout == GroupedLayout::kMasked) s << ", capacity " << c.capacity;
   s << ", counts";
   for (size_t e = 0; e < c.counts.size() && e < 24; ++e) s << ' ' << c.counts[e];
@@ -147,7 +149,9 @@ void run_case(const GroupedCase& c) {
   DevBuf groups(static_cast<size_t>(experts + 1) * 4);
   ASSERT_TRUE(a.p && b.p && d.p && reference.p && groups.p);
   if (rows > 0) ref::fill_uniform<<<256, 256>>>(a.p, static_cast<int>(c.in), rows, c.k, c.k, c.seed * 2 + 1, 1.0f);
-  ref::fill_uniform<<<256, 256>>>(b.p, static_cast<int>(c.in), experts * c.n, c.k, c.k, c.seed * 2 + 2,
+  const bool b_kn = c.b_layout == BLayout::kKN;
+  const int64_t b_rows = b_kn ? c.k : c.n, b_cols = b_kn ? c.n : c.k;  // one expert's B
+  ref::fill_uniform<<<256, 256>>>(b.p, static_cast<int>(c.in), experts * b_rows, b_cols, b_cols, c.seed * 2 + 2,
                                   1.0f / std::sqrt(static_cast<float>(c.k)));
   GG_CUDA(cudaMemset(d.p, 0xFF, static_cast<size_t>(rows * c.n) * out_size));
   GG_CUDA(cudaMemset(reference.p, 0, static_cast<size_t>(rows * c.n) * 4));
@@ -171,6 +175,7 @@ void run_case(const GroupedCase& c) {
   args.num_experts = experts;
   args.in_dtype = c.in;
   args.out_dtype = c.out;
+  args.b_layout = c.b_layout;
   const size_t ws_bytes = grouped_gemm_workspace_bytes(args);
   DevBuf workspace(ws_bytes);
   ASSERT_TRUE(workspace.p);
@@ -191,12 +196,12 @@ void run_case(const GroupedCase& c) {
       const auto* pa = a.as<__nv_bfloat16>() + first[e] * c.k;
       const auto* pb = b.as<__nv_bfloat16>() + e * c.n * c.k;
       ref::gemm_fp32<__nv_bfloat16><<<grid, 256>>>(pa, pb, out, nullptr, static_cast<int>(valid[e]),
-                                                   static_cast<int>(c.n), static_cast<int>(c.k), c.k, c.k, false);
+                                                   static_cast<int>(c.n), static_cast<int>(c.k), c.k, b_cols, b_kn);
     } else {
       const auto* pa = a.as<__half>() + first[e] * c.k;
       const auto* pb = b.as<__half>() + e * c.n * c.k;
       ref::gemm_fp32<__half><<<grid, 256>>>(pa, pb, out, nullptr, static_cast<int>(valid[e]), static_cast<int>(c.n),
-                                            static_cast<int>(c.k), c.k, c.k, false);
+                                            static_cast<int>(c.k), c.k, b_cols, b_kn);
     }
   }
   GG_CUDA(cudaDeviceSynchronize());
@@ -315,6 +320,35 @@ TEST(GroupedGemmContiguous, CountsOfEveryKindFp16) {
     c.seed = ++seed;
     run_case(c);
   }
+}
+
+// B as [E, K, N] (each expert's B N-major): every tile, both input types, both row layouts.
+TEST(GroupedGemmBLayout, EKNWeightsEveryTile) {
+  REQUIRE_HOPPER();
+  uint64_t seed = 1500;
+  for (GemmTile t : kEveryTile) {
+    for (DType in : {DType::kBF16, DType::kF16}) {
+      GroupedCase c;
+      c.name = "B [E, K, N], mixed counts";
+      c.b_layout = BLayout::kKN;
+      c.counts = kMixedCounts;
+      c.n = 320;  // a partial tile column at every tile width
+      c.k = 264;  // a partial k-block
+      c.in = in;
+      c.out = in == DType::kBF16 ? DType::kBF16 : DType::kF32;
+      c.tile = t;
+      c.seed = ++seed;
+      run_case(c);
+    }
+  }
+  GroupedCase masked;
+  masked.name = "B [E, K, N], masked";
+  masked.layout = GroupedLayout::kMasked;
+  masked.b_layout = BLayout::kKN;
+  masked.counts = {0, 200, 7, 256};
+  masked.capacity = 256;
+  masked.seed = 1599;
+  run_case(masked);
 }
 
 TEST(GroupedGemmContiguous, NAndKTails) {
@@ -476,6 +510,11 @@ TEST(GroupedGemmApi, BadInputIsRefusedBeforeAnyLaunch) {
   args.num_experts = 2;
   args.k = 60;
   EXPECT_EQ(grouped_gemm(args, nullptr).code(), StatusCode::kUnsupported) << "K not a multiple of 8";
+  args.k = 64;
+  args.b_layout = static_cast<BLayout>(7);
+  const Status layout = grouped_gemm_can_implement(args);
+  EXPECT_EQ(layout.code(), StatusCode::kInvalidArgument) << layout.to_string();
+  EXPECT_NE(layout.message().find("b_layout"), std::string::npos) << layout.to_string();
 }
 
 TEST(GroupedGemmApi, PlanSizesTheWorkspaceAndGrid) {

@@ -176,6 +176,32 @@ def test_gemm(comm, seed, layout, in_dtype, out_dtype, mnk):
     assert out2.dtype == out_dtype and rel_err(out2, ref) < GEMM_TOLERANCE[out_dtype]
 
 
+@pytest.mark.parametrize("b_layout", ["nk", "kn"])
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+def test_grouped_gemm(comm, seed, b_layout, dtype):
+    """4 experts (one empty) over contiguous rows, b [E, N, K] or [E, K, N], against fp32; rows
+    outside every expert keep their NaN (loom.grouped_gemm) or are zero (torch op)."""
+    offsets = torch.tensor([8, 200, 200, 333, 500], dtype=torch.int32, device="cuda")  # rows 0..7 and 500.. unowned
+    k, n = 192, 320
+    a = rand(seed, f"grouped-a-{b_layout}", comm.rank, (520, k), dtype)
+    b = rand(seed, f"grouped-b-{b_layout}", comm.rank, (4, n, k) if b_layout == "nk" else (4, k, n), dtype, scale=k ** -0.5)
+    weights = b.float() if b_layout == "kn" else b.float().transpose(1, 2)
+    ref = torch.zeros(520, n, device="cuda")
+    bounds = offsets.tolist()
+    for e in range(4):
+        ref[bounds[e]:bounds[e + 1]] = a[bounds[e]:bounds[e + 1]].float() @ weights[e]
+    out = torch.full((520, n), NAN, dtype=dtype, device="cuda")
+    workspace = torch.empty(loom.grouped_gemm_workspace_bytes(520, 4) // 4 + 1, dtype=torch.int32, device="cuda")
+    loom.grouped_gemm(a, b, out, workspace=workspace, offsets=offsets, b_layout=b_layout)
+    torch.cuda.synchronize()
+    owned = slice(bounds[0], bounds[-1])
+    assert rel_err(out[owned], ref[owned]) < GEMM_TOLERANCE[dtype]
+    assert out[:bounds[0]].isnan().all() and out[bounds[-1]:].isnan().all()
+    d = lt.grouped_gemm(a, b, offsets=offsets, b_layout=b_layout)
+    torch.cuda.synchronize()
+    assert rel_err(d, ref) < GEMM_TOLERANCE[dtype]
+
+
 # ---- tensor-parallel GEMMs --------------------------------------------------------------------
 
 TP_CASES = [(256, 512, 1024), (2048, 1024, 512), (1000, 256, 128)]

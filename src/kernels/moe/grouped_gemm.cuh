@@ -191,15 +191,16 @@ struct GroupedGemmKernelParams {
   uint64_t ldd_bytes;
 };
 
-template <class Cfg, bool kBF16>
-using GroupedRole = gemm::ComputeRole<Cfg, kBF16, /*kBNMajor=*/false, gemm::TileScheduler<GroupedTiles>,
+// kBNMajor: B is [E, K, N] (each expert's B N-major) rather than [E, N, K].
+template <class Cfg, bool kBF16, bool kBNMajor>
+using GroupedRole = gemm::ComputeRole<Cfg, kBF16, kBNMajor, gemm::TileScheduler<GroupedTiles>,
                                       GroupedEpilogue<Cfg::kBlockM>>;
 
-template <class Cfg, bool kBF16>
+template <class Cfg, bool kBF16, bool kBNMajor>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     sm90_grouped_gemm_kernel(const __grid_constant__ GroupedGemmKernelParams p) {
   extern __shared__ __align__(1024) uint8_t smem[];
-  using Role = GroupedRole<Cfg, kBF16>;
+  using Role = GroupedRole<Cfg, kBF16, kBNMajor>;
   static_assert(gemm::TileScheduler<GroupedTiles>::kGroupedB && gemm::TileScheduler<GroupedTiles>::kRowRanges,
                 "the grouped GEMM's scheduler must hand out each tile's expert and row range");
   const WaitContext ctx = WaitContext::start(p.wait, OpId::kGemm, 0);
