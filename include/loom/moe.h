@@ -179,8 +179,9 @@ Result<MoeReport> moe_report(Communicator& comm, const MoePlan& plan, cudaStream
 //   invalid_argument: null a, b or d; null offsets (contiguous) or counts (masked); pointers not
 //                     16-byte aligned (offsets / counts: 4-byte); E < 1; negative M_total or
 //                     capacity; a missing, small or misaligned workspace; D overlapping A or B;
-//                     an unknown layout, B layout, dtype or option.
+//                     an unknown layout, B layout, activation, dtype or option.
 //   unsupported:      N or K not a positive multiple of 8 (TMA needs 16-byte row strides), fp32
+//                     (kSwiGLU: N not a multiple of 16, a forced tile with BLOCK_N 64),
 //                     inputs, rows of A (M_total or E * capacity), N, K or E of 2^31 or more,
 //                     a forced tile that does not fit the device.
 // Device-side values cannot be checked before the launch. Offsets must be non-decreasing within
@@ -189,6 +190,15 @@ Result<MoeReport> moe_report(Communicator& comm, const MoePlan& plan, cudaStream
 // word, so nothing outside A and D is ever read or written (overlapping ranges from
 // non-monotonic offsets leave the overlap's values unspecified).
 // M_total == 0 or capacity == 0 launches nothing.
+// What the epilogue applies to each output element.
+//   kNone:   D = A * B (per expert, as above), D [rows, N].
+//   kSwiGLU: the gate and up projections in one GEMM: B's N = 2I rows (kNK; columns for kKN) hold
+//            gate and up interleaved in groups of 8 — B row 16j + i is gate row 8j + i, row
+//            16j + 8 + i is up row 8j + i (i < 8; loom.torch.swiglu_weights builds it) — and
+//            D [rows, I] = silu(A * gate^T) * (A * up^T), in fp32 before the output rounding. N must
+//            be a multiple of 16, the tile's BLOCK_N at least 128 (the planner never picks 128x64).
+enum class GroupedActivation : uint8_t { kNone = 0, kSwiGLU = 1 };
+
 enum class GroupedLayout : uint8_t {
   kContiguous = 0,  // A [M_total, K] grouped by expert, offsets [E + 1]
   kMasked = 1,      // A [E, capacity, K], counts [E]
@@ -210,6 +220,7 @@ struct GroupedGemmArgs {
   DType in_dtype = DType::kBF16;     // A and B: bf16 or fp16
   DType out_dtype = DType::kBF16;    // D: bf16, fp16 or fp32
   BLayout b_layout = BLayout::kNK;   // B: [E, N, K] (nn.Linear weights) or kKN [E, K, N]
+  GroupedActivation activation = GroupedActivation::kNone;  // kSwiGLU: D has N / 2 columns (above)
   void* workspace = nullptr;         // device memory, grouped_gemm_workspace_bytes(args)
   size_t workspace_bytes = 0;
 };

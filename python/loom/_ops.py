@@ -157,7 +157,8 @@ def ring_attention(comm: CommLike, q: DLPackArray, k: DLPackArray, v: DLPackArra
 
 def grouped_gemm(a: DLPackArray, b: DLPackArray, d: Out, *, workspace: DLPackArray,
                  offsets: Optional[DLPackArray] = None, counts: Optional[DLPackArray] = None,
-                 stream: StreamArg = None, tile: str = "auto", num_ctas: int = 0, b_layout: str = "nk") -> Out:
+                 stream: StreamArg = None, tile: str = "auto", num_ctas: int = 0, b_layout: str = "nk",
+                 activation: str = "none") -> Out:
     """d_e = a_e @ b_e^T for every expert e in one kernel (MoE expert GEMM on one GPU); b [E, N, K]
     (one nn.Linear weight per expert; b_layout 'kn': b [E, K, N] and d_e = a_e @ b_e), bf16 or
     fp16; d bf16, fp16 or fp32; fp32 accumulation.
@@ -167,10 +168,11 @@ def grouped_gemm(a: DLPackArray, b: DLPackArray, d: Out, *, workspace: DLPackArr
     Masked layout (counts given): a [E, C, K], counts int32 [E], d [E, C, N]. Rows outside every
     expert are not written. workspace: int32 on the GPU with at least
     grouped_gemm_workspace_bytes(M or C, E, masked) / 4 elements, one call at a time. The counts
-    stay on the GPU: no host synchronization."""
+    stay on the GPU: no host synchronization. activation 'swiglu': b's N = 2I hold gate and up
+    interleaved by 8 (loom.torch.swiglu_weights), d = silu(a @ gate^T) * (a @ up^T) with I columns."""
     device = _device_of(a) if stream is not None else None
     _C.grouped_gemm(a, b, d, offsets, counts, workspace, _stream(stream, a, "grouped_gemm", device), tile, num_ctas,
-                    b_layout)
+                    b_layout, activation)
     return d
 
 

@@ -52,7 +52,7 @@ from ._errors import _invalid
 
 __all__ = ["empty", "handle", "register_communicator", "set_staging_budget", "gemm", "all_gather",
            "reduce_scatter", "all_reduce", "ag_gemm", "gemm_rs", "gemm_ar", "attention", "attention_merge",
-           "ring_attention", "zigzag_shard", "zigzag_unshard", "grouped_gemm"]
+           "ring_attention", "zigzag_shard", "zigzag_unshard", "grouped_gemm", "swiglu_weights"]
 
 _HALF = (torch.bfloat16, torch.float16)
 _FLOAT = (torch.bfloat16, torch.float16, torch.float32)
@@ -192,7 +192,7 @@ _lib.define("attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? s
 _lib.define("attention_merge(Tensor partial_out, Tensor partial_lse, ScalarType? out_dtype=None) -> (Tensor, Tensor)")
 _lib.define("ring_attention(int comm, Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None) -> (Tensor, Tensor)")
 _lib.define("grouped_gemm(Tensor a, Tensor b, Tensor? offsets=None, Tensor? counts=None, ScalarType? out_dtype=None, "
-            "str b_layout=\"nk\") -> Tensor")
+            "str b_layout=\"nk\", str activation=\"none\") -> Tensor")
 
 OPS = ("gemm", "all_gather", "reduce_scatter", "all_reduce", "ag_gemm", "gemm_rs", "gemm_ar", "attention",
        "attention_merge", "ring_attention", "grouped_gemm")
@@ -461,7 +461,7 @@ def _ring_attention_fake(comm, q, k, v, causal=False, scale=None):
 
 # grouped GEMM (MoE experts) ----------------------------------------------------------------------
 
-def _grouped_shapes(a, b, offsets, counts, out_dtype, b_layout) -> tuple:
+def _grouped_shapes(a, b, offsets, counts, out_dtype, b_layout, activation) -> tuple:
     """(d shape, d dtype, workspace rows, masked) with the shape rules checked (loom/moe.h)."""
     op = "grouped_gemm"
     if (offsets is None) == (counts is None):
@@ -476,6 +476,12 @@ def _grouped_shapes(a, b, offsets, counts, out_dtype, b_layout) -> tuple:
     if out_dtype is not None and out_dtype not in _FLOAT:
         raise _invalid(op, f"out_dtype {out_dtype}: expected bfloat16, float16 or float32")
     e, n, k = b.shape if b_layout == "nk" else (b.shape[0], b.shape[2], b.shape[1])
+    if activation not in ("none", "swiglu"):
+        raise _invalid(op, f"activation {activation!r}: expected 'none' or 'swiglu'")
+    if activation == "swiglu":
+        if n % 16 != 0:
+            raise _invalid(op, f"the SwiGLU epilogue needs N (gate and up interleaved by 8) a multiple of 16, got {n}")
+        n //= 2
     masked = counts is not None
     rows = counts if masked else offsets
     want = e if masked else e + 1
@@ -491,18 +497,19 @@ def _grouped_shapes(a, b, offsets, counts, out_dtype, b_layout) -> tuple:
 
 
 @_impl("grouped_gemm")
-def _grouped_gemm_impl(a, b, offsets=None, counts=None, out_dtype=None, b_layout="nk"):
-    shape, dtype, rows, masked = _grouped_shapes(a, b, offsets, counts, out_dtype, b_layout)
+def _grouped_gemm_impl(a, b, offsets=None, counts=None, out_dtype=None, b_layout="nk", activation="none"):
+    shape, dtype, rows, masked = _grouped_shapes(a, b, offsets, counts, out_dtype, b_layout, activation)
     d = a.new_zeros(shape, dtype=dtype)  # rows outside every expert stay zero
     words = max(1, -(-_C.grouped_gemm_workspace_bytes(rows, b.shape[0], masked) // 4))
     workspace = a.new_empty((words,), dtype=torch.int32)
-    _C.grouped_gemm(a, b, d, offsets, counts, workspace, _stream(a.get_device()), b_layout=b_layout)
+    _C.grouped_gemm(a, b, d, offsets, counts, workspace, _stream(a.get_device()), b_layout=b_layout,
+                    activation=activation)
     return d
 
 
 @_fake("grouped_gemm")
-def _grouped_gemm_fake(a, b, offsets=None, counts=None, out_dtype=None, b_layout="nk"):
-    shape, dtype, _, _ = _grouped_shapes(a, b, offsets, counts, out_dtype, b_layout)
+def _grouped_gemm_fake(a, b, offsets=None, counts=None, out_dtype=None, b_layout="nk", activation="none"):
+    shape, dtype, _, _ = _grouped_shapes(a, b, offsets, counts, out_dtype, b_layout, activation)
     return a.new_empty(shape, dtype=dtype)
 
 
@@ -570,12 +577,32 @@ def ring_attention(comm: CommLike, q: torch.Tensor, k: torch.Tensor, v: torch.Te
 
 def grouped_gemm(a: torch.Tensor, b: torch.Tensor, *, offsets: Optional[torch.Tensor] = None,
                  counts: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None,
-                 b_layout: str = "nk") -> torch.Tensor:
+                 b_layout: str = "nk", activation: str = "none") -> torch.Tensor:
     """d_e = a_e @ b_e^T for every expert e (MoE expert GEMM on one GPU), b [E, N, K] (b_layout 'kn':
     b [E, K, N], d_e = a_e @ b_e). Contiguous (offsets int32 [E + 1]): a [M, K] -> d [M, N]; masked
-    (counts int32 [E]): a [E, C, K] -> d [E, C, N]. Rows outside every expert are zero. See
-    loom.grouped_gemm."""
-    return torch.ops.loom.grouped_gemm.default(a, b, offsets, counts, out_dtype, b_layout)
+    (counts int32 [E]): a [E, C, K] -> d [E, C, N]. Rows outside every expert are zero. activation
+    'swiglu': b from swiglu_weights(gate, up), d = silu(a @ gate^T) * (a @ up^T) with N / 2 columns.
+    See loom.grouped_gemm."""
+    return torch.ops.loom.grouped_gemm.default(a, b, offsets, counts, out_dtype, b_layout, activation)
+
+
+def swiglu_weights(gate: torch.Tensor, up: torch.Tensor, b_layout: str = "nk") -> torch.Tensor:
+    """The weight grouped_gemm(activation='swiglu') takes: gate and up ([E, I, K] each, or [E, K, I]
+    with b_layout 'kn'; I a multiple of 8) interleaved by 8 along I into [E, 2I, K] ([E, K, 2I]):
+    rows 16j..16j+7 are gate rows 8j..8j+7, rows 16j+8..16j+15 up rows 8j..8j+7."""
+    if gate.shape != up.shape or gate.dim() != 3:
+        raise _invalid("swiglu_weights", f"gate and up must have one [E, I, K] shape, got {list(gate.shape)} and "
+                       f"{list(up.shape)}")
+    axis = 1 if b_layout == "nk" else 2
+    i = gate.shape[axis]
+    if i % 8 != 0 or b_layout not in ("nk", "kn"):
+        raise _invalid("swiglu_weights", f"I = {i} must be a multiple of 8 and b_layout 'nk' or 'kn' (got {b_layout!r})")
+    shape = list(gate.shape)
+    shape[axis : axis + 1] = [i // 8, 8]
+    both = torch.stack([gate.reshape(shape), up.reshape(shape)], dim=axis + 1)  # [..., I/8, 2, 8, ...]
+    out_shape = list(gate.shape)
+    out_shape[axis] = 2 * i
+    return both.reshape(out_shape)
 
 
 def zigzag_shard(x: torch.Tensor, world: int, rank: int, dim: int = 1) -> torch.Tensor:

@@ -744,7 +744,7 @@ struct GroupedGemmCall {
 // workspace int32 of at least grouped_gemm_workspace_bytes / 4 elements.
 GroupedGemmCall prepare_grouped_gemm(nb::handle a, nb::handle b, nb::handle d, nb::handle offsets, nb::handle counts,
                                      nb::handle workspace, uintptr_t stream, std::string_view tile, int num_ctas,
-                                     std::string_view b_layout) {
+                                     std::string_view b_layout, std::string_view activation) {
   const char* op = "grouped_gemm";
   const int rank = -1;
   GroupedGemmCall c;
@@ -765,7 +765,13 @@ GroupedGemmCall prepare_grouped_gemm(nb::handle a, nb::handle b, nb::handle d, n
   require_half(c.a, op, rank);
   require_ndim(c.workspace, 1, "[n] int32", op, rank);
   const int64_t experts = c.b.dim(0), n = c.b.dim(kn ? 2 : 1), k = c.b.dim(kn ? 1 : 2);
+  if (activation != "none" && activation != "swiglu") {
+    invalid(op, rank, "activation '" + std::string(activation) + "': expected 'none' or 'swiglu'");
+  }
+  const bool swiglu = activation == "swiglu";
+  const int64_t n_out = swiglu ? n / 2 : n;  // D's columns
   GroupedGemmArgs& g = c.args;
+  g.activation = swiglu ? GroupedActivation::kSwiGLU : GroupedActivation::kNone;
   if (masked) {
     require_ndim(c.a, 3, "[E, capacity, K]", op, rank);
     require_ndim(c.d, 3, "[E, capacity, N]", op, rank);
@@ -774,9 +780,10 @@ GroupedGemmCall prepare_grouped_gemm(nb::handle a, nb::handle b, nb::handle d, n
       invalid(op, rank, "a " + c.a.shape_text() + " and counts " + c.rows.shape_text() + " must be [E, capacity, K] and [E] for b " +
                             c.b.shape_text() + " " + b_shape);
     }
-    if (c.d.dim(0) != experts || c.d.dim(1) != c.a.dim(1) || c.d.dim(2) != n) {
-      invalid(op, rank, "d " + c.d.shape_text() + " must be [E, capacity, N] = [" + std::to_string(experts) + ", " +
-                            std::to_string(c.a.dim(1)) + ", " + std::to_string(n) + "]");
+    if (c.d.dim(0) != experts || c.d.dim(1) != c.a.dim(1) || c.d.dim(2) != n_out) {
+      invalid(op, rank, "d " + c.d.shape_text() + " must be [E, capacity, " + (swiglu ? "N / 2" : "N") + "] = [" +
+                            std::to_string(experts) + ", " + std::to_string(c.a.dim(1)) + ", " + std::to_string(n_out) +
+                            "]");
     }
     g.layout = GroupedLayout::kMasked;
     g.capacity = c.a.dim(1);
@@ -788,7 +795,7 @@ GroupedGemmCall prepare_grouped_gemm(nb::handle a, nb::handle b, nb::handle d, n
       invalid(op, rank, "a " + c.a.shape_text() + " and offsets " + c.rows.shape_text() + " must be [M, K] and [E + 1] for b " +
                             c.b.shape_text() + " " + b_shape);
     }
-    require_shape(c.d, c.a.dim(0), n, "[M, N]", op, rank);
+    require_shape(c.d, c.a.dim(0), n_out, swiglu ? "[M, N / 2]" : "[M, N]", op, rank);
     g.layout = GroupedLayout::kContiguous;
     g.m_total = c.a.dim(0);
     g.offsets = static_cast<const int32_t*>(c.rows.data);
@@ -1042,13 +1049,14 @@ NB_MODULE(_C, m) {
   m.def(
       "grouped_gemm",
       [](nb::handle a, nb::handle b, nb::handle d, nb::handle offsets, nb::handle counts, nb::handle workspace,
-         uintptr_t stream, std::string_view tile, int num_ctas, std::string_view b_layout) {
-        run(prepare_grouped_gemm(a, b, d, offsets, counts, workspace, stream, tile, num_ctas, b_layout));
+         uintptr_t stream, std::string_view tile, int num_ctas, std::string_view b_layout, std::string_view activation) {
+        run(prepare_grouped_gemm(a, b, d, offsets, counts, workspace, stream, tile, num_ctas, b_layout, activation));
       },
       "a"_a.none(), "b"_a.none(), "d"_a.none(), "offsets"_a.none(), "counts"_a.none(), "workspace"_a.none(),
-      "stream"_a, "tile"_a = "auto", "num_ctas"_a = 0, "b_layout"_a = "nk",
+      "stream"_a, "tile"_a = "auto", "num_ctas"_a = 0, "b_layout"_a = "nk", "activation"_a = "none",
       "d_e = a_e @ b_e^T (b [E, N, K], b_layout 'nk') or a_e @ b_e (b [E, K, N], 'kn') for every expert e (MoE "
-      "grouped GEMM on one GPU); offsets: contiguous rows, counts: masked.");
+      "grouped GEMM on one GPU); offsets: contiguous rows, counts: masked; activation 'swiglu': silu(gate) * up "
+      "over N interleaved by 8 (d has N / 2 columns).");
   m.def(
       "grouped_gemm_workspace_bytes",
       [](int64_t rows, int64_t num_experts, bool masked) {

@@ -196,6 +196,10 @@ Status grouped_gemm_can_implement(const GroupedGemmArgs& args, const GroupedGemm
   if (args.b_layout != BLayout::kNK && args.b_layout != BLayout::kKN) {
     return Status::invalid_argument("grouped_gemm: unknown b_layout");
   }
+  const bool swiglu = args.activation == GroupedActivation::kSwiGLU;
+  if (args.activation != GroupedActivation::kNone && !swiglu) {
+    return Status::invalid_argument("grouped_gemm: unknown activation");
+  }
   if (args.a == nullptr) return Status::invalid_argument("grouped_gemm: a is null");
   if (args.b == nullptr) return Status::invalid_argument("grouped_gemm: b is null");
   if (args.d == nullptr) return Status::invalid_argument("grouped_gemm: d is null");
@@ -235,6 +239,15 @@ Status grouped_gemm_can_implement(const GroupedGemmArgs& args, const GroupedGemm
     return Status::unsupported("grouped_gemm: N = " + num(args.n) +
                                ": N must be a positive multiple of 8 (D's rows must be a multiple of 16 bytes for TMA)");
   }
+  if (swiglu && args.n % 16 != 0) {
+    return Status::unsupported("grouped_gemm: N = " + num(args.n) +
+                               ": the SwiGLU epilogue needs N (gate and up interleaved by 8) to be a multiple of 16");
+  }
+  if (swiglu && options.tile != GemmTile::kAuto && gemm_tile_info(options.tile).block_n < planner::kSwiGluMinBlockN) {
+    return Status::unsupported("grouped_gemm: tile " + std::string(gemm_tile_name(options.tile)) +
+                               ": the SwiGLU epilogue needs BLOCK_N >= " + std::to_string(planner::kSwiGluMinBlockN) +
+                               " (a tile's BLOCK_N / 2 outputs fill whole 128-byte staged rows)");
+  }
   if (args.k == 0 || args.k % 8 != 0) {
     return Status::unsupported("grouped_gemm: K = " + num(args.k) +
                                ": K must be a positive multiple of 8 (A's and B's rows must be a multiple of 16 bytes "
@@ -270,7 +283,7 @@ Status grouped_gemm_can_implement(const GroupedGemmArgs& args, const GroupedGemm
   const size_t in_size = dtype_size(args.in_dtype), out_size = dtype_size(args.out_dtype);
   const Span a = span_of(args.a, rows * args.k, in_size);
   const Span b = span_of(args.b, args.num_experts * args.n * args.k, in_size);
-  const Span d = span_of(args.d, rows * args.n, out_size);
+  const Span d = span_of(args.d, rows * planner::grouped_gemm_out_cols(args), out_size);
   if (overlap(d, a)) return Status::invalid_argument("grouped_gemm: d overlaps a");
   if (overlap(d, b)) return Status::invalid_argument("grouped_gemm: d overlaps b");
   if (rows > 0) {
@@ -288,6 +301,10 @@ int64_t grouped_gemm_rows(const GroupedGemmArgs& args) {
   return args.layout == GroupedLayout::kMasked ? args.num_experts * args.capacity : args.m_total;
 }
 
+int64_t grouped_gemm_out_cols(const GroupedGemmArgs& args) {
+  return args.activation == GroupedActivation::kSwiGLU ? args.n / 2 : args.n;
+}
+
 GemmTile choose_grouped_gemm_tile(const GroupedGemmArgs& args, int sm_count, const GemmCostModel& model) {
   // Ties (within 0.1%) go to the earlier entry.
   static constexpr GemmTile kOrder[] = {GemmTile::k128x256, GemmTile::k128x128, GemmTile::k64x128, GemmTile::k128x64};
@@ -295,6 +312,7 @@ GemmTile choose_grouped_gemm_tile(const GroupedGemmArgs& args, int sm_count, con
   GemmTile best = kOrder[0];
   double best_s = 0;
   for (GemmTile t : kOrder) {
+    if (args.activation == GroupedActivation::kSwiGLU && gemm_tile_info(t).block_n < kSwiGluMinBlockN) continue;
     const int64_t block_m = gemm_tile_info(t).block_m;
     int64_t covered = rows;
     if (args.layout == GroupedLayout::kContiguous) covered += std::min(args.num_experts, rows) * block_m / 2;

@@ -66,6 +66,11 @@ uint32_t moe_signature(OpId op, std::initializer_list<int64_t> values);
 // ---- grouped GEMM: argument checks, workspace size, tile choice and launch plan ----
 // Rows of A and D: M_total (contiguous) or E * capacity (masked).
 int64_t grouped_gemm_rows(const GroupedGemmArgs& args);
+// The SwiGLU epilogue stores BLOCK_N / 2 output columns per tile, whole 128-byte staged rows
+// (64 16-bit values): tiles narrower than this cannot take it.
+inline constexpr int kSwiGluMinBlockN = 128;
+// Columns of D: N, or N / 2 with the SwiGLU epilogue.
+int64_t grouped_gemm_out_cols(const GroupedGemmArgs& args);
 
 // The configuration for a grouped GEMM: the GEMM cost model (gemm_model_seconds) on the rows
 // the tiles will cover. Contiguous: M_total plus half a tile row per expert (each non-empty

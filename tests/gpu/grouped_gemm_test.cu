@@ -102,13 +102,15 @@ struct GroupedCase {
   uint64_t seed = 1;
   uint32_t expect_clamped = 0;
   BLayout b_layout = BLayout::kNK;  // B [E, N, K], or kKN [E, K, N]
+  GroupedActivation activation = GroupedActivation::kNone;  // kSwiGLU: D [rows, N / 2]
 };
 
 std::string describe(const GroupedCase& c) {
   std::ostringstream s;
   s << c.name << " [" << grouped_layout_name(c.layout) << ", " << dtype_name(c.in) << "->" << dtype_name(c.out)
     << ", B " << (c.b_layout == BLayout::kKN ? "[E, K, N]" : "[E, N, K]") << ", N " << c.n << ", K " << c.k
-    << ", tile " << gemm_tile_name(c.tile) << ", E " << c.counts.size();
+    << ", tile " << gemm_tile_name(c.tile) << ", E " << c.counts.size()
+    << (c.activation == GroupedActivation::kSwiGLU ? ", SwiGLU" : "");
   if (c.layout == GroupedLayout::kMasked) s << ", capacity " << c.capacity;
   s << ", counts";
   for (size_t e = 0; e < c.counts.size() && e < 24; ++e) s << ' ' << c.counts[e];
@@ -142,9 +144,11 @@ void run_case(const GroupedCase& c) {
     rows = offsets[experts] + c.tail;
   }
   const size_t in_size = dtype_size(c.in), out_size = dtype_size(c.out);
+  const bool swiglu = c.activation == GroupedActivation::kSwiGLU;
+  const int64_t n_out = swiglu ? c.n / 2 : c.n;  // D's columns
   DevBuf a(static_cast<size_t>(rows * c.k) * in_size);
   DevBuf b(static_cast<size_t>(experts * c.n * c.k) * in_size);
-  DevBuf d(static_cast<size_t>(rows * c.n) * out_size);
+  DevBuf d(static_cast<size_t>(rows * n_out) * out_size);
   DevBuf reference(static_cast<size_t>(rows * c.n) * 4);
   DevBuf groups(static_cast<size_t>(experts + 1) * 4);
   ASSERT_TRUE(a.p && b.p && d.p && reference.p && groups.p);
@@ -153,7 +157,7 @@ void run_case(const GroupedCase& c) {
   const int64_t b_rows = b_kn ? c.k : c.n, b_cols = b_kn ? c.n : c.k;  // one expert's B
   ref::fill_uniform<<<256, 256>>>(b.p, static_cast<int>(c.in), experts * b_rows, b_cols, b_cols, c.seed * 2 + 2,
                                   1.0f / std::sqrt(static_cast<float>(c.k)));
-  GG_CUDA(cudaMemset(d.p, 0xFF, static_cast<size_t>(rows * c.n) * out_size));
+  GG_CUDA(cudaMemset(d.p, 0xFF, static_cast<size_t>(rows * n_out) * out_size));
   GG_CUDA(cudaMemset(reference.p, 0, static_cast<size_t>(rows * c.n) * 4));
   if (masked) {
     GG_CUDA(cudaMemcpy(groups.p, c.counts.data(), static_cast<size_t>(experts) * 4, cudaMemcpyHostToDevice));
@@ -176,6 +180,7 @@ void run_case(const GroupedCase& c) {
   args.in_dtype = c.in;
   args.out_dtype = c.out;
   args.b_layout = c.b_layout;
+  args.activation = c.activation;
   const size_t ws_bytes = grouped_gemm_workspace_bytes(args);
   DevBuf workspace(ws_bytes);
   ASSERT_TRUE(workspace.p);
@@ -215,10 +220,24 @@ void run_case(const GroupedCase& c) {
   GG_CUDA(cudaMemcpy(&header, workspace.p, sizeof header, cudaMemcpyDeviceToHost));
   EXPECT_EQ(header.clamped_experts, c.expect_clamped) << "experts whose offsets or count were clamped";
 
-  std::vector<uint8_t> got(static_cast<size_t>(rows * c.n) * out_size);
-  std::vector<float> want(static_cast<size_t>(rows * c.n));
+  std::vector<uint8_t> got(static_cast<size_t>(rows * n_out) * out_size);
+  std::vector<float> product(static_cast<size_t>(rows * c.n));
   GG_CUDA(cudaMemcpy(got.data(), d.p, got.size(), cudaMemcpyDeviceToHost));
-  GG_CUDA(cudaMemcpy(want.data(), reference.p, want.size() * 4, cudaMemcpyDeviceToHost));
+  GG_CUDA(cudaMemcpy(product.data(), reference.p, product.size() * 4, cudaMemcpyDeviceToHost));
+  // The expected D: the product, or with SwiGLU silu(gate) * up over B's rows interleaved by 8
+  // (output column o: gate column 16 (o / 8) + o % 8, up column 8 further), in double.
+  std::vector<float> want(static_cast<size_t>(rows * n_out));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t o = 0; o < n_out; ++o) {
+      const float* row = product.data() + r * c.n;
+      if (!swiglu) {
+        want[static_cast<size_t>(r * n_out + o)] = row[o];
+        continue;
+      }
+      const double gate = row[16 * (o / 8) + o % 8], up = row[16 * (o / 8) + o % 8 + 8];
+      want[static_cast<size_t>(r * n_out + o)] = static_cast<float>(gate / (1.0 + std::exp(-gate)) * up);
+    }
+  }
 
   std::vector<int64_t> owner(static_cast<size_t>(rows), -1);
   for (int64_t e = 0; e < experts; ++e) {
@@ -230,8 +249,8 @@ void run_case(const GroupedCase& c) {
   std::string first_touched, first_nonfinite;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t e = owner[static_cast<size_t>(r)];
-    for (int64_t col = 0; col < c.n; ++col) {
-      const size_t i = static_cast<size_t>(r * c.n + col);
+    for (int64_t col = 0; col < n_out; ++col) {
+      const size_t i = static_cast<size_t>(r * n_out + col);
       const uint8_t* raw = got.data() + i * out_size;
       if (e < 0) {
         bool poison = true;
@@ -348,6 +367,41 @@ TEST(GroupedGemmBLayout, EKNWeightsEveryTile) {
   masked.counts = {0, 200, 7, 256};
   masked.capacity = 256;
   masked.seed = 1599;
+  run_case(masked);
+}
+
+// The SwiGLU epilogue: gate and up interleaved by 8 in B's N rows, D = silu(gate) * up with N / 2
+// columns; every tile that takes it (BLOCK_N >= 128), both B layouts, every output type, both
+// row layouts.
+TEST(GroupedGemmSwiGLU, EveryTileBothBLayouts) {
+  REQUIRE_HOPPER();
+  uint64_t seed = 1700;
+  int variant = 0;
+  for (GemmTile t : {GemmTile::kAuto, GemmTile::k128x256, GemmTile::k128x128, GemmTile::k64x128}) {
+    for (BLayout layout : {BLayout::kNK, BLayout::kKN}) {
+      GroupedCase c;
+      c.name = "SwiGLU, mixed counts";
+      c.activation = GroupedActivation::kSwiGLU;
+      c.b_layout = layout;
+      c.counts = kMixedCounts;
+      c.n = 400;  // 200 outputs: a partial tile column at every tile width
+      c.k = 264;
+      c.in = variant % 2 == 0 ? DType::kBF16 : DType::kF16;
+      c.out = variant % 3 == 0 ? DType::kF32 : c.in;
+      ++variant;
+      c.tile = t;
+      c.seed = ++seed;
+      run_case(c);
+    }
+  }
+  GroupedCase masked;
+  masked.name = "SwiGLU, masked";
+  masked.layout = GroupedLayout::kMasked;
+  masked.activation = GroupedActivation::kSwiGLU;
+  masked.counts = {0, 200, 7, 256};
+  masked.capacity = 256;
+  masked.n = 512;
+  masked.seed = 1799;
   run_case(masked);
 }
 
@@ -512,6 +566,15 @@ TEST(GroupedGemmApi, BadInputIsRefusedBeforeAnyLaunch) {
   EXPECT_EQ(grouped_gemm(args, nullptr).code(), StatusCode::kUnsupported) << "K not a multiple of 8";
   args.k = 64;
   args.b_layout = static_cast<BLayout>(7);
+  GroupedGemmArgs odd = args;
+  odd.b_layout = BLayout::kNK;
+  odd.activation = GroupedActivation::kSwiGLU;
+  odd.n = 72;  // not a multiple of 16
+  EXPECT_EQ(grouped_gemm_can_implement(odd).code(), StatusCode::kUnsupported) << "SwiGLU with N % 16 != 0";
+  odd.n = 64;
+  GroupedGemmOptions narrow;
+  narrow.tile = GemmTile::k128x64;
+  EXPECT_EQ(grouped_gemm_can_implement(odd, narrow).code(), StatusCode::kUnsupported) << "SwiGLU with BLOCK_N 64";
   const Status layout = grouped_gemm_can_implement(args);
   EXPECT_EQ(layout.code(), StatusCode::kInvalidArgument) << layout.to_string();
   EXPECT_NE(layout.message().find("b_layout"), std::string::npos) << layout.to_string();

@@ -201,6 +201,18 @@ def test_grouped_gemm(comm, seed, b_layout, dtype):
     torch.cuda.synchronize()
     assert rel_err(d, ref) < GEMM_TOLERANCE[dtype]
 
+    # SwiGLU over gate / up weights of I = n / 2 outputs: d = silu(a gate^T) * (a up^T).
+    gate, up = (w.narrow(1 if b_layout == "nk" else 2, 0, n // 2) for w in (b, b.flip(0)))
+    fused = lt.swiglu_weights(gate, up, b_layout)
+    dense = (lambda w: w.float()) if b_layout == "kn" else (lambda w: w.float().transpose(1, 2))
+    want = torch.zeros(520, n // 2, device="cuda")
+    for e in range(4):
+        rows = a[bounds[e]:bounds[e + 1]].float()
+        want[bounds[e]:bounds[e + 1]] = torch.nn.functional.silu(rows @ dense(gate)[e]) * (rows @ dense(up)[e])
+    act = lt.grouped_gemm(a, fused, offsets=offsets, b_layout=b_layout, activation="swiglu")
+    torch.cuda.synchronize()
+    assert act.shape == (520, n // 2) and rel_err(act, want) < GEMM_TOLERANCE[dtype]
+
 
 # ---- tensor-parallel GEMMs --------------------------------------------------------------------
 

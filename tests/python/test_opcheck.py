@@ -65,22 +65,30 @@ def _ring_attention(comm, q, k, v, causal=False, scale=None):
     return out, lse + torch.log(torch.tensor(float(WORLD)))
 
 
-def _grouped_gemm(a, b, offsets=None, counts=None, out_dtype=None, b_layout="nk"):
+def _swiglu(x):
+    """silu(gate) * up over the last dimension's gate / up columns interleaved by 8."""
+    pairs = x.reshape(*x.shape[:-1], x.shape[-1] // 16, 2, 8)
+    return (torch.nn.functional.silu(pairs[..., 0, :]) * pairs[..., 1, :]).reshape(*x.shape[:-1], x.shape[-1] // 2)
+
+
+def _grouped_gemm(a, b, offsets=None, counts=None, out_dtype=None, b_layout="nk", activation="none"):
     """Every expert's rows times its weight's transpose ([E, N, K]) or its weight ([E, K, N]) in
-    fp32; rows outside every expert zero."""
+    fp32, then the activation; rows outside every expert zero."""
     weights = b.float() if b_layout == "kn" else b.float().transpose(1, 2)  # [E, K, N]
     e, n = weights.shape[0], weights.shape[2]
     dtype = out_dtype or a.dtype
+    act = _swiglu if activation == "swiglu" else (lambda x: x)
+    n_out = n // 2 if activation == "swiglu" else n
     if counts is not None:
-        d = torch.zeros(e, a.shape[1], n, dtype=FP32)
+        d = torch.zeros(e, a.shape[1], n_out, dtype=FP32)
         for i in range(e):
             c = int(counts[i])
-            d[i, :c] = a[i, :c].float() @ weights[i]
+            d[i, :c] = act(a[i, :c].float() @ weights[i])
         return d.to(dtype)
-    d = torch.zeros(a.shape[0], n, dtype=FP32)
+    d = torch.zeros(a.shape[0], n_out, dtype=FP32)
     for i in range(e):
         lo, hi = int(offsets[i]), int(offsets[i + 1])
-        d[lo:hi] = a[lo:hi].float() @ weights[i]
+        d[lo:hi] = act(a[lo:hi].float() @ weights[i])
     return d.to(dtype)
 
 
@@ -161,6 +169,8 @@ def cases():
             yield "grouped_gemm", (rand(3, 8, 32, dtype=dtype), rand(3, 16, 32, dtype=dtype, requires_grad=grad), None,
                                    torch.tensor([8, 0, 3], dtype=torch.int32), FP32)
             yield "grouped_gemm", (rand(12, 32, dtype=dtype), rand(3, 32, 16, dtype=dtype), offsets, None, None, "kn")
+            yield "grouped_gemm", (rand(12, 32, dtype=dtype), rand(3, 32, 32, dtype=dtype), offsets, None, None, "nk",
+                                   "swiglu")
         for dtype in (BF16, FP16, FP32):
             for shape in ((8 * w,), (4 * w, 3, 5)):
                 for op in ("all_gather", "reduce_scatter", "all_reduce"):

@@ -235,3 +235,22 @@ def test_grouped_gemm_shapes_and_refusals():
             torch.ops.loom.grouped_gemm(fake(100, 64), fake(4, 48, 64), offsets, None, None, "kn")
         with pytest.raises(loom.InvalidArgument, match="b_layout 'km'"):
             torch.ops.loom.grouped_gemm(fake(100, 64), fake(4, 64, 48), offsets, None, None, "km")
+        d = torch.ops.loom.grouped_gemm(fake(100, 64), fake(4, 96, 64), offsets, None, None, "nk", "swiglu")
+        assert d.shape == (100, 48)  # SwiGLU: N / 2 columns
+        with pytest.raises(loom.InvalidArgument, match="multiple of 16"):
+            torch.ops.loom.grouped_gemm(fake(100, 64), fake(4, 40, 64), offsets, None, None, "nk", "swiglu")
+        with pytest.raises(loom.InvalidArgument, match="activation 'gelu'"):
+            torch.ops.loom.grouped_gemm(fake(100, 64), fake(4, 96, 64), offsets, None, None, "nk", "gelu")
+
+
+def test_swiglu_weights_interleave_gate_and_up_by_8():
+    gate = torch.arange(2 * 16 * 3, dtype=FP32).reshape(2, 16, 3)
+    up = -gate
+    w = lt.swiglu_weights(gate, up)
+    assert w.shape == (2, 32, 3)
+    assert torch.equal(w[:, 0:8], gate[:, 0:8]) and torch.equal(w[:, 8:16], up[:, 0:8])
+    assert torch.equal(w[:, 16:24], gate[:, 8:16]) and torch.equal(w[:, 24:32], up[:, 8:16])
+    wkn = lt.swiglu_weights(gate.transpose(1, 2), up.transpose(1, 2), b_layout="kn")
+    assert torch.equal(wkn, w.transpose(1, 2))
+    with pytest.raises(loom.InvalidArgument, match="multiple of 8"):
+        lt.swiglu_weights(gate[:, :12], up[:, :12])

@@ -122,6 +122,7 @@ struct RingKeys {
   const RingParams& p;
   uint64_t epoch;
   int32_t world, me, half;  // half = S_l / 2 (causal)
+  static constexpr bool kOneSegment = false;  // several segments: the block cursor walks them
 
   __device__ RingKeys(const RingParams& params, uint64_t launch_epoch)
       : p(params),

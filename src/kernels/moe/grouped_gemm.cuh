@@ -155,10 +155,12 @@ struct GroupedTiles {
 };
 
 // The engine's TileEpilogue (TMA stores into one destination) plus the generic 16-byte stores of
-// the rows of a box that crosses an expert's end (EpilogueStage with row ranges).
-template <int kBlockM>
+// the rows of a box that crosses an expert's end (EpilogueStage with row ranges). kGated: the
+// SwiGLU epilogue (EpilogueStage's gated pairs; D has N / 2 columns).
+template <int kBlockM, bool kGated>
 class GroupedEpilogue : public gemm::TileEpilogue<kBlockM> {
  public:
+  static constexpr bool kGatedPairs = kGated;
   __device__ GroupedEpilogue(const gemm::EpilogueParams& params, const sm90::TmaDescriptor* dst_map, uint8_t* d,
                              uint64_t ld_bytes)
       : gemm::TileEpilogue<kBlockM>(params, dst_map),
@@ -180,7 +182,7 @@ class GroupedEpilogue : public gemm::TileEpilogue<kBlockM> {
 struct GroupedGemmKernelParams {
   sm90::TmaDescriptor a;  // rows of A: [rows, K], box {64, BLOCK_M}
   sm90::TmaDescriptor b;  // [E, N, K], box {64, BLOCK_N, 1}
-  sm90::TmaDescriptor d;  // [rows, N], box {128 bytes, 16}
+  sm90::TmaDescriptor d;  // [rows, N] (SwiGLU: [rows, N / 2]), box {128 bytes, 16}
   uint32_t m, n, k;       // m: rows of A and D (M_total, or E * capacity)
   gemm::SchedulerParams sched;  // n_blocks, group_m set by the host; m_blocks read from the workspace
   gemm::EpilogueParams epi;
@@ -191,16 +193,17 @@ struct GroupedGemmKernelParams {
   uint64_t ldd_bytes;
 };
 
-// kBNMajor: B is [E, K, N] (each expert's B N-major) rather than [E, N, K].
-template <class Cfg, bool kBF16, bool kBNMajor>
+// kBNMajor: B is [E, K, N] (each expert's B N-major) rather than [E, N, K]. kGated: the SwiGLU
+// epilogue.
+template <class Cfg, bool kBF16, bool kBNMajor, bool kGated>
 using GroupedRole = gemm::ComputeRole<Cfg, kBF16, kBNMajor, gemm::TileScheduler<GroupedTiles>,
-                                      GroupedEpilogue<Cfg::kBlockM>>;
+                                      GroupedEpilogue<Cfg::kBlockM, kGated>>;
 
-template <class Cfg, bool kBF16, bool kBNMajor>
+template <class Cfg, bool kBF16, bool kBNMajor, bool kGated>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     sm90_grouped_gemm_kernel(const __grid_constant__ GroupedGemmKernelParams p) {
   extern __shared__ __align__(1024) uint8_t smem[];
-  using Role = GroupedRole<Cfg, kBF16, kBNMajor>;
+  using Role = GroupedRole<Cfg, kBF16, kBNMajor, kGated>;
   static_assert(gemm::TileScheduler<GroupedTiles>::kGroupedB && gemm::TileScheduler<GroupedTiles>::kRowRanges,
                 "the grouped GEMM's scheduler must hand out each tile's expert and row range");
   const WaitContext ctx = WaitContext::start(p.wait, OpId::kGemm, 0);
@@ -208,7 +211,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   gemm::SchedulerParams sched = p.sched;
   sched.m_blocks = p.header->tile_rows;  // written by the plan kernel just before, in stream order
   gemm::TileScheduler<GroupedTiles> scheduler(sched, GroupedTiles{p.table});
-  GroupedEpilogue<Cfg::kBlockM> epi(p.epi, &p.d, p.d_ptr, p.ldd_bytes);
+  GroupedEpilogue<Cfg::kBlockM, kGated> epi(p.epi, &p.d, p.d_ptr, p.ldd_bytes);
   const gemm::GemmOperands ops{&p.a, &p.b, p.m, p.n, p.k};
   (void)Role::run(smem, ops, scheduler, epi, blockIdx.x, gridDim.x, ctx);
 }

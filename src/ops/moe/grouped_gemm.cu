@@ -20,13 +20,13 @@ namespace {
 namespace kg = kernels::gemm;
 namespace km = kernels::moe;
 
-Status launch_tile(GemmTile tile, const km::GroupedGemmKernelParams& p, bool bf16, bool n_major, int grid,
-                   cudaStream_t stream) {
+Status launch_tile(GemmTile tile, const km::GroupedGemmKernelParams& p, const ops::detail::GroupedVariant& variant,
+                   int grid, cudaStream_t stream) {
   switch (tile) {
-    case GemmTile::k128x256: return ops::detail::launch_sm90_grouped_gemm_128x256(p, bf16, n_major, grid, stream);
-    case GemmTile::k128x128: return ops::detail::launch_sm90_grouped_gemm_128x128(p, bf16, n_major, grid, stream);
-    case GemmTile::k128x64: return ops::detail::launch_sm90_grouped_gemm_128x64(p, bf16, n_major, grid, stream);
-    case GemmTile::k64x128: return ops::detail::launch_sm90_grouped_gemm_64x128(p, bf16, n_major, grid, stream);
+    case GemmTile::k128x256: return ops::detail::launch_sm90_grouped_gemm_128x256(p, variant, grid, stream);
+    case GemmTile::k128x128: return ops::detail::launch_sm90_grouped_gemm_128x128(p, variant, grid, stream);
+    case GemmTile::k128x64: return ops::detail::launch_sm90_grouped_gemm_128x64(p, variant, grid, stream);
+    case GemmTile::k64x128: return ops::detail::launch_sm90_grouped_gemm_64x128(p, variant, grid, stream);
     case GemmTile::kAuto: break;
   }
   return Status::internal("grouped_gemm: planner returned no tile");
@@ -63,7 +63,8 @@ Status grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream, const Grou
   b_args.in_dtype = args.in_dtype;
   b_args.b_layout = args.b_layout;
   LOOM_TRY(ops::encode_gemm_grouped_b_map(b_args, args.num_experts, plan.tile, &p.b));
-  LOOM_TRY(ops::encode_gemm_output_map(args.d, rows, args.n, args.n, args.out_dtype, &p.d));
+  const int64_t out_cols = planner::grouped_gemm_out_cols(args);
+  LOOM_TRY(ops::encode_gemm_output_map(args.d, rows, out_cols, out_cols, args.out_dtype, &p.d));
   p.m = static_cast<uint32_t>(rows);
   p.n = static_cast<uint32_t>(args.n);
   p.k = static_cast<uint32_t>(args.k);
@@ -82,7 +83,7 @@ Status grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream, const Grou
   p.header = header;
   p.table = table;
   p.d_ptr = static_cast<uint8_t*>(args.d);
-  p.ldd_bytes = static_cast<uint64_t>(args.n) * dtype_size(args.out_dtype);
+  p.ldd_bytes = static_cast<uint64_t>(out_cols) * dtype_size(args.out_dtype);
 
   km::GroupedPlanParams plan_params;
   plan_params.layout = static_cast<uint32_t>(masked ? km::GroupedRows::kMasked : km::GroupedRows::kContiguous);
@@ -97,7 +98,9 @@ Status grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream, const Grou
 
   constexpr int kPlanThreads = km::GroupedGemmTunables::kPlanThreads;
   LOOM_TRY(ops::launch_kernel(&km::grouped_gemm_plan_kernel<kPlanThreads>, 1u, kPlanThreads, 0, stream, plan_params));
-  return launch_tile(plan.tile, p, args.in_dtype == DType::kBF16, args.b_layout == BLayout::kKN, plan.num_ctas, stream);
+  const ops::detail::GroupedVariant variant{args.in_dtype == DType::kBF16, args.b_layout == BLayout::kKN,
+                                            args.activation == GroupedActivation::kSwiGLU};
+  return launch_tile(plan.tile, p, variant, plan.num_ctas, stream);
 }
 
 }  // namespace loom
