@@ -217,6 +217,46 @@ TEST(GroupedGemmValidation, LayoutNames) {
   EXPECT_EQ(parse_grouped_layout("ragged").status().code(), StatusCode::kInvalidArgument);
 }
 
+TEST(GroupedGemmValidation, SwiGLU) {
+  GroupedGemmArgs a = contiguous_args();  // N = 256: 128 outputs
+  a.activation = GroupedActivation::kSwiGLU;
+  EXPECT_TRUE(grouped_gemm_can_implement(a).ok()) << grouped_gemm_can_implement(a).to_string();
+  EXPECT_EQ(planner::grouped_gemm_out_cols(a), 128);
+  a.n = 264;  // a multiple of 8, not of 16
+  expect_code(a, StatusCode::kUnsupported, "multiple of 16");
+  a.n = 256;
+  GroupedGemmOptions narrow;
+  narrow.tile = GemmTile::k128x64;
+  const Status s = grouped_gemm_can_implement(a, narrow);
+  EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.to_string();
+  EXPECT_NE(s.message().find("BLOCK_N"), std::string::npos) << s.message();
+  a.activation = static_cast<GroupedActivation>(3);
+  expect_code(a, StatusCode::kInvalidArgument, "activation");
+  // D holds N / 2 columns: a D right after A's last row plus N / 2 columns does not overlap.
+  GroupedGemmArgs d = contiguous_args();
+  d.activation = GroupedActivation::kSwiGLU;
+  d.d = const_cast<char*>(static_cast<const char*>(d.a)) - 1000 * 128 * 2;  // [1000, 128] bf16 ending at A
+  EXPECT_TRUE(grouped_gemm_can_implement(d).ok()) << grouped_gemm_can_implement(d).to_string();
+  d.d = const_cast<char*>(static_cast<const char*>(d.a)) - 1000 * 128 * 2 + 16;
+  expect_code(d, StatusCode::kInvalidArgument, "d overlaps a");
+}
+
+TEST(GroupedGemmPlan, SwiGLUNeverTakesANarrowTile) {
+  // Many small experts with a short N favour narrow tiles without SwiGLU; with it the planner
+  // keeps BLOCK_N >= 128 whatever the shape.
+  for (int64_t n : {16, 64, 128, 256, 4096}) {
+    for (int64_t rows : {64, 1000, 100000}) {
+      GroupedGemmArgs a = contiguous_args();
+      a.n = n;
+      a.m_total = rows;
+      a.num_experts = 64;
+      a.activation = GroupedActivation::kSwiGLU;
+      const GemmTile t = planner::choose_grouped_gemm_tile(a, 132);
+      EXPECT_GE(gemm_tile_info(t).block_n, planner::kSwiGluMinBlockN) << "N " << n << ", rows " << rows;
+    }
+  }
+}
+
 TEST(GroupedGemmPlan, SizesTheTableAndTheGrid) {
   const planner::GemmDeviceLimits h200{132, 232448};
   GroupedGemmOptions o;
