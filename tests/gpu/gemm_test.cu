@@ -932,6 +932,7 @@ struct GroupedTiles : kg::RotatedTiles {
   __device__ explicit GroupedTiles(uint32_t per_group) : m_blocks_per_group(per_group) {}
   __device__ void place(kg::WorkItem& item) const { item.group = item.m_block / m_blocks_per_group; }
 };
+static_assert(GroupedTiles::kGroupedB, "the test policy loads each group's own B");  // also: nvcc saw it unused
 
 using GroupedCfg = kg::Tile128x128;
 
