@@ -12,16 +12,9 @@
 #include <vector>
 
 #include "loom/types.h"
+#include "tests/gpu/common/hopper.h"
 
 namespace loom::test {
-
-inline bool is_hopper() {
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  return major == 9 && minor == 0;
-}
 
 struct DevBuf {
   void* p = nullptr;
@@ -82,6 +75,3 @@ inline void fill_normal(DevBuf& buf, size_t elems, DType t, uint64_t seed) {
 inline void fill_nan(DevBuf& buf) { cudaMemset(buf.p, 0xff, buf.bytes); }  // 0xffff.. is NaN in bf16, fp16 and fp32
 
 }  // namespace loom::test
-
-#define REQUIRE_HOPPER() \
-  if (!::loom::test::is_hopper()) GTEST_SKIP() << "the attention engine needs an sm_90 GPU"

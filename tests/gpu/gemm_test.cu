@@ -27,6 +27,7 @@
 #include "ops/gemm/gemm_launch.h"
 #include "planner/gemm_heuristic.h"
 #include "runtime/cuda_check.h"
+#include "tests/gpu/common/hopper.h"
 
 namespace loom {
 namespace {
@@ -46,15 +47,6 @@ namespace ref = kernels::gemm::reference;
     ASSERT_TRUE(s_.ok()) << s_.to_string();                                                         \
   } while (0)
 
-bool is_hopper() {
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  return major == 9 && minor == 0;
-}
-#define REQUIRE_HOPPER() \
-  if (!is_hopper()) GTEST_SKIP() << "the GEMM engine needs an sm_90 GPU"
 
 int sm_count() {
   int dev = 0, n = 0;

@@ -31,6 +31,7 @@
 #include "loom/moe.h"
 #include "ops/gemm/gemm_launch.h"
 #include "ops/launch/standalone_wait.h"
+#include "tests/gpu/common/hopper.h"
 
 namespace loom {
 namespace {
@@ -44,15 +45,6 @@ namespace km = kernels::moe;
     ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_);                          \
   } while (0)
 
-bool is_hopper() {
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  return major == 9 && minor == 0;
-}
-#define REQUIRE_HOPPER() \
-  if (!is_hopper()) GTEST_SKIP() << "the GEMM engine needs an sm_90 GPU"
 
 struct DevBuf {
   void* p = nullptr;
@@ -311,34 +303,41 @@ const GemmTile kEveryTile[] = {GemmTile::kAuto, GemmTile::k128x256, GemmTile::k1
 // Counts of every kind: 0, 1, a tile minus one, a tile, a tile plus one, several tiles, 64.
 const std::vector<int32_t> kMixedCounts = {0, 1, 127, 128, 129, 300, 0, 64, 63, 65};
 
+// kMixedCounts over contiguous rows at one tile: the case the per-tile tests below vary.
+GroupedCase mixed_counts(const char* name, GemmTile tile, DType in, DType out, int64_t n, uint64_t seed) {
+  GroupedCase c;
+  c.name = name;
+  c.counts = kMixedCounts;
+  c.tile = tile;
+  c.in = in;
+  c.out = out;
+  c.n = n;
+  c.seed = seed;
+  return c;
+}
+
+// Four masked experts of capacity 256 (empty, partial, nearly empty, full).
+GroupedCase four_masked(const char* name, uint64_t seed) {
+  GroupedCase c;
+  c.name = name;
+  c.layout = GroupedLayout::kMasked;
+  c.counts = {0, 200, 7, 256};
+  c.capacity = 256;
+  c.seed = seed;
+  return c;
+}
+
 TEST(GroupedGemmContiguous, CountsOfEveryKindBf16) {
   REQUIRE_HOPPER();
   uint64_t seed = 100;
-  for (GemmTile t : kEveryTile) {
-    GroupedCase c;
-    c.name = "mixed counts";
-    c.counts = kMixedCounts;
-    c.n = 384;  // a partial 256-wide tile column
-    c.tile = t;
-    c.seed = ++seed;
-    run_case(c);
-  }
+  // N = 384: a partial 256-wide tile column.
+  for (GemmTile t : kEveryTile) run_case(mixed_counts("mixed counts", t, DType::kBF16, DType::kBF16, 384, ++seed));
 }
 
 TEST(GroupedGemmContiguous, CountsOfEveryKindFp16) {
   REQUIRE_HOPPER();
   uint64_t seed = 200;
-  for (GemmTile t : kEveryTile) {
-    GroupedCase c;
-    c.name = "mixed counts";
-    c.in = DType::kF16;
-    c.out = DType::kF16;
-    c.counts = kMixedCounts;
-    c.n = 384;
-    c.tile = t;
-    c.seed = ++seed;
-    run_case(c);
-  }
+  for (GemmTile t : kEveryTile) run_case(mixed_counts("mixed counts", t, DType::kF16, DType::kF16, 384, ++seed));
 }
 
 // B as [E, K, N] (each expert's B N-major): every tile, both input types, both row layouts.
@@ -347,26 +346,16 @@ TEST(GroupedGemmBLayout, EKNWeightsEveryTile) {
   uint64_t seed = 1500;
   for (GemmTile t : kEveryTile) {
     for (DType in : {DType::kBF16, DType::kF16}) {
-      GroupedCase c;
-      c.name = "B [E, K, N], mixed counts";
+      // N = 320: a partial tile column at every tile width; K = 264: a partial k-block.
+      GroupedCase c = mixed_counts("B [E, K, N], mixed counts", t, in, in == DType::kBF16 ? DType::kBF16 : DType::kF32,
+                                   320, ++seed);
       c.b_layout = BLayout::kKN;
-      c.counts = kMixedCounts;
-      c.n = 320;  // a partial tile column at every tile width
-      c.k = 264;  // a partial k-block
-      c.in = in;
-      c.out = in == DType::kBF16 ? DType::kBF16 : DType::kF32;
-      c.tile = t;
-      c.seed = ++seed;
+      c.k = 264;
       run_case(c);
     }
   }
-  GroupedCase masked;
-  masked.name = "B [E, K, N], masked";
-  masked.layout = GroupedLayout::kMasked;
+  GroupedCase masked = four_masked("B [E, K, N], masked", 1599);
   masked.b_layout = BLayout::kKN;
-  masked.counts = {0, 200, 7, 256};
-  masked.capacity = 256;
-  masked.seed = 1599;
   run_case(masked);
 }
 
@@ -379,29 +368,20 @@ TEST(GroupedGemmSwiGLU, EveryTileBothBLayouts) {
   int variant = 0;
   for (GemmTile t : {GemmTile::kAuto, GemmTile::k128x256, GemmTile::k128x128, GemmTile::k64x128}) {
     for (BLayout layout : {BLayout::kNK, BLayout::kKN}) {
-      GroupedCase c;
-      c.name = "SwiGLU, mixed counts";
+      const DType in = variant % 2 == 0 ? DType::kBF16 : DType::kF16;
+      const DType out = variant % 3 == 0 ? DType::kF32 : in;
+      ++variant;
+      // N = 400: 200 outputs, a partial tile column at every tile width.
+      GroupedCase c = mixed_counts("SwiGLU, mixed counts", t, in, out, 400, ++seed);
       c.activation = GroupedActivation::kSwiGLU;
       c.b_layout = layout;
-      c.counts = kMixedCounts;
-      c.n = 400;  // 200 outputs: a partial tile column at every tile width
       c.k = 264;
-      c.in = variant % 2 == 0 ? DType::kBF16 : DType::kF16;
-      c.out = variant % 3 == 0 ? DType::kF32 : c.in;
-      ++variant;
-      c.tile = t;
-      c.seed = ++seed;
       run_case(c);
     }
   }
-  GroupedCase masked;
-  masked.name = "SwiGLU, masked";
-  masked.layout = GroupedLayout::kMasked;
+  GroupedCase masked = four_masked("SwiGLU, masked", 1799);
   masked.activation = GroupedActivation::kSwiGLU;
-  masked.counts = {0, 200, 7, 256};
-  masked.capacity = 256;
   masked.n = 512;
-  masked.seed = 1799;
   run_case(masked);
 }
 

@@ -38,6 +38,7 @@
 #include "loom/tensor_parallel.h"
 #include "runtime/communicator_impl.h"
 #include "tests/gpu/harness.h"
+#include "tests/gpu/common/hopper.h"
 
 namespace loom {
 namespace {
@@ -352,16 +353,9 @@ bool run_case(const Case& c) {
   return all_good;
 }
 
-bool is_hopper() {
-  int dev = 0, major = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  return major == 9;
-}
-
 // All cases of one operator: small and medium shapes, both layouts, fused and decomposed.
 void run_operator(OpId op) {
-  if (!test::all_ranks_agree(shared_comm(), is_hopper())) GTEST_SKIP() << "needs Hopper GPUs on every rank";
+  if (!test::all_ranks_agree(shared_comm(), test::is_hopper())) GTEST_SKIP() << "needs Hopper GPUs on every rank";
   const int64_t world = shared_comm().local_world_size();
   uint64_t id = 1 + static_cast<uint64_t>(op) * 100;
   std::vector<Case> cases;
