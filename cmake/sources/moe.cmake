@@ -4,13 +4,16 @@ list(APPEND LOOM_CORE_SOURCES
 list(APPEND LOOM_LIB_SOURCES
   src/ops/moe/moe.cu
   src/ops/moe/moe_names.cc
-  # The grouped GEMM: one tile configuration per instantiation file (2 kernels each), as for the
-  # GEMM engine.
+  # The grouped GEMM and moe_dispatch_gemm: one tile configuration per instantiation file (8
+  # kernels each), as for the GEMM engine.
   src/ops/moe/grouped_gemm.cu
   src/ops/moe/grouped_gemm_sm90_128x256.cu
   src/ops/moe/grouped_gemm_sm90_128x128.cu
   src/ops/moe/grouped_gemm_sm90_128x64.cu
-  src/ops/moe/grouped_gemm_sm90_64x128.cu)
+  src/ops/moe/grouped_gemm_sm90_64x128.cu
+  src/ops/moe/dispatch_gemm.cu
+  src/ops/moe/dispatch_gemm_sm90_128x256.cu
+  src/ops/moe/dispatch_gemm_sm90_128x128.cu)
 list(APPEND LOOM_CPU_TEST_SOURCES
   tests/cpu/moe_plan_test.cc
   tests/cpu/kernel_lint_test.cc

@@ -26,8 +26,9 @@
 // Everything the host can check (shapes, pointers, k > E, E not a multiple of W) is refused with a
 // Status before anything is launched or written. Multi-node jobs are refused (unsupported) for now.
 //
-// The grouped GEMM for the experts' rows is below (loom::grouped_gemm, one GPU). Not built yet
-// (docs/MOE.md, "Plan"): the fused moe_dispatch_gemm kernel.
+// The grouped GEMM for the experts' rows is below (loom::grouped_gemm, one GPU), and
+// moe_dispatch_gemm fuses the dispatch with the first expert GEMM (one persistent kernel: an
+// expert's tiles start as their rows land).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -251,5 +252,36 @@ struct GroupedGemmPlanInfo {
 Result<GroupedGemmPlanInfo> grouped_gemm_plan(const GroupedGemmArgs& args, const GroupedGemmOptions& options = {});
 
 Status grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream, const GroupedGemmOptions& options = {});
+
+// ---- moe_dispatch_gemm: the dispatch and the local experts' first GEMM in one kernel -------------
+// moe_dispatch (above) and, in the same persistent kernel, out_e = recv_x_e * W_e^T for every
+// local expert e (a grouped GEMM over the receive rows, fp32 accumulation): compute roles start a
+// tile as soon as the receive blocks holding its rows are complete, while other rows are still
+// being pushed. recv_x is written exactly as moe_dispatch writes it; out rows [0, kept) are
+// bit-identical to moe_dispatch followed by grouped_gemm (contiguous layout, a = recv_x, offsets =
+// expert_offsets, M_total = capacity, E = E/W) with the same tile; rows past kept are not written.
+// With the SwiGLU epilogue this is fc1 of an MoE FFN (out = silu(x W_gate^T) * (x W_up^T)).
+struct MoeExpertGemm {
+  const void* weights = nullptr;  // this rank's E/W experts: [E/W, N, K] (b_layout kNK) or
+                                  // [E/W, K, N] (kKN), K = config.hidden, type config.dtype
+                                  // (bf16 or fp16); device memory of this GPU, 16-byte aligned
+  int64_t n = 0;                  // N: a positive multiple of 8 (kSwiGLU: of 16)
+  BLayout b_layout = BLayout::kNK;
+  GroupedActivation activation = GroupedActivation::kNone;  // kSwiGLU: gate/up interleaved by 8
+  void* out = nullptr;            // [capacity, N_out] (N_out = N, or N / 2 with kSwiGLU), device
+                                  // memory of this GPU, 16-byte aligned (symmetric when
+                                  // moe_combine reads it directly)
+  DType out_dtype = DType::kBF16;  // bf16, fp16 or fp32
+};
+struct MoeDispatchGemmOptions {
+  GemmTile tile = GemmTile::kAuto;  // k128x256 or k128x128 (the planner picks one)
+  int num_ctas = 0;                 // persistent CTAs, one per SM; 0: every SM
+  int push_ctas = 0;                // CTAs that push rows first (then compute); 0: planner
+  int arrival_ctas = 0;             // CTAs that complete receive blocks first (then compute); 0: planner
+};
+// Everything moe_dispatch checks, and grouped_gemm_can_implement's rules for the GEMM (config.dtype
+// fp32 is unsupported here). Multi-node jobs are refused (unsupported), as by moe_dispatch.
+Status moe_dispatch_gemm(Communicator& comm, const MoePlan& plan, const void* x, void* recv_x, const MoeExpertGemm& gemm,
+                         cudaStream_t stream, const MoeDispatchGemmOptions& options = {});
 
 }  // namespace loom

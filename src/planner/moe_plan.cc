@@ -354,5 +354,72 @@ Result<GroupedGemmPlan> plan_grouped_gemm(const GroupedGemmArgs& args, const Gro
   return plan;
 }
 
+GroupedGemmArgs dispatch_gemm_grouped_args(const MoePlan& plan, const MoeLayouts& layouts, const void* recv_x,
+                                           const MoeExpertGemm& gemm, void* tile_table) {
+  GroupedGemmArgs a;
+  a.layout = GroupedLayout::kContiguous;
+  a.a = recv_x;
+  a.b = gemm.weights;
+  a.d = gemm.out;
+  a.offsets = plan.expert_offsets;
+  a.m_total = layouts.capacity;
+  a.n = gemm.n;
+  a.k = plan.config.hidden;
+  a.num_experts = layouts.local_experts;
+  a.in_dtype = plan.config.dtype;
+  a.out_dtype = gemm.out_dtype;
+  a.b_layout = gemm.b_layout;
+  a.activation = gemm.activation;
+  a.workspace = tile_table;
+  a.workspace_bytes = static_cast<size_t>(kernels::moe::tile_table_bytes(static_cast<uint64_t>(layouts.capacity),
+                                                                          static_cast<uint64_t>(layouts.local_experts)));
+  return a;
+}
+
+Result<MoeDispatchGemmPlan> plan_moe_dispatch_gemm(const GroupedGemmArgs& args, const MoeDispatchGemmOptions& options,
+                                                   const GemmDeviceLimits& device) {
+  constexpr const char* kOp = "moe_dispatch_gemm";
+  const int sms = device.sm_count;
+  if (sms < 2) {
+    return Status::unsupported(std::string(kOp) + ": the GPU has " + num(sms) +
+                               " SMs; the kernel needs 2 (a pushing and an arrival CTA, resident together)");
+  }
+  if (options.num_ctas < 0 || options.push_ctas < 0 || options.arrival_ctas < 0) {
+    return Status::invalid_argument(std::string(kOp) + ": num_ctas, push_ctas and arrival_ctas must not be negative");
+  }
+  const bool built = options.tile == GemmTile::kAuto ||
+                     std::find(std::begin(kDispatchGemmTiles), std::end(kDispatchGemmTiles), options.tile) !=
+                         std::end(kDispatchGemmTiles);
+  if (!built) {
+    return Status::unsupported(std::string(kOp) + ": tile " + std::string(gemm_tile_name(options.tile)) +
+                               " is not built for the fused kernel (k128x256 and k128x128 are)");
+  }
+  GroupedGemmOptions grouped;
+  grouped.tile = options.tile;
+  if (grouped.tile == GemmTile::kAuto) {
+    LOOM_TRY_CTX(grouped_gemm_can_implement(args, grouped), kOp);
+    const GemmTile t = choose_grouped_gemm_tile(args, sms);
+    grouped.tile = t == GemmTile::k128x256 ? t : GemmTile::k128x128;
+  }
+  MoeDispatchGemmPlan plan;
+  plan.grid = options.num_ctas == 0 ? sms : options.num_ctas;
+  if (plan.grid < 2 || plan.grid > sms) {
+    return Status::invalid_argument(std::string(kOp) + ": num_ctas " + num(options.num_ctas) + " is outside [2, " +
+                                    num(sms) + "] (every CTA must be resident: one per SM)");
+  }
+  grouped.num_ctas = plan.grid;
+  Result<GroupedGemmPlan> gemm = plan_grouped_gemm(args, grouped, device);
+  if (!gemm.ok()) return std::move(gemm).take_status().with_context(kOp);
+  plan.gemm = *gemm;
+  plan.push_ctas = options.push_ctas != 0 ? options.push_ctas : std::max(1, plan.grid / MoeTunables::kFusedPushShareDen);
+  plan.arrival_ctas =
+      options.arrival_ctas != 0 ? options.arrival_ctas : std::max(1, plan.grid / MoeTunables::kFusedArrivalShareDen);
+  if (plan.push_ctas + plan.arrival_ctas > plan.grid) {
+    return Status::invalid_argument(std::string(kOp) + ": push_ctas " + num(plan.push_ctas) + " and arrival_ctas " +
+                                    num(plan.arrival_ctas) + " exceed the grid of " + num(plan.grid) + " CTAs");
+  }
+  return plan;
+}
+
 }  // namespace planner
 }  // namespace loom

@@ -92,4 +92,28 @@ struct GroupedGemmPlan {
 Result<GroupedGemmPlan> plan_grouped_gemm(const GroupedGemmArgs& args, const GroupedGemmOptions& options,
                                           const GemmDeviceLimits& device);
 
+// ---- moe_dispatch_gemm ----
+// The grouped GEMM a moe_dispatch_gemm call runs: contiguous over the C receive rows of recv_x
+// (offsets = the routing's expert_offsets), E/W experts, K = H; the workspace is the MoE
+// workspace's tile table (its size checked against grouped_gemm_workspace_bytes).
+GroupedGemmArgs dispatch_gemm_grouped_args(const MoePlan& plan, const MoeLayouts& layouts, const void* recv_x,
+                                           const MoeExpertGemm& gemm, void* tile_table);
+
+// The tiles the fused kernel is built for (kernels/moe/dispatch_gemm.cuh; two keep the build
+// small): the grouped GEMM's choice, 64-row or 64-column tiles replaced by 128x128.
+inline constexpr GemmTile kDispatchGemmTiles[] = {GemmTile::k128x256, GemmTile::k128x128};
+
+struct MoeDispatchGemmPlan {
+  GroupedGemmPlan gemm;  // tile, n_blocks, group_m, max_tile_rows; num_ctas == grid
+  int grid = 0;
+  int push_ctas = 0;     // 0 < push + arrival <= grid
+  int arrival_ctas = 0;
+};
+// Checks the GEMM (grouped_gemm_can_implement, the tile is one of kDispatchGemmTiles) and sizes the
+// grid: num_ctas (0: sm_count) in [2, sm_count] (all resident: compute CTAs wait for rows the
+// other roles of the launch land); push_ctas (0: grid / kFusedPushShareDen) and arrival_ctas (0:
+// grid / kFusedArrivalShareDen), each at least one, together at most the grid.
+Result<MoeDispatchGemmPlan> plan_moe_dispatch_gemm(const GroupedGemmArgs& args, const MoeDispatchGemmOptions& options,
+                                                   const GemmDeviceLimits& device);
+
 }  // namespace loom::planner

@@ -1,4 +1,4 @@
-// The MoE operators (moe_routing, moe_dispatch, moe_combine) on every rank of the job, under
+// The MoE operators (moe_routing, moe_dispatch, moe_combine, moe_dispatch_gemm) on every rank of the job, under
 // loom-run at any world size (one rank included: every path is then local). The shared-GPU suite
 // runs them at W = 2, 4 and 8 with the ranks sharing one GPU (scripts/device/shared_gpu_suite.sh,
 // steps moe-2 moe-4 moe-8).
@@ -594,6 +594,219 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Moe, MoeOps, ::testing::ValuesIn(cases()), case_name);
 
+// ---- moe_dispatch_gemm ----------------------------------------------------------------------------
+//
+// The fused dispatch + expert GEMM against (a) moe_dispatch's bits for recv_x, (b) an fp64
+// reference of every kept row's GEMM (relative L2 error within the output type's unit roundoff
+// plus 1e-4: the inputs are exact in their type, fp32 accumulation over K <= 512 adds far less),
+// (c) rows past the kept ones left untouched (0xFF fill), and (d) moe_dispatch followed by
+// grouped_gemm on the same tile: bit-identical rows (the fused kernel only changes when a tile
+// starts, not what it computes).
+
+constexpr uint64_t kWSalt = 0x5EED0003;
+
+struct GemmCase {
+  Case moe;
+  int64_t n = 256;
+  BLayout b_layout = BLayout::kNK;
+  GroupedActivation activation = GroupedActivation::kNone;
+  DType out_dtype = DType::kBF16;
+  GemmTile tile = GemmTile::k128x128;
+
+  int64_t out_cols() const { return activation == GroupedActivation::kSwiGLU ? n / 2 : n; }
+  std::string text(int world) const {
+    return moe.text(world) + " N=" + std::to_string(n) + (b_layout == BLayout::kKN ? " B[E,K,N]" : " B[E,N,K]") +
+           (activation == GroupedActivation::kSwiGLU ? " swiglu" : "") + " out " + std::string(dtype_name(out_dtype)) +
+           " " + std::string(gemm_tile_name(tile));
+  }
+};
+
+// Weight (e, n, k) of rank s, as a value of the input type.
+float w_value(const GemmCase& g, int s, int64_t e, int64_t n, int64_t k) {
+  const float v = 0.125f * verify::element_value(g.moe.seed ^ kWSalt, s, static_cast<uint64_t>((e * g.n + n) * g.moe.hidden + k));
+  return from_bits(g.moe.dtype, to_bits(g.moe.dtype, v));
+}
+
+struct GemmBuffers {
+  DeviceBuffer weights, out, composed;
+  size_t out_bytes = 0;
+  bool ok = false;
+
+  GemmBuffers(const GemmCase& g, const CaseBuffers& s) {
+    const int64_t el = s.layouts.local_experts, k = g.moe.hidden;
+    std::vector<float> w(static_cast<size_t>(el * g.n * k));
+    for (int64_t e = 0; e < el; ++e) {
+      for (int64_t n = 0; n < g.n; ++n) {
+        for (int64_t kk = 0; kk < k; ++kk) {
+          const size_t at = g.b_layout == BLayout::kNK ? static_cast<size_t>((e * g.n + n) * k + kk)
+                                                       : static_cast<size_t>((e * k + kk) * g.n + n);
+          w[at] = w_value(g, s.me, e, n, kk);
+        }
+      }
+    }
+    out_bytes = static_cast<size_t>(s.layouts.capacity * g.out_cols()) * dtype_size(g.out_dtype);
+    weights = device_buffer(w.size() * dtype_size(g.moe.dtype));
+    out = device_buffer(out_bytes);
+    composed = device_buffer(out_bytes);
+    ok = weights && out && composed && upload(weights.get(), pack(g.moe.dtype, w)) &&
+         cudaMemset(out.get(), 0xFF, out_bytes) == cudaSuccess && cudaMemset(composed.get(), 0xFF, out_bytes) == cudaSuccess &&
+         cudaDeviceSynchronize() == cudaSuccess;
+  }
+
+  MoeExpertGemm args(const GemmCase& g, void* dst) const {
+    MoeExpertGemm a;
+    a.weights = weights.get();
+    a.n = g.n;
+    a.b_layout = g.b_layout;
+    a.activation = g.activation;
+    a.out = dst;
+    a.out_dtype = g.out_dtype;
+    return a;
+  }
+};
+
+// out against the fp64 reference of every kept row; rows past them still hold the fill.
+void check_expert_gemm(const GemmCase& g, const CaseBuffers& s, const GemmBuffers& b, const std::string& what) {
+  const ref::RefRank& want = s.expected[s.me];
+  const std::vector<uint8_t> got = download<uint8_t>(b.out.get(), b.out_bytes);
+  ASSERT_EQ(got.size(), b.out_bytes) << what << ": reading out back";
+  const int64_t cols = g.out_cols(), k = g.moe.hidden;
+  const int64_t kept = static_cast<int64_t>(want.rows.size());
+  double err2 = 0.0, ref2 = 0.0;
+  int64_t not_finite = 0, written_past = 0;
+  std::vector<double> acc(static_cast<size_t>(g.n));
+  std::vector<float> x(static_cast<size_t>(k));
+  for (int64_t r = 0; r < s.layouts.capacity; ++r) {
+    if (r >= kept) {
+      for (int64_t j = 0; j < cols; ++j) {
+        written_past += element_bits(g.out_dtype, got.data(), static_cast<size_t>(r * cols + j)) != fill_bits(g.out_dtype);
+      }
+      continue;
+    }
+    const ref::RefRow& o = want.rows[static_cast<size_t>(r)];
+    int64_t e = 0;
+    while (e + 1 < static_cast<int64_t>(want.expert_offsets.size()) - 1 && want.expert_offsets[e + 1] <= r) ++e;
+    for (int64_t kk = 0; kk < k; ++kk) x[kk] = from_bits(g.moe.dtype, to_bits(g.moe.dtype, x_value(g.moe.seed, o.source, o.token, kk, k)));
+    for (int64_t n = 0; n < g.n; ++n) {
+      double a = 0.0;
+      for (int64_t kk = 0; kk < k; ++kk) a += static_cast<double>(x[kk]) * w_value(g, s.me, e, n, kk);
+      acc[n] = a;
+    }
+    for (int64_t j = 0; j < cols; ++j) {
+      double expect = acc[j];
+      if (g.activation == GroupedActivation::kSwiGLU) {
+        const double gate = acc[16 * (j / 8) + j % 8], up = acc[16 * (j / 8) + 8 + j % 8];
+        expect = gate / (1.0 + std::exp(-gate)) * up;
+      }
+      const double v = from_bits(g.out_dtype, element_bits(g.out_dtype, got.data(), static_cast<size_t>(r * cols + j)));
+      if (!std::isfinite(v)) ++not_finite;
+      err2 += (v - expect) * (v - expect);
+      ref2 += expect * expect;
+    }
+  }
+  const double rel = std::sqrt(err2 / std::max(ref2, 1e-300));
+  const double tol = unit_roundoff(g.out_dtype) + 1e-4;
+  EXPECT_EQ(not_finite, 0) << what << ": rank " << s.me << ": " << not_finite << " kept outputs are not finite (unwritten?)";
+  EXPECT_EQ(written_past, 0) << what << ": rank " << s.me << ": " << written_past << " outputs past the kept rows were written";
+  if (kept > 0) {
+    EXPECT_LE(rel, tol) << what << ": rank " << s.me << ": ||out - ref|| / ||ref|| = " << rel << " over " << kept << " rows";
+  }
+}
+
+class MoeDispatchGemm : public MoeTest, public ::testing::WithParamInterface<GemmCase> {};
+
+TEST_P(MoeDispatchGemm, MatchesTheReferenceAndDispatchThenGroupedGemm) {
+  const GemmCase& g = GetParam();
+  Communicator& comm = shared_comm();
+  const std::string what = g.text(comm.local_world_size());
+  CaseBuffers s(g.moe);
+  ASSERT_TRUE(agree(s.ok)) << what << ": setting up";
+  GemmBuffers b(g, s);
+  ASSERT_TRUE(agree(b.ok)) << what << ": setting up the GEMM";
+  Result<MoePlan> plan = moe_routing(comm, s.config, s.routing_args(), nullptr);
+  ASSERT_TRUE(agree(plan.ok())) << what << ": moe_routing: " << plan.status().to_string();
+  MoeDispatchGemmOptions options;
+  options.tile = g.tile;
+  const Status fused = moe_dispatch_gemm(comm, *plan, s.d_x.get(), s.recv, b.args(g, b.out.get()), nullptr, options);
+  ASSERT_TRUE(agree(fused.ok())) << what << ": rank " << process().rank << ": moe_dispatch_gemm: " << fused.to_string();
+  Result<MoeReport> report = moe_report(comm, *plan, nullptr);  // synchronizes the stream
+  ASSERT_TRUE(agree(report.ok())) << what << ": " << report.status().to_string();
+  EXPECT_TRUE(report->status.ok()) << what << ": " << report->status.to_string();
+  check_routing(s, *plan, *report, what);
+  check_dispatch(s, what);
+  check_expert_gemm(g, s, b, what);
+
+  // The unfused composition on the same tile: the same bits in every kept row.
+  ASSERT_EQ(cudaMemset(s.recv, 0xFF, s.recv_bytes()), cudaSuccess);
+  const Status dispatched = moe_dispatch(comm, *plan, s.d_x.get(), s.recv, nullptr);
+  ASSERT_TRUE(agree(dispatched.ok())) << what << ": moe_dispatch: " << dispatched.to_string();
+  const DeviceBuffer table = device_buffer(grouped_gemm_workspace_bytes(
+      planner::dispatch_gemm_grouped_args(*plan, s.layouts, s.recv, b.args(g, b.composed.get()), nullptr)));
+  GroupedGemmArgs ga = planner::dispatch_gemm_grouped_args(*plan, s.layouts, s.recv, b.args(g, b.composed.get()), table.get());
+  ga.workspace_bytes = grouped_gemm_workspace_bytes(ga);
+  GroupedGemmOptions go;
+  go.tile = g.tile;
+  const Status grouped = grouped_gemm(ga, nullptr, go);
+  ASSERT_TRUE(grouped.ok()) << what << ": grouped_gemm: " << grouped.to_string();
+  const Status synced = comm.synchronize(nullptr);
+  ASSERT_TRUE(agree(synced.ok())) << what << ": " << synced.to_string();
+  const size_t kept_bytes = s.expected[s.me].rows.size() * static_cast<size_t>(g.out_cols()) * dtype_size(g.out_dtype);
+  const std::vector<uint8_t> fused_bits = download<uint8_t>(b.out.get(), kept_bytes);
+  const std::vector<uint8_t> composed_bits = download<uint8_t>(b.composed.get(), kept_bytes);
+  EXPECT_TRUE(fused_bits == composed_bits) << what << ": rank " << s.me
+                                           << ": the fused rows differ from moe_dispatch + grouped_gemm's";
+  EXPECT_TRUE(agree(!::testing::Test::HasFailure())) << what << ": a peer failed";
+}
+
+std::vector<GemmCase> gemm_cases() {
+  std::vector<GemmCase> v;
+  GemmCase uniform;
+  uniform.moe = make_case(Routing::kUniform, 31);
+  v.push_back(uniform);
+  GemmCase skewed;  // gate/up with SwiGLU, B [E, K, N], the wide tile
+  skewed.moe = make_case(Routing::kSkewed, 32);
+  skewed.b_layout = BLayout::kKN;
+  skewed.activation = GroupedActivation::kSwiGLU;
+  skewed.tile = GemmTile::k128x256;
+  v.push_back(skewed);
+  GemmCase all_to_one;  // fp16 in, fp32 out
+  all_to_one.moe = make_case(Routing::kAllToOne, 33);
+  all_to_one.moe.dtype = DType::kF16;
+  all_to_one.out_dtype = DType::kF32;
+  v.push_back(all_to_one);
+  GemmCase empty;  // an expert without rows, unused slots
+  empty.moe = make_case(Routing::kEmptyExpert, 34);
+  empty.moe.experts_per_rank = 6;
+  empty.activation = GroupedActivation::kSwiGLU;
+  v.push_back(empty);
+  GemmCase zero;  // rank 0 routes nothing
+  zero.moe = make_case(Routing::kUniform, 35);
+  zero.moe.rank0_empty = true;
+  zero.n = 136;  // N not a multiple of the tile
+  v.push_back(zero);
+  GemmCase many;  // many tiles per expert, top-8 of 8 experts per rank
+  many.moe = make_case(Routing::kSkewed, 36);
+  many.moe.experts_per_rank = 8;
+  many.moe.top_k = 8;
+  many.moe.tokens = 1500;
+  many.moe.hidden = 128;
+  many.tile = GemmTile::k128x256;
+  v.push_back(many);
+  GemmCase repeated;
+  repeated.moe = make_case(Routing::kRepeated, 37);
+  repeated.b_layout = BLayout::kKN;
+  v.push_back(repeated);
+  return v;
+}
+
+std::string gemm_case_name(const ::testing::TestParamInfo<GemmCase>& info) {
+  std::string n = std::to_string(info.index) + "_" + routing_name(info.param.moe.routing);
+  for (char& ch : n) ch = ch == '-' ? '_' : ch;
+  return n;
+}
+
+INSTANTIATE_TEST_SUITE_P(Moe, MoeDispatchGemm, ::testing::ValuesIn(gemm_cases()), gemm_case_name);
+
 // ---- capacity ---------------------------------------------------------------------------------------
 
 class MoeCapacity : public MoeTest {};
@@ -722,6 +935,44 @@ TEST_F(MoeBadInput, HostCheckableInputIsRefusedBeforeLaunch) {
   ASSERT_TRUE(agree(synced.ok())) << synced.to_string();
 }
 
+// What the host can check is refused on every rank before anything is launched.
+TEST_F(MoeBadInput, DispatchGemmRefusesBadGemmArguments) {
+  Communicator& comm = shared_comm();
+  GemmCase g;
+  g.moe = make_case(Routing::kUniform, 52);
+  CaseBuffers s(g.moe);
+  ASSERT_TRUE(agree(s.ok)) << "setting up";
+  GemmBuffers b(g, s);
+  ASSERT_TRUE(agree(b.ok)) << "setting up the GEMM";
+  Result<MoePlan> plan = moe_routing(comm, s.config, s.routing_args(), nullptr);
+  ASSERT_TRUE(agree(plan.ok())) << plan.status().to_string();
+  auto refused = [&](MoeExpertGemm a, MoeDispatchGemmOptions o, StatusCode code, const char* words) {
+    const Status st = moe_dispatch_gemm(comm, *plan, s.d_x.get(), s.recv, a, nullptr, o);
+    EXPECT_EQ(st.code(), code) << st.to_string();
+    EXPECT_NE(st.message().find(words), std::string::npos) << st.message();
+  };
+  MoeExpertGemm a = b.args(g, b.out.get());
+  a.weights = nullptr;
+  refused(a, {}, StatusCode::kInvalidArgument, "weights is null");
+  a = b.args(g, s.recv);  // out over recv_x
+  refused(a, {}, StatusCode::kInvalidArgument, "overlaps");
+  a = b.args(g, b.out.get());
+  a.n = 100;  // not a multiple of 8
+  refused(a, {}, StatusCode::kUnsupported, "multiple of 8");
+  MoeDispatchGemmOptions narrow;
+  narrow.tile = GemmTile::k64x128;
+  refused(b.args(g, b.out.get()), narrow, StatusCode::kUnsupported, "not built for the fused kernel");
+  MoeDispatchGemmOptions crowded;
+  crowded.num_ctas = 4;
+  crowded.push_ctas = 3;
+  crowded.arrival_ctas = 2;
+  refused(b.args(g, b.out.get()), crowded, StatusCode::kInvalidArgument, "exceed the grid");
+  // The accepted call still runs on every rank.
+  ASSERT_TRUE(agree(moe_dispatch_gemm(comm, *plan, s.d_x.get(), s.recv, b.args(g, b.out.get()), nullptr).ok()));
+  const Status synced = comm.synchronize(nullptr);
+  ASSERT_TRUE(agree(synced.ok())) << synced.to_string();
+}
+
 // ---- repetition ----------------------------------------------------------------------------------------
 
 class MoeStress : public MoeTest {};
@@ -733,6 +984,49 @@ __global__ void checksum_kernel(const uint64_t* p, uint64_t words, unsigned long
     sum += verify::mix64(p[i] ^ verify::mix64(i));
   }
   atomicAdd(out, sum);
+}
+
+// Queues launch(0) .. launch(n - 1) (each records finished[i] on `stream` last), then watches them.
+// Every launch is queued before the host waits for any. comm.synchronize bounds ALL the work
+// queued before it by one call's limit (LOOM_TIMEOUT_MS + 1 s, then it aborts), which 300 calls
+// taking turns with the peers' on a shared GPU may exceed with nothing stuck. So the host first
+// watches the launches finish one by one (an event after each), each within that limit of the
+// one before, and synchronizes only then (for the device's verdict). "" or what failed; the
+// events are destroyed.
+template <class Launch>
+std::string run_back_to_back(Communicator& comm, cudaStream_t stream, int launches, Launch&& launch,
+                             std::vector<cudaEvent_t>& finished) {
+  std::string failure;
+  int queued = 0;
+  for (int i = 0; i < launches && failure.empty(); ++i) {
+    const Status st = launch(i);
+    if (!st.ok()) failure = "launch " + std::to_string(i) + ": " + st.to_string();
+    if (st.ok()) ++queued;
+  }
+  const auto per_launch = internal(comm).settings.op_timeout + std::chrono::seconds(1);
+  for (int i = 0; i < queued && failure.empty(); ++i) {
+    const auto deadline = std::chrono::steady_clock::now() + per_launch;
+    for (;;) {
+      const cudaError_t q = cudaEventQuery(finished[i]);
+      if (q == cudaSuccess) break;
+      if (q != cudaErrorNotReady) {
+        failure = "launch " + std::to_string(i) + ": " + cudaGetErrorString(q);
+        break;
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        failure = "launch " + std::to_string(i) + " of " + std::to_string(queued) + " did not finish within " +
+                  std::to_string(per_launch.count()) + " ms of the one before";
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+  const Status synced = comm.synchronize(stream);  // immediate when the watch saw every launch finish
+  for (cudaEvent_t e : finished) {
+    if (e != nullptr) cudaEventDestroy(e);  // returns at once, finished or not
+  }
+  if (failure.empty() && !synced.ok()) failure = synced.to_string();
+  return failure;
 }
 
 // The three calls LOOM_TEST_MOE_LAUNCHES times (default 100) without host synchronization, the
@@ -767,43 +1061,9 @@ TEST_F(MoeStress, BackToBackLaunchesAreBitIdentical) {
     LOOM_CUDA_TRY(cudaEventRecord(finished[i], stream));
     return {};
   };
-  // Every launch is queued before the host waits for any. comm.synchronize bounds ALL the work
-  // queued before it by one call's limit (LOOM_TIMEOUT_MS + 1 s, then it aborts), which 300 calls
-  // taking turns with the peers' on a shared GPU may exceed with nothing stuck. So the host first
-  // watches the launches finish one by one (an event after each), each within that limit of the
-  // one before, and synchronizes only then (for the device's verdict).
-  std::string failure;
-  int queued = 0;
-  for (int i = 0; i < launches && failure.empty(); ++i) {
-    const Status st = launch(i);
-    if (!st.ok()) failure = "launch " + std::to_string(i) + ": " + st.to_string();
-    if (st.ok()) ++queued;
-  }
-  const auto per_launch = internal(comm).settings.op_timeout + std::chrono::seconds(1);
-  for (int i = 0; i < queued && failure.empty(); ++i) {
-    const auto deadline = std::chrono::steady_clock::now() + per_launch;
-    for (;;) {
-      const cudaError_t q = cudaEventQuery(finished[i]);
-      if (q == cudaSuccess) break;
-      if (q != cudaErrorNotReady) {
-        failure = "launch " + std::to_string(i) + ": " + cudaGetErrorString(q);
-        break;
-      }
-      if (std::chrono::steady_clock::now() > deadline) {
-        failure = "launch " + std::to_string(i) + " of " + std::to_string(queued) + " did not finish within " +
-                  std::to_string(per_launch.count()) + " ms of the one before";
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-  }
-  const Status synced = comm.synchronize(stream);  // immediate when the watch saw every launch finish
-  for (cudaEvent_t e : finished) {
-    if (e != nullptr) cudaEventDestroy(e);  // returns at once, finished or not
-  }
+  const std::string failure = run_back_to_back(comm, stream, launches, launch, finished);
   cudaStreamDestroy(stream);
-  ASSERT_TRUE(agree(failure.empty() && synced.ok())) << what << ": rank " << process().rank << ": " << failure << " / "
-                                                    << synced.to_string();
+  ASSERT_TRUE(agree(failure.empty())) << what << ": rank " << process().rank << ": " << failure;
   const std::vector<unsigned long long> got = download<unsigned long long>(sums.get(), static_cast<size_t>(launches) * 2);
   ASSERT_EQ(got.size(), static_cast<size_t>(launches) * 2);
   int differ = 0;
@@ -816,6 +1076,52 @@ TEST_F(MoeStress, BackToBackLaunchesAreBitIdentical) {
   check_routing(s, plan, *report, what);
   check_dispatch(s, what);
   check_combine(s, what);
+  EXPECT_TRUE(agree(!::testing::Test::HasFailure())) << what << ": a peer failed";
+}
+
+// moe_routing + moe_dispatch_gemm (SwiGLU) LOOM_TEST_MOE_LAUNCHES times without host
+// synchronization, recv_x and out poisoned before each: every launch leaves the same bits.
+TEST_F(MoeStress, DispatchGemmBackToBackIsBitIdentical) {
+  Communicator& comm = shared_comm();
+  const char* env = std::getenv("LOOM_TEST_MOE_LAUNCHES");
+  const int launches = env != nullptr ? std::max(1, std::atoi(env)) : 100;
+  GemmCase g;
+  g.moe = make_case(Routing::kSkewed, 62);
+  g.activation = GroupedActivation::kSwiGLU;
+  const std::string what = g.text(comm.local_world_size()) + ", " + std::to_string(launches) + " launches";
+  CaseBuffers s(g.moe);
+  ASSERT_TRUE(agree(s.ok)) << what << ": setting up";
+  GemmBuffers b(g, s);
+  ASSERT_TRUE(agree(b.ok)) << what << ": setting up the GEMM";
+  const DeviceBuffer sums = device_buffer(static_cast<size_t>(launches) * 2 * sizeof(unsigned long long));
+  ASSERT_TRUE(agree(sums && cudaMemset(sums.get(), 0, static_cast<size_t>(launches) * 16) == cudaSuccess));
+  auto* d_sums = static_cast<unsigned long long*>(sums.get());
+  cudaStream_t stream;
+  LOOM_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  MoePlan plan;
+  std::vector<cudaEvent_t> finished(static_cast<size_t>(launches), nullptr);
+  auto launch = [&](int i) -> Status {
+    LOOM_CUDA_TRY(cudaMemsetAsync(s.recv, 0xFF, s.recv_bytes(), stream));
+    LOOM_CUDA_TRY(cudaMemsetAsync(b.out.get(), 0xFF, b.out_bytes, stream));
+    LOOM_ASSIGN_OR_RETURN(plan, moe_routing(comm, s.config, s.routing_args(), stream));
+    LOOM_TRY(moe_dispatch_gemm(comm, plan, s.d_x.get(), s.recv, b.args(g, b.out.get()), stream));
+    checksum_kernel<<<64, 256, 0, stream>>>(static_cast<const uint64_t*>(s.recv), s.recv_bytes() / 8, d_sums + 2 * i);
+    checksum_kernel<<<64, 256, 0, stream>>>(static_cast<const uint64_t*>(b.out.get()), b.out_bytes / 8, d_sums + 2 * i + 1);
+    LOOM_CUDA_TRY(cudaGetLastError());
+    LOOM_CUDA_TRY(cudaEventCreateWithFlags(&finished[i], cudaEventDisableTiming));
+    LOOM_CUDA_TRY(cudaEventRecord(finished[i], stream));
+    return {};
+  };
+  const std::string failure = run_back_to_back(comm, stream, launches, launch, finished);
+  cudaStreamDestroy(stream);
+  ASSERT_TRUE(agree(failure.empty())) << what << ": rank " << process().rank << ": " << failure;
+  const std::vector<unsigned long long> got = download<unsigned long long>(sums.get(), static_cast<size_t>(launches) * 2);
+  ASSERT_EQ(got.size(), static_cast<size_t>(launches) * 2);
+  int differ = 0;
+  for (int i = 1; i < launches; ++i) differ += got[2 * i] != got[0] || got[2 * i + 1] != got[1];
+  EXPECT_EQ(differ, 0) << what << ": rank " << process().rank << ": " << differ << " launches differ from launch 0";
+  check_dispatch(s, what);
+  check_expert_gemm(g, s, b, what);
   EXPECT_TRUE(agree(!::testing::Test::HasFailure())) << what << ": a peer failed";
 }
 

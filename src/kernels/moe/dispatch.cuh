@@ -1,5 +1,6 @@
 // moe_dispatch: every routed token row to the ranks holding its experts, into the receive layout
-// the routing computed (kernels/moe/routing.cuh), as one persistent kernel on the frame.
+// the routing computed (kernels/moe/routing.cuh): the roles of one persistent kernel on the frame
+// (moe_dispatch_kernel, dispatch_kernel.cuh; moe_dispatch_gemm runs them too, dispatch_gemm.cuh).
 //
 // Roles (DispatchRoleTable): CTAs [0, arrival_ctas) receive, the rest push.
 //   push     warp w of the pushing CTAs takes tokens w, w + warps, ...; for each destination rank
@@ -16,7 +17,7 @@
 //            the block has landed and every other row's origin is there, its primary landed too,
 //            being no later in the order), copies each repeated row from its primary (local
 //            copies), then sets ready[f] = e. A kernel reading this rank's rows (the grouped GEMM
-//            of the fused moe_dispatch_gemm) gates on ready[] like the GEMM engine's row flags.
+//            of the fused moe_dispatch_gemm, dispatch_gemm.cuh) gates on ready[].
 //            When its blocks are done every row sent to this rank has landed, so the launch ends
 //            only after every write into this rank (the frame's rule).
 // Counters are the one non-epoch word: zeroed by the host call before the kernel (stream order),
@@ -106,7 +107,8 @@ __device__ __forceinline__ bool push_tokens(const DispatchParams& p, uint32_t fi
   return true;
 }
 
-// One arrival CTA (all threads): blocks first, first + stride, ... of this rank's kept rows.
+// One arrival CTA (all threads, any whole number of warps): blocks first, first + stride, ... of
+// this rank's kept rows.
 // False after a failed wait (recorded).
 __device__ __forceinline__ bool receive_blocks(const DispatchParams& p, uint32_t first, uint32_t stride, uint64_t epoch,
                                                const WaitContext& ctx) {
@@ -124,7 +126,7 @@ __device__ __forceinline__ bool receive_blocks(const DispatchParams& p, uint32_t
     if (threadIdx.x == 0) ok = wait_flag(p.ws.at<uint64_t>(c, me, l.arrival, f), rows, ctx, -1, kArrivalFlag, f);
     if (!cta_all(ok)) return false;
     // Repeated tokens: rows whose primary is another row of this rank.
-    for (uint64_t r = row0 + warp_id(); r < row0 + rows; r += MoeTunables::kWarps) {
+    for (uint64_t r = row0 + warp_id(); r < row0 + rows; r += blockDim.x / 32) {
       const int32_t primary = __ldcg(&origins[r].primary);
       // primary == r: the row itself crossed NVLink; primary < r: a copy (a primary is never later)
       if (primary >= 0 && static_cast<uint64_t>(primary) < r) {
@@ -137,21 +139,6 @@ __device__ __forceinline__ bool receive_blocks(const DispatchParams& p, uint32_t
     if (threadIdx.x == 0) flag_store_release(p.ws.at<uint64_t>(c, me, l.ready, f), epoch);
   }
   return true;
-}
-
-__global__ void __launch_bounds__(MoeTunables::kThreads, 1) moe_dispatch_kernel(const __grid_constant__ DispatchParams p) {
-  const DeviceComm& c = p.comm;
-  const frame::LaunchFrame f = frame::LaunchFrame::enter(c, kDispatchOp, moe_entry(c), p.signature);
-  const DispatchRoleTable& roles = p.roles;
-  const uint32_t index = roles.index_in_role(blockIdx.x);
-  if (roles.role_of(blockIdx.x) == DispatchRole::kArrival) {
-    (void)receive_blocks(p, index, roles.count(DispatchRole::kArrival), f.epoch, f.ctx);
-  } else {
-    const uint32_t warps = roles.count(DispatchRole::kPush, gridDim.x) * MoeTunables::kWarps;
-    (void)push_tokens(p, index * MoeTunables::kWarps + warp_id(), warps, f.epoch, f.ctx);
-  }
-  f.mark(LaunchPhase::kRolesDone);
-  f.finish(p.state, c);
 }
 
 }  // namespace loom::kernels::moe

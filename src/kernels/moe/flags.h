@@ -13,6 +13,7 @@ inline constexpr uint32_t kFamily = 3;
 inline constexpr OpId kRoutingOp = family_op(kFamily, 1);
 inline constexpr OpId kDispatchOp = family_op(kFamily, 2);
 inline constexpr OpId kCombineOp = family_op(kFamily, 3);
+inline constexpr OpId kDispatchGemmOp = family_op(kFamily, 4);
 
 // "my routing chunk `index` is counted" (local, written by another CTA of the launch)
 inline constexpr FlagKind kChunkFlag = family_flag(kFamily, 0);
@@ -26,5 +27,8 @@ inline constexpr FlagKind kArrivalFlag = family_flag(kFamily, 3);
 inline constexpr FlagKind kReadDoneFlag = family_flag(kFamily, 4);
 // "rank s has read my expert outputs"
 inline constexpr FlagKind kDoneFlag = family_flag(kFamily, 5);
+// "my receive block `index` is complete, its repeated rows copied" (local; moe_dispatch_gemm's
+// expert GEMM tiles wait for it)
+inline constexpr FlagKind kReadyFlag = family_flag(kFamily, 6);
 
 }  // namespace loom::kernels::moe

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "kernels/moe/grouped_gemm_params.h"
 #include "runtime/device_abi.h"  // LOOM_HOST_DEVICE
 
 namespace loom::kernels::moe {
@@ -28,6 +29,10 @@ struct MoeTunables {
   static constexpr int kArrivalRows = 64;
   static constexpr int kArrivalShareDen = 4;
   static constexpr int kCopyUnroll = 4;
+  // moe_dispatch_gemm: the CTAs that push (1 / kFusedPushShareDen of the grid) and complete
+  // receive blocks (1 / kFusedArrivalShareDen) before they join the expert GEMM.
+  static constexpr int kFusedPushShareDen = 8;
+  static constexpr int kFusedArrivalShareDen = 16;
   // Combine: the most CTAs (one "read done" flag each).
   static constexpr int kMaxCtas = 1024;
 };
@@ -114,6 +119,15 @@ struct PlanLayout {
   }
 };
 
+// moe_dispatch_gemm's tile table over C receive rows of El local experts: the grouped GEMM's
+// workspace for a contiguous layout of C rows (header, then one GroupedTileRow per tile row, sized
+// for the smallest BLOCK_M so that any tile the planner picks fits).
+LOOM_HOST_DEVICE constexpr uint64_t tile_table_bytes(uint64_t capacity, uint64_t local_experts) {
+  return kGroupedWorkspaceHeaderBytes +
+         sizeof(GroupedTileRow) * grouped_max_tile_rows(GroupedRows::kContiguous, capacity, local_experts,
+                                                        GroupedGemmTunables::kMinBlockM);
+}
+
 // The MoE family's symmetric workspace (ops::family_workspace "moe"; equal offsets on every rank;
 // offsets from its start, each region 256-byte aligned). Who writes each region, and which call
 // zeroes it in stream order just before its kernel (peers write into a rank only after its entry
@@ -128,8 +142,12 @@ struct PlanLayout {
 //   read_done    u64   [kMaxCtas]               epoch: CTA i of combine has read (local)  combine
 //   done         u64   [W]                      epoch: "rank s has read my expert outputs"  combine
 //   rows         RecvRow [C]                    each receive row's origin (its sender)    never (written before read)
+//   tiles        16 B x (1 + ceil(C / 64) + El) moe_dispatch_gemm's tile table (local, El = E / W):
+//                                               the grouped GEMM's workspace over the receive rows
+//                                               (kernels/moe/grouped_gemm_params.h)     never (its plan
+//                                                                                       kernel rewrites it)
 struct WorkspaceLayout {
-  uint64_t count_table, count_flags, chunk_flags, routing_words, arrival, ready, read_done, done, rows, bytes;
+  uint64_t count_table, count_flags, chunk_flags, routing_words, arrival, ready, read_done, done, rows, tiles, bytes;
 
   LOOM_HOST_DEVICE static WorkspaceLayout make(uint32_t world, uint32_t experts, uint64_t max_tokens,
                                                uint64_t capacity) {
@@ -144,7 +162,8 @@ struct WorkspaceLayout {
     l.read_done = l.ready + align_up(8 * blocks, 256);
     l.done = l.read_done + align_up(8ull * MoeTunables::kMaxCtas, 256);
     l.rows = l.done + align_up(8ull * world, 256);
-    l.bytes = l.rows + align_up(sizeof(RecvRow) * capacity, 256);
+    l.tiles = l.rows + align_up(sizeof(RecvRow) * capacity, 256);
+    l.bytes = l.tiles + align_up(tile_table_bytes(capacity, experts / world), 256);
     return l;
   }
   // The byte ranges each call zeroes before its kernel.

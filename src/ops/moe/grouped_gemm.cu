@@ -34,26 +34,15 @@ Status launch_tile(GemmTile tile, const km::GroupedGemmKernelParams& p, const op
 
 }  // namespace
 
-Result<GroupedGemmPlanInfo> grouped_gemm_plan(const GroupedGemmArgs& args, const GroupedGemmOptions& options) {
-  LOOM_TRY(grouped_gemm_can_implement(args, options));
-  LOOM_ASSIGN_OR_RETURN(planner::GemmDeviceLimits limits, ops::gemm_device_limits());
-  LOOM_ASSIGN_OR_RETURN(planner::GroupedGemmPlan plan, planner::plan_grouped_gemm(args, options, limits));
-  return GroupedGemmPlanInfo{plan.tile, gemm_tile_info(plan.tile), plan.num_ctas, plan.rows,
-                             plan.max_tile_rows * plan.n_blocks, grouped_gemm_workspace_bytes(args)};
-}
+namespace ops {
 
-Status grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream, const GroupedGemmOptions& options) {
-  LOOM_TRY(grouped_gemm_can_implement(args, options));
+// The plan kernel queued on `stream` and the GEMM kernel's parameters (all but `wait`).
+Status prepare_grouped_gemm(const GroupedGemmArgs& args, const planner::GroupedGemmPlan& plan, cudaStream_t stream,
+                            kernels::moe::GroupedGemmKernelParams& p) {
   const int64_t rows = planner::grouped_gemm_rows(args);
-  if (rows == 0) return Status{};  // no row of D to write (M_total or capacity is 0)
-  LOOM_ASSIGN_OR_RETURN(planner::GemmDeviceLimits limits, ops::gemm_device_limits());
-  LOOM_ASSIGN_OR_RETURN(planner::GroupedGemmPlan plan, planner::plan_grouped_gemm(args, options, limits));
-  LOOM_ASSIGN_OR_RETURN(ops::StandaloneWait * wait, ops::standalone_wait());
-  LOOM_TRY(ops::take_standalone_error(*wait, stream));
   const GemmTileInfo info = gemm_tile_info(plan.tile);
   const bool masked = args.layout == GroupedLayout::kMasked;
 
-  km::GroupedGemmKernelParams p{};
   LOOM_TRY(ops::encode_gemm_rows_map(args.a, rows, args.k, args.k, args.in_dtype, info.block_m, &p.a));
   GemmArgs b_args;  // one expert's B, as the engine's B encoder reads it
   b_args.b = args.b;
@@ -77,7 +66,6 @@ Status grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream, const Grou
   p.epi.op = static_cast<uint32_t>(kg::EpilogueOp::kStore);
   p.epi.out_dtype = static_cast<uint32_t>(args.out_dtype);
   p.epi.num_dst = 1;
-  p.wait = wait->params();
   auto* header = static_cast<km::GroupedWorkspaceHeader*>(args.workspace);
   auto* table = reinterpret_cast<km::GroupedTileRow*>(static_cast<uint8_t*>(args.workspace) + km::kGroupedWorkspaceHeaderBytes);
   p.header = header;
@@ -97,7 +85,30 @@ Status grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream, const Grou
   plan_params.max_tile_rows = static_cast<uint32_t>(plan.max_tile_rows);
 
   constexpr int kPlanThreads = km::GroupedGemmTunables::kPlanThreads;
-  LOOM_TRY(ops::launch_kernel(&km::grouped_gemm_plan_kernel<kPlanThreads>, 1u, kPlanThreads, 0, stream, plan_params));
+  return ops::launch_kernel(&km::grouped_gemm_plan_kernel<kPlanThreads>, 1u, kPlanThreads, 0, stream, plan_params);
+}
+
+}  // namespace ops
+
+Result<GroupedGemmPlanInfo> grouped_gemm_plan(const GroupedGemmArgs& args, const GroupedGemmOptions& options) {
+  LOOM_TRY(grouped_gemm_can_implement(args, options));
+  LOOM_ASSIGN_OR_RETURN(planner::GemmDeviceLimits limits, ops::gemm_device_limits());
+  LOOM_ASSIGN_OR_RETURN(planner::GroupedGemmPlan plan, planner::plan_grouped_gemm(args, options, limits));
+  return GroupedGemmPlanInfo{plan.tile, gemm_tile_info(plan.tile), plan.num_ctas, plan.rows,
+                             plan.max_tile_rows * plan.n_blocks, grouped_gemm_workspace_bytes(args)};
+}
+
+Status grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream, const GroupedGemmOptions& options) {
+  LOOM_TRY(grouped_gemm_can_implement(args, options));
+  const int64_t rows = planner::grouped_gemm_rows(args);
+  if (rows == 0) return Status{};  // no row of D to write (M_total or capacity is 0)
+  LOOM_ASSIGN_OR_RETURN(planner::GemmDeviceLimits limits, ops::gemm_device_limits());
+  LOOM_ASSIGN_OR_RETURN(planner::GroupedGemmPlan plan, planner::plan_grouped_gemm(args, options, limits));
+  LOOM_ASSIGN_OR_RETURN(ops::StandaloneWait * wait, ops::standalone_wait());
+  LOOM_TRY(ops::take_standalone_error(*wait, stream));
+  km::GroupedGemmKernelParams p{};
+  LOOM_TRY(ops::prepare_grouped_gemm(args, plan, stream, p));
+  p.wait = wait->params();
   const ops::detail::GroupedVariant variant{args.in_dtype == DType::kBF16, args.b_layout == BLayout::kKN,
                                             args.activation == GroupedActivation::kSwiGLU};
   return launch_tile(plan.tile, p, variant, plan.num_ctas, stream);

@@ -1,5 +1,6 @@
 // Instantiates the grouped GEMM kernel for one tile configuration (bf16 / fp16 x B [E, N, K] /
-// [E, K, N] x plain / SwiGLU epilogue) and launches the variant a call needs.
+// [E, K, N] x plain / SwiGLU epilogue) and launches the variant a call needs; moe_dispatch_gemm's
+// kernels (ops/moe/dispatch_gemm_launch.cuh) go through the same variant table.
 // Included by exactly one grouped_gemm_sm90_<tile>.cu each, so the heavy instantiations are
 // spread over several translation units (CI compiles on 2 cores).
 #pragma once
@@ -12,6 +13,17 @@
 #include "kernels/moe/grouped_gemm.cuh"
 #include "loom/status.h"
 #include "ops/launch/kernel_launch.h"
+#include "planner/moe_plan.h"
+
+namespace loom::ops {
+
+// A grouped GEMM call's launch, up to its GEMM kernel (ops/moe/grouped_gemm.cu): the tensor maps
+// and the rest of the kernel's parameters but `wait` filled in from args and plan, and the plan
+// kernel (counts or offsets -> the tile table in args.workspace) queued on `stream`.
+Status prepare_grouped_gemm(const GroupedGemmArgs& args, const planner::GroupedGemmPlan& plan, cudaStream_t stream,
+                            kernels::moe::GroupedGemmKernelParams& p);
+
+}  // namespace loom::ops
 
 namespace loom::ops::detail {
 
@@ -22,29 +34,40 @@ struct GroupedVariant {
   bool swiglu;   // the SwiGLU epilogue (GroupedActivation::kSwiGLU)
 };
 
-template <class Cfg>
-Status launch_grouped_config(const kernels::moe::GroupedGemmKernelParams& params, const GroupedVariant& v, int grid,
-                             cudaStream_t stream) {
-  namespace km = kernels::moe;
-  using Kernel = void (*)(km::GroupedGemmKernelParams);
-  // The SwiGLU epilogue needs BLOCK_N >= 128 (planner::kSwiGluMinBlockN): no such kernels below it.
+// The eight kernels of one configuration (bf16 / fp16 x B layout x plain / SwiGLU) of a kernel
+// template over them, `Kernel<Cfg, kBF16, kBNMajor, kGated>::value`, and the launch of the one a
+// call needs. The SwiGLU epilogue needs BLOCK_N >= 128 (planner::kSwiGluMinBlockN): no such
+// kernels below it.
+template <class Cfg, template <class, bool, bool, bool> class Kernel, class Params>
+Status launch_grouped_variant(const Params& params, const GroupedVariant& v, int grid, cudaStream_t stream,
+                              const char* op) {
+  using Fn = void (*)(Params);
   constexpr bool kGated = Cfg::kBlockN >= 128;
-  constexpr std::array<Kernel, 4> kPlain{
-      &km::sm90_grouped_gemm_kernel<Cfg, true, false, false>, &km::sm90_grouped_gemm_kernel<Cfg, true, true, false>,
-      &km::sm90_grouped_gemm_kernel<Cfg, false, false, false>, &km::sm90_grouped_gemm_kernel<Cfg, false, true, false>};
+  constexpr std::array<Fn, 4> kPlain{Kernel<Cfg, true, false, false>::value, Kernel<Cfg, true, true, false>::value,
+                                     Kernel<Cfg, false, false, false>::value, Kernel<Cfg, false, true, false>::value};
   const size_t index = (v.bf16 ? 0 : 2) + (v.n_major ? 1 : 0);
-  Kernel kernel = kPlain[index];
+  Fn kernel = kPlain[index];
   if (v.swiglu) {
     if constexpr (kGated) {
-      constexpr std::array<Kernel, 4> kSwiGlu{
-          &km::sm90_grouped_gemm_kernel<Cfg, true, false, true>, &km::sm90_grouped_gemm_kernel<Cfg, true, true, true>,
-          &km::sm90_grouped_gemm_kernel<Cfg, false, false, true>, &km::sm90_grouped_gemm_kernel<Cfg, false, true, true>};
+      constexpr std::array<Fn, 4> kSwiGlu{Kernel<Cfg, true, false, true>::value, Kernel<Cfg, true, true, true>::value,
+                                          Kernel<Cfg, false, false, true>::value, Kernel<Cfg, false, true, true>::value};
       kernel = kSwiGlu[index];
     } else {
-      return Status::internal("grouped_gemm: no SwiGLU kernel for BLOCK_N " + std::to_string(Cfg::kBlockN));
+      return Status::internal(std::string(op) + ": no SwiGLU kernel for BLOCK_N " + std::to_string(Cfg::kBlockN));
     }
   }
   return launch_kernel(kernel, static_cast<unsigned>(grid), Cfg::kThreads, Cfg::kSmemBytes, stream, params);
+}
+
+template <class Cfg, bool kBF16, bool kBNMajor, bool kGated>
+struct GroupedGemmKernel {
+  static constexpr auto value = &kernels::moe::sm90_grouped_gemm_kernel<Cfg, kBF16, kBNMajor, kGated>;
+};
+
+template <class Cfg>
+Status launch_grouped_config(const kernels::moe::GroupedGemmKernelParams& params, const GroupedVariant& v, int grid,
+                             cudaStream_t stream) {
+  return launch_grouped_variant<Cfg, GroupedGemmKernel>(params, v, grid, stream, "grouped_gemm");
 }
 
 // Defined in grouped_gemm_sm90_<tile>.cu.

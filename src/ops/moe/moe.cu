@@ -18,12 +18,13 @@
 #include <vector>
 
 #include "kernels/moe/combine.cuh"
-#include "kernels/moe/dispatch.cuh"
+#include "kernels/moe/dispatch_kernel.cuh"
 #include "kernels/moe/routing.cuh"
 #include "loom/moe.h"
 #include "ops/launch/family_resources.h"
 #include "ops/launch/kernel_launch.h"
 #include "ops/launch/queued_work.h"
+#include "ops/moe/moe_launch.h"
 #include "planner/moe_plan.h"
 #include "runtime/communicator_impl.h"
 #include "runtime/cuda_check.h"
@@ -33,89 +34,7 @@ namespace {
 
 namespace km = kernels::moe;
 using km::MoeTunables;
-
-// The MoE family's launch state and workspace (ops/launch/family_resources.h).
-constexpr std::string_view kFamily = "moe";
-
-std::string num(int64_t v) { return std::to_string(v); }
-
-Result<planner::MoeLayouts> layouts_for(const Communicator::Impl& impl, const MoeConfig& config) {
-  planner::MoeRequest r;
-  r.config = config;
-  r.world = impl.topology.local_world_size;
-  r.num_nodes = impl.topology.num_nodes;
-  return planner::plan_moe(r);
-}
-
-bool aligned(const void* p, uintptr_t to) { return reinterpret_cast<uintptr_t>(p) % to == 0; }
-
-// A device buffer of this GPU, `bytes` long (skipped when 0), aligned to `align`.
-Status check_device(const Communicator::Impl& impl, const void* p, size_t bytes, uintptr_t align, const char* what) {
-  if (bytes == 0) return {};
-  LOOM_TRY(impl.check_local_device_buffer(p, bytes, what));
-  if (!aligned(p, align)) return Status::invalid_argument(std::string(what) + " is not " + num(align) + "-byte aligned");
-  return {};
-}
-
-// A symmetric buffer of `bytes`, 16-byte aligned: its heap offset.
-Result<uint64_t> check_symmetric(const Communicator::Impl& impl, const void* p, size_t bytes, const char* what) {
-  LOOM_ASSIGN_OR_RETURN(uint64_t offset, impl.symmetric_offset(p, bytes, what));
-  if (offset % 16 != 0) return Status::invalid_argument(std::string(what) + " is not 16-byte aligned");
-  return offset;
-}
-
-struct Range {
-  const void* p;
-  size_t bytes;
-  const char* what;
-  bool output;  // the kernel writes it
-};
-// invalid_argument when a range the kernel writes overlaps any other range.
-Status check_disjoint(std::initializer_list<Range> ranges) {
-  for (auto a = ranges.begin(); a != ranges.end(); ++a) {
-    for (auto b = a + 1; b != ranges.end(); ++b) {
-      if (!a->output && !b->output) continue;
-      const uintptr_t alo = reinterpret_cast<uintptr_t>(a->p), blo = reinterpret_cast<uintptr_t>(b->p);
-      if (a->bytes != 0 && b->bytes != 0 && alo < blo + b->bytes && blo < alo + a->bytes) {
-        return Status::invalid_argument(std::string(a->output ? a->what : b->what) + " overlaps " +
-                                        (a->output ? b->what : a->what));
-      }
-    }
-  }
-  return {};
-}
-
-// The frame fields every MoE launch has (communicator, launch state, workspace), the workspace's
-// [begin, end) zeroed on `stream` first (before the kernel queued next).
-template <class Params>
-Status prepare_launch(Communicator::Impl& impl, const km::WorkspaceLayout& l, uint64_t begin, uint64_t end,
-                      cudaStream_t stream, const char* op, Params& p) {
-  LOOM_ASSIGN_OR_RETURN(void* ws, ops::family_workspace(impl, kFamily, static_cast<size_t>(l.bytes), stream, op));
-  if (end > begin) LOOM_CUDA_TRY(cudaMemsetAsync(static_cast<char*>(ws) + begin, 0, static_cast<size_t>(end - begin), stream));
-  p.comm = impl.device_comm();
-  LOOM_ASSIGN_OR_RETURN(p.state, ops::family_launch_state(impl, kFamily));
-  p.ws = {impl.heap->offset_of(ws), l};
-  return {};
-}
-
-// The routing's regions of a plan buffer, as dispatch and combine read them.
-km::PlanView plan_view(const void* plan, const km::PlanLayout& l) {
-  const char* base = static_cast<const char*>(plan);
-  return {reinterpret_cast<const km::MoeStatusWords*>(base + l.status), reinterpret_cast<const int32_t*>(base + l.slot_dest),
-          reinterpret_cast<const float*>(base + l.slot_weight)};
-}
-
-// The checks every call on a MoePlan makes: usable communicator, its config, the handle.
-Result<planner::MoeLayouts> check_plan(Communicator::Impl& impl, const MoePlan& plan, const char* op) {
-  LOOM_TRY(impl.check_usable());
-  Result<planner::MoeLayouts> l = layouts_for(impl, plan.config);
-  if (!l.ok()) return std::move(l).take_status().with_context(op);
-  if (plan.plan == nullptr) return Status::invalid_argument(std::string(op) + ": the MoePlan holds no plan buffer (use the one moe_routing returned)");
-  if (plan.capacity != l->capacity || plan.num_tokens < 0 || plan.num_tokens > plan.config.max_tokens) {
-    return Status::invalid_argument(std::string(op) + ": the MoePlan does not match its config (use the one moe_routing returned)");
-  }
-  return l;
-}
+using namespace ops::moe;  // the launchers' shared checks (ops/moe/moe_launch.h)
 
 }  // namespace
 
@@ -199,32 +118,14 @@ Status moe_dispatch(Communicator& comm, const MoePlan& plan, const void* x, void
   constexpr const char* kOp = "moe_dispatch";
   Communicator::Impl& impl = internal(comm);
   LOOM_ASSIGN_OR_RETURN(planner::MoeLayouts l, check_plan(impl, plan, kOp));
-  const size_t x_bytes = static_cast<size_t>(plan.num_tokens) * static_cast<size_t>(l.row_bytes);
-  const size_t recv_bytes = static_cast<size_t>(l.capacity) * static_cast<size_t>(l.row_bytes);
-  if (plan.num_tokens > 0 && x == nullptr) return Status::invalid_argument(std::string(kOp) + ": x is null");
-  LOOM_TRY_CTX(check_device(impl, x, x_bytes, 16, "x ([T, H])"), kOp);
-  LOOM_ASSIGN_OR_RETURN(const uint64_t recv_offset,
-                        check_symmetric(impl, recv_x, recv_bytes, "moe_dispatch: recv_x ([capacity, H], symmetric)"));
-  LOOM_TRY_CTX(check_disjoint({{recv_x, recv_bytes, "recv_x", true},
-                              {x, x_bytes, "x", false},
-                              {plan.plan, static_cast<size_t>(l.plan.bytes), "the plan", false}}),
-               kOp);
+  LOOM_ASSIGN_OR_RETURN(const uint64_t recv_offset, check_dispatch_buffers(impl, plan, l, x, recv_x, kOp));
   Result<planner::MoeDispatchGrid> grid = planner::plan_moe_dispatch(impl.sm_count, options.num_ctas, options.arrival_ctas);
   if (!grid.ok()) return std::move(grid).take_status();
 
   const km::WorkspaceLayout& wl = l.workspace;
   km::DispatchParams p{};
   LOOM_TRY(prepare_launch(impl, wl, wl.dispatch_zero_begin(), wl.dispatch_zero_end(), stream, kOp, p));
-  p.plan = plan_view(plan.plan, l.plan);
-  p.x = static_cast<const char*>(x);
-  p.recv_offset = recv_offset;
-  p.row_bytes = l.row_bytes;
-  p.num_tokens = static_cast<uint32_t>(plan.num_tokens);
-  p.top_k = static_cast<uint32_t>(plan.config.top_k);
-  p.capacity = static_cast<uint32_t>(l.capacity);
-  p.signature = planner::moe_signature(km::kDispatchOp, {plan.config.num_experts, plan.config.top_k, l.capacity,
-                                                         static_cast<int64_t>(l.row_bytes), impl.topology.local_world_size,
-                                                         static_cast<int64_t>(p.ws.offset), static_cast<int64_t>(recv_offset)});
+  fill_dispatch(impl, plan, l, x, recv_offset, km::kDispatchOp, p);
   p.roles.set(km::DispatchRole::kArrival, static_cast<uint32_t>(grid->arrival_ctas));
   const Status queued = ops::launch_kernel(&km::moe_dispatch_kernel, static_cast<unsigned>(grid->grid), MoeTunables::kThreads,
                                            0, stream, p);

@@ -12,10 +12,12 @@ const NameRegistration kNames{{{km::kChunkFlag, "moe routing chunk"},
                                {km::kLayoutFlag, "moe routing layout"},
                                {km::kArrivalFlag, "moe row arrival"},
                                {km::kReadDoneFlag, "moe combine read"},
-                               {km::kDoneFlag, "moe combine done"}},
+                               {km::kDoneFlag, "moe combine done"},
+                               {km::kReadyFlag, "moe receive block ready"}},
                               {{km::kRoutingOp, "moe_routing"},
                                {km::kDispatchOp, "moe_dispatch"},
-                               {km::kCombineOp, "moe_combine"}}};
+                               {km::kCombineOp, "moe_combine"},
+                               {km::kDispatchGemmOp, "moe_dispatch_gemm"}}};
 
 }  // namespace
 }  // namespace loom::ops::moe

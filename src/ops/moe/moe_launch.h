@@ -1,0 +1,144 @@
+// What the MoE family's host launchers share (ops/moe/moe.cu, ops/moe/dispatch_gemm.cu): the
+// checks of pointers and plans, the frame fields of a launch and the dispatch's parameters.
+//
+// Rules (invalid_argument, before anything is launched or written): a failed communicator
+// (aborted); pointers that are not device memory of this GPU or not aligned as each call says; a
+// symmetric buffer that is not inside one symmetric allocation; an output overlapping an input; a
+// MoePlan that does not match its config.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+
+#include "kernels/moe/dispatch.cuh"
+#include "loom/moe.h"
+#include "ops/launch/family_resources.h"
+#include "planner/moe_plan.h"
+#include "runtime/communicator_impl.h"
+#include "runtime/cuda_check.h"
+
+namespace loom::ops::moe {
+
+namespace km = kernels::moe;
+
+// The MoE family's launch state and workspace (ops/launch/family_resources.h).
+inline constexpr std::string_view kFamily = "moe";
+
+inline std::string num(int64_t v) { return std::to_string(v); }
+
+inline Result<planner::MoeLayouts> layouts_for(const Communicator::Impl& impl, const MoeConfig& config) {
+  planner::MoeRequest r;
+  r.config = config;
+  r.world = impl.topology.local_world_size;
+  r.num_nodes = impl.topology.num_nodes;
+  return planner::plan_moe(r);
+}
+
+inline bool aligned(const void* p, uintptr_t to) { return reinterpret_cast<uintptr_t>(p) % to == 0; }
+
+// A device buffer of this GPU, `bytes` long (skipped when 0), aligned to `align`.
+inline Status check_device(const Communicator::Impl& impl, const void* p, size_t bytes, uintptr_t align, const char* what) {
+  if (bytes == 0) return {};
+  LOOM_TRY(impl.check_local_device_buffer(p, bytes, what));
+  if (!aligned(p, align)) return Status::invalid_argument(std::string(what) + " is not " + num(align) + "-byte aligned");
+  return {};
+}
+
+// A symmetric buffer of `bytes`, 16-byte aligned: its heap offset.
+inline Result<uint64_t> check_symmetric(const Communicator::Impl& impl, const void* p, size_t bytes, const char* what) {
+  LOOM_ASSIGN_OR_RETURN(uint64_t offset, impl.symmetric_offset(p, bytes, what));
+  if (offset % 16 != 0) return Status::invalid_argument(std::string(what) + " is not 16-byte aligned");
+  return offset;
+}
+
+struct Range {
+  const void* p;
+  size_t bytes;
+  const char* what;
+  bool output;  // the kernel writes it
+};
+// invalid_argument when a range the kernel writes overlaps any other range.
+inline Status check_disjoint(std::initializer_list<Range> ranges) {
+  for (auto a = ranges.begin(); a != ranges.end(); ++a) {
+    for (auto b = a + 1; b != ranges.end(); ++b) {
+      if (!a->output && !b->output) continue;
+      const uintptr_t alo = reinterpret_cast<uintptr_t>(a->p), blo = reinterpret_cast<uintptr_t>(b->p);
+      if (a->bytes != 0 && b->bytes != 0 && alo < blo + b->bytes && blo < alo + a->bytes) {
+        return Status::invalid_argument(std::string(a->output ? a->what : b->what) + " overlaps " +
+                                        (a->output ? b->what : a->what));
+      }
+    }
+  }
+  return {};
+}
+
+// The frame fields every MoE launch has (communicator, launch state, workspace), the workspace's
+// [begin, end) zeroed on `stream` first (before the kernel queued next).
+template <class Params>
+Status prepare_launch(Communicator::Impl& impl, const km::WorkspaceLayout& l, uint64_t begin, uint64_t end,
+                      cudaStream_t stream, const char* op, Params& p) {
+  LOOM_ASSIGN_OR_RETURN(void* ws, ops::family_workspace(impl, kFamily, static_cast<size_t>(l.bytes), stream, op));
+  if (end > begin) LOOM_CUDA_TRY(cudaMemsetAsync(static_cast<char*>(ws) + begin, 0, static_cast<size_t>(end - begin), stream));
+  p.comm = impl.device_comm();
+  LOOM_ASSIGN_OR_RETURN(p.state, ops::family_launch_state(impl, kFamily));
+  p.ws = {impl.heap->offset_of(ws), l};
+  return {};
+}
+
+// The routing's regions of a plan buffer, as dispatch and combine read them.
+inline km::PlanView plan_view(const void* plan, const km::PlanLayout& l) {
+  const char* base = static_cast<const char*>(plan);
+  return {reinterpret_cast<const km::MoeStatusWords*>(base + l.status), reinterpret_cast<const int32_t*>(base + l.slot_dest),
+          reinterpret_cast<const float*>(base + l.slot_weight)};
+}
+
+// The checks every call on a MoePlan makes: usable communicator, its config, the handle.
+inline Result<planner::MoeLayouts> check_plan(Communicator::Impl& impl, const MoePlan& plan, const char* op) {
+  LOOM_TRY(impl.check_usable());
+  Result<planner::MoeLayouts> l = layouts_for(impl, plan.config);
+  if (!l.ok()) return std::move(l).take_status().with_context(op);
+  if (plan.plan == nullptr) return Status::invalid_argument(std::string(op) + ": the MoePlan holds no plan buffer (use the one moe_routing returned)");
+  if (plan.capacity != l->capacity || plan.num_tokens < 0 || plan.num_tokens > plan.config.max_tokens) {
+    return Status::invalid_argument(std::string(op) + ": the MoePlan does not match its config (use the one moe_routing returned)");
+  }
+  return l;
+}
+
+// The checks moe_dispatch and moe_dispatch_gemm make on x ([T, H], this GPU) and recv_x
+// ([C, H], symmetric), and recv_x's heap offset.
+inline Result<uint64_t> check_dispatch_buffers(const Communicator::Impl& impl, const MoePlan& plan,
+                                               const planner::MoeLayouts& l, const void* x, void* recv_x, const char* op) {
+  const size_t x_bytes = static_cast<size_t>(plan.num_tokens) * static_cast<size_t>(l.row_bytes);
+  const size_t recv_bytes = static_cast<size_t>(l.capacity) * static_cast<size_t>(l.row_bytes);
+  if (plan.num_tokens > 0 && x == nullptr) return Status::invalid_argument(std::string(op) + ": x is null");
+  LOOM_TRY_CTX(check_device(impl, x, x_bytes, 16, "x ([T, H])"), op);
+  LOOM_ASSIGN_OR_RETURN(const uint64_t recv_offset,
+                        check_symmetric(impl, recv_x, recv_bytes, (std::string(op) + ": recv_x ([capacity, H], symmetric)").c_str()));
+  LOOM_TRY_CTX(check_disjoint({{recv_x, recv_bytes, "recv_x", true},
+                              {x, x_bytes, "x", false},
+                              {plan.plan, static_cast<size_t>(l.plan.bytes), "the plan", false}}),
+               op);
+  return recv_offset;
+}
+
+// The dispatch fields of a launch whose frame fields prepare_launch filled; `op` names the
+// kernel in the signature (every rank must agree on the values in it).
+inline void fill_dispatch(const Communicator::Impl& impl, const MoePlan& plan, const planner::MoeLayouts& l,
+                          const void* x, uint64_t recv_offset, OpId op, km::DispatchParams& p) {
+  p.plan = plan_view(plan.plan, l.plan);
+  p.x = static_cast<const char*>(x);
+  p.recv_offset = recv_offset;
+  p.row_bytes = l.row_bytes;
+  p.num_tokens = static_cast<uint32_t>(plan.num_tokens);
+  p.top_k = static_cast<uint32_t>(plan.config.top_k);
+  p.capacity = static_cast<uint32_t>(l.capacity);
+  p.signature = planner::moe_signature(op, {plan.config.num_experts, plan.config.top_k, l.capacity,
+                                            static_cast<int64_t>(l.row_bytes), impl.topology.local_world_size,
+                                            static_cast<int64_t>(p.ws.offset), static_cast<int64_t>(recv_offset)});
+}
+
+}  // namespace loom::ops::moe
