@@ -89,11 +89,13 @@ TEST(MoePlan, WorkspaceRegionsAreOrderedAndEachCallZeroesItsOwn) {
   const uint32_t w = 4, e = 64;
   const uint64_t tmax = 3000, cap = 5000;
   const km::WorkspaceLayout l = km::WorkspaceLayout::make(w, e, tmax, cap);
-  const std::vector<uint64_t> starts{l.count_table, l.count_flags, l.chunk_flags, l.routing_words, l.arrival,
-                                     l.ready,       l.read_done,   l.done,        l.rows,          l.bytes};
+  const std::vector<uint64_t> starts{l.count_table, l.count_flags, l.chunk_flags, l.routing_words, l.arrival, l.ready,
+                                     l.read_done,   l.done,        l.rows,        l.tiles,         l.bytes};
   const uint64_t blocks = km::arrival_blocks(cap);
-  const std::vector<uint64_t> sizes{4ull * w * km::count_row_ints(e), 8ull * w, 8 * km::routing_chunks(tmax), 16,
-                                    8 * blocks, 8 * blocks, 8ull * MoeTunables::kMaxCtas, 8ull * w, 16 * cap};
+  // tiles: moe_dispatch_gemm's table, 16 bytes of header and 16 per tile row, ceil(C / 64) + E / W rows
+  const std::vector<uint64_t> sizes{4ull * w * km::count_row_ints(e), 8ull * w,   8 * km::routing_chunks(tmax), 16,
+                                    8 * blocks,  8 * blocks, 8ull * MoeTunables::kMaxCtas, 8ull * w, 16 * cap,
+                                    16 + 16 * ((cap + 63) / 64 + e / w)};
   for (size_t i = 0; i + 1 < starts.size(); ++i) {
     EXPECT_EQ(starts[i] % 256, 0u) << "region " << i;
     EXPECT_GE(starts[i + 1] - starts[i], sizes[i]) << "region " << i << " is too small";
@@ -162,6 +164,69 @@ TEST(MoePlan, DispatchGridKeepsBothRoles) {
   ASSERT_TRUE(g.ok());
   EXPECT_EQ(g->grid, 16);
   EXPECT_EQ(g->arrival_ctas, 3);
+}
+
+// moe_dispatch_gemm's grid: the planner's shares, both data roles at least one CTA, the two
+// tiles it is built for, and refusals that name their rule.
+TEST(MoePlan, DispatchGemmGridAndTiles) {
+  MoePlan plan;
+  plan.config.num_experts = 64;
+  plan.config.top_k = 8;
+  plan.config.hidden = 7168;
+  plan.config.max_tokens = 4096;
+  plan.capacity = 4096 * 8;
+  plan.num_tokens = 4096;
+  MoeRequest r;
+  r.config = plan.config;
+  r.world = 2;
+  Result<MoeLayouts> l = plan_moe(r);
+  ASSERT_TRUE(l.ok()) << l.status().to_string();
+  // Addresses far apart (never dereferenced: the host checks only compare ranges).
+  auto at = [](uintptr_t tib) { return reinterpret_cast<char*>(tib << 40); };
+  char *recv = at(1), *weights = at(2), *out = at(3), *table = at(4);
+  plan.expert_offsets = reinterpret_cast<const int32_t*>(at(5));
+  MoeExpertGemm g;
+  g.weights = weights;
+  g.n = 4096;
+  g.activation = GroupedActivation::kSwiGLU;
+  g.out = out;
+  const GroupedGemmArgs args = dispatch_gemm_grouped_args(plan, *l, recv, g, table);
+  EXPECT_EQ(args.num_experts, 32);
+  EXPECT_EQ(args.m_total, l->capacity);
+  EXPECT_EQ(args.k, 7168);
+  EXPECT_EQ(args.workspace_bytes, grouped_gemm_workspace_bytes(args));  // the workspace's tiles region fits
+  const GemmDeviceLimits h200{132, 232448};
+  Result<MoeDispatchGemmPlan> p = plan_moe_dispatch_gemm(args, {}, h200);
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_EQ(p->grid, 132);
+  EXPECT_EQ(p->gemm.num_ctas, 132);
+  EXPECT_EQ(p->push_ctas, 132 / MoeTunables::kFusedPushShareDen);
+  EXPECT_EQ(p->arrival_ctas, 132 / MoeTunables::kFusedArrivalShareDen);
+  EXPECT_TRUE(p->gemm.tile == GemmTile::k128x256 || p->gemm.tile == GemmTile::k128x128);
+  MoeDispatchGemmOptions o;
+  o.num_ctas = 2;
+  p = plan_moe_dispatch_gemm(args, o, h200);
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_EQ(p->push_ctas, 1);
+  EXPECT_EQ(p->arrival_ctas, 1);
+  o.num_ctas = 1;
+  EXPECT_EQ(plan_moe_dispatch_gemm(args, o, h200).status().code(), StatusCode::kInvalidArgument);
+  o.num_ctas = 133;
+  EXPECT_EQ(plan_moe_dispatch_gemm(args, o, h200).status().code(), StatusCode::kInvalidArgument);
+  o = {};
+  o.push_ctas = 100;
+  o.arrival_ctas = 40;
+  const Status crowded = plan_moe_dispatch_gemm(args, o, h200).status();
+  EXPECT_EQ(crowded.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(crowded.message().find("exceed the grid"), std::string::npos) << crowded.message();
+  o = {};
+  o.tile = GemmTile::k128x64;
+  EXPECT_EQ(plan_moe_dispatch_gemm(args, o, h200).status().code(), StatusCode::kUnsupported);
+  o.tile = GemmTile::k128x128;
+  p = plan_moe_dispatch_gemm(args, o, h200);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->gemm.tile, GemmTile::k128x128);
+  EXPECT_EQ(plan_moe_dispatch_gemm(args, {}, GemmDeviceLimits{1, 232448}).status().code(), StatusCode::kUnsupported);
 }
 
 TEST(MoePlan, RoutingAndCombineGrids) {

@@ -89,7 +89,7 @@ void say_report(int rank, const RankReport& r) {
 }
 
 // One fused operator on the communicator (ag_gemm, gemm_rs, gemm_ar, ring_attention, moe: routing,
-// dispatch and combine), with buffers allocated once from the heap (the same sizes on every rank),
+// dispatch and combine, moe_dispatch_gemm: routing and the fused dispatch + expert GEMM), with buffers allocated once from the heap (the same sizes on every rank),
 // contents irrelevant (zeros; MoE token ids valid).
 class Operator {
  public:
@@ -100,7 +100,7 @@ class Operator {
   Status prepare() {
     if (op_ == "ring_attention") {
       LOOM_TRY(prepare_ring());
-    } else if (op_ == "moe") {
+    } else if (op_ == "moe" || op_ == "moe_dispatch_gemm") {
       LOOM_TRY(prepare_moe());
     } else {
       LOOM_TRY(prepare_tp());
@@ -120,6 +120,10 @@ class Operator {
       LOOM_ASSIGN_OR_RETURN(const MoePlan plan, moe_routing(comm_, moe_config_, routing_, nullptr));
       LOOM_TRY(moe_dispatch(comm_, plan, moe_x_, moe_recv_, nullptr));
       return moe_combine(comm_, plan, combine_, nullptr);
+    }
+    if (op_ == "moe_dispatch_gemm") {
+      LOOM_ASSIGN_OR_RETURN(const MoePlan plan, moe_routing(comm_, moe_config_, routing_, nullptr));
+      return moe_dispatch_gemm(comm_, plan, moe_x_, moe_recv_, expert_gemm_, nullptr);
     }
     TpGemmOptions options;
     options.algorithm = TpAlgorithm::kFused;
@@ -200,6 +204,13 @@ class Operator {
     routing_.expert_offsets = static_cast<int32_t*>(offsets);
     combine_.expert_out = moe_recv_;  // the expert outputs: the received rows as they are
     combine_.dtype = DType::kBF16;
+    if (op_ == "moe_dispatch_gemm") {  // N = 256 outputs per row from zero weights
+      expert_gemm_.n = 256;
+      const size_t weight_bytes = static_cast<size_t>(sizes.local_experts * expert_gemm_.n * moe_config_.hidden) * 2;
+      LOOM_ASSIGN_OR_RETURN(void* weights, buffer(weight_bytes));
+      LOOM_ASSIGN_OR_RETURN(expert_gemm_.out, buffer(static_cast<size_t>(sizes.capacity * expert_gemm_.n) * 2));
+      expert_gemm_.weights = weights;
+    }
     return {};
   }
 
@@ -213,6 +224,7 @@ class Operator {
   void* moe_x_ = nullptr;
   void* moe_recv_ = nullptr;
   MoeCombineArgs combine_;
+  MoeExpertGemm expert_gemm_;
 };
 
 // Calls `step` until one fails (or `limit` passes); the report's first failure and last success.
@@ -600,7 +612,8 @@ INSTANTIATE_TEST_SUITE_P(Fault, FaultKill,
                                            KillCase{"gemm_ar", 3, 1, 2}, KillCase{"ag_gemm", 2, 2, 1},
                                            KillCase{"gemm_rs", 2, 2, 0}, KillCase{"gemm_ar", 2, 2, 1},
                                            KillCase{"ring_attention", 2, 1, 1}, KillCase{"ring_attention", 3, 1, 0},
-                                           KillCase{"moe", 2, 1, 1}, KillCase{"moe", 3, 1, 2}),
+                                           KillCase{"moe", 2, 1, 1}, KillCase{"moe", 3, 1, 2},
+                                           KillCase{"moe_dispatch_gemm", 2, 1, 1}),
                          [](const ::testing::TestParamInfo<KillCase>& info) {
                            return std::string(info.param.op) + "_" + std::to_string(info.param.ranks) + "ranks_" +
                                   std::to_string(info.param.nodes) + "nodes_kill" + std::to_string(info.param.victim);
