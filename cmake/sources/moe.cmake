@@ -21,3 +21,5 @@ list(APPEND LOOM_CPU_TEST_SOURCES
 list(APPEND LOOM_GPU_TEST_SOURCES
   tests/gpu/moe_ops_test.cu
   tests/gpu/grouped_gemm_test.cu)
+list(APPEND LOOM_BENCH_SOURCES
+  tools/loom-bench/moe_bench.cu)

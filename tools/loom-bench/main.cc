@@ -13,6 +13,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "launch.h"
 #include "loom/loom.h"
 #include "loom/version.h"
+#include "moe_bench.h"
 #include "multinode_bench.h"
 #include "planner/tp_plan.h"
 #include "progress.h"
@@ -42,6 +44,7 @@ constexpr const char* kExamples = R"(Examples:
   loom-bench tp --spawn 2 --json tp.json              ag_gemm, gemm_rs, gemm_ar vs NCCL + cuBLAS
   loom-bench gemm_rs --m 4096 --comm-ctas 8 --spawn 2
   loom-bench tune --cache tuning.json --spawn 2       writes the tuning cache (LOOM_TUNING_CACHE)
+  loom-bench moe --tokens 1024,4096 --json moe.json   moe_dispatch_gemm vs its grouped GEMM alone
   LOOM_EMULATE_NODES=2 LOOM_EMULATE_NET_GBPS=50 loom-bench multinode --spawn 2
   LOOM_SECRET=$(openssl rand -hex 16) torchrun --no-python --nproc-per-node 8 build/loom-bench collectives
       (without --no-python torchrun runs the binary as a Python script; the ranks come from
@@ -127,6 +130,8 @@ const CLI::Validator kNkPair = accepted_by(
     "NxK");
 const CLI::Validator kGemmTile = accepted_by([](const std::string& t) { return loom::parse_gemm_tile(t).status(); },
                                              "auto|128x256|128x128|128x64|64x128");
+const CLI::Validator kMoeModel = accepted_by(
+    [](const std::string& t) { return loom::bench::find_moe_model(t).status(); }, "deepseek-v3|qwen3-235b|mixtral");
 
 struct GlobalOptions {
   int spawn = -1;  // -1: ranks come from the environment; 0: one per visible GPU
@@ -171,6 +176,16 @@ struct TpCli {
   std::vector<int> sweep_ctas = {2, 4, 6, 8, 10, 12, 16, 20, 24, 32};
   bool no_decomposed = false;
   std::string cache;
+};
+
+struct MoeCli {
+  // bench/grouped_gemm.py's models, routings and (the first two) token counts.
+  std::vector<std::string> models = {"deepseek-v3", "qwen3-235b", "mixtral"};
+  std::vector<int64_t> tokens = {1024, 4096};
+  std::vector<std::string> routings = {"uniform", "skewed"};
+  std::string tile = "128x256";
+  int push_ctas = 0;
+  int arrival_ctas = 0;
 };
 
 int visible_gpus() {
@@ -317,6 +332,28 @@ Status run_tune(loom::Communicator& comm, const GlobalOptions& g, const TpCli& c
   return loom::bench::run_tp_tune(comm, t, report, progress);
 }
 
+loom::Result<loom::bench::MoeBenchOptions> moe_options(const GlobalOptions& g, const MoeCli& c) {
+  loom::bench::MoeBenchOptions o;
+  o.models.clear();
+  for (const std::string& name : c.models) {
+    LOOM_ASSIGN_OR_RETURN(loom::bench::MoeModel model, loom::bench::find_moe_model(name));
+    o.models.push_back(model);
+  }
+  o.tokens = c.tokens;
+  o.routings.clear();
+  for (const std::string& name : c.routings) {
+    LOOM_ASSIGN_OR_RETURN(loom::bench::MoeRouting routing, loom::bench::parse_moe_routing(name));
+    o.routings.push_back(routing);
+  }
+  LOOM_ASSIGN_OR_RETURN(o.dtype, loom::parse_dtype(g.dtype));
+  LOOM_ASSIGN_OR_RETURN(o.tile, loom::parse_gemm_tile(c.tile));
+  o.push_ctas = c.push_ctas;
+  o.arrival_ctas = c.arrival_ctas;
+  o.warmup = g.warmup;
+  o.iters = g.iters;
+  return o;
+}
+
 int usage_error(const std::string& message) {
   std::fprintf(stderr, "loom-bench: %s\nRun 'loom-bench --help' or 'loom-bench SUBCOMMAND --help' for the options.\n",
                message.c_str());
@@ -352,8 +389,8 @@ std::string describe_parse_error(const CLI::App& app, const CLI::ParseError& e) 
 Status check_usage(const GlobalOptions& g, bool collectives, bool gemm_or_tp, const std::vector<uint64_t>& sizes) {
   LOOM_ASSIGN_OR_RETURN(loom::DType dtype, loom::parse_dtype(g.dtype));
   if (gemm_or_tp && dtype == loom::DType::kF32) {
-    return Status::invalid_argument("--dtype fp32: only the collectives run fp32 (the GEMM, tensor-parallel and "
-                                    "multi-node benches take bf16 or fp16)");
+    return Status::invalid_argument("--dtype fp32: only the collectives run fp32 (the GEMM, tensor-parallel, "
+                                    "multi-node and MoE benches take bf16 or fp16)");
   }
   if (collectives) {
     for (uint64_t b : sizes) {
@@ -478,6 +515,24 @@ int main(int argc, char** argv) {
   add_tp_shape_options(multinode, mn_cli);
   multinode->add_option("--tile", mn_cli.tile, "force the compute tile: 128x256 or 128x128 (auto: planner)")->check(kGemmTile);
   multinode->add_flag("--no-baselines", mn_cli.no_baselines, "time loom only");
+  MoeCli moe_cli;
+  CLI::App* moe = app.add_subcommand("moe",
+                                     "moe_dispatch_gemm (fused dispatch + fc1) vs its grouped GEMM alone and "
+                                     "moe_dispatch then the grouped GEMM");
+  moe->add_option("--models", moe_cli.models, "model slices, e.g. deepseek-v3,qwen3-235b,mixtral")
+      ->delimiter(',')
+      ->check(kMoeModel);
+  moe->add_option("--tokens", moe_cli.tokens, "tokens per GPU")->delimiter(',')->check(kPositive);
+  moe->add_option("--routing", moe_cli.routings, "uniform, skewed or both")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"uniform", "skewed"}));
+  moe->add_option("--tile", moe_cli.tile, "the tile of the fused kernel and of the grouped GEMM alone")
+      ->check(CLI::IsMember({"128x256", "128x128"}));
+  moe->add_option("--push-ctas", moe_cli.push_ctas, "fused kernel: CTAs that push rows first (0: planner)")
+      ->check(kNonNegative);
+  moe->add_option("--arrival-ctas", moe_cli.arrival_ctas,
+                  "fused kernel: CTAs that complete receive blocks first (0: planner)")
+      ->check(kNonNegative);
   CLI::App* all = app.add_subcommand("all", "the main job: every implemented operator at its headline sizes");
   try {
     app.parse(argc, argv);
@@ -492,8 +547,15 @@ int main(int argc, char** argv) {
   for (auto& [sub, ops] : tp_commands) tp_parsed = tp_parsed || sub->parsed();
   std::vector<uint64_t> sizes;
   if (Status s = parse_sizes(coll.sizes, sizes); !s.ok()) return usage_error(s.message());
-  if (Status s = check_usage(g, collectives_parsed, gemm->parsed() || tp_parsed || multinode->parsed(), sizes); !s.ok()) {
+  const bool bf16_or_fp16_only = gemm->parsed() || tp_parsed || multinode->parsed() || moe->parsed();
+  if (Status s = check_usage(g, collectives_parsed, bf16_or_fp16_only, sizes); !s.ok()) {
     return usage_error(s.message());
+  }
+  std::optional<loom::bench::MoeBenchOptions> moe_bench;
+  if (moe->parsed()) {
+    loom::Result<loom::bench::MoeBenchOptions> o = moe_options(g, moe_cli);
+    if (!o.ok()) return usage_error(o.status().message());
+    moe_bench = *o;
   }
 
   const int gpus = visible_gpus();
@@ -541,6 +603,10 @@ int main(int argc, char** argv) {
       comm_options.heap_bytes = std::max(comm_options.heap_bytes, loom::bench::multinode_heap_bytes(*mn, static_cast<int>(world), nodes));
     }
   }
+  if (moe_bench) {
+    const uint64_t moe_heap = loom::bench::moe_heap_bytes(*moe_bench, static_cast<int>(world));
+    comm_options.heap_bytes = std::max(comm_options.heap_bytes, moe_heap);
+  }
   loom::Result<std::unique_ptr<loom::Communicator>> comm_or = loom::Communicator::from_env(comm_options);
   if (!comm_or.ok()) {
     std::fprintf(stderr, "loom-bench: %s\n", comm_or.status().to_string().c_str());
@@ -557,6 +623,7 @@ int main(int argc, char** argv) {
   for (auto& [sub, ops] : tp_commands) total += sub->parsed() ? static_cast<int>(ops.size() * tp_cli.m.size()) : 0;
   if (tune->parsed()) total += static_cast<int>(tp_cli.ops.size() * tp_cli.m.size());
   if (multinode->parsed()) total += static_cast<int>(mn_cli.ops.size() * mn_cli.m.size());
+  if (moe_bench) total += static_cast<int>(loom::bench::moe_shapes(*moe_bench, comm.world_size()).size());
   if (all->parsed()) total += 3 * collective_cases + gemm_cases + static_cast<int>(3 * tp_cli.m.size());
   loom::bench::Progress progress(total, comm.rank() == 0, started);
 
@@ -574,6 +641,7 @@ int main(int argc, char** argv) {
     loom::Result<loom::bench::MultiNodeBenchOptions> mn = multinode_options(g, mn_cli);
     status = mn.ok() ? loom::bench::run_multinode_bench(comm, *mn, report, progress) : mn.status();
   }
+  if (moe_bench) status = loom::bench::run_moe_bench(comm, *moe_bench, report, progress);
   if (all->parsed()) {
     status = run_collectives(comm, {"all_gather", "reduce_scatter", "all_reduce"}, g, coll, report, progress);
     Status s = run_gemm(comm, g, gemm_cli, report, progress);
@@ -602,6 +670,7 @@ int main(int argc, char** argv) {
     report.print_table(stdout);
     loom::bench::print_tp_table(report, stdout);  // the fused operators' times, h and plans: last
     loom::bench::print_multinode_table(report, stdout);
+    loom::bench::print_moe_table(report, stdout);
   }
   if (!status.ok()) {
     std::fprintf(stderr, "loom-bench: rank %d: %s\n", comm.rank(), status.to_string().c_str());

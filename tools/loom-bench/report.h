@@ -62,7 +62,8 @@ class Report {
   const std::vector<Row>& rows() const { return rows_; }
   nlohmann::json to_json(const RunInfo& info) const;
   Status write_json(const std::string& path, const RunInfo& info) const;
-  // A fixed-width table with one line per row; ratio columns where both sides exist.
+  // A fixed-width table with one line per row (but moe_dispatch_gemm's: print_moe_table); ratio
+  // columns where both sides exist.
   void print_table(std::FILE* out) const;
 
  private:
