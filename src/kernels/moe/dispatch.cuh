@@ -108,10 +108,15 @@ __device__ __forceinline__ bool push_tokens(const DispatchParams& p, uint32_t fi
 }
 
 // One arrival CTA (all threads, any whole number of warps): blocks first, first + stride, ... of
-// this rank's kept rows.
-// False after a failed wait (recorded).
+// this rank's kept rows, kArrivalWindow at a time. Within a window the CTA takes whichever block
+// is complete first (thread 0 waits, bounded, until any pending block of the window is), so a
+// block whose rows come late (a receive block is complete only when the last of its tokens is
+// pushed) holds back none of the others. `pick` is a word of shared memory. False after a failed
+// wait (recorded).
 __device__ __forceinline__ bool receive_blocks(const DispatchParams& p, uint32_t first, uint32_t stride, uint64_t epoch,
-                                               const WaitContext& ctx) {
+                                               const WaitContext& ctx, volatile uint32_t* pick) {
+  constexpr uint32_t kWindow = MoeTunables::kArrivalWindow;
+  constexpr uint32_t kFailed = 0xffffffffu;
   const DeviceComm& c = p.comm;
   const WorkspaceLayout& l = p.ws.layout;
   const int me = c.local_rank;
@@ -119,24 +124,53 @@ __device__ __forceinline__ bool receive_blocks(const DispatchParams& p, uint32_t
   const uint32_t blocks = static_cast<uint32_t>(arrival_blocks(kept));
   char* recv = reinterpret_cast<char*>(c.peer_heap_bases[me] + p.recv_offset);
   const RecvRow* origins = p.ws.at<RecvRow>(c, me, l.rows);
-  for (uint32_t f = first; f < blocks; f += stride) {
-    const uint64_t row0 = static_cast<uint64_t>(f) * MoeTunables::kArrivalRows;
-    const uint64_t rows = min(static_cast<uint64_t>(MoeTunables::kArrivalRows), kept - row0);
-    bool ok = true;
-    if (threadIdx.x == 0) ok = wait_flag(p.ws.at<uint64_t>(c, me, l.arrival, f), rows, ctx, -1, kArrivalFlag, f);
-    if (!cta_all(ok)) return false;
-    // Repeated tokens: rows whose primary is another row of this rank.
-    for (uint64_t r = row0 + warp_id(); r < row0 + rows; r += blockDim.x / 32) {
-      const int32_t primary = __ldcg(&origins[r].primary);
-      // primary == r: the row itself crossed NVLink; primary < r: a copy (a primary is never later)
-      if (primary >= 0 && static_cast<uint64_t>(primary) < r) {
-        vector_copy<MoeTunables::kCopyUnroll>(recv + r * p.row_bytes, recv + static_cast<uint64_t>(primary) * p.row_bytes,
-                                              p.row_bytes, lane_id(), 32);
+  const uint32_t mine = first < blocks ? (blocks - first + stride - 1) / stride : 0;
+  auto rows_of = [&](uint32_t f) {
+    return min(static_cast<uint64_t>(MoeTunables::kArrivalRows), kept - static_cast<uint64_t>(f) * MoeTunables::kArrivalRows);
+  };
+  for (uint32_t base = 0; base < mine; base += kWindow) {
+    const uint32_t n = min(kWindow, mine - base);
+    uint32_t pending = n == 32 ? 0xffffffffu : (1u << n) - 1;  // thread 0's: the window's blocks not yet taken
+    auto block_of = [&](uint32_t i) { return first + (base + i) * stride; };
+    for (uint32_t left = n; left > 0; --left) {
+      if (threadIdx.x == 0) {
+        const uint32_t lowest = static_cast<uint32_t>(__ffs(static_cast<int>(pending)) - 1);
+        uint32_t chosen = lowest;
+        const bool ok = wait_until(
+            p.ws.at<uint64_t>(c, me, l.arrival, block_of(lowest)),
+            [&](uint64_t seen) {
+              if (seen >= rows_of(block_of(lowest))) return true;
+              for (uint32_t m = pending & (pending - 1); m != 0; m &= m - 1) {
+                const uint32_t i = static_cast<uint32_t>(__ffs(static_cast<int>(m)) - 1);
+                if (flag_load_acquire(p.ws.at<uint64_t>(c, me, l.arrival, block_of(i))) >= rows_of(block_of(i))) {
+                  chosen = i;
+                  return true;
+                }
+              }
+              return false;
+            },
+            ctx, -1, kArrivalFlag, block_of(lowest));
+        pending &= ~(1u << chosen);
+        *pick = ok ? chosen : kFailed;
       }
+      __syncthreads();
+      const uint32_t i = *pick;
+      if (i == kFailed) return false;
+      const uint32_t f = block_of(i);
+      const uint64_t row0 = static_cast<uint64_t>(f) * MoeTunables::kArrivalRows;
+      // Repeated tokens: rows whose primary is another row of this rank.
+      for (uint64_t r = row0 + warp_id(); r < row0 + rows_of(f); r += blockDim.x / 32) {
+        const int32_t primary = __ldcg(&origins[r].primary);
+        // primary == r: the row itself crossed NVLink; primary < r: a copy (a primary is never later)
+        if (primary >= 0 && static_cast<uint64_t>(primary) < r) {
+          vector_copy<MoeTunables::kCopyUnroll>(recv + r * p.row_bytes, recv + static_cast<uint64_t>(primary) * p.row_bytes,
+                                                p.row_bytes, lane_id(), 32);
+        }
+      }
+      __threadfence();
+      __syncthreads();  // also: every thread has read *pick before thread 0 writes the next
+      if (threadIdx.x == 0) flag_store_release(p.ws.at<uint64_t>(c, me, l.ready, f), epoch);
     }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) flag_store_release(p.ws.at<uint64_t>(c, me, l.ready, f), epoch);
   }
   return true;
 }

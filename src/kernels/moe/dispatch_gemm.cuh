@@ -102,9 +102,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const uint32_t index = roles.index_in_role(blockIdx.x);
   bool compute = true;
   switch (roles.role_of(blockIdx.x)) {
-    case DispatchGemmRole::kArrival:
-      compute = receive_blocks(d, index, roles.count(DispatchGemmRole::kArrival), f.epoch, f.ctx);
+    case DispatchGemmRole::kArrival: {
+      // receive_blocks' shared word: the first word of the GEMM's stage buffers, free until this
+      // CTA computes (then fenced against the TMA writes that reuse it).
+      auto* pick = reinterpret_cast<volatile uint32_t*>(frame::aligned_smem(smem));
+      compute = receive_blocks(d, index, roles.count(DispatchGemmRole::kArrival), f.epoch, f.ctx, pick);
+      cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
       break;
+    }
     case DispatchGemmRole::kPush: {
       constexpr uint32_t kWarps = Cfg::kThreads / 32;
       const uint32_t warps = roles.count(DispatchGemmRole::kPush) * kWarps;

@@ -15,7 +15,8 @@ __global__ void __launch_bounds__(MoeTunables::kThreads, 1) moe_dispatch_kernel(
   const DispatchRoleTable& roles = p.roles;
   const uint32_t index = roles.index_in_role(blockIdx.x);
   if (roles.role_of(blockIdx.x) == DispatchRole::kArrival) {
-    (void)receive_blocks(p, index, roles.count(DispatchRole::kArrival), f.epoch, f.ctx);
+    __shared__ uint32_t pick;  // receive_blocks' choice, thread 0 to the CTA
+    (void)receive_blocks(p, index, roles.count(DispatchRole::kArrival), f.epoch, f.ctx, &pick);
   } else {
     const uint32_t warps = roles.count(DispatchRole::kPush, gridDim.x) * MoeTunables::kWarps;
     (void)push_tokens(p, index * MoeTunables::kWarps + warp_id(), warps, f.epoch, f.ctx);

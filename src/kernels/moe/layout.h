@@ -28,16 +28,20 @@ struct MoeTunables {
   // flight per lane while a warp copies a row.
   static constexpr int kArrivalRows = 64;
   static constexpr int kArrivalShareDen = 4;
+  // An arrival CTA takes its blocks kArrivalWindow at a time, each window's in completion order
+  // (a bit mask of one thread).
+  static constexpr uint32_t kArrivalWindow = 32;
   static constexpr int kCopyUnroll = 4;
   // moe_dispatch_gemm: the CTAs that push (1 / kFusedPushShareDen of the grid) and complete
   // receive blocks (1 / kFusedArrivalShareDen) before they join the expert GEMM.
-  static constexpr int kFusedPushShareDen = 8;
-  static constexpr int kFusedArrivalShareDen = 16;
+  static constexpr int kFusedPushShareDen = 4;
+  static constexpr int kFusedArrivalShareDen = 4;
   // Combine: the most CTAs (one "read done" flag each).
   static constexpr int kMaxCtas = 1024;
 };
 static_assert(MoeTunables::kThreads % 32 == 0 && MoeTunables::kThreads >= 64,
               "MoE kernels work in whole warps and need at least two of them");
+static_assert(MoeTunables::kArrivalWindow <= 32, "an arrival window's pending blocks are one 32-bit mask");
 static_assert(MoeTunables::kMaxTopK <= 32, "a token's slots are the lanes of one warp: top-k cannot exceed 32");
 static_assert(MoeTunables::kMaxLocalWorld <= 32, "destination sets are 32-bit masks: at most 32 local ranks");
 static_assert(MoeTunables::kMaxLocalWorld <= MoeTunables::kThreads,
