@@ -995,16 +995,37 @@ __global__ void checksum_kernel(const uint64_t* p, uint64_t words, unsigned long
   atomicAdd(out, sum);
 }
 
-// Queues launch(0) .. launch(n - 1) (each records finished[i] on `stream` last), then watches them.
-// Every launch is queued before the host waits for any. comm.synchronize bounds ALL the work
-// queued before it by one call's limit (LOOM_TIMEOUT_MS + 1 s, then it aborts), which 300 calls
-// taking turns with the peers' on a shared GPU may exceed with nothing stuck. So the host first
-// watches the launches finish one by one (an event after each), each within that limit of the
-// one before, and synchronizes only then (for the device's verdict). "" or what failed; the
-// events are destroyed.
-template <class Launch>
-std::string run_back_to_back(Communicator& comm, cudaStream_t stream, int launches, Launch&& launch,
-                             std::vector<cudaEvent_t>& finished) {
+// LOOM_TEST_MOE_LAUNCHES (default 100) launches on a stream of their own, without host
+// synchronization: each poisons recv_x and `out` (0xFF bytes), queues calls(stream) (returning the
+// plan), then checksums of recv_x and out and an event. Every launch is queued before the host
+// waits for any. comm.synchronize bounds ALL the work queued before it by one call's limit
+// (LOOM_TIMEOUT_MS + 1 s, then it aborts), which 300 calls taking turns with the peers' on a shared
+// GPU may exceed with nothing stuck. So the host first watches the launches finish one by one
+// (the event after each), each within that limit of the one before, and synchronizes only then
+// (for the device's verdict). "" or what failed; `differ`: launches whose checksums differ from
+// launch 0's; `plan`: the last launch's.
+template <class Calls>
+std::string run_back_to_back(Communicator& comm, const CaseBuffers& s, void* out, size_t out_bytes, Calls&& calls,
+                             MoePlan& plan, int& differ) {
+  const char* env = std::getenv("LOOM_TEST_MOE_LAUNCHES");
+  const int launches = env != nullptr ? std::max(1, std::atoi(env)) : 100;
+  const DeviceBuffer sums = device_buffer(static_cast<size_t>(launches) * 2 * sizeof(unsigned long long));
+  if (!sums || cudaMemset(sums.get(), 0, static_cast<size_t>(launches) * 16) != cudaSuccess) return "setting up the sums";
+  auto* d_sums = static_cast<unsigned long long*>(sums.get());
+  cudaStream_t stream;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return "cudaStreamCreate";
+  std::vector<cudaEvent_t> finished(static_cast<size_t>(launches), nullptr);
+  auto launch = [&](int i) -> Status {
+    LOOM_CUDA_TRY(cudaMemsetAsync(s.recv, 0xFF, s.recv_bytes(), stream));
+    LOOM_CUDA_TRY(cudaMemsetAsync(out, 0xFF, out_bytes, stream));
+    LOOM_ASSIGN_OR_RETURN(plan, calls(stream));
+    checksum_kernel<<<64, 256, 0, stream>>>(static_cast<const uint64_t*>(s.recv), s.recv_bytes() / 8, d_sums + 2 * i);
+    checksum_kernel<<<64, 256, 0, stream>>>(static_cast<const uint64_t*>(out), out_bytes / 8, d_sums + 2 * i + 1);
+    LOOM_CUDA_TRY(cudaGetLastError());
+    LOOM_CUDA_TRY(cudaEventCreateWithFlags(&finished[i], cudaEventDisableTiming));
+    LOOM_CUDA_TRY(cudaEventRecord(finished[i], stream));
+    return {};
+  };
   std::string failure;
   int queued = 0;
   for (int i = 0; i < launches && failure.empty(); ++i) {
@@ -1034,49 +1055,36 @@ std::string run_back_to_back(Communicator& comm, cudaStream_t stream, int launch
   for (cudaEvent_t e : finished) {
     if (e != nullptr) cudaEventDestroy(e);  // returns at once, finished or not
   }
+  cudaStreamDestroy(stream);
   if (failure.empty() && !synced.ok()) failure = synced.to_string();
-  return failure;
+  if (!failure.empty()) return failure;
+  const std::vector<unsigned long long> got = download<unsigned long long>(sums.get(), static_cast<size_t>(launches) * 2);
+  if (got.size() != static_cast<size_t>(launches) * 2) return "reading the sums back";
+  differ = 0;
+  for (int i = 1; i < launches; ++i) differ += got[2 * i] != got[0] || got[2 * i + 1] != got[1];
+  return "";
 }
 
-// The three calls LOOM_TEST_MOE_LAUNCHES times (default 100) without host synchronization, the
-// outputs poisoned before each launch: every launch leaves the same bits (checksums of recv_x and
-// out on the stream), and the first launch's bits are the reference's.
+// The three calls back to back (run_back_to_back): every launch leaves the same bits, the
+// reference's.
 TEST_F(MoeStress, BackToBackLaunchesAreBitIdentical) {
   Communicator& comm = shared_comm();
-  const char* env = std::getenv("LOOM_TEST_MOE_LAUNCHES");
-  const int launches = env != nullptr ? std::max(1, std::atoi(env)) : 100;
   Case c = make_case(Routing::kSkewed, 61);
-  const std::string what = c.text(comm.local_world_size()) + ", " + std::to_string(launches) + " launches";
+  const std::string what = c.text(comm.local_world_size()) + ", back-to-back launches";
   CaseBuffers s(c);
   ASSERT_TRUE(agree(s.ok && s.fill_expert_outputs())) << what << ": setting up";
-  const DeviceBuffer sums = device_buffer(static_cast<size_t>(launches) * 2 * sizeof(unsigned long long));
-  ASSERT_TRUE(agree(sums && cudaMemset(sums.get(), 0, static_cast<size_t>(launches) * 16) == cudaSuccess));
-  auto* d_sums = static_cast<unsigned long long*>(sums.get());
-  cudaStream_t stream;
-  LOOM_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   MoePlan plan;
-  std::vector<cudaEvent_t> finished(static_cast<size_t>(launches), nullptr);  // recorded after each launch
-  // One launch of the three calls, the outputs poisoned first; then the checksums and the event.
-  auto launch = [&](int i) -> Status {
-    LOOM_CUDA_TRY(cudaMemsetAsync(s.recv, 0xFF, s.recv_bytes(), stream));
-    LOOM_CUDA_TRY(cudaMemsetAsync(s.d_out.get(), 0xFF, s.out_bytes(), stream));
-    LOOM_ASSIGN_OR_RETURN(plan, moe_routing(comm, s.config, s.routing_args(), stream));
-    LOOM_TRY(moe_dispatch(comm, plan, s.d_x.get(), s.recv, stream));
-    LOOM_TRY(moe_combine(comm, plan, s.combine_args(), stream));
-    checksum_kernel<<<64, 256, 0, stream>>>(static_cast<const uint64_t*>(s.recv), s.recv_bytes() / 8, d_sums + 2 * i);
-    checksum_kernel<<<64, 256, 0, stream>>>(static_cast<const uint64_t*>(s.d_out.get()), s.out_bytes() / 8, d_sums + 2 * i + 1);
-    LOOM_CUDA_TRY(cudaGetLastError());
-    LOOM_CUDA_TRY(cudaEventCreateWithFlags(&finished[i], cudaEventDisableTiming));
-    LOOM_CUDA_TRY(cudaEventRecord(finished[i], stream));
-    return {};
-  };
-  const std::string failure = run_back_to_back(comm, stream, launches, launch, finished);
-  cudaStreamDestroy(stream);
+  int differ = -1;
+  const std::string failure = run_back_to_back(
+      comm, s, s.d_out.get(), s.out_bytes(),
+      [&](cudaStream_t stream) -> Result<MoePlan> {
+        LOOM_ASSIGN_OR_RETURN(MoePlan p, moe_routing(comm, s.config, s.routing_args(), stream));
+        LOOM_TRY(moe_dispatch(comm, p, s.d_x.get(), s.recv, stream));
+        LOOM_TRY(moe_combine(comm, p, s.combine_args(), stream));
+        return p;
+      },
+      plan, differ);
   ASSERT_TRUE(agree(failure.empty())) << what << ": rank " << process().rank << ": " << failure;
-  const std::vector<unsigned long long> got = download<unsigned long long>(sums.get(), static_cast<size_t>(launches) * 2);
-  ASSERT_EQ(got.size(), static_cast<size_t>(launches) * 2);
-  int differ = 0;
-  for (int i = 1; i < launches; ++i) differ += got[2 * i] != got[0] || got[2 * i + 1] != got[1];
   EXPECT_EQ(differ, 0) << what << ": rank " << process().rank << ": " << differ << " launches differ from launch 0";
   // The last launch's bits are the reference's (all launches are equal).
   Result<MoeReport> report = moe_report(comm, plan, nullptr);
@@ -1088,46 +1096,29 @@ TEST_F(MoeStress, BackToBackLaunchesAreBitIdentical) {
   EXPECT_TRUE(agree(!::testing::Test::HasFailure())) << what << ": a peer failed";
 }
 
-// moe_routing + moe_dispatch_gemm (SwiGLU) LOOM_TEST_MOE_LAUNCHES times without host
-// synchronization, recv_x and out poisoned before each: every launch leaves the same bits.
+// moe_routing + moe_dispatch_gemm (SwiGLU), back to back (run_back_to_back): every launch leaves
+// the same bits, the reference's.
 TEST_F(MoeStress, DispatchGemmBackToBackIsBitIdentical) {
   Communicator& comm = shared_comm();
-  const char* env = std::getenv("LOOM_TEST_MOE_LAUNCHES");
-  const int launches = env != nullptr ? std::max(1, std::atoi(env)) : 100;
   GemmCase g;
   g.moe = make_case(Routing::kSkewed, 62);
   g.activation = GroupedActivation::kSwiGLU;
-  const std::string what = g.text(comm.local_world_size()) + ", " + std::to_string(launches) + " launches";
+  const std::string what = g.text(comm.local_world_size()) + ", back-to-back launches";
   CaseBuffers s(g.moe);
   ASSERT_TRUE(agree(s.ok)) << what << ": setting up";
   GemmBuffers b(g, s);
   ASSERT_TRUE(agree(b.ok)) << what << ": setting up the GEMM";
-  const DeviceBuffer sums = device_buffer(static_cast<size_t>(launches) * 2 * sizeof(unsigned long long));
-  ASSERT_TRUE(agree(sums && cudaMemset(sums.get(), 0, static_cast<size_t>(launches) * 16) == cudaSuccess));
-  auto* d_sums = static_cast<unsigned long long*>(sums.get());
-  cudaStream_t stream;
-  LOOM_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   MoePlan plan;
-  std::vector<cudaEvent_t> finished(static_cast<size_t>(launches), nullptr);
-  auto launch = [&](int i) -> Status {
-    LOOM_CUDA_TRY(cudaMemsetAsync(s.recv, 0xFF, s.recv_bytes(), stream));
-    LOOM_CUDA_TRY(cudaMemsetAsync(b.out.get(), 0xFF, b.out_bytes, stream));
-    LOOM_ASSIGN_OR_RETURN(plan, moe_routing(comm, s.config, s.routing_args(), stream));
-    LOOM_TRY(moe_dispatch_gemm(comm, plan, s.d_x.get(), s.recv, b.args(g, b.out.get()), stream));
-    checksum_kernel<<<64, 256, 0, stream>>>(static_cast<const uint64_t*>(s.recv), s.recv_bytes() / 8, d_sums + 2 * i);
-    checksum_kernel<<<64, 256, 0, stream>>>(static_cast<const uint64_t*>(b.out.get()), b.out_bytes / 8, d_sums + 2 * i + 1);
-    LOOM_CUDA_TRY(cudaGetLastError());
-    LOOM_CUDA_TRY(cudaEventCreateWithFlags(&finished[i], cudaEventDisableTiming));
-    LOOM_CUDA_TRY(cudaEventRecord(finished[i], stream));
-    return {};
-  };
-  const std::string failure = run_back_to_back(comm, stream, launches, launch, finished);
-  cudaStreamDestroy(stream);
+  int differ = -1;
+  const std::string failure = run_back_to_back(
+      comm, s, b.out.get(), b.out_bytes,
+      [&](cudaStream_t stream) -> Result<MoePlan> {
+        LOOM_ASSIGN_OR_RETURN(MoePlan p, moe_routing(comm, s.config, s.routing_args(), stream));
+        LOOM_TRY(moe_dispatch_gemm(comm, p, s.d_x.get(), s.recv, b.args(g, b.out.get()), stream));
+        return p;
+      },
+      plan, differ);
   ASSERT_TRUE(agree(failure.empty())) << what << ": rank " << process().rank << ": " << failure;
-  const std::vector<unsigned long long> got = download<unsigned long long>(sums.get(), static_cast<size_t>(launches) * 2);
-  ASSERT_EQ(got.size(), static_cast<size_t>(launches) * 2);
-  int differ = 0;
-  for (int i = 1; i < launches; ++i) differ += got[2 * i] != got[0] || got[2 * i + 1] != got[1];
   EXPECT_EQ(differ, 0) << what << ": rank " << process().rank << ": " << differ << " launches differ from launch 0";
   check_dispatch(s, what);
   check_expert_gemm(g, s, b, what);
