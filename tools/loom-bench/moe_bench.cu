@@ -8,6 +8,9 @@
 //   grouped     grouped_gemm alone on the rows already dispatched into recv_x: the fused kernel's
 //               GEMM without the dispatch, the floor the fused call approaches
 //   sequential  moe_dispatch, then grouped_gemm: what the fused kernel replaces
+//   dispatch    moe_dispatch alone; dispatch_gbps counts true bytes: each token row once per
+//               distinct rank holding one of its experts (the bytes that cross NVLink), not once
+//               per top-k slot (the copies on the destination are not counted)
 // ratio_fused_over_grouped = T_fused / T_grouped. At world 1 the dispatch is a copy within the GPU.
 //
 // Inputs: token rows uniform in [-1, 1), expert weights uniform in [-1, 1) / sqrt(H) (both filled
@@ -41,7 +44,7 @@ namespace {
 
 constexpr const char* kOp = "moe_dispatch_gemm";  // the rows' op
 // The timed columns (JSON keys of ms), in the order MoeCase::launches() returns them.
-constexpr const char* kColumns[] = {"fused", "grouped", "sequential"};
+constexpr const char* kColumns[] = {"fused", "grouped", "sequential", "dispatch"};
 
 MoeConfig config_of(const MoeShape& s, DType dtype) {
   MoeConfig c;
@@ -115,7 +118,13 @@ class MoeCase {
     const int rank = comm_.rank();
     const size_t element = dtype_size(o_.dtype);
     const int64_t hidden = s_.model.hidden;
-    LOOM_TRY(upload(topk_ids_, make_topk_ids(s_, rank, o_.seed)));
+    const std::vector<int32_t> ids = make_topk_ids(s_, rank, o_.seed);
+    LOOM_TRY(upload(topk_ids_, ids));
+    for (int64_t t = 0; t < s_.tokens; ++t) {  // distinct destination ranks per token
+      uint64_t ranks = 0;
+      for (int j = 0; j < s_.top_k; ++j) ranks |= 1ull << (ids[static_cast<size_t>(t * s_.top_k + j)] / local_experts_);
+      dispatch_bytes_ += static_cast<double>(__builtin_popcountll(ranks)) * static_cast<double>(hidden * element);
+    }
     LOOM_TRY(upload(topk_weights_, make_topk_weights(s_, rank, o_.seed)));
     LOOM_TRY(plan_buffer_.alloc(sizes.plan_bytes));
     LOOM_TRY(expert_offsets_.alloc(static_cast<size_t>(local_experts_ + 1) * sizeof(int32_t)));
@@ -160,11 +169,13 @@ class MoeCase {
   }
 
   int64_t kept_rows() const { return kept_rows_; }
+  double dispatch_bytes() const { return dispatch_bytes_; }  // true bytes (see the top)
 
-  // fused, grouped and sequential (kColumns' order). grouped multiplies whatever recv_x holds:
-  // run a dispatching launch first (mismatched_rows does).
+  // fused, grouped, sequential and dispatch (kColumns' order). grouped multiplies whatever recv_x
+  // holds: run a dispatching launch first (mismatched_rows does).
   std::vector<std::function<Status()>> launches() {
-    return {[this] { return fused(); }, [this] { return grouped(); }, [this] { return sequential(); }};
+    return {[this] { return fused(); }, [this] { return grouped(); }, [this] { return sequential(); },
+            [this] { return moe_dispatch(comm_, plan_, x_.p, recv_x_.p, stream_); }};
   }
 
   // Runs fused and sequential once, into outputs pre-filled with two different byte patterns (a
@@ -226,6 +237,7 @@ class MoeCase {
   int64_t capacity_ = 0;
   int64_t local_experts_ = 0;
   int64_t kept_rows_ = 0;
+  double dispatch_bytes_ = 0;
   MoePlan plan_;
   GroupedGemmArgs grouped_;
   DeviceBuffer topk_ids_, topk_weights_, plan_buffer_, expert_offsets_, x_, expert_weights_;
@@ -278,7 +290,11 @@ Result<int64_t> measure_shape(Communicator& comm, const MoeBenchOptions& o, cons
     row.set_time(kColumns[i], slowest);
     tflops[kColumns[i]] = flop / (slowest.median_ms * 1e-3) / 1e12;
   }
+  tflops.erase("dispatch");  // no FLOPs
   row.extra["tflops"] = tflops;
+  LOOM_ASSIGN_OR_RETURN(const double dispatch_bytes, max_over_ranks(comm, c.dispatch_bytes()));
+  row.extra["dispatch_bytes"] = dispatch_bytes;
+  row.extra["dispatch_gbps"] = dispatch_bytes / (row.ms["dispatch"] * 1e-3) / 1e9;
   row.extra["ratio_fused_over_grouped"] = row.ms["fused"] / row.ms["grouped"];
   return static_cast<int64_t>(mismatched);
 }
@@ -401,8 +417,9 @@ void print_moe_table(const Report& report, std::FILE* out) {
   bool any = false;
   for (const Row& r : report.rows()) any = any || r.op == kOp;
   if (!any) return;
-  std::fprintf(out, "\n%-12s %6s %-8s %9s %9s %9s %10s %8s %8s %s\n", "model", "tokens", "routing", "kept rows",
-               "fused ms", "grouped", "sequential", "fus/grp", "TFLOP/s", "bit-identical");
+  std::fprintf(out, "\n%-12s %6s %-8s %9s %9s %9s %10s %8s %8s %9s %9s %s\n", "model", "tokens", "routing",
+               "kept rows", "fused ms", "grouped", "sequential", "fus/grp", "TFLOP/s", "dispatch", "disp GB/s",
+               "bit-identical");
   for (const Row& r : report.rows()) {
     if (r.op != kOp) continue;
     auto ms = [&](const char* key) {
@@ -413,11 +430,12 @@ void print_moe_table(const Report& report, std::FILE* out) {
     std::string identical = r.extra.contains("bit_identical") ? (r.extra["bit_identical"].get<bool>() ? "yes" : "NO")
                                                               : "-";
     if (r.extra.contains("loom_error")) identical += "  ERROR " + r.extra["loom_error"].get<std::string>();
-    std::fprintf(out, "%-12s %6lld %-8s %9s %9s %9s %10s %8s %8s %s\n", r.extra.value("model", "?").c_str(),
+    std::fprintf(out, "%-12s %6lld %-8s %9s %9s %9s %10s %8s %8s %9s %9s %s\n", r.extra.value("model", "?").c_str(),
                  r.extra.value("tokens", 0LL), r.extra.value("routing", "?").c_str(),
                  r.m ? std::to_string(*r.m).c_str() : "-", cell(ms("fused"), "%.4f").c_str(),
                  cell(ms("grouped"), "%.4f").c_str(), cell(ms("sequential"), "%.4f").c_str(),
                  cell(r.extra.value("ratio_fused_over_grouped", -1.0), "%.3f").c_str(), cell(tflops, "%.0f").c_str(),
+                 cell(ms("dispatch"), "%.4f").c_str(), cell(r.extra.value("dispatch_gbps", -1.0), "%.0f").c_str(),
                  identical.c_str());
   }
   std::fflush(out);

@@ -70,7 +70,8 @@ std::vector<MoeShape> moe_shapes(const MoeBenchOptions& options, int world);
 
 // Per shape: random token rows and expert weights, host-drawn top-k ids routed once
 // (moe_routing; the plan serves every call), then fused (moe_dispatch_gemm), grouped (grouped_gemm
-// alone on the dispatched rows) and sequential (moe_dispatch, then grouped_gemm), each with the
+// alone on the dispatched rows), sequential (moe_dispatch, then grouped_gemm) and dispatch
+// (moe_dispatch alone, its bandwidth in true bytes), each with the
 // same tile, timed side by side in shuffled rounds (median of `iters` after `warmup`, max over
 // ranks). Checked once per shape: the fused output's kept rows must be bit-identical to the
 // sequential one's (a row that is not fails the run; its times are still reported). One progress
