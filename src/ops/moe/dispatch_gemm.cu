@@ -64,11 +64,10 @@ Status moe_dispatch_gemm(Communicator& comm, const MoePlan& plan, const void* x,
                            dtype_size(gemm.out_dtype);
   LOOM_TRY_CTX(check_device(impl, gemm.weights, weight_bytes, 16, "weights ([E/W, N, K] or [E/W, K, N])"), kOp);
   LOOM_TRY_CTX(check_device(impl, gemm.out, out_bytes, 16, "out ([capacity, N_out])"), kOp);
-  const size_t x_bytes = static_cast<size_t>(plan.num_tokens) * static_cast<size_t>(l.row_bytes);
-  const size_t recv_bytes = static_cast<size_t>(l.capacity) * static_cast<size_t>(l.row_bytes);
+  // recv_x against x and the plan: check_dispatch_buffers.
   LOOM_TRY_CTX(check_disjoint({{gemm.out, out_bytes, "out", true},
-                              {recv_x, recv_bytes, "recv_x", true},
-                              {x, x_bytes, "x", false},
+                              {recv_x, receive_bytes(l), "recv_x", true},
+                              {x, token_bytes(plan, l), "x", false},
                               {gemm.weights, weight_bytes, "weights", false},
                               {plan.plan, static_cast<size_t>(l.plan.bytes), "the plan", false}}),
                kOp);

@@ -108,12 +108,20 @@ inline Result<planner::MoeLayouts> check_plan(Communicator::Impl& impl, const Mo
   return l;
 }
 
+// Bytes of x ([T, H]) and of recv_x ([C, H]).
+inline size_t token_bytes(const MoePlan& plan, const planner::MoeLayouts& l) {
+  return static_cast<size_t>(plan.num_tokens) * static_cast<size_t>(l.row_bytes);
+}
+inline size_t receive_bytes(const planner::MoeLayouts& l) {
+  return static_cast<size_t>(l.capacity) * static_cast<size_t>(l.row_bytes);
+}
+
 // The checks moe_dispatch and moe_dispatch_gemm make on x ([T, H], this GPU) and recv_x
 // ([C, H], symmetric), and recv_x's heap offset.
 inline Result<uint64_t> check_dispatch_buffers(const Communicator::Impl& impl, const MoePlan& plan,
                                                const planner::MoeLayouts& l, const void* x, void* recv_x, const char* op) {
-  const size_t x_bytes = static_cast<size_t>(plan.num_tokens) * static_cast<size_t>(l.row_bytes);
-  const size_t recv_bytes = static_cast<size_t>(l.capacity) * static_cast<size_t>(l.row_bytes);
+  const size_t x_bytes = token_bytes(plan, l);
+  const size_t recv_bytes = receive_bytes(l);
   if (plan.num_tokens > 0 && x == nullptr) return Status::invalid_argument(std::string(op) + ": x is null");
   LOOM_TRY_CTX(check_device(impl, x, x_bytes, 16, "x ([T, H])"), op);
   LOOM_ASSIGN_OR_RETURN(const uint64_t recv_offset,
