@@ -12,6 +12,8 @@
 #     moe-2 moe-4 moe-8             Moe* (routing, dispatch, combine; MoeSmoke first) at 2, 4, 8 ranks
 #                                   on one node; MOE_FILTER (default Moe*) narrows them, and every
 #                                   wait gives up after MOE_TIMEOUT_MS (default 5000)
+#     moe-2x1 moe-2x2 moe-2x4 moe-4x2
+#                                   the same on N emulated nodes x L ranks (across nodes: the proxy)
 #     ring-2 ring-3 ring-4 ring-8   RingAttention* at 2, 3, 4, 8 ranks on one node
 #     multi-2x1 multi-2x2 multi-2x4 multi-4x2
 #                                   MultiNode*, ProxyCopyEngine* on N emulated nodes x L ranks
@@ -162,6 +164,9 @@ for step in "${steps[@]}"; do
   case $step in
     single-[0-9]*) gtest_job "single-node_${step#single-}ranks" "${step#single-}" 1 'Collectives*:TpOps*:ProxyCopyEngine*:Consistency*' ;;
     # Every MoE call takes milliseconds: a 5 s wait limit (MOE_TIMEOUT_MS) shows a stuck one in seconds.
+    moe-[0-9]*x[0-9]*)
+      layout=${step#moe-}; n=${layout%x*}; l=${layout#*x}
+      gtest_job "moe_${layout}" $(( n * l )) "$n" "${MOE_FILTER:-Moe*}" LOOM_TIMEOUT_MS="${MOE_TIMEOUT_MS:-5000}" ;;
     moe-[0-9]*) gtest_job "moe_${step#moe-}ranks" "${step#moe-}" 1 "${MOE_FILTER:-Moe*}" LOOM_TIMEOUT_MS="${MOE_TIMEOUT_MS:-5000}" ;;
     consistency-[0-9]*) gtest_job "consistency_${step#consistency-}ranks" "${step#consistency-}" 1 'Consistency*' ;;
     ring-[0-9]*) gtest_job "ring_attention_${step#ring-}ranks" "${step#ring-}" 1 'RingAttention*' ;;

@@ -2,6 +2,7 @@
 
 #include "kernels/moe/grouped_gemm_params.h"
 #include "ops/launch/signature.h"
+#include "runtime/network_layout.h"
 
 #include <algorithm>
 #include <cmath>
@@ -36,14 +37,19 @@ MoeSizes MoeLayouts::sizes() const {
 Result<MoeLayouts> plan_moe(const MoeRequest& request) {
   const MoeConfig& c = request.config;
   const int world = request.world;
-  if (request.num_nodes > 1) {
-    return Status::unsupported("moe: the MoE operators run within one NVLink domain; this job spans " +
-                               num(request.num_nodes) +
-                               " nodes (dispatch across nodes is designed in docs/MOE.md, not built yet)");
+  const int nodes = request.num_nodes;
+  if (nodes < 1 || world < 1 || world % nodes != 0) {
+    return Status::invalid_argument("moe: " + num(world) + " ranks do not split evenly over " + num(nodes) + " nodes");
   }
-  if (world < 1 || world > MoeTunables::kMaxLocalWorld) {
-    return Status::unsupported("moe: " + num(world) + " local ranks; the MoE kernels address 1 to " +
+  const int local = world / nodes;
+  if (local > MoeTunables::kMaxLocalWorld) {
+    return Status::unsupported("moe: " + num(local) + " ranks per node; the MoE kernels address 1 to " +
                                num(MoeTunables::kMaxLocalWorld) + " (destination sets are 32-bit masks)");
+  }
+  if (world > MoeTunables::kMaxWorld || nodes > MoeTunables::kMaxNodes) {
+    return Status::unsupported("moe: " + num(world) + " ranks on " + num(nodes) + " nodes; the MoE kernels address at most " +
+                               num(MoeTunables::kMaxWorld) + " ranks (the routing gives each one thread) and " +
+                               num(MoeTunables::kMaxNodes) + " nodes (combine gives each node one lane of a warp)");
   }
   if (c.num_experts <= 0) return Status::invalid_argument("moe: num_experts must be positive, not " + num(c.num_experts));
   if (c.num_experts > MoeTunables::kMaxExperts) {
@@ -88,31 +94,52 @@ Result<MoeLayouts> plan_moe(const MoeRequest& request) {
   l.capacity = capacity;
   l.local_experts = c.num_experts / world;
   l.row_bytes = row_bytes;
-  const uint32_t experts = static_cast<uint32_t>(c.num_experts);
-  l.plan = kernels::moe::PlanLayout::make(static_cast<uint64_t>(c.max_tokens), static_cast<uint32_t>(c.top_k), experts);
-  l.workspace = kernels::moe::WorkspaceLayout::make(static_cast<uint32_t>(world), experts,
-                                                    static_cast<uint64_t>(c.max_tokens), static_cast<uint64_t>(capacity));
+  l.num_nodes = nodes;
+  kernels::moe::MoeShape shape;
+  shape.world = static_cast<uint32_t>(world);
+  shape.nodes = static_cast<uint32_t>(nodes);
+  shape.experts = static_cast<uint32_t>(c.num_experts);
+  shape.top_k = static_cast<uint32_t>(c.top_k);
+  shape.max_tokens = static_cast<uint64_t>(c.max_tokens);
+  shape.capacity = static_cast<uint64_t>(capacity);
+  shape.row_bytes = row_bytes;
+  shape.hidden = static_cast<uint64_t>(c.hidden);
+  l.plan = kernels::moe::PlanLayout::make(shape.max_tokens, shape.top_k, shape.experts, shape.nodes);
+  l.workspace = kernels::moe::WorkspaceLayout::make(shape);
+  l.net_flag_words = kernels::moe::WorkspaceLayout::net_flag_words(shape);
+  const runtime::net::NetWindowLayout window{shape.nodes, static_cast<uint32_t>(local)};
+  if (l.net_flag_words > window.launch_capacity()) {
+    return Status::unsupported("moe: max_tokens " + num(c.max_tokens) + " on " + num(nodes) + " nodes needs " +
+                               num(static_cast<int64_t>(l.net_flag_words)) +
+                               " network flags per call (one per chunk of " + num(MoeTunables::kNetChunkTokens) +
+                               " tokens and remote node); the network flag window holds " +
+                               num(window.launch_capacity()) + " (lower max_tokens)");
+  }
   return l;
 }
 
-Result<MoeDispatchGrid> plan_moe_dispatch(int sm_count, int num_ctas, int arrival_ctas) {
-  if (sm_count < 2) {
-    return Status::unsupported("moe_dispatch: the GPU has " + num(sm_count) +
-                               " SMs; dispatch needs 2 (an arrival CTA and a pushing CTA, resident together)");
+Result<MoeDispatchGrid> plan_moe_dispatch(int sm_count, int num_ctas, int arrival_ctas, int num_nodes) {
+  const bool net = num_nodes > 1;
+  const int least = net ? 3 : 2;
+  if (sm_count < least) {
+    return Status::unsupported("moe_dispatch: the GPU has " + num(sm_count) + " SMs; dispatch needs " + num(least) +
+                               " (an arrival CTA, a pushing CTA" + (net ? std::string(", a forwarding CTA") : "") +
+                               ", resident together)");
   }
   if (num_ctas < 0 || arrival_ctas < 0) {
     return Status::invalid_argument("moe_dispatch: num_ctas and arrival_ctas must not be negative");
   }
   MoeDispatchGrid g;
   g.grid = num_ctas == 0 ? sm_count : num_ctas;
-  if (g.grid < 2 || g.grid > sm_count) {
-    return Status::invalid_argument("moe_dispatch: num_ctas " + num(num_ctas) + " is outside [2, " + num(sm_count) +
-                                    "] (every CTA must be resident: at most one per SM)");
+  if (g.grid < least || g.grid > sm_count) {
+    return Status::invalid_argument("moe_dispatch: num_ctas " + num(num_ctas) + " is outside [" + num(least) + ", " +
+                                    num(sm_count) + "] (every CTA must be resident: at most one per SM)");
   }
+  g.forward_ctas = net ? std::max(1, g.grid / MoeTunables::kForwardShareDen) : 0;
   g.arrival_ctas = arrival_ctas == 0 ? std::max(1, g.grid / MoeTunables::kArrivalShareDen) : arrival_ctas;
-  if (g.arrival_ctas >= g.grid) {
+  if (g.arrival_ctas + g.forward_ctas >= g.grid) {
     return Status::invalid_argument("moe_dispatch: arrival_ctas " + num(arrival_ctas) + " leaves no pushing CTA of " +
-                                    num(g.grid));
+                                    num(g.grid) + (net ? " (" + num(g.forward_ctas) + " forward)" : std::string()));
   }
   return g;
 }
@@ -123,15 +150,26 @@ int plan_moe_routing_grid(int64_t tokens, int sm_count) {
   return static_cast<int>(std::clamp<int64_t>(ctas, 1, std::max(1, sm_count)));
 }
 
-Result<int> plan_moe_combine_grid(int64_t tokens, int sm_count, int num_ctas) {
+Result<MoeCombineGrid> plan_moe_combine_grid(int64_t tokens, int sm_count, int num_ctas, int num_nodes) {
+  const bool net = num_nodes > 1;
   const int most = std::max(1, std::min(sm_count, MoeTunables::kMaxCtas));
-  if (num_ctas < 0 || num_ctas > most) {
-    return Status::invalid_argument("moe_combine: num_ctas " + num(num_ctas) + " is outside [0, " + num(most) +
-                                    "] (0: planner; at most one CTA per SM)");
+  const int least = net ? 2 : 1;
+  if (num_ctas < 0 || num_ctas > most || (num_ctas > 0 && num_ctas < least) || most < least) {
+    return Status::invalid_argument("moe_combine: num_ctas " + num(num_ctas) + " is outside [" + num(least) + ", " +
+                                    num(most) + "] (0: planner; at most one CTA per SM" +
+                                    (net ? std::string("; a reducing and a forwarding CTA across nodes") : "") + ")");
   }
-  if (num_ctas > 0) return num_ctas;
-  const int64_t ctas = (std::max<int64_t>(tokens, 0) + MoeTunables::kWarps - 1) / MoeTunables::kWarps;
-  return static_cast<int>(std::clamp<int64_t>(ctas, 1, most));
+  MoeCombineGrid g;
+  if (num_ctas > 0) {
+    g.grid = num_ctas;
+  } else if (net) {
+    g.grid = most;  // the partial sums of other nodes' tokens are work too, whatever this rank's T
+  } else {
+    const int64_t ctas = (std::max<int64_t>(tokens, 0) + MoeTunables::kWarps - 1) / MoeTunables::kWarps;
+    g.grid = static_cast<int>(std::clamp<int64_t>(ctas, 1, most));
+  }
+  g.forward_ctas = net ? std::max(1, g.grid / MoeTunables::kForwardShareDen) : 0;
+  return g;
 }
 
 uint32_t moe_signature(OpId op, std::initializer_list<int64_t> values) { return ops::values_signature(op, values); }
@@ -377,7 +415,7 @@ GroupedGemmArgs dispatch_gemm_grouped_args(const MoePlan& plan, const MoeLayouts
 }
 
 Result<MoeDispatchGemmPlan> plan_moe_dispatch_gemm(const GroupedGemmArgs& args, const MoeDispatchGemmOptions& options,
-                                                   const GemmDeviceLimits& device) {
+                                                   const GemmDeviceLimits& device, int num_nodes) {
   constexpr const char* kOp = "moe_dispatch_gemm";
   const int sms = device.sm_count;
   if (sms < 2) {
@@ -414,9 +452,11 @@ Result<MoeDispatchGemmPlan> plan_moe_dispatch_gemm(const GroupedGemmArgs& args, 
   plan.push_ctas = options.push_ctas != 0 ? options.push_ctas : std::max(1, plan.grid / MoeTunables::kFusedPushShareDen);
   plan.arrival_ctas =
       options.arrival_ctas != 0 ? options.arrival_ctas : std::max(1, plan.grid / MoeTunables::kFusedArrivalShareDen);
-  if (plan.push_ctas + plan.arrival_ctas > plan.grid) {
+  plan.forward_ctas = num_nodes > 1 ? std::max(1, plan.grid / MoeTunables::kFusedForwardShareDen) : 0;
+  if (plan.push_ctas + plan.arrival_ctas + plan.forward_ctas > plan.grid) {
     return Status::invalid_argument(std::string(kOp) + ": push_ctas " + num(plan.push_ctas) + " and arrival_ctas " +
-                                    num(plan.arrival_ctas) + " exceed the grid of " + num(plan.grid) + " CTAs");
+                                    num(plan.arrival_ctas) + (num_nodes > 1 ? " (and " + num(plan.forward_ctas) + " forward)" : std::string()) +
+                                    " exceed the grid of " + num(plan.grid) + " CTAs");
   }
   return plan;
 }

@@ -3,9 +3,11 @@
 // grid and role split, and the launch signatures ranks compare at entry.
 //
 // Rules (a refusal names the rule; nothing is launched):
-//   unsupported       a job of several nodes (designed in docs/MOE.md, not built); more than
-//                     kMaxLocalWorld local ranks; E > kMaxExperts; k > kMaxTopK; max_tokens * k
-//                     or W * capacity past INT32_MAX (32-bit slot indices); fewer than 2 SMs
+//   unsupported       more than kMaxLocalWorld ranks per node, kMaxWorld ranks or kMaxNodes
+//                     nodes; E > kMaxExperts; k > kMaxTopK; max_tokens * k or W * capacity past
+//                     INT32_MAX (32-bit slot indices); several nodes whose network windows need
+//                     more per-launch flags than the network flag window holds; fewer than 2 SMs
+//                     (3 on several nodes)
 //   invalid_argument  E, k or H not positive; E not a multiple of W; k > E; H * element size not
 //                     a multiple of 16 bytes; negative max_tokens or capacity
 #pragma once
@@ -23,8 +25,8 @@ namespace loom::planner {
 
 struct MoeRequest {
   MoeConfig config;
-  int world = 1;      // ranks of the NVLink domain (the job's local world)
-  int num_nodes = 1;  // nodes of the job
+  int world = 1;      // ranks of the job, W = N * L
+  int num_nodes = 1;  // nodes of the job, N (each with L = W / N ranks in one NVLink domain)
 };
 
 // A config that can run, with its buffers laid out.
@@ -32,6 +34,8 @@ struct MoeLayouts {
   int64_t capacity = 0;       // C
   int64_t local_experts = 0;  // E / W
   uint64_t row_bytes = 0;     // H * element size
+  int num_nodes = 1;          // N
+  uint64_t net_flag_words = 0;  // per-launch words of the network flag window a call uses
   kernels::moe::PlanLayout plan{};
   kernels::moe::WorkspaceLayout workspace{};
 
@@ -42,21 +46,28 @@ Result<MoeLayouts> plan_moe(const MoeRequest& request);
 
 // The dispatch kernel's grid and its arrival CTAs (the rest push): `num_ctas` CTAs (0: sm_count),
 // at most sm_count (every CTA must be resident: arrival CTAs wait for rows the push CTAs of the
-// same launch send), at least 2; arrival_ctas (0: 1 / kArrivalShareDen of the grid, at least one)
-// leaves at least one pushing CTA.
+// same launch send), at least 2 (3 on several nodes); arrival_ctas (0: 1 / kArrivalShareDen of
+// the grid, at least one) leaves at least one pushing CTA; on several nodes forward_ctas
+// (1 / kForwardShareDen of the grid, at least one) take network arrivals too.
 struct MoeDispatchGrid {
   int grid = 0;
   int arrival_ctas = 0;
+  int forward_ctas = 0;
 };
-Result<MoeDispatchGrid> plan_moe_dispatch(int sm_count, int num_ctas, int arrival_ctas);
+Result<MoeDispatchGrid> plan_moe_dispatch(int sm_count, int num_ctas, int arrival_ctas, int num_nodes = 1);
 
 // The routing kernel's grid: enough CTAs for one warp per chunk of kChunkTokens tokens, at least
 // one (the coordinator), at most sm_count (CTAs wait for each other within the launch).
 int plan_moe_routing_grid(int64_t tokens, int sm_count);
 
 // The combine kernel's grid: `num_ctas` (0: one warp per token up to every SM), at most sm_count
-// and kMaxCtas, at least one.
-Result<int> plan_moe_combine_grid(int64_t tokens, int sm_count, int num_ctas);
+// and kMaxCtas, at least one; on several nodes (0: every SM) at least 2, of which forward_ctas
+// (1 / kForwardShareDen, at least one) return the partial sums of other nodes' tokens.
+struct MoeCombineGrid {
+  int grid = 0;
+  int forward_ctas = 0;
+};
+Result<MoeCombineGrid> plan_moe_combine_grid(int64_t tokens, int sm_count, int num_ctas, int num_nodes = 1);
 
 // The 32-bit signature of a launch (entry words carry it; a rank that entered the same launch with
 // another signature fails it with a mismatch, invalid_argument): ops/launch/signature.h over the op
@@ -106,14 +117,15 @@ inline constexpr GemmTile kDispatchGemmTiles[] = {GemmTile::k128x256, GemmTile::
 struct MoeDispatchGemmPlan {
   GroupedGemmPlan gemm;  // tile, n_blocks, group_m, max_tile_rows; num_ctas == grid
   int grid = 0;
-  int push_ctas = 0;     // 0 < push + arrival <= grid
+  int push_ctas = 0;     // 0 < push + arrival + forward <= grid
   int arrival_ctas = 0;
+  int forward_ctas = 0;  // several nodes: network arrivals (then compute)
 };
 // Checks the GEMM (grouped_gemm_can_implement, the tile is one of kDispatchGemmTiles) and sizes the
 // grid: num_ctas (0: sm_count) in [2, sm_count] (all resident: compute CTAs wait for rows the
 // other roles of the launch land); push_ctas (0: grid / kFusedPushShareDen) and arrival_ctas (0:
 // grid / kFusedArrivalShareDen), each at least one, together at most the grid.
 Result<MoeDispatchGemmPlan> plan_moe_dispatch_gemm(const GroupedGemmArgs& args, const MoeDispatchGemmOptions& options,
-                                                   const GemmDeviceLimits& device);
+                                                   const GemmDeviceLimits& device, int num_nodes = 1);
 
 }  // namespace loom::planner

@@ -34,7 +34,8 @@ static_assert(std::is_same_v<decltype(&moe_report), Result<MoeReport> (*)(Commun
 namespace km = kernels::moe;
 using km::MoeTunables;
 
-MoeRequest request(int64_t experts, int top_k, int64_t hidden, int64_t max_tokens, int world, int64_t capacity = 0) {
+MoeRequest request(int64_t experts, int top_k, int64_t hidden, int64_t max_tokens, int world, int64_t capacity = 0,
+                   int nodes = 1) {
   MoeRequest r;
   r.config.num_experts = experts;
   r.config.top_k = top_k;
@@ -43,6 +44,7 @@ MoeRequest request(int64_t experts, int top_k, int64_t hidden, int64_t max_token
   r.config.max_tokens = max_tokens;
   r.config.capacity = capacity;
   r.world = world;
+  r.num_nodes = nodes;
   return r;
 }
 
@@ -73,48 +75,101 @@ TEST(MoePlan, DeepSeekSliceSizes) {
 
 TEST(MoePlan, PlanLayoutFollowsItsFormula) {
   const uint64_t tmax = 1000, k = 6, e = 384;
-  const km::PlanLayout p = km::PlanLayout::make(tmax, static_cast<uint32_t>(k), static_cast<uint32_t>(e));
-  const std::vector<uint64_t> starts{p.status, p.slot_dest, p.slot_weight, p.chunk_counts, p.send_base, p.bytes};
+  const km::PlanLayout p = km::PlanLayout::make(tmax, static_cast<uint32_t>(k), static_cast<uint32_t>(e), 3);
+  const std::vector<uint64_t> starts{p.status, p.slot_dest, p.slot_weight, p.chunk_counts, p.send_base, p.token_nodes, p.bytes};
   const std::vector<uint64_t> sizes{sizeof(km::MoeStatusWords), 4 * tmax * k, 4 * tmax * k,
-                                    4 * km::routing_chunks(tmax) * e, 4 * e};
+                                    4 * km::routing_chunks(tmax) * e, 4 * e, 8 * tmax};
   for (size_t i = 0; i + 1 < starts.size(); ++i) {
     EXPECT_EQ(starts[i] % 256, 0u) << "region " << i;
     EXPECT_GE(starts[i + 1] - starts[i], sizes[i]) << "region " << i << " is too small";
     EXPECT_LT(starts[i + 1] - starts[i], sizes[i] + 256) << "region " << i << " wastes more than its alignment";
   }
   EXPECT_EQ(km::routing_chunks(1000), 4u);  // ceil(1000 / 256)
+  // One node: no per-token node masks.
+  const km::PlanLayout one = km::PlanLayout::make(tmax, static_cast<uint32_t>(k), static_cast<uint32_t>(e), 1);
+  EXPECT_EQ(one.bytes, one.token_nodes);
 }
 
-TEST(MoePlan, WorkspaceRegionsAreOrderedAndEachCallZeroesItsOwn) {
-  const uint32_t w = 4, e = 64;
-  const uint64_t tmax = 3000, cap = 5000;
-  const km::WorkspaceLayout l = km::WorkspaceLayout::make(w, e, tmax, cap);
-  const std::vector<uint64_t> starts{l.count_table, l.count_flags, l.chunk_flags, l.routing_words, l.arrival, l.ready,
-                                     l.read_done,   l.done,        l.rows,        l.tiles,         l.bytes};
+// The workspace of a job of N nodes x L ranks: every region at least its formula's size, in order,
+// the three zeroed ranges tiling the flag regions; on one node the network regions are empty.
+void check_workspace(uint32_t nodes, uint32_t local) {
+  km::MoeShape shape;
+  shape.world = nodes * local;
+  shape.nodes = nodes;
+  shape.experts = 64;
+  shape.top_k = 6;
+  shape.max_tokens = 3000;
+  shape.capacity = 5000;
+  shape.row_bytes = 7168 * 2;
+  shape.hidden = 7168;
+  const km::WorkspaceLayout l = km::WorkspaceLayout::make(shape);
+  const uint64_t w = shape.world, e = shape.experts, tmax = shape.max_tokens, cap = shape.capacity;
+  const uint64_t remote = nodes - 1, q = nodes > 1 ? km::net_chunks(tmax) : 0;
+  const uint64_t eb = nodes > 1 ? km::net_entry_bytes(shape.top_k, shape.row_bytes) : 0;
+  const uint64_t pb = nodes > 1 ? 4 * shape.hidden : 0;
+  const std::vector<uint64_t> starts{l.count_table, l.count_flags, l.node_tokens, l.chunk_flags, l.routing_words,
+                                     l.arrival,     l.ready,       l.send_fill,   l.sent_chunks, l.send_count,
+                                     l.read_done,   l.done,        l.ret_count,   l.ret_sent,    l.rows,
+                                     l.tiles,       l.staged_epoch, l.token_pos,  l.send_window, l.staging,
+                                     l.ret_window,  l.partials,    l.bytes};
   const uint64_t blocks = km::arrival_blocks(cap);
   // tiles: moe_dispatch_gemm's table, 16 bytes of header and 16 per tile row, ceil(C / 64) + E / W rows
-  const std::vector<uint64_t> sizes{4ull * w * km::count_row_ints(e), 8ull * w,   8 * km::routing_chunks(tmax), 16,
-                                    8 * blocks,  8 * blocks, 8ull * MoeTunables::kMaxCtas, 8ull * w, 16 * cap,
-                                    16 + 16 * ((cap + 63) / 64 + e / w)};
+  const std::vector<uint64_t> sizes{4 * w * km::count_row_ints(shape.experts, nodes), 8 * w, 4ull * nodes,
+                                    8 * km::routing_chunks(tmax), 16, 8 * blocks, 8 * blocks, 4 * remote, 8 * remote,
+                                    4 * remote * q, 8ull * MoeTunables::kMaxCtas, 8ull * local, 4 * remote * q, 8 * remote,
+                                    16 * cap, 16 + 16 * ((cap + 63) / 64 + e / w), nodes > 1 ? 8u : 0u,
+                                    4 * tmax * remote, remote * tmax * eb, remote * tmax * eb, remote * tmax * pb,
+                                    remote * tmax * pb};
   for (size_t i = 0; i + 1 < starts.size(); ++i) {
     EXPECT_EQ(starts[i] % 256, 0u) << "region " << i;
     EXPECT_GE(starts[i + 1] - starts[i], sizes[i]) << "region " << i << " is too small";
+    EXPECT_LT(starts[i + 1] - starts[i], sizes[i] + 256 + (i == 4 ? 256 : 0)) << "region " << i << " is too large";
   }
   EXPECT_EQ(blocks, (cap + MoeTunables::kArrivalRows - 1) / MoeTunables::kArrivalRows);
-  EXPECT_EQ(km::count_row_ints(e) % 4, 0u);
-  EXPECT_GE(km::count_row_ints(e), e + km::kCountHeaderInts);
-  // The three zeroed ranges tile the flag regions; the row origins are never zeroed.
+  EXPECT_EQ(km::count_row_ints(shape.experts, nodes) % 4, 0u);
+  EXPECT_GE(km::count_row_ints(shape.experts, nodes), e + nodes + km::kCountHeaderInts);
+  // The three zeroed ranges tile the flag regions; the row origins and windows are never zeroed.
   EXPECT_EQ(l.routing_zero_begin(), 0u);
   EXPECT_EQ(l.routing_zero_end(), l.dispatch_zero_begin());
   EXPECT_EQ(l.dispatch_zero_end(), l.combine_zero_begin());
   EXPECT_EQ(l.combine_zero_end(), l.rows);
+  EXPECT_EQ(l.window_chunks, q);
+  EXPECT_EQ(l.entry_bytes, eb);
+  EXPECT_EQ(l.partial_bytes, pb);
+}
+
+TEST(MoePlan, WorkspaceRegionsAreOrderedAndEachCallZeroesItsOwn) {
+  check_workspace(1, 4);
+  check_workspace(2, 4);
+  check_workspace(4, 2);
+  EXPECT_EQ(km::net_header_bytes(6), 64u);  // 16 + 8 * 6 = 64
+  EXPECT_EQ(km::net_header_bytes(8), 80u);
+  EXPECT_EQ(km::net_chunks(3000), 47u);
+}
+
+// Each node's index of the others: a rank of node a keeps what goes to node b at remote_slot(a, b),
+// and node b names it remote_slot(b, a); remote_node inverts remote_slot.
+TEST(MoePlan, RemoteSlotsAreABijection) {
+  for (uint32_t nodes = 2; nodes <= 5; ++nodes) {
+    for (uint32_t a = 0; a < nodes; ++a) {
+      std::set<uint32_t> slots;
+      for (uint32_t b = 0; b < nodes; ++b) {
+        if (b == a) continue;
+        const uint32_t i = km::remote_slot(a, b, nodes);
+        EXPECT_LT(i, nodes - 1);
+        EXPECT_EQ(km::remote_node(a, i, nodes), b);
+        slots.insert(i);
+      }
+      EXPECT_EQ(slots.size(), nodes - 1);
+    }
+  }
 }
 
 TEST(MoePlan, HostCheckableInputIsRefusedWithItsCode) {
   EXPECT_EQ(code_of(request(64, 4, 1024, 100, 4)), StatusCode::kOk);
   MoeRequest nodes = request(64, 4, 1024, 100, 4);
   nodes.num_nodes = 2;
-  EXPECT_EQ(code_of(nodes), StatusCode::kUnsupported);
+  EXPECT_EQ(code_of(nodes), StatusCode::kOk);  // 2 nodes x 2 ranks
   EXPECT_EQ(code_of(request(66, 4, 1024, 100, 4)), StatusCode::kInvalidArgument);  // E % W
   EXPECT_EQ(code_of(request(8, 9, 1024, 100, 2)), StatusCode::kInvalidArgument);   // k > E
   EXPECT_EQ(code_of(request(64, 33, 1024, 100, 2)), StatusCode::kUnsupported);     // k > 32
@@ -125,7 +180,13 @@ TEST(MoePlan, HostCheckableInputIsRefusedWithItsCode) {
   EXPECT_EQ(code_of(request(64, 4, 1001, 100, 2)), StatusCode::kInvalidArgument);  // 2002-byte rows
   EXPECT_EQ(code_of(request(64, 4, 1024, -1, 2)), StatusCode::kInvalidArgument);
   EXPECT_EQ(code_of(request(64, 4, 1024, 100, 2, -5)), StatusCode::kInvalidArgument);
-  EXPECT_EQ(code_of(request(64, 4, 1024, 100, 33)), StatusCode::kUnsupported);  // 32-bit rank masks
+  EXPECT_EQ(code_of(request(66, 4, 1024, 100, 33)), StatusCode::kUnsupported);  // 32-bit rank masks
+  EXPECT_EQ(code_of(request(64, 4, 1024, 100, 64, 0, 2)), StatusCode::kOk);    // 32 per node
+  EXPECT_EQ(code_of(request(512, 4, 1024, 100, 512, 0, 16)), StatusCode::kUnsupported);  // W > kMaxWorld
+  EXPECT_EQ(code_of(request(128, 4, 1024, 100, 128, 0, 128)), StatusCode::kUnsupported);  // N > kMaxNodes
+  EXPECT_EQ(code_of(request(64, 4, 1024, 100, 8, 0, 3)), StatusCode::kInvalidArgument);  // 8 ranks on 3 nodes
+  // Per-launch network flags: (N - 1) * ceil(Tmax / 64) must fit the flag window.
+  EXPECT_EQ(code_of(request(64, 4, 1024, 64 * 60000, 8, 1 << 20, 4)), StatusCode::kUnsupported);
   EXPECT_EQ(code_of(request(64, 8, 1024, INT32_MAX / 4, 2)), StatusCode::kUnsupported);  // T*k past int32
   EXPECT_EQ(code_of(request(64, 4, 1024, 100, 4, INT32_MAX / 2)), StatusCode::kUnsupported);  // W*C past int32
   // fp32 rows: 4 x 4 = 16 bytes are fine.
@@ -164,6 +225,17 @@ TEST(MoePlan, DispatchGridKeepsBothRoles) {
   ASSERT_TRUE(g.ok());
   EXPECT_EQ(g->grid, 16);
   EXPECT_EQ(g->arrival_ctas, 3);
+  EXPECT_EQ(g->forward_ctas, 0);
+  // Several nodes: a forwarding role too, and one more CTA at least.
+  g = plan_moe_dispatch(132, 0, 0, 2);
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->forward_ctas, 132 / MoeTunables::kForwardShareDen);
+  EXPECT_LT(g->arrival_ctas + g->forward_ctas, g->grid);
+  EXPECT_EQ(plan_moe_dispatch(2, 0, 0, 2).status().code(), StatusCode::kUnsupported);
+  g = plan_moe_dispatch(3, 0, 0, 2);
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->forward_ctas, 1);
+  EXPECT_EQ(g->arrival_ctas, 1);
 }
 
 // moe_dispatch_gemm's grid: the planner's shares, both data roles at least one CTA, the two
@@ -227,6 +299,15 @@ TEST(MoePlan, DispatchGemmGridAndTiles) {
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(p->gemm.tile, GemmTile::k128x128);
   EXPECT_EQ(plan_moe_dispatch_gemm(args, {}, GemmDeviceLimits{1, 232448}).status().code(), StatusCode::kUnsupported);
+  EXPECT_EQ(p->forward_ctas, 0);
+  // Several nodes: forwarding CTAs too (then they compute), within the grid.
+  p = plan_moe_dispatch_gemm(args, {}, h200, 2);
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_EQ(p->forward_ctas, 132 / MoeTunables::kFusedForwardShareDen);
+  EXPECT_LE(p->push_ctas + p->arrival_ctas + p->forward_ctas, p->grid);
+  o = {};
+  o.num_ctas = 2;
+  EXPECT_EQ(plan_moe_dispatch_gemm(args, o, h200, 2).status().code(), StatusCode::kInvalidArgument);  // 3 roles, 2 CTAs
 }
 
 TEST(MoePlan, RoutingAndCombineGrids) {
@@ -235,11 +316,17 @@ TEST(MoePlan, RoutingAndCombineGrids) {
   EXPECT_EQ(plan_moe_routing_grid(5 * per_cta, 132), 5);
   EXPECT_EQ(plan_moe_routing_grid(5 * per_cta + 1, 132), 6);
   EXPECT_EQ(plan_moe_routing_grid(1000 * per_cta, 132), 132);
-  EXPECT_EQ(*plan_moe_combine_grid(0, 132, 0), 1);
-  EXPECT_EQ(*plan_moe_combine_grid(MoeTunables::kWarps * 10, 132, 0), 10);
-  EXPECT_EQ(*plan_moe_combine_grid(1 << 20, 132, 0), 132);
-  EXPECT_EQ(*plan_moe_combine_grid(100, 132, 7), 7);
+  EXPECT_EQ(plan_moe_combine_grid(0, 132, 0)->grid, 1);
+  EXPECT_EQ(plan_moe_combine_grid(MoeTunables::kWarps * 10, 132, 0)->grid, 10);
+  EXPECT_EQ(plan_moe_combine_grid(1 << 20, 132, 0)->grid, 132);
+  EXPECT_EQ(plan_moe_combine_grid(100, 132, 7)->grid, 7);
+  EXPECT_EQ(plan_moe_combine_grid(100, 132, 7)->forward_ctas, 0);
   EXPECT_EQ(plan_moe_combine_grid(100, 132, 133).status().code(), StatusCode::kInvalidArgument);
+  // Several nodes: every SM by default (other nodes' tokens are work too), a forwarding share.
+  EXPECT_EQ(plan_moe_combine_grid(0, 132, 0, 2)->grid, 132);
+  EXPECT_EQ(plan_moe_combine_grid(0, 132, 0, 2)->forward_ctas, 132 / MoeTunables::kForwardShareDen);
+  EXPECT_EQ(plan_moe_combine_grid(0, 132, 2, 2)->forward_ctas, 1);
+  EXPECT_EQ(plan_moe_combine_grid(0, 132, 1, 2).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST(MoePlan, SignatureSeparatesPlans) {

@@ -241,7 +241,7 @@ std::vector<T> download(const void* src, size_t n) {
 // this rank's device buffers (recv_x and expert_out symmetric, filled with 0xFF bytes).
 struct CaseBuffers {
   Case c;
-  int world = 1, me = 0;
+  int world = 1, nodes = 1, local = 1, me = 0;  // me: position node * L + local index
   MoeConfig config;
   planner::MoeLayouts layouts;
   std::vector<std::vector<int32_t>> ids;   // every rank's
@@ -260,8 +260,10 @@ struct CaseBuffers {
   // Collective (symmetric allocations): every rank builds the same case at the same point.
   explicit CaseBuffers(const Case& kase) : c(kase) {
     Communicator& comm = shared_comm();
-    world = comm.local_world_size();
-    me = comm.local_rank();
+    world = comm.world_size();
+    nodes = comm.num_nodes();
+    local = comm.world_size();
+    me = comm.node() * local + comm.local_rank();  // the MoE position (rank_at[me] names its rank)
     config.num_experts = c.experts_per_rank * world;
     config.top_k = c.top_k;
     config.hidden = c.hidden;
@@ -272,6 +274,7 @@ struct CaseBuffers {
     planner::MoeRequest request;
     request.config = config;
     request.world = world;
+    request.num_nodes = nodes;
     Result<planner::MoeLayouts> l = planner::plan_moe(request);
     EXPECT_TRUE(l.ok()) << c.text(world) << ": " << l.status().to_string();
     if (!l.ok()) return;
@@ -342,6 +345,24 @@ struct CaseBuffers {
     return a;
   }
 
+  // What combine gives token t of this rank when slot q's expert output is y_of(q): the
+  // documented order, per node its routed slots' fp32 FMA sum in slot order, then the node sums
+  // added in node order (on one node, the slot-order sum itself).
+  template <class Y>
+  float combined(int64_t t, Y y_of) const {
+    const ref::RefRank& want = expected[me];
+    std::vector<float> node_sum(static_cast<size_t>(nodes), 0.0f);
+    for (int j = 0; j < c.top_k; ++j) {
+      const size_t q = static_cast<size_t>(t * c.top_k + j);
+      if (want.slot_dest[q] < 0) continue;
+      const size_t node = static_cast<size_t>(want.slot_dest[q] / layouts.capacity / local);
+      node_sum[node] = std::fma(weights[me][q], y_of(q), node_sum[node]);
+    }
+    float acc = node_sum[0];
+    for (size_t n = 1; n < node_sum.size(); ++n) acc += node_sum[n];
+    return acc;
+  }
+
   // This rank's expert outputs: row r (< kept) holds y(source, token, expert) of its origin.
   bool fill_expert_outputs() const {
     const ref::RefRank& mine = expected[me];
@@ -410,7 +431,9 @@ void check_dispatch(const CaseBuffers& s, const std::string& what) {
                            << first_text << ")";
 }
 
-// Combine: out equals the slot-order fp32 FMA sum bit for bit (and the exact sum within u).
+// Combine: out equals the slot-order fp32 FMA sum bit for bit (and the exact sum within u). Across
+// nodes the order is the documented one: per node, its slots' FMA sum in slot order; then the
+// node sums added in node order.
 void check_combine(const CaseBuffers& s, const std::string& what) {
   const ref::RefRank& want = s.expected[s.me];
   const std::vector<uint8_t> got = download<uint8_t>(s.d_out.get(), s.out_bytes());
@@ -422,17 +445,18 @@ void check_combine(const CaseBuffers& s, const std::string& what) {
   std::string first;
   for (int64_t t = 0; t < s.tokens; ++t) {
     for (int64_t h = 0; h < h_count; ++h) {
-      float acc = 0.0f;
+      auto y_of = [&](size_t q) {
+        const int32_t e = s.ids[s.me][q];
+        return from_bits(s.c.dtype, to_bits(s.c.dtype, y_value(s.c.seed, s.me, t, e, h, h_count, s.config.num_experts)));
+      };
+      const float acc = s.combined(t, y_of);
       double exact = 0.0, magnitude = 0.0;
       for (int j = 0; j < k; ++j) {
         const size_t q = static_cast<size_t>(t * k + j);
         if (want.slot_dest[q] < 0) continue;
-        const int32_t e = s.ids[s.me][q];
-        const float w = s.weights[s.me][q];
-        const float yv = from_bits(s.c.dtype, to_bits(s.c.dtype, y_value(s.c.seed, s.me, t, e, h, h_count, s.config.num_experts)));
-        acc = std::fma(w, yv, acc);
-        exact += static_cast<double>(w) * yv;
-        magnitude += std::fabs(static_cast<double>(w) * yv);
+        const double wy = static_cast<double>(s.weights[s.me][q]) * y_of(q);
+        exact += wy;
+        magnitude += std::fabs(wy);
       }
       const uint32_t bits = element_bits(s.c.dtype, got.data(), static_cast<size_t>(t * h_count + h));
       const uint32_t expect = to_bits(s.c.dtype, acc);
@@ -475,7 +499,7 @@ Result<MoePlan> launch_all(const CaseBuffers& s, const MoeCombineArgs& combine) 
 // Routing, dispatch and combine of one case, each checked against the reference on every rank.
 void run_case(const Case& c) {
   Communicator& comm = shared_comm();
-  const std::string what = c.text(comm.local_world_size());
+  const std::string what = c.text(comm.world_size());
   CaseBuffers s(c);
   ASSERT_TRUE(agree(s.ok && s.fill_expert_outputs())) << what << ": rank " << process().rank << " or a peer could not set up";
   Result<MoePlan> plan = launch_all(s, s.combine_args());
@@ -519,7 +543,7 @@ void run_smoke(SmokeStage stage, uint64_t seed) {
   c.hidden = 40;
   c.tokens = 16;
   const char* name = stage == SmokeStage::kRouting ? "routing" : stage == SmokeStage::kDispatch ? "dispatch" : "combine";
-  const std::string what = std::string("smoke ") + name + ": " + c.text(comm.local_world_size());
+  const std::string what = std::string("smoke ") + name + ": " + c.text(comm.world_size());
   CaseBuffers s(c);
   ASSERT_TRUE(agree(s.ok && (stage != SmokeStage::kCombine || s.fill_expert_outputs())))
       << what << ": rank " << process().rank << " or a peer could not set up";
@@ -725,7 +749,7 @@ class MoeDispatchGemm : public MoeTest, public ::testing::WithParamInterface<Gem
 TEST_P(MoeDispatchGemm, MatchesTheReferenceAndDispatchThenGroupedGemm) {
   const GemmCase& g = GetParam();
   Communicator& comm = shared_comm();
-  const std::string what = g.text(comm.local_world_size());
+  const std::string what = g.text(comm.world_size());
   CaseBuffers s(g.moe);
   ASSERT_TRUE(agree(s.ok)) << what << ": setting up";
   GemmBuffers b(g, s);
@@ -835,7 +859,7 @@ TEST_F(MoeCapacity, OverCapacityIsReportedAndNothingMoves) {
   Communicator& comm = shared_comm();
   Case c = make_case(Routing::kAllToOne, 32);
   c.capacity = 8;
-  const std::string what = c.text(comm.local_world_size());
+  const std::string what = c.text(comm.world_size());
   CaseBuffers s(c);
   ASSERT_TRUE(agree(s.ok)) << what << ": setting up";
   Result<MoePlan> plan = launch_all(s, s.combine_args());
@@ -845,7 +869,7 @@ TEST_F(MoeCapacity, OverCapacityIsReportedAndNothingMoves) {
   const ref::RefRank& want = s.expected[s.me];
   ASSERT_EQ(want.code, ref::kRefCapacity) << what << ": the case must overflow";
   EXPECT_EQ(report->status.code(), StatusCode::kInvalidArgument) << what << ": " << report->status.to_string();
-  const std::string rank_text = "rank " + std::to_string(internal(comm).topology.local_peers[want.bad_rank]) + " would receive " +
+  const std::string rank_text = "rank " + std::to_string(internal(comm).topology.rank_at[want.bad_rank]) + " would receive " +
                                 std::to_string(want.bad_token) + " rows";
   EXPECT_NE(report->status.message().find(rank_text), std::string::npos) << report->status.message();
   EXPECT_TRUE(all_bytes(s.recv, s.recv_bytes(), 0xFF)) << what << ": recv_x was written";
@@ -876,7 +900,7 @@ TEST_F(MoeBadInput, ExpertIdOutOfRangeIsReportedEverywhere) {
   Result<MoeReport> report = moe_report(comm, *plan, nullptr);
   ASSERT_TRUE(agree(report.ok())) << what << ": the communicator must stay usable: " << report.status().to_string();
   EXPECT_EQ(report->status.code(), StatusCode::kInvalidArgument) << what << ": " << report->status.to_string();
-  const std::string named = "rank " + std::to_string(internal(comm).topology.local_peers[last]) + " token 3 slot 1: expert id " +
+  const std::string named = "rank " + std::to_string(internal(comm).topology.rank_at[last]) + " token 3 slot 1: expert id " +
                             std::to_string(bad);
   EXPECT_NE(report->status.message().find(named), std::string::npos) << report->status.message();
   EXPECT_TRUE(all_bytes(s.recv, s.recv_bytes(), 0xFF)) << what << ": recv_x was written";
@@ -892,7 +916,7 @@ TEST_F(MoeBadInput, ExpertIdOutOfRangeIsReportedEverywhere) {
 // What the host can check is refused before anything is launched, identically on every rank.
 TEST_F(MoeBadInput, HostCheckableInputIsRefusedBeforeLaunch) {
   Communicator& comm = shared_comm();
-  const int world = comm.local_world_size();
+  const int world = comm.world_size();
   MoeConfig config;
   config.num_experts = 4 * world;
   config.top_k = 4 * world + 1;  // k > E
@@ -1070,7 +1094,7 @@ std::string run_back_to_back(Communicator& comm, const CaseBuffers& s, void* out
 TEST_F(MoeStress, BackToBackLaunchesAreBitIdentical) {
   Communicator& comm = shared_comm();
   Case c = make_case(Routing::kSkewed, 61);
-  const std::string what = c.text(comm.local_world_size()) + ", back-to-back launches";
+  const std::string what = c.text(comm.world_size()) + ", back-to-back launches";
   CaseBuffers s(c);
   ASSERT_TRUE(agree(s.ok && s.fill_expert_outputs())) << what << ": setting up";
   MoePlan plan;
@@ -1103,7 +1127,7 @@ TEST_F(MoeStress, DispatchGemmBackToBackIsBitIdentical) {
   GemmCase g;
   g.moe = make_case(Routing::kSkewed, 62);
   g.activation = GroupedActivation::kSwiGLU;
-  const std::string what = g.text(comm.local_world_size()) + ", back-to-back launches";
+  const std::string what = g.text(comm.world_size()) + ", back-to-back launches";
   CaseBuffers s(g.moe);
   ASSERT_TRUE(agree(s.ok)) << what << ": setting up";
   GemmBuffers b(g, s);
@@ -1130,7 +1154,7 @@ TEST_F(MoeStress, DispatchGemmBackToBackIsBitIdentical) {
 TEST_F(MoeCompose, CombineOfDispatchIsTheWeightedToken) {
   Communicator& comm = shared_comm();
   Case c = make_case(Routing::kUniform, 71);
-  const std::string what = "compose: " + c.text(comm.local_world_size());
+  const std::string what = "compose: " + c.text(comm.world_size());
   CaseBuffers s(c);
   ASSERT_TRUE(agree(s.ok)) << what << ": setting up";
   MoeCombineArgs a = s.combine_args();
@@ -1146,11 +1170,7 @@ TEST_F(MoeCompose, CombineOfDispatchIsTheWeightedToken) {
   for (int64_t t = 0; t < s.tokens; ++t) {
     for (int64_t h = 0; h < c.hidden; ++h) {
       const float xv = from_bits(c.dtype, to_bits(c.dtype, x_value(c.seed, s.me, t, h, c.hidden)));
-      float acc = 0.0f;
-      for (int j = 0; j < c.top_k; ++j) {
-        const size_t q = static_cast<size_t>(t * c.top_k + j);
-        if (want.slot_dest[q] >= 0) acc = std::fma(s.weights[s.me][q], xv, acc);
-      }
+      const float acc = s.combined(t, [&](size_t) { return xv; });
       const float value = from_bits(c.dtype, element_bits(c.dtype, got.data(), static_cast<size_t>(t * c.hidden + h)));
       if (to_bits(c.dtype, acc) != to_bits(c.dtype, value) && !(value == 0.0f && acc == 0.0f)) ++wrong;
     }

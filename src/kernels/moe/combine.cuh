@@ -27,19 +27,23 @@
 #include "kernels/frame/persistent.cuh"
 #include "kernels/frame/role_table.h"
 #include "kernels/moe/common.cuh"
+#include "kernels/moe/dispatch.cuh"  // tokens_to_node
 #include "kernels/moe/flags.h"
 #include "kernels/moe/layout.h"
+#include "kernels/moe/net_window.cuh"
 
 namespace loom::kernels::moe {
 
 enum class CombineRole : uint32_t {
-  kFinisher = 0,  // one CTA: reduces its tokens, then the done handshake with every rank
-  kReduce = 1,    // the rest: reduce their tokens
+  kFinisher = 0,  // one CTA: reduces its tokens, then the done handshake with every local rank
+  kForward = 1,   // several nodes: the partial sums of the tokens other nodes staged here, sent back
+  kReduce = 2,    // the rest: reduce their tokens
 };
 using CombineRoleTable = frame::RoleTable<CombineRole, CombineRole::kReduce>;
 
 struct CombineParams : LaunchCommon {
   PlanView plan;                 // the routing's
+  const uint64_t* token_nodes;   // [T] the routing's (several nodes; null on one)
   const float* weights;          // [T * k]: the caller's, or the routing's copy (plan.slot_weight)
   uint64_t y_offset;             // heap offset of the expert outputs [C, H']
   uint64_t row_bytes;            // H' * element size (a multiple of 16)
@@ -47,41 +51,96 @@ struct CombineParams : LaunchCommon {
   uint32_t num_tokens;
   uint32_t top_k;
   uint32_t capacity;
+  uint32_t max_tokens;           // Tmax (the network windows' entries)
+  uint32_t num_experts;          // E
   uint32_t signature;
+  uint32_t net_flag_base;        // the network window's first per-launch word (several nodes)
   CombineRoleTable roles;
 };
 static_assert(sizeof(CombineParams) <= 4096, "moe_combine's parameters must fit the classic 4 KiB limit");
 
-// One warp: tokens first, first + stride, ... False after a failed wait (recorded).
+// One warp: waits (bounded, once per warp and rank) for the entry of every local rank that holds
+// one of the lanes' rows (`here`, `owner` its rank of the job). False after a failed wait.
+__device__ __forceinline__ bool enter_owners(const CombineParams& p, const JobRanks& r, bool here, uint32_t owner,
+                                             uint32_t& entered, uint64_t epoch, const WaitContext& ctx) {
+  const uint32_t lane = lane_id();
+  const uint32_t d_local = r.local_of(owner);
+  uint32_t unseen = __ballot_sync(0xffffffffu, here && (entered & (1u << d_local)) == 0);
+  while (unseen != 0) {
+    const uint32_t d = __shfl_sync(0xffffffffu, d_local, __ffs(unseen) - 1);
+    bool ok = true;
+    if (lane == 0) ok = wait_entry(p.comm, moe_entry(p.comm), static_cast<int>(d), epoch, p.signature, ctx);
+    if (!__shfl_sync(0xffffffffu, ok, 0)) return false;
+    entered |= 1u << d;
+    unseen &= ~__ballot_sync(0xffffffffu, here && d_local == d);
+    __syncwarp();  // the warp's loads from d are ordered after lane 0's acquire of its entry
+  }
+  return true;
+}
+
+// One warp, vector v of a row (all lanes call it; `live`: lane has vector v): the fp32 sum in slot
+// order of w_j * y_j over the lanes' row addresses (0: no row), into acc.
+template <typename T>
+__device__ __forceinline__ void sum_slots(float (&acc)[Vec16<T>::kElems], uint64_t row_addr, float w, uint32_t k,
+                                          uint64_t v, bool live) {
+  using V = Vec16<T>;
+#pragma unroll
+  for (int i = 0; i < V::kElems; ++i) acc[i] = 0.0f;
+  for (uint32_t j = 0; j < k; ++j) {
+    const uint64_t addr = __shfl_sync(0xffffffffu, row_addr, j);
+    const float wj = __shfl_sync(0xffffffffu, w, j);
+    if (addr == 0 || !live) continue;  // slot j is not routed here (warp-uniform), or no vector here
+    float y[V::kElems];
+#pragma unroll
+    for (int i = 0; i < V::kElems; ++i) y[i] = 0.0f;
+    V::add(y, load_peer_vector(reinterpret_cast<const uint4*>(addr) + v));  // 0 + y: exact
+#pragma unroll
+    for (int i = 0; i < V::kElems; ++i) acc[i] = __fmaf_rn(wj, y[i], acc[i]);
+  }
+}
+
+// One warp: tokens first, first + stride, ... of this rank. A token's slots on this node are
+// read over NVLink; on several nodes, each other node holding one of its experts returns one
+// fp32 partial (its slots' sum in slot order) into `partials`, and the node sums are added in
+// node order (this node's own in its place). False after a failed wait (recorded).
 template <typename T>
 __device__ __forceinline__ bool reduce_tokens(const CombineParams& p, uint32_t first, uint32_t stride, uint64_t epoch,
                                               const WaitContext& ctx) {
   using V = Vec16<T>;
+  constexpr uint32_t kChunk = MoeTunables::kNetChunkTokens;
   const DeviceComm& c = p.comm;
+  const WorkspaceLayout& l = p.ws.layout;
+  const JobRanks r(c);
   const uint32_t lane = lane_id();
   const uint32_t k = p.top_k;
   const uint32_t cap = p.capacity;
   const uint64_t vectors = p.row_bytes / kVectorBytes;
-  uint32_t entered = 1u << c.local_rank;  // ranks whose entry this warp has seen (lane-uniform)
+  const uint32_t remote = r.nodes - 1;
+  uint32_t entered = 1u << c.local_rank;  // local ranks whose entry this warp has seen (lane-uniform)
   for (uint32_t t = first; t < p.num_tokens; t += stride) {
-    // Lane j < k: slot j's row (its address on its rank) and weight.
+    // Lane j < k: slot j's row (its address on its rank, when on this node) and weight.
     const uint64_t q = static_cast<uint64_t>(t) * k + lane;
-    const int32_t dest = lane < k ? valid_slot(p.plan.slot_dest[q], c.local_world, cap) : kNoSlot;
+    const int32_t dest = lane < k ? valid_slot(p.plan.slot_dest[q], r.world(), cap) : kNoSlot;
     const uint32_t owner = dest != kNoSlot ? static_cast<uint32_t>(dest) / cap : 0;
-    const float w = dest != kNoSlot ? p.weights[q] : 0.0f;
-    const uint64_t row_addr = dest != kNoSlot ? c.peer_heap_bases[owner] + p.y_offset +
-                                                    static_cast<uint64_t>(static_cast<uint32_t>(dest) - owner * cap) * p.row_bytes
-                                              : 0;
-    uint32_t unseen = __ballot_sync(0xffffffffu, dest != kNoSlot && (entered & (1u << owner)) == 0);
-    while (unseen != 0) {
-      const uint32_t d = __shfl_sync(0xffffffffu, owner, __ffs(unseen) - 1);
-      bool ok = true;
-      if (lane == 0) ok = wait_entry(c, moe_entry(c), static_cast<int>(d), epoch, p.signature, ctx);
-      if (!__shfl_sync(0xffffffffu, ok, 0)) return false;
-      entered |= 1u << d;
-      unseen &= ~__ballot_sync(0xffffffffu, dest != kNoSlot && owner == d);
-      __syncwarp();  // the warp's loads from d are ordered after lane 0's acquire of its entry
+    const bool here = dest != kNoSlot && r.node_of(owner) == r.node;
+    const float w = here ? p.weights[q] : 0.0f;
+    const uint64_t row_addr = here ? c.peer_heap_bases[r.local_of(owner)] + p.y_offset +
+                                         static_cast<uint64_t>(static_cast<uint32_t>(dest) - owner * cap) * p.row_bytes
+                                   : 0;
+    if (!enter_owners(p, r, here, owner, entered, epoch, ctx)) return false;
+    // Several nodes: lane n < N holds node n's partial row (0: none, or this node).
+    const uint64_t nodes = p.token_nodes != nullptr ? p.token_nodes[t] & ~(1ull << r.node) : 0;
+    const float* partial = nullptr;
+    bool arrived = true;
+    if (lane < r.nodes && ((nodes >> lane) & 1) != 0) {
+      const uint32_t i = remote_slot(r.node, lane, r.nodes);
+      const uint32_t pos = static_cast<uint32_t>(*p.ws.at<int32_t>(c, c.local_rank, l.token_pos, static_cast<uint64_t>(t) * remote + i));
+      arrived = net_wait(c, p.net_flag_base + i * l.window_chunks + pos / kChunk,
+                         net_rank_of(c, static_cast<int>(lane), c.local_rank), ctx);
+      partial = reinterpret_cast<const float*>(p.ws.base(c, c.local_rank) + l.partials +
+                                               (static_cast<uint64_t>(i) * p.max_tokens + pos) * l.partial_bytes);
     }
+    if (!__all_sync(0xffffffffu, arrived)) return false;
     uint4* out = reinterpret_cast<uint4*>(p.out + static_cast<uint64_t>(t) * p.row_bytes);
     // All 32 lanes run every pass of this loop (warp-uniform bounds), so the full-mask shuffles
     // below always meet the whole warp; lane `lane` handles vector base + lane when it exists.
@@ -92,18 +151,30 @@ __device__ __forceinline__ bool reduce_tokens(const CombineParams& p, uint32_t f
       const uint64_t v = base + lane;
       const bool live = v < vectors;
       float acc[V::kElems];
+      sum_slots<T>(acc, row_addr, w, k, v, live);
+      if (nodes != 0) {
+        float total[V::kElems];
 #pragma unroll
-      for (int i = 0; i < V::kElems; ++i) acc[i] = 0.0f;
-      for (uint32_t j = 0; j < k; ++j) {
-        const uint64_t addr = __shfl_sync(0xffffffffu, row_addr, j);
-        const float wj = __shfl_sync(0xffffffffu, w, j);
-        if (addr == 0 || !live) continue;  // slot j is not routed (warp-uniform), or no vector here
-        float y[V::kElems];
+        for (int i = 0; i < V::kElems; ++i) total[i] = 0.0f;
+        for (uint32_t n = 0; n < r.nodes; ++n) {
+          const float* row = reinterpret_cast<const float*>(__shfl_sync(0xffffffffu, reinterpret_cast<uint64_t>(partial), n));
+          if (n == r.node) {
 #pragma unroll
-        for (int i = 0; i < V::kElems; ++i) y[i] = 0.0f;
-        V::add(y, load_peer_vector(reinterpret_cast<const uint4*>(addr) + v));  // 0 + y: exact
+            for (int i = 0; i < V::kElems; ++i) total[i] += acc[i];
+          } else if (row != nullptr && live) {
+            const float4* f4 = reinterpret_cast<const float4*>(row + v * V::kElems);
 #pragma unroll
-        for (int i = 0; i < V::kElems; ++i) acc[i] = __fmaf_rn(wj, y[i], acc[i]);
+            for (int i = 0; i < V::kElems / 4; ++i) {
+              const float4 x = __ldcg(f4 + i);
+              total[4 * i] += x.x;
+              total[4 * i + 1] += x.y;
+              total[4 * i + 2] += x.z;
+              total[4 * i + 3] += x.w;
+            }
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < V::kElems; ++i) acc[i] = total[i];
       }
       if (live) out[v] = V::pack(acc);
     }
@@ -111,8 +182,111 @@ __device__ __forceinline__ bool reduce_tokens(const CombineParams& p, uint32_t f
   return true;
 }
 
+// One forwarding warp (several nodes): entries first, first + stride, ... of the token entries
+// this rank's same-index GPUs on other nodes staged here in the dispatch of this plan: each one's
+// slots on this node summed in slot order in fp32 (sum_slots), written into the return window
+// toward its source and handed to the proxy by chunk (net_window_written). False after a failed
+// wait (recorded).
+template <typename T>
+__device__ __forceinline__ bool return_partials(const CombineParams& p, uint32_t first, uint32_t stride, uint64_t epoch,
+                                                const WaitContext& ctx) {
+  using V = Vec16<T>;
+  const DeviceComm& c = p.comm;
+  const WorkspaceLayout& l = p.ws.layout;
+  const JobRanks r(c);
+  const uint32_t lane = lane_id();
+  const uint32_t k = p.top_k;
+  const uint32_t cap = p.capacity;
+  const uint64_t vectors = p.row_bytes / kVectorBytes;
+  uint32_t entered = 1u << c.local_rank;
+  uint64_t net_entered = 0;  // lane 0's
+  uint32_t entry0 = 0;       // entries of the remote slots before i
+  for (uint32_t i = 0; i + 1 < r.nodes; ++i) {
+    const uint32_t source_node = remote_node(r.node, i, r.nodes);
+    const uint32_t source = r.peer_on(source_node);
+    NetWindow win;
+    win.chunk_count = p.ws.at<uint32_t>(c, c.local_rank, l.ret_count, static_cast<uint64_t>(i) * l.window_chunks);
+    win.sent = p.ws.at<uint64_t>(c, c.local_rank, l.ret_sent, i);
+    win.src_offset = p.ws.offset + l.ret_window + static_cast<uint64_t>(i) * p.max_tokens * l.partial_bytes;
+    win.dst_offset = p.ws.offset + l.partials +
+                     static_cast<uint64_t>(remote_slot(source_node, r.node, r.nodes)) * p.max_tokens * l.partial_bytes;
+    win.entry_bytes = l.partial_bytes;
+    win.entries = tokens_to_node(p, p.num_experts, r.nodes, source, r.node);
+    win.flag_base = p.net_flag_base + remote_slot(source_node, r.node, r.nodes) * l.window_chunks;
+    win.node = static_cast<int>(source_node);
+    win.peer = net_rank_of(c, static_cast<int>(source_node), c.local_rank);
+    const char* staged = p.ws.base(c, c.local_rank) + l.staging + static_cast<uint64_t>(i) * p.max_tokens * l.entry_bytes;
+    char* ret = p.ws.base(c, c.local_rank) + l.ret_window + static_cast<uint64_t>(i) * p.max_tokens * l.partial_bytes;
+    const uint32_t start = first >= entry0 ? first : entry0 + (stride - (entry0 - first) % stride) % stride;
+    for (uint32_t e = start; e < entry0 + win.entries; e += stride) {
+      const uint32_t pos = e - entry0;
+      const int32_t* header = reinterpret_cast<const int32_t*>(staged + static_cast<uint64_t>(pos) * l.entry_bytes);
+      const int32_t dest = lane < k ? valid_slot(header[kNetHeaderFixedInts + lane], r.world(), cap) : kNoSlot;
+      const uint32_t owner = dest != kNoSlot ? static_cast<uint32_t>(dest) / cap : 0;
+      const bool here = dest != kNoSlot && r.node_of(owner) == r.node;
+      const float w = here ? reinterpret_cast<const float*>(header)[kNetHeaderFixedInts + k + lane] : 0.0f;
+      const uint64_t row_addr = here ? c.peer_heap_bases[r.local_of(owner)] + p.y_offset +
+                                           static_cast<uint64_t>(static_cast<uint32_t>(dest) - owner * cap) * p.row_bytes
+                                     : 0;
+      if (!enter_owners(p, r, here, owner, entered, epoch, ctx)) return false;
+      float4* out = reinterpret_cast<float4*>(ret + static_cast<uint64_t>(pos) * l.partial_bytes);
+      for (uint64_t base = 0; base < vectors; base += 32) {
+        const uint64_t v = base + lane;
+        const bool live = v < vectors;
+        float acc[V::kElems];
+        sum_slots<T>(acc, row_addr, w, k, v, live);
+        if (live) {
+#pragma unroll
+          for (int j = 0; j < V::kElems / 4; ++j) out[v * (V::kElems / 4) + j] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+        }
+      }
+      __threadfence_system();
+      __syncwarp();
+      bool ok = true;
+      if (lane == 0) ok = net_window_written(c, win, pos, p.signature, net_entered, ctx);
+      if (!__shfl_sync(0xffffffffu, ok, 0)) return false;
+    }
+    entry0 += win.entries;
+  }
+  return true;
+}
+
+// The forwarding role of CTA `index` of `ctas` (all threads; several nodes): CTA 0 announces this
+// rank's network entry first; every CTA checks that the staged entries are this plan's
+// (kMismatch otherwise: another plan's dispatch ran since), returns its partials, and CTA 0 then
+// waits until every return chunk was sent. False after a failure (recorded).
+template <typename T>
+__device__ __forceinline__ bool forward_partials(const CombineParams& p, uint32_t index, uint32_t ctas,
+                                                 const frame::LaunchFrame& f) {
+  const DeviceComm& c = p.comm;
+  const WorkspaceLayout& l = p.ws.layout;
+  const JobRanks r(c);
+  bool ok = true;
+  if (threadIdx.x == 0) {
+    if (index == 0) ok = announce_network_entry(c, EntryPeers::kAll, p.signature, f.ctx);
+    const uint64_t staged = *p.ws.at<uint64_t>(c, c.local_rank, l.staged_epoch);
+    if (ok && p.plan.status->code == 0 && staged != p.plan.status->epoch) {
+      f.ctx.fail(DeviceError::kMismatch, -1, kStagedFlag, 0, staged, 0);
+      ok = false;
+    }
+  }
+  if (!cta_all(ok)) return false;
+  if (p.plan.status->code == 0) {
+    ok = cta_all(return_partials<T>(p, index * MoeTunables::kWarps + warp_id(), ctas * MoeTunables::kWarps, f.epoch, f.ctx));
+  }
+  if (ok && p.plan.status->code == 0 && index == 0 && threadIdx.x == 0) {
+    ok = net_windows_drained(
+        c, p.ws.at<uint64_t>(c, c.local_rank, l.ret_sent), r.nodes - 1,
+        [&](uint32_t i) {
+          return window_chunks(tokens_to_node(p, p.num_experts, r.nodes, r.peer_on(remote_node(r.node, i, r.nodes)), r.node));
+        },
+        kSentFlag, f.ctx);
+  }
+  return cta_all(ok);
+}
+
 // The finisher CTA (all threads), after its own tokens: every CTA has read, then the done
-// handshake with every rank. False after a failed wait (recorded).
+// handshake with every local rank. False after a failed wait (recorded).
 __device__ __forceinline__ bool finish_reads(const CombineParams& p, uint64_t epoch, const WaitContext& ctx) {
   const DeviceComm& c = p.comm;
   const WorkspaceLayout& l = p.ws.layout;
@@ -139,14 +313,20 @@ template <typename T>
 __global__ void __launch_bounds__(MoeTunables::kThreads, 1) moe_combine_kernel(const __grid_constant__ CombineParams p) {
   const DeviceComm& c = p.comm;
   const frame::LaunchFrame f = frame::LaunchFrame::enter(c, kCombineOp, moe_entry(c), p.signature);
+  const CombineRoleTable& roles = p.roles;
+  const CombineRole role = roles.role_of(blockIdx.x);
   bool ok = true;
-  if (p.plan.status->code == 0) {
-    const uint32_t warps = gridDim.x * MoeTunables::kWarps;
-    ok = reduce_tokens<T>(p, blockIdx.x * MoeTunables::kWarps + warp_id(), warps, f.epoch, f.ctx);
+  if (role == CombineRole::kForward) {
+    ok = forward_partials<T>(p, roles.index_in_role(blockIdx.x), roles.count(CombineRole::kForward), f);
+  } else if (p.plan.status->code == 0) {
+    // The finisher and the reducers share the tokens (the finisher is reducer 0).
+    const uint32_t reducer = role == CombineRole::kFinisher ? 0 : 1 + roles.index_in_role(blockIdx.x);
+    const uint32_t reducers = 1 + roles.count(CombineRole::kReduce, gridDim.x);
+    ok = reduce_tokens<T>(p, reducer * MoeTunables::kWarps + warp_id(), reducers * MoeTunables::kWarps, f.epoch, f.ctx);
   }
   if (cta_all(ok)) {
     if (threadIdx.x == 0) flag_store_release(p.ws.at<uint64_t>(c, c.local_rank, p.ws.layout.read_done, blockIdx.x), f.epoch);
-    if (p.roles.role_of(blockIdx.x) == CombineRole::kFinisher) (void)finish_reads(p, f.epoch, f.ctx);
+    if (role == CombineRole::kFinisher) (void)finish_reads(p, f.epoch, f.ctx);
   }
   f.mark(LaunchPhase::kRolesDone);
   f.finish(p.state, c);

@@ -40,71 +40,256 @@
 #include "kernels/moe/common.cuh"
 #include "kernels/moe/flags.h"
 #include "kernels/moe/layout.h"
+#include "kernels/moe/net_window.cuh"
 
 namespace loom::kernels::moe {
 
 enum class DispatchRole : uint32_t {
   kArrival = 0,  // waits for this rank's receive blocks, copies repeated tokens, sets ready[]
-  kPush = 1,     // pushes this rank's token rows to their destination ranks
+  kForward = 1,  // several nodes: pushes the token entries that arrive from other nodes to their ranks here
+  kPush = 2,     // pushes this rank's token rows to their destination ranks (or nodes)
 };
 using DispatchRoleTable = frame::RoleTable<DispatchRole, DispatchRole::kPush>;
 
 struct DispatchParams : LaunchCommon {
   PlanView plan;                 // the routing's
+  const uint64_t* token_nodes;   // [T] the routing's (several nodes; null on one)
   const char* x;                 // [T, H]
   uint64_t recv_offset;          // heap offset of recv_x
   uint64_t row_bytes;            // H * element size (a multiple of 16)
   uint32_t num_tokens;           // T
   uint32_t top_k;
   uint32_t capacity;             // C
+  uint32_t max_tokens;           // Tmax (the network windows' entries)
+  uint32_t num_experts;          // E
   uint32_t signature;
+  uint32_t net_flag_base;        // the network window's first per-launch word (several nodes)
   DispatchRoleTable roles;
 };
 static_assert(sizeof(DispatchParams) <= 4096, "moe_dispatch's parameters must fit the classic 4 KiB limit");
 
-// One pushing warp: every destination of tokens t = first, first + stride, ... False after a
-// failed wait (recorded).
-__device__ __forceinline__ bool push_tokens(const DispatchParams& p, uint32_t first, uint32_t stride, uint64_t epoch,
-                                            const WaitContext& ctx) {
+// A warp's running state while it pushes: the local ranks (bits) and nodes (bits, lane 0's) whose
+// entry it has seen.
+struct PushState {
+  uint32_t entered;      // lane-uniform
+  uint64_t net_entered;  // lane 0's
+};
+
+// One warp: a token row at `src` (memory of this GPU: x, or a staged entry) to local rank `d` of
+// this node: copied into its primary row there (the smallest of the rows `mine` lanes hold: a
+// token crosses NVLink once per rank), the origin of each of those rows written beside it, then
+// d's arrival counter of each row's block raised. Lane j with `mine` holds slot j's `row` on d and
+// `weight`. False after a failed wait (recorded).
+__device__ __forceinline__ bool push_row(const DispatchParams& p, uint32_t d, bool mine, uint32_t row, float weight,
+                                         int32_t token, int32_t source, const char* src, PushState& s, uint64_t epoch,
+                                         const WaitContext& ctx) {
   const DeviceComm& c = p.comm;
   const WorkspaceLayout& l = p.ws.layout;
   const uint32_t lane = lane_id();
-  const int me = c.local_rank;
+  const uint32_t primary = __reduce_min_sync(0xffffffffu, mine ? row : 0xffffffffu);
+  if ((s.entered & (1u << d)) == 0) {
+    bool ok = true;
+    if (lane == 0) ok = wait_entry(c, moe_entry(c), static_cast<int>(d), epoch, p.signature, ctx);
+    if (!__shfl_sync(0xffffffffu, ok, 0)) return false;
+    __syncwarp();  // the warp's stores into d are ordered after lane 0's acquire of its entry
+    s.entered |= 1u << d;
+  }
+  char* recv = reinterpret_cast<char*>(c.peer_heap_bases[d] + p.recv_offset);
+  vector_copy<MoeTunables::kCopyUnroll>(recv + static_cast<uint64_t>(primary) * p.row_bytes, src, p.row_bytes, lane, 32);
+  if (mine) {
+    const RecvRow origin{token, (source << 8) | static_cast<int32_t>(lane), weight, static_cast<int32_t>(primary)};
+    *p.ws.at<RecvRow>(c, static_cast<int>(d), l.rows, row) = origin;
+  }
+  __threadfence_system();
+  __syncwarp();
+  if (mine) counter_add_release(p.ws.at<uint64_t>(c, static_cast<int>(d), l.arrival, row / MoeTunables::kArrivalRows), 1);
+  return true;
+}
+
+// One warp: the slots of one token whose destinations are on this node (lane j: slot j's `dest`,
+// d * C + row, or kNoSlot; `weight`), grouped by rank, each group through push_row.
+__device__ __forceinline__ bool push_local_slots(const DispatchParams& p, const JobRanks& r, int32_t dest, float weight,
+                                                 int32_t token, int32_t source, const char* src, PushState& s,
+                                                 uint64_t epoch, const WaitContext& ctx) {
   const uint32_t cap = p.capacity;
-  uint32_t entered = 1u << me;  // ranks whose entry this warp has seen (lane-uniform)
+  const uint32_t owner = dest != kNoSlot ? static_cast<uint32_t>(dest) / cap : 0;
+  const uint32_t row = dest != kNoSlot ? static_cast<uint32_t>(dest) - owner * cap : 0;
+  const bool here = dest != kNoSlot && r.node_of(owner) == r.node;
+  uint32_t pending = __ballot_sync(0xffffffffu, here);
+  while (pending != 0) {
+    const uint32_t d = __shfl_sync(0xffffffffu, owner, __ffs(pending) - 1);
+    const bool mine = here && owner == d;
+    if (!push_row(p, r.local_of(d), mine, row, weight, token, source, src, s, epoch, ctx)) return false;
+    pending &= ~__ballot_sync(0xffffffffu, mine);
+  }
+  return true;
+}
+
+// The tokens this rank's row of the count table says `source` sends to node n.
+__device__ __forceinline__ uint32_t tokens_to_node(const LaunchCommon& p, uint32_t experts, uint32_t nodes,
+                                                   uint32_t source, uint32_t n) {
+  const int32_t* table = p.ws.at<int32_t>(p.comm, p.comm.local_rank, p.ws.layout.count_table);
+  const int32_t v = table[static_cast<uint64_t>(source) * count_row_ints(experts, nodes) + count_node_word(n)];
+  return v > 0 ? static_cast<uint32_t>(v) : 0u;
+}
+
+// This rank's network window toward node n (remote slot i of this rank).
+__device__ __forceinline__ NetWindow dispatch_window(const DispatchParams& p, const JobRanks& r, uint32_t n) {
+  const WorkspaceLayout& l = p.ws.layout;
+  const DeviceComm& c = p.comm;
+  const uint32_t i = remote_slot(r.node, n, r.nodes);
+  const uint32_t at_peer = remote_slot(n, r.node, r.nodes);  // the receiver's slot of this node
+  NetWindow w;
+  w.chunk_count = p.ws.at<uint32_t>(c, c.local_rank, l.send_count, static_cast<uint64_t>(i) * l.window_chunks);
+  w.sent = p.ws.at<uint64_t>(c, c.local_rank, l.sent_chunks, i);
+  w.src_offset = p.ws.offset + l.send_window + static_cast<uint64_t>(i) * p.max_tokens * l.entry_bytes;
+  w.dst_offset = p.ws.offset + l.staging + static_cast<uint64_t>(at_peer) * p.max_tokens * l.entry_bytes;
+  w.entry_bytes = l.entry_bytes;
+  w.entries = tokens_to_node(p, p.num_experts, r.nodes, r.rank(), n);
+  w.flag_base = p.net_flag_base + at_peer * l.window_chunks;
+  w.node = static_cast<int>(n);
+  w.peer = net_rank_of(c, static_cast<int>(n), c.local_rank);
+  return w;
+}
+
+
+// One warp: token t's entry in this rank's window toward node n (its slots there, the row), then
+// the window's chunk count. False after a failed wait (recorded).
+__device__ __forceinline__ bool send_to_node(const DispatchParams& p, const JobRanks& r, uint32_t t, uint32_t n,
+                                             int32_t dest, float weight, PushState& s, const WaitContext& ctx) {
+  const DeviceComm& c = p.comm;
+  const WorkspaceLayout& l = p.ws.layout;
+  const uint32_t lane = lane_id();
+  const NetWindow w = dispatch_window(p, r, n);
+  const uint32_t i = remote_slot(r.node, n, r.nodes);
+  uint32_t pos = 0;
+  if (lane == 0) pos = atomicAdd(p.ws.at<uint32_t>(c, c.local_rank, l.send_fill, i), 1u);
+  pos = __shfl_sync(0xffffffffu, pos, 0);
+  char* entry = reinterpret_cast<char*>(c.local_heap_base + w.src_offset) + static_cast<uint64_t>(pos) * l.entry_bytes;
+  int32_t* header = reinterpret_cast<int32_t*>(entry);
+  const bool there = dest != kNoSlot && r.node_of(static_cast<uint32_t>(dest) / p.capacity) == n;
+  if (lane == 0) {
+    header[0] = static_cast<int32_t>(t);
+    header[1] = static_cast<int32_t>(r.rank());
+    *p.ws.at<int32_t>(c, c.local_rank, l.token_pos, static_cast<uint64_t>(t) * (r.nodes - 1) + i) = static_cast<int32_t>(pos);
+  }
+  if (lane < p.top_k) {
+    header[kNetHeaderFixedInts + lane] = there ? dest : kNoSlot;
+    reinterpret_cast<float*>(header)[kNetHeaderFixedInts + p.top_k + lane] = there ? weight : 0.0f;
+  }
+  vector_copy<MoeTunables::kCopyUnroll>(entry + net_header_bytes(p.top_k), p.x + static_cast<uint64_t>(t) * p.row_bytes,
+                                        p.row_bytes, lane, 32);
+  __threadfence_system();
+  __syncwarp();
+  bool ok = true;
+  if (lane == 0) ok = net_window_written(c, w, pos, p.signature, s.net_entered, ctx);
+  return __shfl_sync(0xffffffffu, ok, 0);
+}
+
+// One pushing warp: every destination of tokens t = first, first + stride, ...: the ranks of this
+// node directly, each other node holding one of the token's experts once, through the window
+// toward it (its same-index GPU there forwards). False after a failed wait (recorded).
+__device__ __forceinline__ bool push_tokens(const DispatchParams& p, uint32_t first, uint32_t stride, uint64_t epoch,
+                                            const WaitContext& ctx) {
+  const DeviceComm& c = p.comm;
+  const JobRanks r(c);
+  const uint32_t lane = lane_id();
+  const bool net = p.token_nodes != nullptr && p.plan.status->code == 0;  // a failed routing moves nothing
+  PushState s{1u << c.local_rank, 0};
   for (uint32_t t = first; t < p.num_tokens; t += stride) {
     const uint64_t q = static_cast<uint64_t>(t) * p.top_k + lane;
-    const int32_t dest = lane < p.top_k ? valid_slot(p.plan.slot_dest[q], c.local_world, cap) : kNoSlot;
-    const uint32_t owner = dest != kNoSlot ? static_cast<uint32_t>(dest) / cap : 0;
-    const uint32_t row = dest != kNoSlot ? static_cast<uint32_t>(dest) - owner * cap : 0;
-    uint32_t pending = __ballot_sync(0xffffffffu, dest != kNoSlot);
-    while (pending != 0) {
-      const uint32_t d = __shfl_sync(0xffffffffu, owner, __ffs(pending) - 1);
-      const bool mine = dest != kNoSlot && owner == d;  // this lane's slot goes to rank d
-      const uint32_t group = __ballot_sync(0xffffffffu, mine);
-      const uint32_t primary = __reduce_min_sync(0xffffffffu, mine ? row : 0xffffffffu);
-      if ((entered & (1u << d)) == 0) {
-        bool ok = true;
-        if (lane == 0) ok = wait_entry(c, moe_entry(c), static_cast<int>(d), epoch, p.signature, ctx);
-        if (!__shfl_sync(0xffffffffu, ok, 0)) return false;
-        __syncwarp();  // the warp's stores into d are ordered after lane 0's acquire of its entry
-        entered |= 1u << d;
+    const int32_t dest = lane < p.top_k ? valid_slot(p.plan.slot_dest[q], r.world(), p.capacity) : kNoSlot;
+    const float weight = lane < p.top_k ? p.plan.slot_weight[q] : 0.0f;
+    const char* row = p.x + static_cast<uint64_t>(t) * p.row_bytes;
+    if (!push_local_slots(p, r, dest, weight, static_cast<int32_t>(t), static_cast<int32_t>(r.rank()), row, s, epoch, ctx)) {
+      return false;
+    }
+    if (!net) continue;
+    // Every node holding one of the token's experts gets its entry, even one whose slots were all
+    // dropped (kDrop): the windows' sizes come from the routing's counts.
+    for (uint64_t m = p.token_nodes[t] & ~(1ull << r.node); m != 0; m &= m - 1) {
+      if (!send_to_node(p, r, t, static_cast<uint32_t>(__ffsll(static_cast<long long>(m)) - 1), dest, weight, s, ctx)) {
+        return false;
       }
-      char* recv = reinterpret_cast<char*>(c.peer_heap_bases[d] + p.recv_offset);
-      vector_copy<MoeTunables::kCopyUnroll>(recv + static_cast<uint64_t>(primary) * p.row_bytes,
-                                            p.x + static_cast<uint64_t>(t) * p.row_bytes, p.row_bytes, lane, 32);
-      if (mine) {
-        const RecvRow origin{static_cast<int32_t>(t), (me << 8) | static_cast<int32_t>(lane), p.plan.slot_weight[q],
-                             static_cast<int32_t>(primary)};
-        *p.ws.at<RecvRow>(c, static_cast<int>(d), l.rows, row) = origin;
-      }
-      __threadfence_system();
-      __syncwarp();
-      if (mine) counter_add_release(p.ws.at<uint64_t>(c, static_cast<int>(d), l.arrival, row / MoeTunables::kArrivalRows), 1);
-      pending &= ~group;
     }
   }
   return true;
+}
+
+// One forwarding warp (several nodes): chunks of the token entries that this rank's same-index
+// GPUs on other nodes sent it, items first, first + stride, ... over (remote slot, chunk); waits
+// (bounded) for each chunk's network flag, then pushes every entry's row to its ranks on this node
+// exactly as their sender would (push_local_slots). False after a failed wait (recorded).
+__device__ __forceinline__ bool forward_entries(const DispatchParams& p, uint32_t first, uint32_t stride, uint64_t epoch,
+                                                const WaitContext& ctx) {
+  constexpr uint32_t kChunk = MoeTunables::kNetChunkTokens;
+  const DeviceComm& c = p.comm;
+  const WorkspaceLayout& l = p.ws.layout;
+  const JobRanks r(c);
+  const uint32_t lane = lane_id();
+  const uint64_t header_bytes = net_header_bytes(p.top_k);
+  if (p.plan.status->code != 0) return true;  // a failed routing moves nothing
+  PushState s{1u << c.local_rank, 0};
+  uint32_t item0 = 0;  // items of the remote slots before i
+  for (uint32_t i = 0; i + 1 < r.nodes; ++i) {
+    const uint32_t from = remote_node(r.node, i, r.nodes);
+    const uint32_t source = r.peer_on(from);
+    const int sender = net_rank_of(c, static_cast<int>(from), c.local_rank);
+    const uint32_t entries = tokens_to_node(p, p.num_experts, r.nodes, source, r.node);
+    const uint32_t chunks = window_chunks(entries);
+    const char* window = p.ws.base(c, c.local_rank) + l.staging + static_cast<uint64_t>(i) * p.max_tokens * l.entry_bytes;
+    // This warp's items of this slot: the global items first, first + stride, ... in [item0, item0 + chunks).
+    const uint32_t start = first >= item0 ? first : item0 + (stride - (item0 - first) % stride) % stride;
+    for (uint32_t item = start; item < item0 + chunks; item += stride) {
+      const uint32_t chunk = item - item0;
+      bool ok = true;
+      if (lane == 0) ok = net_wait(c, p.net_flag_base + i * l.window_chunks + chunk, sender, ctx);
+      if (!__shfl_sync(0xffffffffu, ok, 0)) return false;
+      const uint32_t end = min(entries, (chunk + 1) * kChunk);
+      for (uint32_t e = chunk * kChunk; e < end; ++e) {
+        const char* entry = window + static_cast<uint64_t>(e) * l.entry_bytes;
+        const int32_t* header = reinterpret_cast<const int32_t*>(entry);
+        const int32_t token = header[0];
+        const int32_t from = header[1];
+        const int32_t dest = lane < p.top_k ? valid_slot(header[kNetHeaderFixedInts + lane], r.world(), p.capacity) : kNoSlot;
+        const float weight = lane < p.top_k ? reinterpret_cast<const float*>(header)[kNetHeaderFixedInts + p.top_k + lane] : 0.0f;
+        if (!push_local_slots(p, r, dest, weight, token, from, entry + header_bytes, s, epoch, ctx)) return false;
+      }
+    }
+    item0 += chunks;
+  }
+  return true;
+}
+
+// The forwarding role's last duty (one thread of its first CTA, several nodes): record which
+// plan's tokens are staged here (combine checks it), then wait until every chunk of this rank's
+// windows was handed to the proxy and sent. False after a failed wait (recorded).
+__device__ __forceinline__ bool finish_sends(const DispatchParams& p, const WaitContext& ctx) {
+  const DeviceComm& c = p.comm;
+  const WorkspaceLayout& l = p.ws.layout;
+  const JobRanks r(c);
+  *p.ws.at<uint64_t>(c, c.local_rank, l.staged_epoch) = p.plan.status->epoch;
+  if (p.plan.status->code != 0) return true;
+  return net_windows_drained(
+      c, p.ws.at<uint64_t>(c, c.local_rank, l.sent_chunks), r.nodes - 1,
+      [&](uint32_t i) {
+        return window_chunks(tokens_to_node(p, p.num_experts, r.nodes, r.rank(), remote_node(r.node, i, r.nodes)));
+      },
+      kSentFlag, ctx);
+}
+
+// The forwarding role of CTA `index` of `ctas` (all threads, any whole number of warps; several
+// nodes): CTA 0 announces this rank's network entry first (the other nodes' ranks send their
+// entries only after it), every CTA forwards its chunks, then CTA 0 runs finish_sends. False
+// after a failed wait (recorded).
+__device__ __forceinline__ bool forward_role(const DispatchParams& p, uint32_t index, uint32_t ctas,
+                                             const frame::LaunchFrame& f) {
+  bool ok = index != 0 || threadIdx.x != 0 || announce_network_entry(p.comm, EntryPeers::kAll, p.signature, f.ctx);
+  if (!cta_all(ok)) return false;
+  const uint32_t warps = blockDim.x / 32;
+  ok = cta_all(forward_entries(p, index * warps + warp_id(), ctas * warps, f.epoch, f.ctx));
+  if (ok && index == 0 && threadIdx.x == 0) ok = finish_sends(p, f.ctx);
+  return cta_all(ok);
 }
 
 // One arrival CTA (all threads, any whole number of warps): blocks first, first + stride, ... of

@@ -6,6 +6,8 @@
 // shared memory; one CTA per SM, all resident):
 //   arrival  CTAs [0, arrival): moe_dispatch's arrival role (receive blocks, repeated rows copied,
 //            ready[f] = e), then the compute role.
+//   forward  several nodes, the next forward CTAs: moe_dispatch's forwarding role (the entries
+//            other nodes sent this rank, pushed to their ranks here), then the compute role.
 //   push     the next push CTAs: moe_dispatch's push role (every warp pushes tokens), then the
 //            compute role.
 //   compute  the rest, from the start: the GEMM engine's compute role with ArrivedGroupedTiles,
@@ -45,8 +47,9 @@ namespace loom::kernels::moe {
 
 enum class DispatchGemmRole : uint32_t {
   kArrival = 0,  // moe_dispatch's arrival role, then compute
-  kPush = 1,     // moe_dispatch's push role, then compute
-  kCompute = 2,  // the grouped GEMM on tiles whose rows are ready
+  kForward = 1,  // several nodes: moe_dispatch's forwarding role, then compute
+  kPush = 2,     // moe_dispatch's push role, then compute
+  kCompute = 3,  // the grouped GEMM on tiles whose rows are ready
 };
 using DispatchGemmRoleTable = frame::RoleTable<DispatchGemmRole, DispatchGemmRole::kCompute>;
 
@@ -110,6 +113,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
       break;
     }
+    case DispatchGemmRole::kForward:
+      compute = forward_role(d, index, roles.count(DispatchGemmRole::kForward), f);
+      break;
     case DispatchGemmRole::kPush: {
       constexpr uint32_t kWarps = Cfg::kThreads / 32;
       const uint32_t warps = roles.count(DispatchGemmRole::kPush) * kWarps;

@@ -14,12 +14,20 @@ __global__ void __launch_bounds__(MoeTunables::kThreads, 1) moe_dispatch_kernel(
   const frame::LaunchFrame f = frame::LaunchFrame::enter(c, kDispatchOp, moe_entry(c), p.signature);
   const DispatchRoleTable& roles = p.roles;
   const uint32_t index = roles.index_in_role(blockIdx.x);
-  if (roles.role_of(blockIdx.x) == DispatchRole::kArrival) {
-    __shared__ uint32_t pick;  // receive_blocks' choice, thread 0 to the CTA
-    (void)receive_blocks(p, index, roles.count(DispatchRole::kArrival), f.epoch, f.ctx, &pick);
-  } else {
-    const uint32_t warps = roles.count(DispatchRole::kPush, gridDim.x) * MoeTunables::kWarps;
-    (void)push_tokens(p, index * MoeTunables::kWarps + warp_id(), warps, f.epoch, f.ctx);
+  switch (roles.role_of(blockIdx.x)) {
+    case DispatchRole::kArrival: {
+      __shared__ uint32_t pick;  // receive_blocks' choice, thread 0 to the CTA
+      (void)receive_blocks(p, index, roles.count(DispatchRole::kArrival), f.epoch, f.ctx, &pick);
+      break;
+    }
+    case DispatchRole::kForward:
+      (void)forward_role(p, index, roles.count(DispatchRole::kForward), f);
+      break;
+    case DispatchRole::kPush: {
+      const uint32_t warps = roles.count(DispatchRole::kPush, gridDim.x) * MoeTunables::kWarps;
+      (void)push_tokens(p, index * MoeTunables::kWarps + warp_id(), warps, f.epoch, f.ctx);
+      break;
+    }
   }
   f.mark(LaunchPhase::kRolesDone);
   f.finish(p.state, c);

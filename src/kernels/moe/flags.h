@@ -30,5 +30,10 @@ inline constexpr FlagKind kDoneFlag = family_flag(kFamily, 5);
 // "my receive block `index` is complete, its repeated rows copied" (local; moe_dispatch_gemm's
 // expert GEMM tiles wait for it)
 inline constexpr FlagKind kReadyFlag = family_flag(kFamily, 6);
+// "this rank has handed every chunk of its network windows to the proxy" (local counters)
+inline constexpr FlagKind kSentFlag = family_flag(kFamily, 7);
+// "the token entries this combine reduces are the ones its plan's dispatch staged" (a check:
+// kMismatch when another plan's dispatch ran in between)
+inline constexpr FlagKind kStagedFlag = family_flag(kFamily, 8);
 
 }  // namespace loom::kernels::moe

@@ -2,17 +2,22 @@
 // counts, the receive layout of every rank, the dispatch plan (each routed slot's destination
 // row) and this rank's expert offsets. One persistent kernel, no host loop, no host sync.
 //
-// One launch on local rank `me` of W with epoch e (docs/MOE.md "Routing" has the picture):
+// One launch on rank `me` of W = N x L with epoch e (docs/MOE.md "Routing" has the picture):
 //   1. count (every CTA): warp g ranks the (token, slot) pairs of chunk g (kChunkTokens tokens)
 //      in (token, slot) order: each pair's rank among the chunk's earlier pairs of its expert
 //      (a stable counting sort: the match of equal ids within 32 pairs, then a running histogram
-//      per warp in shared memory). Ranks go to slot_dest, the histogram to chunk_counts[g],
+//      per warp in shared memory). Ranks go to slot_dest, the histogram to chunk_counts[g]; on
+//      several nodes each token's destination nodes go to token_nodes and are counted per node;
 //      then chunk_flags[g] = e. Ids outside [0, E) other than -1 are recorded (smallest pair).
 //   2. coordinate (the coordinator CTA, after its own chunks): waits for every chunk; turns
 //      chunk_counts into per-expert exclusive prefixes over the chunks (so a pair's rank among
 //      ALL of this rank's pairs of its expert is prefix + chunk rank); sends its row (a header
-//      with its first bad id, then its E counts) into every rank's count_table[me], then
-//      count_flags[me] = e there (each rank's entry first); waits for every rank's row. From the
+//      with its first bad id, its tokens per node, then its E counts) into every local rank's
+//      count_table[me], then count_flags[me] = e there (each rank's entry first). Across nodes
+//      the row crosses the network once per node, to this rank's same-index GPU there (network
+//      entry first; flag: launch word remote_slot(that node, mine)), which forwards it over
+//      NVLink to its local ranks exactly like its own row; this rank forwards the rows of its
+//      same-index GPUs likewise. Then it waits for every rank's row. From the
 //      full W x E table every rank derives the same facts: whether any rank had a bad id, each
 //      rank's received rows, and so whether MoeOverflow::kError fails the call; the receive layout
 //      of every rank (expert-major, then source rank: expert e's rows from rank s start at
@@ -23,12 +28,15 @@
 //      slot_dest = d * C + (send_base[e] + prefix + rank), or -1 when unused, past the capacity
 //      (kDrop: counted in dropped_slots) or when the call failed.
 // Every wait is bounded (wait_flag); all CTAs are resident (grid <= SMs), so waits inside the
-// launch only need the other CTAs to run, and the waits for peers only need their flags.
+// launch only need the other CTAs to run, and the waits for peers only need their flags. The
+// count row is this rank's network source: the coordinator waits for the proxy to have sent it
+// before the launch ends (the next routing zeroes the table).
 #pragma once
 
 #include <cstdint>
 
 #include "kernels/comm/entry.cuh"
+#include "kernels/comm/net.cuh"
 #include "kernels/comm/signals.cuh"
 #include "kernels/comm/wait.cuh"
 #include "kernels/frame/persistent.cuh"
@@ -54,6 +62,7 @@ struct RoutingParams : LaunchCommon {
   float* slot_weight;        // [T * k]
   int32_t* chunk_counts;     // [chunks][E]
   int32_t* send_base;        // [E]
+  uint64_t* token_nodes;     // [T] (several nodes; null on one)
   uint32_t num_tokens;       // T
   uint32_t top_k;            // k
   uint32_t num_experts;      // E
@@ -61,6 +70,7 @@ struct RoutingParams : LaunchCommon {
   uint32_t capacity;         // C
   uint32_t drop;             // 1: MoeOverflow::kDrop
   uint32_t signature;
+  uint32_t net_flag_base;    // the network window's first per-launch word (several nodes)
   RoutingRoleTable roles;
 };
 static_assert(sizeof(RoutingParams) <= 4096, "moe_routing's parameters must fit the classic 4 KiB limit");
@@ -71,11 +81,11 @@ struct CoordinatorSmem {
   int32_t* totals;     // [E] this rank's pairs per expert
   int64_t* colsum;     // [E] pairs of expert e from every rank; then the expert's first row on its rank
   int64_t* below;      // [E] pairs of expert e from the ranks below this one
-  int64_t* rank_rows;  // [kMaxLocalWorld] rows routed to each rank
+  int64_t* rank_rows;  // [kMaxWorld] rows routed to each rank
   int32_t* words;      // [8] the header of this rank's row (4), then the call's MoeError
 
   static constexpr uint64_t bytes_for(uint32_t experts) {
-    return align_up(4ull * experts, 8) + 16ull * experts + 8ull * MoeTunables::kMaxLocalWorld + 32;
+    return align_up(4ull * experts, 8) + 16ull * experts + 8ull * MoeTunables::kMaxWorld + 32;
   }
   __device__ static CoordinatorSmem carve(uint8_t* smem, uint32_t experts) {
     CoordinatorSmem s;
@@ -83,7 +93,7 @@ struct CoordinatorSmem {
     s.colsum = reinterpret_cast<int64_t*>(smem + align_up(4ull * experts, 8));
     s.below = s.colsum + experts;
     s.rank_rows = s.below + experts;
-    s.words = reinterpret_cast<int32_t*>(s.rank_rows + MoeTunables::kMaxLocalWorld);
+    s.words = reinterpret_cast<int32_t*>(s.rank_rows + MoeTunables::kMaxWorld);
     return s;
   }
 };
@@ -140,9 +150,64 @@ __device__ __forceinline__ void count_chunk(const RoutingParams& p, uint32_t chu
   }
   int32_t* out = p.chunk_counts + static_cast<uint64_t>(chunk) * experts;
   for (uint32_t e = lane; e < experts; e += 32) out[e] = hist[e];
+  if (p.token_nodes != nullptr) {
+    // Several nodes: each token's destination nodes (a lane per token), counted per node.
+    const JobRanks r(p.comm);
+    int32_t* node_tokens = p.ws.at<int32_t>(p.comm, p.comm.local_rank, p.ws.layout.node_tokens);
+    const uint64_t t1 = pairs.end / p.top_k;
+    for (uint64_t t = pairs.first / p.top_k + lane; t < t1; t += 32) {
+      uint64_t nodes = 0;
+      for (uint32_t j = 0; j < p.top_k; ++j) {
+        const int32_t e = p.ids[t * p.top_k + j];
+        if (e >= 0 && static_cast<uint32_t>(e) < experts) nodes |= 1ull << r.node_of(static_cast<uint32_t>(e) / p.local_experts);
+      }
+      p.token_nodes[t] = nodes;
+      for (uint64_t m = nodes; m != 0; m &= m - 1) atomicAdd(node_tokens + __ffsll(static_cast<long long>(m)) - 1, 1);
+    }
+  }
   __threadfence();
   __syncwarp();
   if (lane == 0) flag_store_release(flag, epoch);
+}
+
+// Step 2's exchange across nodes (the coordinator CTA, all threads; N > 1): this rank's row, already
+// in its own count table, to its same-index GPU on every other node (thread i: remote slot i, its
+// own proxy lane), then the rows of those GPUs, as they arrive, to every local rank. `entered`:
+// the local ranks' entries are already waited for. False after a failed wait (recorded).
+__device__ __forceinline__ bool exchange_across_nodes(const RoutingParams& p, const frame::LaunchFrame& f,
+                                                      uint32_t row_ints) {
+  const DeviceComm& c = p.comm;
+  const WorkspaceLayout& l = p.ws.layout;
+  const JobRanks r(c);
+  const uint32_t tid = threadIdx.x;
+  const uint32_t remote = r.nodes - 1;
+  const uint64_t row_bytes = 4ull * row_ints;
+  const uint64_t my_row = p.ws.offset + l.count_table + r.rank() * row_bytes;
+  bool ok = true;
+  if (tid < remote) {
+    const uint32_t n = remote_node(r.node, tid, r.nodes);
+    ok = wait_network_entry(c, static_cast<int>(n), p.signature, f.ctx) &&
+         net_put(c, tid, net_rank_of(c, static_cast<int>(n), c.local_rank), my_row, my_row, row_bytes,
+                 p.net_flag_base + remote_slot(n, r.node, r.nodes), f.ctx);
+  }
+  if (!cta_all(ok)) return false;
+  __shared__ int arrived;
+  for (uint32_t i = 0; i < remote; ++i) {
+    const uint32_t from = remote_node(r.node, i, r.nodes);
+    const uint32_t source = r.peer_on(from);
+    if (tid == 0) arrived = net_wait(c, p.net_flag_base + i, net_rank_of(c, static_cast<int>(from), c.local_rank), f.ctx) ? 1 : 0;
+    __syncthreads();
+    if (arrived == 0) return false;
+    const int32_t* row = p.ws.at<int32_t>(c, c.local_rank, l.count_table, static_cast<uint64_t>(source) * row_ints);
+    for (uint32_t k = tid; k < r.local * row_ints; k += blockDim.x) {
+      const uint32_t d = k / row_ints;
+      if (d != r.me) *p.ws.at<int32_t>(c, static_cast<int>(d), l.count_table, static_cast<uint64_t>(source) * row_ints + k % row_ints) = row[k % row_ints];
+    }
+    __threadfence_system();
+    __syncthreads();
+    if (tid < r.local) flag_store_release(p.ws.at<uint64_t>(c, static_cast<int>(tid), l.count_flags, source), f.epoch);
+  }
+  return true;
 }
 
 // Step 2, the coordinator CTA (all threads). False after a failed wait (recorded).
@@ -150,17 +215,22 @@ __device__ __forceinline__ bool coordinate(const RoutingParams& p, const frame::
                                            uint32_t chunks) {
   const DeviceComm& c = p.comm;
   const WorkspaceLayout& l = p.ws.layout;
+  const JobRanks r(c);
   const uint32_t tid = threadIdx.x;
   const uint32_t experts = p.num_experts;
   const uint32_t per_rank = p.local_experts;
-  const uint32_t world = static_cast<uint32_t>(c.local_world);
-  const int me = c.local_rank;
+  const uint32_t world = r.world();
+  const uint32_t me = r.rank();
+  const uint32_t local_me = r.me;
   const uint64_t epoch = f.epoch;
+  const bool net = r.nodes > 1;
 
-  // Every chunk of this rank is counted.
+  // The network peers learn that this rank entered (they send their count rows only after).
   bool ok = true;
+  if (net && tid == 0) ok = announce_network_entry(c, EntryPeers::kAll, p.signature, f.ctx);
+  // Every chunk of this rank is counted.
   for (uint32_t g = tid; g < chunks && ok; g += blockDim.x) {
-    ok = wait_flag(p.ws.at<uint64_t>(c, me, l.chunk_flags, g), epoch, f.ctx, -1, kChunkFlag, g);
+    ok = wait_flag(p.ws.at<uint64_t>(c, c.local_rank, l.chunk_flags, g), epoch, f.ctx, -1, kChunkFlag, g);
   }
   if (!cta_all(ok)) return false;
 
@@ -178,7 +248,7 @@ __device__ __forceinline__ bool coordinate(const RoutingParams& p, const frame::
   }
   if (tid == 0) {
     // This rank's header: its first bad id (the smallest pair), if any.
-    const unsigned long long bad = *p.ws.at<unsigned long long>(c, me, l.routing_words, kFirstBadWord);
+    const unsigned long long bad = *p.ws.at<unsigned long long>(c, c.local_rank, l.routing_words, kFirstBadWord);
     const uint64_t q = ~static_cast<uint64_t>(bad);
     s.words[0] = bad != 0 ? static_cast<int32_t>(MoeError::kBadExpert) : 0;
     s.words[1] = bad != 0 ? static_cast<int32_t>(q / p.top_k) : 0;
@@ -187,33 +257,50 @@ __device__ __forceinline__ bool coordinate(const RoutingParams& p, const frame::
   }
   __syncthreads();
 
-  // This rank's row into every rank's count table (each rank's entry first), then its flag.
-  ok = tid >= world || static_cast<int>(tid) == me || wait_entry(c, moe_entry(c), static_cast<int>(tid), epoch, p.signature, f.ctx);
+  // This rank's row into every local rank's count table (each rank's entry first), then its flag.
+  ok = tid >= r.local || tid == local_me || wait_entry(c, moe_entry(c), static_cast<int>(tid), epoch, p.signature, f.ctx);
   if (!cta_all(ok)) return false;
-  const uint32_t row_ints = count_row_ints(experts);
-  for (uint32_t i = tid; i < world * row_ints; i += blockDim.x) {
+  const uint32_t row_ints = count_row_ints(experts, r.nodes);
+  const int32_t* node_tokens = p.ws.at<int32_t>(c, c.local_rank, l.node_tokens);
+  for (uint32_t i = tid; i < r.local * row_ints; i += blockDim.x) {
     const uint32_t d = i / row_ints;
     const uint32_t w = i - d * row_ints;
-    const int32_t v = w < kCountHeaderInts ? s.words[w] : (w - kCountHeaderInts < experts ? s.totals[w - kCountHeaderInts] : 0);
+    int32_t v = 0;
+    if (w < kCountHeaderInts) {
+      v = s.words[w];
+    } else if (w < count_expert_word(r.nodes, 0)) {
+      v = net ? node_tokens[w - kCountHeaderInts] : 0;
+    } else if (w - count_expert_word(r.nodes, 0) < experts) {
+      v = s.totals[w - count_expert_word(r.nodes, 0)];
+    }
     *p.ws.at<int32_t>(c, static_cast<int>(d), l.count_table, static_cast<uint64_t>(me) * row_ints + w) = v;
   }
   __threadfence_system();
   __syncthreads();
-  if (tid < world) flag_store_release(p.ws.at<uint64_t>(c, static_cast<int>(tid), l.count_flags, me), epoch);
+  if (tid < r.local) flag_store_release(p.ws.at<uint64_t>(c, static_cast<int>(tid), l.count_flags, me), epoch);
+  if (net && !exchange_across_nodes(p, f, row_ints)) return false;
 
   // Every rank's row.
-  ok = tid >= world || wait_flag(p.ws.at<uint64_t>(c, me, l.count_flags, tid), epoch, f.ctx, static_cast<int>(tid), kCountsFlag, tid);
+  ok = true;
+  for (uint32_t src = tid; src < world && ok; src += blockDim.x) {
+    // Named by its local index when on this node (a row from another node is waited for first
+    // on the network, naming its sender's rank).
+    const int writer = r.node_of(src) == r.node ? static_cast<int>(r.local_of(src)) : -1;
+    ok = wait_flag(p.ws.at<uint64_t>(c, c.local_rank, l.count_flags, src), epoch, f.ctx, writer, kCountsFlag, src);
+  }
   if (!cta_all(ok)) return false;
-  const int32_t* table = p.ws.at<int32_t>(c, me, l.count_table);
-  auto count = [&](uint32_t source, uint32_t e) { return table[static_cast<uint64_t>(source) * row_ints + kCountHeaderInts + e]; };
+  const int32_t* table = p.ws.at<int32_t>(c, c.local_rank, l.count_table);
+  auto count = [&](uint32_t source, uint32_t e) {
+    return table[static_cast<uint64_t>(source) * row_ints + count_expert_word(r.nodes, e)];
+  };
 
   // Rows routed to each rank, then the call's verdict and this rank's status words.
-  if (tid < world) {
+  for (uint32_t d = tid; d < world; d += blockDim.x) {
     int64_t rows = 0;
     for (uint32_t src = 0; src < world; ++src) {
-      for (uint32_t i = 0; i < per_rank; ++i) rows += count(src, tid * per_rank + i);
+      for (uint32_t i = 0; i < per_rank; ++i) rows += count(src, d * per_rank + i);
     }
-    s.rank_rows[tid] = rows;
+    s.rank_rows[d] = rows;
   }
   __syncthreads();
   if (tid == 0) {
@@ -258,17 +345,17 @@ __device__ __forceinline__ bool coordinate(const RoutingParams& p, const frame::
       for (uint32_t src = 0; src < world; ++src) {
         const int32_t v = count(src, e);
         all += v;
-        if (static_cast<int>(src) < me) below += v;
+        if (src < me) below += v;
       }
       s.colsum[e] = all;
       s.below[e] = below;
     }
     __syncthreads();
-    if (tid < world) {
+    for (uint32_t d = tid; d < world; d += blockDim.x) {
       int64_t run = 0;
       for (uint32_t i = 0; i < per_rank; ++i) {
-        const int64_t v = s.colsum[tid * per_rank + i];
-        s.colsum[tid * per_rank + i] = run;
+        const int64_t v = s.colsum[d * per_rank + i];
+        s.colsum[d * per_rank + i] = run;
         run += v;
       }
     }
@@ -278,7 +365,7 @@ __device__ __forceinline__ bool coordinate(const RoutingParams& p, const frame::
       p.send_base[e] = static_cast<int32_t>(min(cap, s.colsum[e] + s.below[e]));
     }
     for (uint32_t i = tid; i <= per_rank; i += blockDim.x) {
-      const int64_t first = i < per_rank ? s.colsum[static_cast<uint32_t>(me) * per_rank + i] : s.rank_rows[me];
+      const int64_t first = i < per_rank ? s.colsum[me * per_rank + i] : s.rank_rows[me];
       p.expert_offsets[i] = static_cast<int32_t>(min(cap, first));
     }
   } else {
@@ -286,8 +373,10 @@ __device__ __forceinline__ bool coordinate(const RoutingParams& p, const frame::
   }
   __threadfence();
   __syncthreads();
-  if (tid == 0) flag_store_release(p.ws.at<uint64_t>(c, me, l.routing_words, kLayoutReadyWord), epoch);
-  return true;
+  if (tid == 0) flag_store_release(p.ws.at<uint64_t>(c, c.local_rank, l.routing_words, kLayoutReadyWord), epoch);
+  // The count row is the network source of this launch: sent before the launch ends.
+  ok = !net || tid != 0 || net_wait_proxy_done(c, f.ctx);
+  return cta_all(ok);
 }
 
 // Step 3, one warp: the chunk's ranks become destinations; returns the slots dropped for lack of
@@ -325,7 +414,7 @@ __global__ void __launch_bounds__(MoeTunables::kThreads, 1) moe_routing_kernel(c
   const DeviceComm& c = p.comm;
   const WorkspaceLayout& l = p.ws.layout;
   const frame::LaunchFrame f = frame::LaunchFrame::enter(c, kRoutingOp, moe_entry(c), p.signature);
-  const int me = c.local_rank;
+  const int me = c.local_rank;  // this GPU's own workspace
   const uint32_t chunks = static_cast<uint32_t>(routing_chunks(p.num_tokens));
   const uint32_t warps = gridDim.x * MoeTunables::kWarps;
   const uint32_t my_warp = blockIdx.x * MoeTunables::kWarps + warp_id();

@@ -73,7 +73,7 @@ Status moe_dispatch_gemm(Communicator& comm, const MoePlan& plan, const void* x,
                kOp);
   LOOM_ASSIGN_OR_RETURN(planner::GemmDeviceLimits limits, ops::gemm_device_limits());
   limits.sm_count = impl.sm_count;
-  LOOM_ASSIGN_OR_RETURN(const planner::MoeDispatchGemmPlan fused, planner::plan_moe_dispatch_gemm(args, options, limits));
+  LOOM_ASSIGN_OR_RETURN(const planner::MoeDispatchGemmPlan fused, planner::plan_moe_dispatch_gemm(args, options, limits, l.num_nodes));
 
   const km::WorkspaceLayout& wl = l.workspace;
   km::DispatchGemmParams p{};
@@ -84,6 +84,7 @@ Status moe_dispatch_gemm(Communicator& comm, const MoePlan& plan, const void* x,
   LOOM_TRY_CTX(ops::prepare_grouped_gemm(args, fused.gemm, stream, p.gemm), kOp);
   p.gemm.sched.queue = &d.state->tile_queue;  // CTAs that join late take what is left
   p.roles.set(km::DispatchGemmRole::kArrival, static_cast<uint32_t>(fused.arrival_ctas));
+  p.roles.set(km::DispatchGemmRole::kForward, static_cast<uint32_t>(fused.forward_ctas));
   p.roles.set(km::DispatchGemmRole::kPush, static_cast<uint32_t>(fused.push_ctas));
   const ops::detail::GroupedVariant variant{plan.config.dtype == DType::kBF16, gemm.b_layout == BLayout::kKN,
                                             gemm.activation == GroupedActivation::kSwiGLU};

@@ -96,15 +96,17 @@ Result<MoePlan> moe_routing(Communicator& comm, const MoeConfig& config, const M
   p.slot_weight = reinterpret_cast<float*>(plan + l.plan.slot_weight);
   p.chunk_counts = reinterpret_cast<int32_t*>(plan + l.plan.chunk_counts);
   p.send_base = reinterpret_cast<int32_t*>(plan + l.plan.send_base);
+  p.token_nodes = l.num_nodes > 1 ? reinterpret_cast<uint64_t*>(plan + l.plan.token_nodes) : nullptr;
   p.num_tokens = static_cast<uint32_t>(t);
   p.top_k = static_cast<uint32_t>(config.top_k);
   p.num_experts = static_cast<uint32_t>(config.num_experts);
   p.local_experts = static_cast<uint32_t>(l.local_experts);
   p.capacity = static_cast<uint32_t>(l.capacity);
   p.drop = config.overflow == MoeOverflow::kDrop ? 1u : 0u;
+  p.net_flag_base = net_flag_base(impl);
   // The workspace's heap offset is part of the plan: peers write into it by their own offset.
   p.signature = planner::moe_signature(km::kRoutingOp, {config.num_experts, config.top_k, l.capacity, p.drop,
-                                                        impl.topology.local_world_size, static_cast<int64_t>(p.ws.offset)});
+                                                        config.max_tokens, job_shape(impl), static_cast<int64_t>(p.ws.offset)});
   p.roles.set(km::RoutingRole::kCoordinator, 1);
   const int grid = planner::plan_moe_routing_grid(t, impl.sm_count);
   const Status queued = ops::launch_kernel(&km::moe_routing_kernel, static_cast<unsigned>(grid), MoeTunables::kThreads,
@@ -119,7 +121,8 @@ Status moe_dispatch(Communicator& comm, const MoePlan& plan, const void* x, void
   Communicator::Impl& impl = internal(comm);
   LOOM_ASSIGN_OR_RETURN(planner::MoeLayouts l, check_plan(impl, plan, kOp));
   LOOM_ASSIGN_OR_RETURN(const uint64_t recv_offset, check_dispatch_buffers(impl, plan, l, x, recv_x, kOp));
-  Result<planner::MoeDispatchGrid> grid = planner::plan_moe_dispatch(impl.sm_count, options.num_ctas, options.arrival_ctas);
+  Result<planner::MoeDispatchGrid> grid =
+      planner::plan_moe_dispatch(impl.sm_count, options.num_ctas, options.arrival_ctas, l.num_nodes);
   if (!grid.ok()) return std::move(grid).take_status();
 
   const km::WorkspaceLayout& wl = l.workspace;
@@ -127,6 +130,7 @@ Status moe_dispatch(Communicator& comm, const MoePlan& plan, const void* x, void
   LOOM_TRY(prepare_launch(impl, wl, wl.dispatch_zero_begin(), wl.dispatch_zero_end(), stream, kOp, p));
   fill_dispatch(impl, plan, l, x, recv_offset, km::kDispatchOp, p);
   p.roles.set(km::DispatchRole::kArrival, static_cast<uint32_t>(grid->arrival_ctas));
+  p.roles.set(km::DispatchRole::kForward, static_cast<uint32_t>(grid->forward_ctas));
   const Status queued = ops::launch_kernel(&km::moe_dispatch_kernel, static_cast<unsigned>(grid->grid), MoeTunables::kThreads,
                                            0, stream, p);
   return ops::noted(comm, queued, stream);
@@ -139,6 +143,15 @@ Status moe_combine(Communicator& comm, const MoePlan& plan, const MoeCombineArgs
   LOOM_ASSIGN_OR_RETURN(planner::MoeLayouts l, check_plan(impl, plan, kOp));
   const int64_t hidden = args.hidden != 0 ? args.hidden : plan.config.hidden;
   if (hidden <= 0) return Status::invalid_argument(std::string(kOp) + ": hidden must be positive, not " + num(hidden));
+  if (l.num_nodes > 1 && hidden > plan.config.hidden) {
+    return Status::unsupported(std::string(kOp) + ": hidden " + num(hidden) + " is wider than the config's " +
+                               num(plan.config.hidden) + "; across nodes the fp32 partial sums travel in windows sized by it");
+  }
+  if (l.num_nodes > 1 && args.topk_weights != nullptr) {
+    return Status::unsupported(std::string(kOp) +
+                               ": topk_weights cannot replace the routing's weights across nodes (the other nodes sum "
+                               "their slots with the weights the dispatch carried); pass null");
+  }
   const uint64_t row_bytes = static_cast<uint64_t>(hidden) * dtype_size(args.dtype);
   if (row_bytes % 16 != 0) {
     return Status::invalid_argument(std::string(kOp) + ": an output row is " + num(static_cast<int64_t>(row_bytes)) +
@@ -159,12 +172,14 @@ Status moe_combine(Communicator& comm, const MoePlan& plan, const MoeCombineArgs
                               {plan.plan, static_cast<size_t>(l.plan.bytes), "the plan", false},
                               {args.topk_weights, args.topk_weights ? pair_bytes : 0, "topk_weights", false}}),
                kOp);
-  LOOM_ASSIGN_OR_RETURN(const int grid, planner::plan_moe_combine_grid(plan.num_tokens, impl.sm_count, options.num_ctas));
+  LOOM_ASSIGN_OR_RETURN(const planner::MoeCombineGrid grid,
+                        planner::plan_moe_combine_grid(plan.num_tokens, impl.sm_count, options.num_ctas, l.num_nodes));
 
   const km::WorkspaceLayout& wl = l.workspace;
   km::CombineParams p{};
   LOOM_TRY(prepare_launch(impl, wl, wl.combine_zero_begin(), wl.combine_zero_end(), stream, kOp, p));
   p.plan = plan_view(plan.plan, l.plan);
+  p.token_nodes = token_nodes(plan.plan, l);
   p.weights = args.topk_weights != nullptr ? args.topk_weights : p.plan.slot_weight;
   p.y_offset = y_offset;
   p.row_bytes = row_bytes;
@@ -172,11 +187,16 @@ Status moe_combine(Communicator& comm, const MoePlan& plan, const MoeCombineArgs
   p.num_tokens = static_cast<uint32_t>(plan.num_tokens);
   p.top_k = static_cast<uint32_t>(plan.config.top_k);
   p.capacity = static_cast<uint32_t>(l.capacity);
-  p.signature = planner::moe_signature(km::kCombineOp, {plan.config.top_k, l.capacity, static_cast<int64_t>(row_bytes),
-                                                        impl.topology.local_world_size, static_cast<int64_t>(p.ws.offset),
+  p.max_tokens = static_cast<uint32_t>(plan.config.max_tokens);
+  p.num_experts = static_cast<uint32_t>(plan.config.num_experts);
+  p.net_flag_base = net_flag_base(impl);
+  p.signature = planner::moe_signature(km::kCombineOp, {plan.config.num_experts, plan.config.top_k, l.capacity,
+                                                        static_cast<int64_t>(row_bytes), plan.config.max_tokens,
+                                                        job_shape(impl), static_cast<int64_t>(p.ws.offset),
                                                         static_cast<int64_t>(y_offset)});
   p.roles.set(km::CombineRole::kFinisher, 1);
-  const unsigned g = static_cast<unsigned>(grid);
+  p.roles.set(km::CombineRole::kForward, static_cast<uint32_t>(grid.forward_ctas));
+  const unsigned g = static_cast<unsigned>(grid.grid);
   auto launch = [&]() -> Status {
     switch (args.dtype) {
       case DType::kBF16: return ops::launch_kernel(&km::moe_combine_kernel<__nv_bfloat16>, g, MoeTunables::kThreads, 0, stream, p);
@@ -192,8 +212,9 @@ Status moe_combine(Communicator& comm, const MoePlan& plan, const MoeCombineArgs
 namespace {
 
 // The report's verdict from the status words.
-Status verdict_of(const km::MoeStatusWords& st, const MoePlan& plan, const std::vector<int>& local_peers) {
-  const int global = st.rank >= 0 && st.rank < static_cast<int>(local_peers.size()) ? local_peers[st.rank] : st.rank;
+// st.rank is a position node * L + local index: rank_at names its rank.
+Status verdict_of(const km::MoeStatusWords& st, const MoePlan& plan, const std::vector<int>& rank_at) {
+  const int global = st.rank >= 0 && st.rank < static_cast<int>(rank_at.size()) ? rank_at[st.rank] : st.rank;
   switch (static_cast<km::MoeError>(st.code)) {
     case km::MoeError::kNone: return {};
     case km::MoeError::kBadExpert:
@@ -232,7 +253,7 @@ Result<MoeReport> moe_report(Communicator& comm, const MoePlan& plan, cudaStream
     return synced;
   }
   const km::MoeStatusWords st = *host;
-  return MoeReport{verdict_of(st, plan, impl.topology.local_peers), st.recv_rows, st.kept_rows, st.dropped_rows,
+  return MoeReport{verdict_of(st, plan, impl.topology.rank_at), st.recv_rows, st.kept_rows, st.dropped_rows,
                    st.dropped_slots, st.max_recv_rows};
 }
 

@@ -33,7 +33,7 @@ inline std::string num(int64_t v) { return std::to_string(v); }
 inline Result<planner::MoeLayouts> layouts_for(const Communicator::Impl& impl, const MoeConfig& config) {
   planner::MoeRequest r;
   r.config = config;
-  r.world = impl.topology.local_world_size;
+  r.world = impl.topology.world_size;
   r.num_nodes = impl.topology.num_nodes;
   return planner::plan_moe(r);
 }
@@ -89,6 +89,20 @@ Status prepare_launch(Communicator::Impl& impl, const km::WorkspaceLayout& l, ui
   return {};
 }
 
+// The network flag window's first per-launch word (0 on one node).
+inline uint32_t net_flag_base(const Communicator::Impl& impl) { return impl.device_comm().net.launch_flag_base; }
+
+// The plan's per-token node masks (several nodes), or null.
+inline const uint64_t* token_nodes(const void* plan, const planner::MoeLayouts& l) {
+  return l.num_nodes > 1 ? reinterpret_cast<const uint64_t*>(static_cast<const char*>(plan) + l.plan.token_nodes) : nullptr;
+}
+
+// The values of a launch's signature every MoE call shares: the job's shape and the workspace's
+// heap offset (peers write into it by their own offset).
+inline int64_t job_shape(const Communicator::Impl& impl) {
+  return static_cast<int64_t>(impl.topology.num_nodes) << 16 | impl.topology.local_world_size;
+}
+
 // The routing's regions of a plan buffer, as dispatch and combine read them.
 inline km::PlanView plan_view(const void* plan, const km::PlanLayout& l) {
   const char* base = static_cast<const char*>(plan);
@@ -138,14 +152,18 @@ inline Result<uint64_t> check_dispatch_buffers(const Communicator::Impl& impl, c
 inline void fill_dispatch(const Communicator::Impl& impl, const MoePlan& plan, const planner::MoeLayouts& l,
                           const void* x, uint64_t recv_offset, OpId op, km::DispatchParams& p) {
   p.plan = plan_view(plan.plan, l.plan);
+  p.token_nodes = token_nodes(plan.plan, l);
   p.x = static_cast<const char*>(x);
   p.recv_offset = recv_offset;
   p.row_bytes = l.row_bytes;
   p.num_tokens = static_cast<uint32_t>(plan.num_tokens);
   p.top_k = static_cast<uint32_t>(plan.config.top_k);
   p.capacity = static_cast<uint32_t>(l.capacity);
+  p.max_tokens = static_cast<uint32_t>(plan.config.max_tokens);
+  p.num_experts = static_cast<uint32_t>(plan.config.num_experts);
+  p.net_flag_base = net_flag_base(impl);
   p.signature = planner::moe_signature(op, {plan.config.num_experts, plan.config.top_k, l.capacity,
-                                            static_cast<int64_t>(l.row_bytes), impl.topology.local_world_size,
+                                            static_cast<int64_t>(l.row_bytes), plan.config.max_tokens, job_shape(impl),
                                             static_cast<int64_t>(p.ws.offset), static_cast<int64_t>(recv_offset)});
 }
 
