@@ -252,6 +252,7 @@ struct CaseBuffers {
   void* recv = nullptr;  // symmetric, [C, H]
   void* y = nullptr;     // symmetric, [C, H]: the expert outputs
   bool ok = false;
+  std::string setup_error;  // why not ok
 
   size_t row_bytes() const { return static_cast<size_t>(c.hidden) * dtype_size(c.dtype); }
   size_t recv_bytes() const { return static_cast<size_t>(layouts.capacity) * row_bytes(); }
@@ -262,7 +263,7 @@ struct CaseBuffers {
     Communicator& comm = shared_comm();
     world = comm.world_size();
     nodes = comm.num_nodes();
-    local = comm.world_size();
+    local = comm.local_world_size();
     me = comm.node() * local + comm.local_rank();  // the MoE position (rank_at[me] names its rank)
     config.num_experts = c.experts_per_rank * world;
     config.top_k = c.top_k;
@@ -307,10 +308,17 @@ struct CaseBuffers {
     for (int64_t t = 0; t < tokens; ++t) {
       for (int64_t h = 0; h < c.hidden; ++h) x[static_cast<size_t>(t * c.hidden + h)] = x_value(c.seed, me, t, h, c.hidden);
     }
+    if (!r.ok() || !e.ok()) {
+      setup_error = "symmetric alloc of " + std::to_string(recv_bytes()) + " bytes: " + (r.ok() ? e : r).status().to_string();
+    } else if (!(d_ids && d_weights && d_plan && d_offsets && d_x && d_out)) {
+      setup_error = "cudaMalloc";
+    }
     ok = d_ids && d_weights && d_plan && d_offsets && d_x && d_out && recv && y && upload(d_ids.get(), ids[me]) &&
          upload(d_weights.get(), weights[me]) && upload(d_x.get(), pack(c.dtype, x)) &&
          cudaMemset(d_plan.get(), 0xAB, static_cast<size_t>(layouts.plan.bytes)) == cudaSuccess && poison() &&
          cudaDeviceSynchronize() == cudaSuccess;
+    if (!ok && setup_error.empty()) setup_error = std::string("CUDA: ") + cudaGetErrorString(cudaGetLastError());
+    if (!ok) ADD_FAILURE() << c.text(world) << ": rank " << me << " could not set up: " << setup_error;
   }
   // Frees the symmetric buffers in reverse order (collective, like the allocation).
   ~CaseBuffers() {

@@ -10,6 +10,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <mutex>
+#include <set>
 #include <string>
 
 #include "kernels/moe/dispatch_gemm.cuh"
@@ -40,12 +42,32 @@ Status launch_tile(GemmTile tile, const km::DispatchGemmParams& p, const ops::de
 
 }  // namespace
 
+namespace ops::moe {
+
+Status load_moe_kernels() {
+  static std::mutex mu;
+  static std::set<int> loaded;  // devices
+  int device = 0;
+  LOOM_CUDA_TRY(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mu);
+  if (loaded.count(device) != 0) return {};
+  LOOM_TRY(load_moe_comm_kernels());
+  LOOM_TRY(load_grouped_gemm_kernels());
+  LOOM_TRY(detail::load_sm90_moe_dispatch_gemm_128x256());
+  LOOM_TRY(detail::load_sm90_moe_dispatch_gemm_128x128());
+  loaded.insert(device);
+  return {};
+}
+
+}  // namespace ops::moe
+
 Status moe_dispatch_gemm(Communicator& comm, const MoePlan& plan, const void* x, void* recv_x, const MoeExpertGemm& gemm,
                          cudaStream_t stream, const MoeDispatchGemmOptions& options) {
   constexpr const char* kOp = "moe_dispatch_gemm";
   Communicator::Impl& impl = internal(comm);
   LOOM_ASSIGN_OR_RETURN(planner::MoeLayouts l, check_plan(impl, plan, kOp));
   LOOM_ASSIGN_OR_RETURN(const uint64_t recv_offset, check_dispatch_buffers(impl, plan, l, x, recv_x, kOp));
+  LOOM_TRY_CTX(load_for_nodes(l), kOp);
 
   // The GEMM over the receive rows; its tile table lives in the MoE workspace (placeholder
   // address until the workspace is known: the checks only need it non-null and aligned).

@@ -22,7 +22,10 @@ Status launch_dispatch_gemm_config(const kernels::moe::DispatchGemmParams& param
   return launch_grouped_variant<Cfg, DispatchGemmKernel>(params, v, grid, stream, "moe_dispatch_gemm");
 }
 
-// Defined in dispatch_gemm_sm90_<tile>.cu (the tiles of planner::kDispatchGemmTiles).
+// Defined in dispatch_gemm_sm90_<tile>.cu (the tiles of planner::kDispatchGemmTiles), with a
+// loader of that tile's variants each.
+Status load_sm90_moe_dispatch_gemm_128x256();
+Status load_sm90_moe_dispatch_gemm_128x128();
 Status launch_sm90_moe_dispatch_gemm_128x256(const kernels::moe::DispatchGemmParams&, const GroupedVariant&, int, cudaStream_t);
 Status launch_sm90_moe_dispatch_gemm_128x128(const kernels::moe::DispatchGemmParams&, const GroupedVariant&, int, cudaStream_t);
 

@@ -9,4 +9,6 @@ Status launch_sm90_moe_dispatch_gemm_128x128(const kernels::moe::DispatchGemmPar
   return launch_dispatch_gemm_config<kernels::gemm::Tile128x128>(params, variant, grid, stream);
 }
 
+Status load_sm90_moe_dispatch_gemm_128x128() { return load_grouped_variants<kernels::gemm::Tile128x128, DispatchGemmKernel>(); }
+
 }  // namespace loom::ops::detail

@@ -88,6 +88,15 @@ Status prepare_grouped_gemm(const GroupedGemmArgs& args, const planner::GroupedG
   return ops::launch_kernel(&km::grouped_gemm_plan_kernel<kPlanThreads>, 1u, kPlanThreads, 0, stream, plan_params);
 }
 
+Status load_grouped_gemm_kernels() {
+  constexpr int kPlanThreads = km::GroupedGemmTunables::kPlanThreads;
+  LOOM_TRY(prepare_kernel(reinterpret_cast<const void*>(&km::grouped_gemm_plan_kernel<kPlanThreads>), 0));
+  LOOM_TRY(detail::load_sm90_grouped_gemm_128x256());
+  LOOM_TRY(detail::load_sm90_grouped_gemm_128x128());
+  LOOM_TRY(detail::load_sm90_grouped_gemm_128x64());
+  return detail::load_sm90_grouped_gemm_64x128();
+}
+
 }  // namespace ops
 
 Result<GroupedGemmPlanInfo> grouped_gemm_plan(const GroupedGemmArgs& args, const GroupedGemmOptions& options) {

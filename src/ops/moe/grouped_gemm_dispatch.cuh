@@ -22,6 +22,9 @@ namespace loom::ops {
 // kernel (counts or offsets -> the tile table in args.workspace) queued on `stream`.
 Status prepare_grouped_gemm(const GroupedGemmArgs& args, const planner::GroupedGemmPlan& plan, cudaStream_t stream,
                             kernels::moe::GroupedGemmKernelParams& p);
+// Loads the grouped GEMM's kernels (its plan kernel and every tile's variants) now: see
+// ops/moe/moe_launch.h, load_moe_kernels.
+Status load_grouped_gemm_kernels();
 
 }  // namespace loom::ops
 
@@ -59,6 +62,25 @@ Status launch_grouped_variant(const Params& params, const GroupedVariant& v, int
   return launch_kernel(kernel, static_cast<unsigned>(grid), Cfg::kThreads, Cfg::kSmemBytes, stream, params);
 }
 
+// Loads every variant of one configuration now (ops/moe/moe_launch.h, load_moe_kernels, says why).
+template <class Cfg, template <class, bool, bool, bool> class Kernel>
+Status load_grouped_variants() {
+  constexpr bool kGated = Cfg::kBlockN >= 128;
+  const void* kernels[] = {
+      reinterpret_cast<const void*>(Kernel<Cfg, true, false, false>::value),
+      reinterpret_cast<const void*>(Kernel<Cfg, true, true, false>::value),
+      reinterpret_cast<const void*>(Kernel<Cfg, false, false, false>::value),
+      reinterpret_cast<const void*>(Kernel<Cfg, false, true, false>::value),
+      kGated ? reinterpret_cast<const void*>(Kernel<Cfg, true, false, kGated>::value) : nullptr,
+      kGated ? reinterpret_cast<const void*>(Kernel<Cfg, true, true, kGated>::value) : nullptr,
+      kGated ? reinterpret_cast<const void*>(Kernel<Cfg, false, false, kGated>::value) : nullptr,
+      kGated ? reinterpret_cast<const void*>(Kernel<Cfg, false, true, kGated>::value) : nullptr};
+  for (const void* k : kernels) {
+    if (k != nullptr) LOOM_TRY(prepare_kernel(k, Cfg::kSmemBytes));
+  }
+  return {};
+}
+
 template <class Cfg, bool kBF16, bool kBNMajor, bool kGated>
 struct GroupedGemmKernel {
   static constexpr auto value = &kernels::moe::sm90_grouped_gemm_kernel<Cfg, kBF16, kBNMajor, kGated>;
@@ -70,7 +92,11 @@ Status launch_grouped_config(const kernels::moe::GroupedGemmKernelParams& params
   return launch_grouped_variant<Cfg, GroupedGemmKernel>(params, v, grid, stream, "grouped_gemm");
 }
 
-// Defined in grouped_gemm_sm90_<tile>.cu.
+// Defined in grouped_gemm_sm90_<tile>.cu, with a loader of that tile's variants each.
+Status load_sm90_grouped_gemm_128x256();
+Status load_sm90_grouped_gemm_128x128();
+Status load_sm90_grouped_gemm_128x64();
+Status load_sm90_grouped_gemm_64x128();
 Status launch_sm90_grouped_gemm_128x256(const kernels::moe::GroupedGemmKernelParams&, const GroupedVariant&, int, cudaStream_t);
 Status launch_sm90_grouped_gemm_128x128(const kernels::moe::GroupedGemmKernelParams&, const GroupedVariant&, int, cudaStream_t);
 Status launch_sm90_grouped_gemm_128x64(const kernels::moe::GroupedGemmKernelParams&, const GroupedVariant&, int, cudaStream_t);

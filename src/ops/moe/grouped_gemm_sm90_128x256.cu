@@ -9,4 +9,6 @@ Status launch_sm90_grouped_gemm_128x256(const kernels::moe::GroupedGemmKernelPar
   return launch_grouped_config<kernels::gemm::Tile128x256>(params, variant, grid, stream);
 }
 
+Status load_sm90_grouped_gemm_128x256() { return load_grouped_variants<kernels::gemm::Tile128x256, GroupedGemmKernel>(); }
+
 }  // namespace loom::ops::detail

@@ -9,4 +9,6 @@ Status launch_sm90_grouped_gemm_128x64(const kernels::moe::GroupedGemmKernelPara
   return launch_grouped_config<kernels::gemm::Tile128x64>(params, variant, grid, stream);
 }
 
+Status load_sm90_grouped_gemm_128x64() { return load_grouped_variants<kernels::gemm::Tile128x64, GroupedGemmKernel>(); }
+
 }  // namespace loom::ops::detail

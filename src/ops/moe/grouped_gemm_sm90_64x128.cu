@@ -9,4 +9,6 @@ Status launch_sm90_grouped_gemm_64x128(const kernels::moe::GroupedGemmKernelPara
   return launch_grouped_config<kernels::gemm::Tile64x128>(params, variant, grid, stream);
 }
 
+Status load_sm90_grouped_gemm_64x128() { return load_grouped_variants<kernels::gemm::Tile64x128, GroupedGemmKernel>(); }
+
 }  // namespace loom::ops::detail

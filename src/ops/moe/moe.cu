@@ -38,6 +38,18 @@ using namespace ops::moe;  // the launchers' shared checks (ops/moe/moe_launch.h
 
 }  // namespace
 
+namespace ops::moe {
+
+Status load_moe_comm_kernels() {
+  LOOM_TRY(prepare_kernel(reinterpret_cast<const void*>(&km::moe_routing_kernel), 0));
+  LOOM_TRY(prepare_kernel(reinterpret_cast<const void*>(&km::moe_dispatch_kernel), 0));
+  LOOM_TRY(prepare_kernel(reinterpret_cast<const void*>(&km::moe_combine_kernel<__nv_bfloat16>), 0));
+  LOOM_TRY(prepare_kernel(reinterpret_cast<const void*>(&km::moe_combine_kernel<__half>), 0));
+  return prepare_kernel(reinterpret_cast<const void*>(&km::moe_combine_kernel<float>), 0);
+}
+
+}  // namespace ops::moe
+
 Status moe_can_implement(const Communicator& comm, const MoeConfig& config) {
   return layouts_for(internal(comm), config).status();
 }
@@ -62,6 +74,7 @@ Result<MoePlan> moe_routing(Communicator& comm, const MoeConfig& config, const M
   Result<planner::MoeLayouts> planned = layouts_for(impl, config);
   if (!planned.ok()) return std::move(planned).take_status().with_context(kOp);
   const planner::MoeLayouts& l = *planned;
+  LOOM_TRY_CTX(load_for_nodes(l), kOp);
   const int64_t t = args.num_tokens;
   if (t < 0 || t > config.max_tokens) {
     return Status::invalid_argument(std::string(kOp) + ": num_tokens " + num(t) + " is outside [0, max_tokens = " +
@@ -121,6 +134,7 @@ Status moe_dispatch(Communicator& comm, const MoePlan& plan, const void* x, void
   Communicator::Impl& impl = internal(comm);
   LOOM_ASSIGN_OR_RETURN(planner::MoeLayouts l, check_plan(impl, plan, kOp));
   LOOM_ASSIGN_OR_RETURN(const uint64_t recv_offset, check_dispatch_buffers(impl, plan, l, x, recv_x, kOp));
+  LOOM_TRY_CTX(load_for_nodes(l), kOp);
   Result<planner::MoeDispatchGrid> grid =
       planner::plan_moe_dispatch(impl.sm_count, options.num_ctas, options.arrival_ctas, l.num_nodes);
   if (!grid.ok()) return std::move(grid).take_status();
@@ -172,6 +186,7 @@ Status moe_combine(Communicator& comm, const MoePlan& plan, const MoeCombineArgs
                               {plan.plan, static_cast<size_t>(l.plan.bytes), "the plan", false},
                               {args.topk_weights, args.topk_weights ? pair_bytes : 0, "topk_weights", false}}),
                kOp);
+  LOOM_TRY_CTX(load_for_nodes(l), kOp);
   LOOM_ASSIGN_OR_RETURN(const planner::MoeCombineGrid grid,
                         planner::plan_moe_combine_grid(plan.num_tokens, impl.sm_count, options.num_ctas, l.num_nodes));
 

@@ -89,6 +89,19 @@ Status prepare_launch(Communicator::Impl& impl, const km::WorkspaceLayout& l, ui
   return {};
 }
 
+// CUDA's lazy loading (its default) loads a kernel at its first launch, and doing so may wait for
+// the work already running on the device while holding a lock the proxy thread's copies need: an
+// MoE kernel waiting for another node (through the proxy) then waits for a loader that waits for
+// it, until its deadline (ops/tp/multinode/multinode.h tells the same of the TP kernels). So on a
+// job of several nodes every MoE call first loads every kernel of the family, once per process
+// and device, while none of them runs: routing, dispatch and combine (load_moe_comm_kernels,
+// moe.cu), moe_dispatch_gemm's variants and the grouped GEMM's plan and tile kernels (which run
+// between the communication calls). load_moe_kernels is in dispatch_gemm.cu.
+Status load_moe_comm_kernels();
+Status load_moe_kernels();
+// load_moe_kernels when the job spans several nodes.
+inline Status load_for_nodes(const planner::MoeLayouts& l) { return l.num_nodes > 1 ? load_moe_kernels() : Status{}; }
+
 // The network flag window's first per-launch word (0 on one node).
 inline uint32_t net_flag_base(const Communicator::Impl& impl) { return impl.device_comm().net.launch_flag_base; }
 
