@@ -105,6 +105,7 @@ struct MoePlan {
   int64_t num_tokens = 0;      // T of this rank
   void* plan = nullptr;        // MoeRoutingArgs::plan
   const int32_t* expert_offsets = nullptr;
+  uint64_t handle = 0;         // which moe_routing call of the communicator made it (from 1)
 };
 
 Result<MoePlan> moe_routing(Communicator& comm, const MoeConfig& config, const MoeRoutingArgs& args,

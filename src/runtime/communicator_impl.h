@@ -65,6 +65,11 @@ struct Communicator::Impl {
     LaunchState* launch_state = nullptr;  // device memory, zero at creation
     void* workspace = nullptr;            // symmetric heap
     size_t workspace_bytes = 0;
+    // Host notes a family keeps between its calls (MoE: `handles` counts the plans moe_routing
+    // made, `staged` names the plan whose dispatch left its tokens in the workspace; 0: none,
+    // and 0 again whenever the workspace moves).
+    uint64_t handles = 0;
+    uint64_t staged = 0;
   };
   static constexpr size_t kMaxFamilies = 16;
   LaunchState* launch_states = nullptr;  // device memory [kMaxFamilies]

@@ -540,7 +540,8 @@ Case make_case(Routing r, uint64_t seed) {
 // (--gtest_filter=MoeSmoke.Routing, .Dispatch, .Combine): a failure names its kernel.
 //   Routing   moe_routing, then the report: expert_offsets, slot destinations, counts
 //   Dispatch  moe_routing + moe_dispatch: the routing's checks and recv_x
-//   Combine   moe_routing + moe_combine over expert outputs the test writes (no dispatch): out
+//   Combine   moe_routing + moe_combine over expert outputs the test writes (no dispatch; across
+//             nodes after moe_dispatch, which combine needs there): out
 enum class SmokeStage { kRouting, kDispatch, kCombine };
 
 void run_smoke(SmokeStage stage, uint64_t seed) {
@@ -557,7 +558,8 @@ void run_smoke(SmokeStage stage, uint64_t seed) {
       << what << ": rank " << process().rank << " or a peer could not set up";
   Result<MoePlan> plan = moe_routing(comm, s.config, s.routing_args(), nullptr);
   ASSERT_TRUE(agree(plan.ok())) << what << ": rank " << process().rank << ": moe_routing: " << plan.status().to_string();
-  if (stage == SmokeStage::kDispatch) {
+  // Across nodes combine needs its plan's dispatch first (it leaves the other nodes' tokens there).
+  if (stage == SmokeStage::kDispatch || (stage == SmokeStage::kCombine && comm.num_nodes() > 1)) {
     const Status dispatched = moe_dispatch(comm, *plan, s.d_x.get(), s.recv, nullptr);
     ASSERT_TRUE(agree(dispatched.ok())) << what << ": rank " << process().rank << ": moe_dispatch: " << dispatched.to_string();
   }
@@ -977,6 +979,33 @@ TEST_F(MoeBadInput, HostCheckableInputIsRefusedBeforeLaunch) {
 }
 
 // What the host can check is refused on every rank before anything is launched.
+// Across nodes: combine refuses (before launching anything) a plan whose dispatch did not run
+// last, and weights other than the routing's; after the dispatch the same call works.
+TEST_F(MoeBadInput, AcrossNodesCombineNeedsItsDispatchAndTheRoutingWeights) {
+  Communicator& comm = shared_comm();
+  if (comm.num_nodes() == 1) GTEST_SKIP() << "one node: combine needs no dispatch";
+  Case c = make_case(Routing::kUniform, 95);
+  c.tokens = 64;
+  const std::string what = "combine without dispatch: " + c.text(comm.world_size());
+  CaseBuffers s(c);
+  ASSERT_TRUE(agree(s.ok && s.fill_expert_outputs())) << what << ": setting up";
+  Result<MoePlan> plan = moe_routing(comm, s.config, s.routing_args(), nullptr);
+  ASSERT_TRUE(agree(plan.ok())) << what << ": " << plan.status().to_string();
+  const Status early = moe_combine(comm, *plan, s.combine_args(), nullptr);
+  EXPECT_EQ(early.code(), StatusCode::kInvalidArgument) << what << ": " << early.to_string();
+  EXPECT_NE(early.message().find("call moe_dispatch or moe_dispatch_gemm with this MoePlan first"), std::string::npos)
+      << early.message();
+  ASSERT_TRUE(agree(moe_dispatch(comm, *plan, s.d_x.get(), s.recv, nullptr).ok())) << what;
+  MoeCombineArgs other = s.combine_args();
+  other.topk_weights = static_cast<const float*>(s.d_weights.get());
+  EXPECT_EQ(moe_combine(comm, *plan, other, nullptr).code(), StatusCode::kUnsupported) << what;
+  ASSERT_TRUE(agree(moe_combine(comm, *plan, s.combine_args(), nullptr).ok())) << what << ": after the dispatch";
+  Result<MoeReport> report = moe_report(comm, *plan, nullptr);
+  ASSERT_TRUE(agree(report.ok())) << what << ": " << report.status().to_string();
+  check_combine(s, what);
+  EXPECT_TRUE(agree(!::testing::Test::HasFailure())) << what << ": a peer failed";
+}
+
 TEST_F(MoeBadInput, DispatchGemmRefusesBadGemmArguments) {
   Communicator& comm = shared_comm();
   GemmCase g;

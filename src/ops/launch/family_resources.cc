@@ -49,6 +49,7 @@ Result<void*> family_workspace(Communicator::Impl& impl, std::string_view family
   }
   ws = *grown;
   ws_bytes = rounded;
+  f->staged = 0;  // what the old workspace held is gone
   LOOM_DEBUG("%s: %s grown to %zu bytes at heap offset %llu", op, what.c_str(), rounded,
              static_cast<unsigned long long>(impl.heap->offset_of(ws)));
   return ws;

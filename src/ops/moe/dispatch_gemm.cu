@@ -111,6 +111,7 @@ Status moe_dispatch_gemm(Communicator& comm, const MoePlan& plan, const void* x,
   const ops::detail::GroupedVariant variant{plan.config.dtype == DType::kBF16, gemm.b_layout == BLayout::kKN,
                                             gemm.activation == GroupedActivation::kSwiGLU};
   const Status queued = launch_tile(fused.gemm.tile, p, variant, fused.grid, stream);
+  if (queued.ok()) LOOM_TRY(note_staged(impl, plan));
   return ops::noted(comm, queued, stream);
 }
 

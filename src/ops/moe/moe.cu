@@ -125,7 +125,8 @@ Result<MoePlan> moe_routing(Communicator& comm, const MoeConfig& config, const M
   const Status queued = ops::launch_kernel(&km::moe_routing_kernel, static_cast<unsigned>(grid), MoeTunables::kThreads,
                                            km::routing_smem_bytes(p.num_experts), stream, p);
   LOOM_TRY(ops::noted(comm, queued, stream));
-  return MoePlan{config, l.capacity, t, args.plan, args.expert_offsets};
+  LOOM_ASSIGN_OR_RETURN(Communicator::Impl::OperatorFamily * family, impl.family(kFamily));
+  return MoePlan{config, l.capacity, t, args.plan, args.expert_offsets, ++family->handles};
 }
 
 Status moe_dispatch(Communicator& comm, const MoePlan& plan, const void* x, void* recv_x, cudaStream_t stream,
@@ -147,6 +148,7 @@ Status moe_dispatch(Communicator& comm, const MoePlan& plan, const void* x, void
   p.roles.set(km::DispatchRole::kForward, static_cast<uint32_t>(grid->forward_ctas));
   const Status queued = ops::launch_kernel(&km::moe_dispatch_kernel, static_cast<unsigned>(grid->grid), MoeTunables::kThreads,
                                            0, stream, p);
+  if (queued.ok()) LOOM_TRY(note_staged(impl, plan));
   return ops::noted(comm, queued, stream);
 }
 
@@ -187,6 +189,7 @@ Status moe_combine(Communicator& comm, const MoePlan& plan, const MoeCombineArgs
                               {args.topk_weights, args.topk_weights ? pair_bytes : 0, "topk_weights", false}}),
                kOp);
   LOOM_TRY_CTX(load_for_nodes(l), kOp);
+  LOOM_TRY(check_staged(impl, plan, l, kOp));
   LOOM_ASSIGN_OR_RETURN(const planner::MoeCombineGrid grid,
                         planner::plan_moe_combine_grid(plan.num_tokens, impl.sm_count, options.num_ctas, l.num_nodes));
 

@@ -102,6 +102,27 @@ Status load_moe_kernels();
 // load_moe_kernels when the job spans several nodes.
 inline Status load_for_nodes(const planner::MoeLayouts& l) { return l.num_nodes > 1 ? load_moe_kernels() : Status{}; }
 
+// Across nodes, moe_combine sums on each node the token entries that the dispatch of its plan left
+// in the workspace there (the slots, weights and window positions of the other nodes' tokens): the
+// host notes which plan the last dispatch staged (OperatorFamily::staged; every rank makes the
+// same calls, so every rank notes the same), and combine refuses a plan that is not that one
+// before anything is launched. (The kernels check it too, against the routing epoch the
+// forwarders' dispatch recorded: a CUDA graph replays no host code.)
+inline Status note_staged(Communicator::Impl& impl, const MoePlan& plan) {
+  LOOM_ASSIGN_OR_RETURN(Communicator::Impl::OperatorFamily * family, impl.family(kFamily));
+  family->staged = plan.handle;
+  return {};
+}
+inline Status check_staged(Communicator::Impl& impl, const MoePlan& plan, const planner::MoeLayouts& l, const char* op) {
+  if (l.num_nodes == 1) return {};
+  LOOM_ASSIGN_OR_RETURN(Communicator::Impl::OperatorFamily * family, impl.family(kFamily));
+  if (plan.handle != 0 && family->staged == plan.handle) return {};
+  return Status::invalid_argument(std::string(op) +
+                                  ": across nodes, combine sums on each node the tokens that its plan's dispatch left "
+                                  "there; call moe_dispatch or moe_dispatch_gemm with this MoePlan first, with no other "
+                                  "MoE dispatch (and no larger MoE config) in between");
+}
+
 // The network flag window's first per-launch word (0 on one node).
 inline uint32_t net_flag_base(const Communicator::Impl& impl) { return impl.device_comm().net.launch_flag_base; }
 
