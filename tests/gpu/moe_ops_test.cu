@@ -1073,6 +1073,10 @@ std::string run_back_to_back(Communicator& comm, const CaseBuffers& s, void* out
   const DeviceBuffer sums = device_buffer(static_cast<size_t>(launches) * 2 * sizeof(unsigned long long));
   if (!sums || cudaMemset(sums.get(), 0, static_cast<size_t>(launches) * 16) != cudaSuccess) return "setting up the sums";
   auto* d_sums = static_cast<unsigned long long*>(sums.get());
+  // Loaded now, not at its first launch behind running MoE kernels: across nodes CUDA's lazy
+  // loading would wait for them while they wait for the proxy (docs/NETWORK.md, "A hazard").
+  cudaFuncAttributes attributes{};
+  if (cudaFuncGetAttributes(&attributes, checksum_kernel) != cudaSuccess) return "loading checksum_kernel";
   cudaStream_t stream;
   if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return "cudaStreamCreate";
   std::vector<cudaEvent_t> finished(static_cast<size_t>(launches), nullptr);
