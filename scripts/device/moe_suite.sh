@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# On the GPU machine, in one call: the MoE family's checks and its one-GPU benchmark. Uses the
+# binaries staged in .device-carry/bin (scripts/device/stage.sh).
+#
+#   scripts/device/moe_suite.sh [bench] [tests] [shared]
+#     bench   loom-bench moe --spawn 1 (W = 1: moe_dispatch_gemm vs its grouped GEMM alone vs
+#             moe_dispatch + grouped_gemm), JSON in $OUT/moe_w1.json, table in $OUT/moe_w1.txt
+#     tests   loom_gpu_tests 'Moe*:GroupedGemm*' on one rank, log in $OUT/one_rank_moe.log
+#     shared  scripts/device/shared_gpu_suite.sh $MOE_STEPS (default: moe-2 moe-8 moe-2x2 moe-4x2),
+#             ranks sharing the GPU, emulated nodes included; summaries in $OUT/suites.jsonl
+#   (default: bench tests shared). Exit status 0 only if every step passed.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source scripts/device/env.sh
+LOG="$OUT/moe_suite.log"
+start=$(date +%s)
+log() { echo "[moe_suite +$(( $(date +%s) - start ))s] $*" | tee -a "$LOG"; }
+steps=("$@")
+((${#steps[@]})) || steps=(bench tests shared)
+BIN=.device-carry/bin
+if [[ ! -x $BIN/loom_gpu_tests ]]; then echo "no $BIN: run scripts/device/stage.sh here first and carry .device-carry"; exit 1; fi
+log "git $(head -1 .device-carry/GIT_SHA | cut -c1-7); $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+rc=0
+for step in "${steps[@]}"; do
+  case $step in
+    bench)
+      LD_LIBRARY_PATH="$PWD/$BIN:${LD_LIBRARY_PATH:-}" timeout --kill-after=10 "${BENCH_LIMIT_S:-240}" \
+        $BIN/loom-bench moe --spawn 1 --json "$OUT/moe_w1.json" > "$OUT/moe_w1.txt" 2>&1 || rc=1
+      log "bench: exit $rc"; tail -n 14 "$OUT/moe_w1.txt" ;;
+    tests)
+      LD_LIBRARY_PATH="$PWD/$BIN:${LD_LIBRARY_PATH:-}" timeout --kill-after=10 "${TESTS_LIMIT_S:-180}" \
+        $BIN/loom-run -n 1 -- $BIN/loom_gpu_tests --gtest_filter='Moe*:GroupedGemm*' --gtest_brief=1 \
+        > "$OUT/one_rank_moe.log" 2>&1 || rc=1
+      log "tests: $(grep -E '^\[ *(PASSED|FAILED) *\]' "$OUT/one_rank_moe.log" | tr '\n' ' ')" ;;
+    shared)
+      # shellcheck disable=SC2086
+      STEP_LIMIT_S=${STEP_LIMIT_S:-150} MOE_TIMEOUT_MS=${MOE_TIMEOUT_MS:-5000} \
+        scripts/device/shared_gpu_suite.sh ${MOE_STEPS:-moe-2 moe-8 moe-2x2 moe-4x2} || rc=1 ;;
+    *) log "unknown step $step"; rc=1 ;;
+  esac
+done
+log "done: exit $rc"
+exit $rc
