@@ -1,9 +1,12 @@
 // Expert-parallel (MoE) operators, part 1: routing on the device, dispatch and combine, within one
-// NVLink domain (docs/MOE.md has the design: receive layout, buffers, flags, capacity policy).
+// NVLink domain and across nodes (docs/MOE.md has the design: receive layout, buffers, flags,
+// capacity policy, the path across nodes).
 //
-// Experts are split contiguously over the W ranks: rank r holds experts [r*E/W, (r+1)*E/W) (its
-// "local experts" 0 .. E/W-1). Per rank, one MoE step is four calls, each collective (every rank
-// calls it, in the same order) and asynchronous on `stream`:
+// Experts are split contiguously over the W ranks of the job: rank r holds experts
+// [r*E/W, (r+1)*E/W) (its "local experts" 0 .. E/W-1), r counted node-major (local index l of node
+// n is r = n*L + l, the communicator rank whenever the launcher numbers ranks that way). Per rank,
+// one MoE step is four calls, each collective (every rank calls it, in the same order) and
+// asynchronous on `stream`:
 //
 //   MoePlan plan = moe_routing(comm, config, {ids, weights, T, plan_buffer, expert_offsets}, stream);
 //   moe_dispatch(comm, plan, x, recv_x, stream);          // recv_x: symmetric [capacity, H]
@@ -17,6 +20,13 @@
 // (expert i's rows at [expert_offsets[i], expert_offsets[i+1]), possibly empty), inside an expert
 // by source rank, then token, then slot; no padding. A token needed by several experts of one rank
 // crosses NVLink once (into its first row there) and is copied to its other rows on that rank.
+// Across nodes a token crosses the network once per node holding one of its experts, to the GPU
+// with the sender's local index there, which forwards it over NVLink; combine then adds, in node
+// order, one fp32 partial sum per node (each node's slots in slot order). There, moe_combine needs
+// the moe_dispatch (or moe_dispatch_gemm) of the same MoePlan to have run last, and the routing's
+// weights (MoeCombineArgs::topk_weights null): refused with invalid_argument / unsupported
+// otherwise. Kernels an application launches for the first time between these calls can stall
+// them (CUDA's lazy loading waits for running work: docs/NETWORK.md, "A hazard").
 //
 // Input whose values the host cannot see (expert ids out of range, a receive buffer over its
 // capacity) is found on the device. Then no rank moves any data (recv_x and out are not written,
@@ -24,7 +34,7 @@
 // and id (or the rank over capacity and its rows). With MoeOverflow::kDrop, rows past a rank's
 // capacity are dropped instead (counted in the report; their slots add nothing in combine).
 // Everything the host can check (shapes, pointers, k > E, E not a multiple of W) is refused with a
-// Status before anything is launched or written. Multi-node jobs are refused (unsupported) for now.
+// Status before anything is launched or written.
 //
 // The grouped GEMM for the experts' rows is below (loom::grouped_gemm, one GPU), and
 // moe_dispatch_gemm fuses the dispatch with the first expert GEMM (one persistent kernel: an
@@ -47,7 +57,7 @@ namespace loom {
 // Limits of this build (the host checks them; docs/MOE.md says why each exists).
 inline constexpr int kMoeMaxTopK = 32;          // a token's slots are the lanes of one warp
 inline constexpr int64_t kMoeMaxExperts = 1024;  // per-warp expert histograms in shared memory
-inline constexpr int kMoeMaxLocalWorld = 32;    // destination sets are 32-bit masks
+inline constexpr int kMoeMaxLocalWorld = 32;    // ranks per node: destination sets are 32-bit masks
 
 // What happens when the rows routed to a rank exceed its capacity.
 enum class MoeOverflow : uint8_t {
@@ -132,7 +142,9 @@ struct MoeCombineOptions {
 };
 // out[t] = sum over t's routed slots j, in slot order, of w[t,j] * expert_out[row of (t, j)],
 // accumulated in fp32 (fused multiply-add) and rounded once: bit-identical across runs. A token
-// with no routed slot gets zeros.
+// with no routed slot gets zeros. Across nodes: each node's slots in slot order, then those node
+// sums in node order (fp32), rounded once. topk_weights must be null there, and hidden at most
+// the config's.
 Status moe_combine(Communicator& comm, const MoePlan& plan, const MoeCombineArgs& args, cudaStream_t stream,
                    const MoeCombineOptions& options = {});
 
@@ -281,7 +293,8 @@ struct MoeDispatchGemmOptions {
   int arrival_ctas = 0;             // CTAs that complete receive blocks first (then compute); 0: planner
 };
 // Everything moe_dispatch checks, and grouped_gemm_can_implement's rules for the GEMM (config.dtype
-// fp32 is unsupported here). Multi-node jobs are refused (unsupported), as by moe_dispatch.
+// fp32 is unsupported here). Across nodes the forwarding CTAs (1/8 of the grid) join the GEMM once
+// the entries other nodes sent this rank are pushed.
 Status moe_dispatch_gemm(Communicator& comm, const MoePlan& plan, const void* x, void* recv_x, const MoeExpertGemm& gemm,
                          cudaStream_t stream, const MoeDispatchGemmOptions& options = {});
 

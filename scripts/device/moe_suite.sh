@@ -31,7 +31,7 @@ for step in "${steps[@]}"; do
       LD_LIBRARY_PATH="$PWD/$BIN:${LD_LIBRARY_PATH:-}" timeout --kill-after=10 "${TESTS_LIMIT_S:-180}" \
         $BIN/loom-run -n 1 -- $BIN/loom_gpu_tests --gtest_filter='Moe*:GroupedGemm*' --gtest_brief=1 \
         > "$OUT/one_rank_moe.log" 2>&1 || rc=1
-      log "tests: $(grep -E '^\[ *(PASSED|FAILED) *\]' "$OUT/one_rank_moe.log" | tr '\n' ' ')" ;;
+      log "tests: $(grep -E '\[ *(PASSED|FAILED) *\]' "$OUT/one_rank_moe.log" | tr '\n' ' ')" ;;
     shared)
       # shellcheck disable=SC2086
       STEP_LIMIT_S=${STEP_LIMIT_S:-150} MOE_TIMEOUT_MS=${MOE_TIMEOUT_MS:-5000} \
