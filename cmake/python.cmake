@@ -75,6 +75,8 @@ endif()
 # than libloom.so.
 nanobind_add_module(loom_python_ext NB_STATIC
   ${LOOM_PYTHON_SOURCE_DIR}/python/src/ext.cc
+  ${LOOM_PYTHON_SOURCE_DIR}/python/src/binding_common.cc
+  ${LOOM_PYTHON_SOURCE_DIR}/python/src/moe.cc
   ${LOOM_PYTHON_SOURCE_DIR}/python/src/tensor_arg.cc)
 set_target_properties(loom_python_ext PROPERTIES
   OUTPUT_NAME _C

@@ -3,7 +3,8 @@ loom's low-level API: explicit CUDA streams, any DLPack CUDA tensor. Most code u
 """
 
 # Kept by hand: `python -m nanobind.stubgen -m loom._C` wrote it first (empty()'s return type and
-# the underscore names were added); tests/python/test_stubs.py checks it against the module.
+# the underscore names were added; the MoE classes and functions were pasted from its output when
+# they were bound); tests/python/test_stubs.py checks it against the module.
 
 from collections.abc import Sequence
 
@@ -126,6 +127,141 @@ def grouped_gemm(a: object | None, b: object | None, d: object | None, offsets: 
     d_e = a_e @ b_e^T (b [E, N, K], b_layout 'nk') or a_e @ b_e (b [E, K, N], 'kn') for every expert e (MoE grouped GEMM on one GPU); offsets: contiguous rows, counts: masked; activation 'swiglu': silu(gate) * up over N interleaved by 8 (d has N / 2 columns).
     """
 
+class MoeConfig:
+    """
+    The shape of an MoE step (loom::MoeConfig); every rank passes the same one. See loom.MoeConfig.
+    """
+
+    def __init__(self, num_experts: int, top_k: int, hidden: int, dtype: str, max_tokens: int, capacity: int = 0, overflow: str = 'error') -> None: ...
+
+    @property
+    def num_experts(self) -> int: ...
+
+    @property
+    def top_k(self) -> int: ...
+
+    @property
+    def hidden(self) -> int: ...
+
+    @property
+    def dtype(self) -> str: ...
+
+    @property
+    def max_tokens(self) -> int: ...
+
+    @property
+    def capacity(self) -> int: ...
+
+    @property
+    def overflow(self) -> str: ...
+
+    def __repr__(self) -> str: ...
+
+class MoeSizes:
+    """What a config needs on a communicator (moe_sizes)."""
+
+    @property
+    def capacity(self) -> int: ...
+
+    @property
+    def local_experts(self) -> int: ...
+
+    @property
+    def plan_bytes(self) -> int: ...
+
+    @property
+    def recv_bytes(self) -> int: ...
+
+    @property
+    def workspace_bytes(self) -> int: ...
+
+    def __repr__(self) -> str: ...
+
+class MoeReport:
+    """This rank's counts from the device after a routing (moe_report)."""
+
+    @property
+    def recv_rows(self) -> int: ...
+
+    @property
+    def kept_rows(self) -> int: ...
+
+    @property
+    def dropped_rows(self) -> int: ...
+
+    @property
+    def dropped_slots(self) -> int: ...
+
+    @property
+    def max_recv_rows(self) -> int: ...
+
+    def __repr__(self) -> str: ...
+
+class MoePlan:
+    """
+    The routing's handle (made by moe_routing only); keeps its plan buffer and expert_offsets alive. Valid for the communicator that routed it until the next routing into its buffers.
+    """
+
+    @property
+    def config(self) -> object: ...
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    @property
+    def capacity(self) -> int: ...
+
+    @property
+    def local_experts(self) -> int: ...
+
+    @property
+    def plan_buffer(self) -> object: ...
+
+    @property
+    def expert_offsets(self) -> object: ...
+
+    def __repr__(self) -> str: ...
+
+def moe_can_implement(comm: Communicator, config: MoeConfig) -> tuple[str, str] | None:
+    """
+    None when the config can run on comm (host checks only), else (status code, reason).
+    """
+
+def moe_sizes(comm: Communicator, config: MoeConfig) -> MoeSizes:
+    """
+    The sizes a config needs on comm (capacity, E/W, plan, receive and workspace bytes).
+    """
+
+def moe_reserve_workspace(comm: Communicator, config: MoeConfig, stream: int) -> None:
+    """
+    Collective: grows loom's symmetric workspace for the config now (before CUDA-graph capture).
+    """
+
+def moe_routing(comm: Communicator, config: MoeConfig, topk_ids: object | None, plan_buffer: object | None, expert_offsets: object | None, stream: int, topk_weights: object | None = None) -> MoePlan:
+    """
+    Collective: routes every rank's top-k expert ids on the device; returns the plan for dispatch and combine.
+    """
+
+def moe_dispatch(comm: Communicator, plan: MoePlan, x: object | None, recv_x: object | None, stream: int, num_ctas: int = 0, arrival_ctas: int = 0) -> None:
+    """
+    Collective: sends x's rows [T, hidden] to their experts' ranks, into recv_x (symmetric [capacity, hidden]).
+    """
+
+def moe_combine(comm: Communicator, plan: MoePlan, expert_out: object | None, out: object | None, stream: int, topk_weights: object | None = None, num_ctas: int = 0) -> None:
+    """
+    Collective: out[t] = sum over t's slots j of w[t, j] * expert_out[row of (t, j)] (expert_out symmetric), fp32.
+    """
+
+def moe_report(comm: Communicator, plan: MoePlan, stream: int) -> MoeReport:
+    """
+    Waits for the stream and returns this rank's counts; raises what the routing found on the device.
+    """
+
+def moe_dispatch_gemm(comm: Communicator, plan: MoePlan, x: object | None, recv_x: object | None, weights: object | None, out: object | None, stream: int, b_layout: str = 'nk', activation: str = 'none', tile: str = 'auto', num_ctas: int = 0, push_ctas: int = 0, arrival_ctas: int = 0) -> None:
+    """
+    Collective: moe_dispatch and, in the same kernel, out = recv_x_e @ weights_e^T for every local expert e.
+    """
+
 def grouped_gemm_workspace_bytes(rows: int, num_experts: int, masked: bool = False) -> int:
     """
     Bytes of workspace grouped_gemm needs: rows = M (contiguous) or the capacity per expert (masked).
@@ -141,3 +277,8 @@ def _check_args(op: str, world: int, tensors: tuple, b_layout: str = 'kn') -> No
 
 def _bench_cpp_loop(op: str, iters: int, args: tuple) -> int:
     """Host nanoseconds of `iters` launches of a prepared op from a C++ loop."""
+
+def _check_moe_args(op: str, config: MoeConfig, world: int, num_tokens: int, tensors: tuple, b_layout: str = 'nk', activation: str = 'none') -> None:
+    """
+    The tensor checks of an MoE call (tensors in the binding's order), without a communicator or a launch.
+    """

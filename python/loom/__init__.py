@@ -10,6 +10,10 @@ argument order (``comm`` first). The distribution is called ``loom-kernels``.
     comm = loom.Communicator.from_process_group()  # under torchrun, after init_process_group
     x = torch.from_dlpack(comm.empty((n,), "bf16"))  # symmetric memory (peers can read it)
     loom.all_reduce(comm, x)                      # in place, current torch stream
+
+Expert parallelism (MoE) within a node: ``loom.MoeConfig``, ``loom.moe_routing``,
+``loom.moe_dispatch``, ``loom.moe_combine``, ``loom.moe_report``, ``loom.moe_dispatch_gemm``
+(loom/_moe.py has the whole step; ``loom.torch.moe_buffers`` allocates its buffers).
 """
 
 from ._errors import (Aborted, CudaError, InternalError, InvalidArgument, LoomError, PeerFailure,
@@ -22,6 +26,8 @@ except ImportError as error:  # pragma: no cover - only when the package was not
                       "package with `pip install .` from the loom repository") from error
 
 from ._comm import Communicator, discard_unique_id, make_unique_id
+from ._moe import (MoeConfig, MoePlan, MoeReport, MoeSizes, moe_can_implement, moe_combine, moe_dispatch,
+                   moe_dispatch_gemm, moe_report, moe_reserve_workspace, moe_routing, moe_sizes)
 from ._ops import (ag_gemm, all_gather, all_reduce, attention, attention_merge, gemm, gemm_ar, gemm_rs,
                    grouped_gemm, grouped_gemm_workspace_bytes, reduce_scatter, ring_attention,
                    synchronize_standalone)
@@ -33,6 +39,8 @@ __all__ = [
     "gemm", "all_gather", "reduce_scatter", "all_reduce", "ag_gemm", "gemm_rs", "gemm_ar",
     "attention", "attention_merge", "ring_attention", "synchronize_standalone", "grouped_gemm",
     "grouped_gemm_workspace_bytes",
+    "MoeConfig", "MoePlan", "MoeSizes", "MoeReport", "moe_can_implement", "moe_sizes", "moe_reserve_workspace",
+    "moe_routing", "moe_dispatch", "moe_combine", "moe_report", "moe_dispatch_gemm",
     "LoomError", "InvalidArgument", "Unsupported", "Timeout", "PeerFailure", "CudaError",
     "SystemCallError", "Aborted", "InternalError",
     "__version__",

@@ -40,6 +40,7 @@ costs a few microseconds over the C++ launch.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Callable, Optional, Sequence
 
@@ -49,10 +50,12 @@ from . import _C
 from . import _comm as _comm_registry
 from ._comm import CommLike, Communicator, _process_group_type, as_communicator
 from ._errors import _invalid
+from ._moe import MoeConfig, MoeSizes, moe_sizes
 
 __all__ = ["empty", "handle", "register_communicator", "set_staging_budget", "gemm", "all_gather",
            "reduce_scatter", "all_reduce", "ag_gemm", "gemm_rs", "gemm_ar", "attention", "attention_merge",
-           "ring_attention", "zigzag_shard", "zigzag_unshard", "grouped_gemm", "swiglu_weights"]
+           "ring_attention", "zigzag_shard", "zigzag_unshard", "grouped_gemm", "swiglu_weights", "MoeBuffers",
+           "moe_buffers"]
 
 _HALF = (torch.bfloat16, torch.float16)
 _FLOAT = (torch.bfloat16, torch.float16, torch.float32)
@@ -603,6 +606,44 @@ def swiglu_weights(gate: torch.Tensor, up: torch.Tensor, b_layout: str = "nk") -
     out_shape = list(gate.shape)
     out_shape[axis] = 2 * i
     return both.reshape(out_shape)
+
+
+@dataclasses.dataclass
+class MoeBuffers:
+    """The buffers of one MoE config on one rank (moe_buffers); pass the fields to loom.moe_*."""
+
+    sizes: MoeSizes                       # moe_sizes(comm, config)
+    plan_buffer: torch.Tensor             # uint8 [plan_bytes] on comm's GPU: moe_routing's plan_buffer
+    expert_offsets: torch.Tensor          # int32 [E/W + 1] on comm's GPU: moe_routing's expert_offsets
+    recv_x: torch.Tensor                  # symmetric [capacity, hidden], the config's dtype: moe_dispatch's
+    expert_out: Optional[torch.Tensor]    # symmetric [capacity, H']: moe_combine's (None when not asked for)
+
+
+_MOE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def moe_buffers(comm: CommLike, config: MoeConfig, *, expert_out: bool = True, expert_out_hidden: Optional[int] = None,
+                expert_out_dtype: Optional[torch.dtype] = None) -> MoeBuffers:
+    """Collective (every rank, same arguments, same order: recv_x and expert_out are symmetric
+    allocations): allocates what `config` needs besides the tokens. The plan buffer and
+    expert_offsets are ordinary device memory; recv_x is symmetric [capacity, hidden] of the
+    config's dtype; expert_out (unless expert_out=False) symmetric [capacity, expert_out_hidden or
+    hidden] of expert_out_dtype or the config's dtype. Contents are uninitialised (expert_offsets
+    zero). Reuse them for every step with this config: moe_routing rewrites the plan buffer and
+    expert_offsets, and the plan it returns is valid until the next routing into them."""
+    c = as_communicator(comm, "moe_buffers")
+    sizes = moe_sizes(c, config)  # the config's refusal, before anything is allocated
+    width = config.hidden if expert_out_hidden is None else expert_out_hidden
+    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+        raise _invalid("moe_buffers", f"expert_out_hidden must be a positive int, got {width!r}", c.rank)
+    device = torch.device("cuda", c.device)
+    dtype = _MOE_DTYPES[config.dtype]
+    recv_x = empty(c, (sizes.capacity, config.hidden), dtype)
+    out = empty(c, (sizes.capacity, width), expert_out_dtype or dtype) if expert_out else None
+    return MoeBuffers(sizes=sizes,
+                      plan_buffer=torch.empty(sizes.plan_bytes, dtype=torch.uint8, device=device),
+                      expert_offsets=torch.zeros(sizes.local_experts + 1, dtype=torch.int32, device=device),
+                      recv_x=recv_x, expert_out=out)
 
 
 def zigzag_shard(x: torch.Tensor, world: int, rank: int, dim: int = 1) -> torch.Tensor:

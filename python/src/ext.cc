@@ -2,7 +2,8 @@
 // time). Every op takes an explicit `stream` (a cudaStream_t as an int); the pure-Python layer
 // (loom/_ops.py, loom/torch.py) finds the caller's current stream. Arguments are checked here
 // before anything is launched, shapes before devices, so errors name the real problem; loom's
-// own checks run after these.
+// own checks run after these. The MoE family lives in moe.cc (bind_moe); what both files use is in
+// binding_common.h.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -30,6 +31,7 @@
 #include "loom/version.h"
 #include "loom/tensor_parallel.h"
 #include "loom/types.h"
+#include "binding_common.h"
 #include "tensor_arg.h"
 
 namespace nb = nanobind;
@@ -38,64 +40,7 @@ using namespace nb::literals;
 namespace loom::python {
 namespace {
 
-cudaStream_t as_stream(uintptr_t stream) { return reinterpret_cast<cudaStream_t>(stream); }
-
-// Runs a loom call without the GIL: launches are short, but some calls block (allocation and
-// barriers wait for the other ranks; the first call of a larger TP shape synchronizes the GPU).
-template <class F>
-Status without_gil(F&& f) {
-  nb::gil_scoped_release release;
-  return f();
-}
-
 // ---- communicator --------------------------------------------------------------------------
-
-bool interpreter_finalizing() {
-#if PY_VERSION_HEX >= 0x030D0000
-  return Py_IsFinalizing();
-#else
-  return _Py_IsFinalizing();
-#endif
-}
-
-struct PyCommunicator {
-  std::unique_ptr<Communicator> comm;
-  // Copied at creation: error messages and properties stay valid after close().
-  int rank = -1, world_size = 0, local_rank = -1, local_world_size = 0, node = -1, num_nodes = 0, device = -1,
-      sm_count = 0, ranks_per_gpu = 1, ranks_on_gpu = 1;
-  int live_buffers = 0;  // symmetric buffers handed out by empty() and not yet freed (GIL-guarded)
-
-  explicit PyCommunicator(std::unique_ptr<Communicator> c) : comm(std::move(c)) {
-    rank = comm->rank();
-    world_size = comm->world_size();
-    local_rank = comm->local_rank();
-    local_world_size = comm->local_world_size();
-    node = comm->node();
-    num_nodes = comm->num_nodes();
-    device = comm->device();
-    sm_count = comm->sm_count();
-    ranks_per_gpu = comm->ranks_per_gpu();
-    ranks_on_gpu = comm->ranks_on_gpu();
-  }
-  PyCommunicator(PyCommunicator&&) = default;
-
-  ~PyCommunicator() {
-    if (!comm) return;
-    if (interpreter_finalizing()) {
-      // Interpreter teardown: the process is exiting; the OS reclaims the mappings, and a
-      // barrier now could wait for a peer that already left.
-      (void)comm.release();
-      return;
-    }
-    nb::gil_scoped_release release;  // the destructor waits (bounded) for the other ranks
-    comm.reset();
-  }
-
-  Communicator& get(std::string_view op) {
-    if (!comm) fail(StatusCode::kAborted, op, rank, "the communicator was closed");
-    return *comm;
-  }
-};
 
 struct CommOptionsArgs {
   static CommOptions make(int device, uint64_t heap_bytes, int64_t op_timeout_ms, int64_t bootstrap_timeout_ms) {
@@ -171,18 +116,6 @@ nb::ndarray<> empty_symmetric(PyCommunicator& self, const std::vector<int64_t>& 
 
 // ---- option parsing ------------------------------------------------------------------------
 
-BLayout layout_of(std::string_view name, std::string_view op, int rank) {
-  Result<BLayout> l = parse_b_layout(name);
-  if (!l.ok()) invalid(op, rank, "b_layout '" + std::string(name) + "': expected 'kn' ([K, N]) or 'nk' ([N, K], an nn.Linear weight)");
-  return *l;
-}
-
-GemmTile tile_of(std::string_view name, std::string_view op, int rank) {
-  Result<GemmTile> t = parse_gemm_tile(name);
-  if (!t.ok()) invalid(op, rank, "tile '" + std::string(name) + "': expected auto, 128x256, 128x128, 128x64 or 64x128");
-  return *t;
-}
-
 TpAlgorithm algorithm_of(std::string_view name, std::string_view op, int rank) {
   if (name == "auto") return TpAlgorithm::kAuto;
   if (name == "fused") return TpAlgorithm::kFused;
@@ -195,53 +128,6 @@ CopyEngineChoice engine_of(std::string_view name, std::string_view op, int rank)
   if (name == "vector") return CopyEngineChoice::kVector;
   if (name == "bulk") return CopyEngineChoice::kBulk;
   invalid(op, rank, "engine '" + std::string(name) + "': expected auto, vector or bulk");
-}
-
-// ---- argument checks shared by the ops -----------------------------------------------------
-
-void require_ndim(const TensorArg& t, int ndim, const char* meaning, std::string_view op, int rank) {
-  if (t.ndim != ndim) {
-    invalid(op, rank, std::string(t.name) + " must be " + std::to_string(ndim) + "-D " + meaning + ", got shape " +
-                          t.shape_text());
-  }
-}
-
-void require_same_dtype(const TensorArg& x, const TensorArg& y, std::string_view op, int rank) {
-  if (x.dtype != y.dtype) {
-    invalid(op, rank, std::string(x.name) + " is " + std::string(dtype_name(x.dtype)) + " but " + y.name + " is " +
-                          std::string(dtype_name(y.dtype)) + "; they must have the same dtype");
-  }
-}
-
-void require_half(const TensorArg& t, std::string_view op, int rank) {
-  if (t.dtype == DType::kF32) {
-    fail(StatusCode::kUnsupported, op, rank,
-         std::string(t.name) + " is fp32; " + std::string(op) + " takes bf16 or fp16 inputs");
-  }
-}
-
-void require_shape(const TensorArg& t, int64_t rows, int64_t cols, const std::string& meaning, std::string_view op,
-                   int rank) {
-  if (t.dim(0) != rows || t.dim(1) != cols) {
-    invalid(op, rank, std::string(t.name) + " must be " + meaning + " = [" + std::to_string(rows) + ", " +
-                          std::to_string(cols) + "], got " + t.shape_text());
-  }
-}
-
-// What the ops need of a communicator. `comm` is null only for _check_args (no runtime: the
-// call is checked, never launched). `world` is the local world size (one NVLink domain: the
-// collectives); `tp_world` every rank of the job, over which the tensor-parallel ops split M or K
-// (the same on one node; across nodes the multi-node operators take the global world).
-struct CommView {
-  Communicator* comm = nullptr;
-  int rank = -1;
-  int world = 0;
-  int tp_world = 0;
-  int device = -1;  // -1: any CUDA device
-};
-
-CommView view_of(PyCommunicator& pc, std::string_view op) {
-  return CommView{&pc.get(op), pc.rank, pc.local_world_size, pc.world_size, pc.device};
 }
 
 // ---- ops: parse + check once ("prepare"), launch any number of times -----------------------
@@ -324,13 +210,6 @@ struct CollectiveCall {
   }
   int rank() const { return comm_rank; }
 };
-
-void require_symmetric(const CommView& c, const TensorArg& t, std::string_view why, std::string_view op) {
-  if (c.comm != nullptr && t.numel != 0 && !c.comm->is_symmetric(t.data, t.bytes())) {
-    invalid(op, c.rank, std::string(t.name) + " must be symmetric memory (" + std::string(why) +
-                            "): allocate it with comm.empty(...) or loom.torch.empty(comm, ...)");
-  }
-}
 
 CollectiveCall prepare_collective(CollectiveKind kind, const CommView& pc, nb::handle send, nb::handle recv,
                                   uintptr_t stream, int num_ctas, std::string_view engine) {
@@ -542,8 +421,8 @@ AttentionCall prepare_attention(nb::handle q, nb::handle k, nb::handle v, nb::ha
   a.heads_kv = c.k.dim(o + 1);
   a.head_dim = c.q.dim(o + 2);
   if (packed) {
-    c.cu_q = tensor_arg(cu_seqlens_q, "cu_seqlens_q", op, rank, /*int32=*/true);
-    c.cu_k = tensor_arg(cu_seqlens_k, "cu_seqlens_k", op, rank, /*int32=*/true);
+    c.cu_q = tensor_arg(cu_seqlens_q, "cu_seqlens_q", op, rank, Elements::kInt32);
+    c.cu_k = tensor_arg(cu_seqlens_k, "cu_seqlens_k", op, rank, Elements::kInt32);
     require_ndim(c.cu_q, 1, "[B + 1] int32", op, rank);
     require_ndim(c.cu_k, 1, "[B + 1] int32", op, rank);
     if (c.cu_q.numel < 1 || c.cu_q.numel != c.cu_k.numel) {
@@ -755,8 +634,8 @@ GroupedGemmCall prepare_grouped_gemm(nb::handle a, nb::handle b, nb::handle d, n
   c.a = tensor_arg(a, "a", op, rank);
   c.b = tensor_arg(b, "b", op, rank);
   c.d = tensor_arg(d, "d", op, rank);
-  c.rows = tensor_arg(masked ? counts : offsets, masked ? "counts" : "offsets", op, rank, /*int32=*/true);
-  c.workspace = tensor_arg(workspace, "workspace", op, rank, /*int32=*/true);
+  c.rows = tensor_arg(masked ? counts : offsets, masked ? "counts" : "offsets", op, rank, Elements::kInt32);
+  c.workspace = tensor_arg(workspace, "workspace", op, rank, Elements::kInt32);
   const BLayout layout = layout_of(b_layout, op, rank);
   const bool kn = layout == BLayout::kKN;
   const char* b_shape = kn ? "[E, K, N]" : "[E, N, K]";
@@ -765,13 +644,10 @@ GroupedGemmCall prepare_grouped_gemm(nb::handle a, nb::handle b, nb::handle d, n
   require_half(c.a, op, rank);
   require_ndim(c.workspace, 1, "[n] int32", op, rank);
   const int64_t experts = c.b.dim(0), n = c.b.dim(kn ? 2 : 1), k = c.b.dim(kn ? 1 : 2);
-  if (activation != "none" && activation != "swiglu") {
-    invalid(op, rank, "activation '" + std::string(activation) + "': expected 'none' or 'swiglu'");
-  }
-  const bool swiglu = activation == "swiglu";
-  const int64_t n_out = swiglu ? n / 2 : n;  // D's columns
   GroupedGemmArgs& g = c.args;
-  g.activation = swiglu ? GroupedActivation::kSwiGLU : GroupedActivation::kNone;
+  g.activation = activation_of(activation, op, rank);
+  const bool swiglu = g.activation == GroupedActivation::kSwiGLU;
+  const int64_t n_out = swiglu ? n / 2 : n;  // D's columns
   if (masked) {
     require_ndim(c.a, 3, "[E, capacity, K]", op, rank);
     require_ndim(c.d, 3, "[E, capacity, N]", op, rank);
@@ -817,11 +693,6 @@ GroupedGemmCall prepare_grouped_gemm(nb::handle a, nb::handle b, nb::handle d, n
   for (const TensorArg* t : {&c.b, &c.d, &c.rows, &c.workspace}) require_device(*t, c.a.device, op, rank);
   c.stream = as_stream(stream);
   return c;
-}
-
-template <class Call>
-void run(const Call& call) {
-  check(without_gil([&] { return call.launch(); }), call.op(), call.rank());
 }
 
 // Host time of `iters` launches issued back to back from C++ (no synchronization).
@@ -1057,6 +928,7 @@ NB_MODULE(_C, m) {
       "d_e = a_e @ b_e^T (b [E, N, K], b_layout 'nk') or a_e @ b_e (b [E, K, N], 'kn') for every expert e (MoE "
       "grouped GEMM on one GPU); offsets: contiguous rows, counts: masked; activation 'swiglu': silu(gate) * up "
       "over N interleaved by 8 (d has N / 2 columns).");
+  bind_moe(m);
   m.def(
       "grouped_gemm_workspace_bytes",
       [](int64_t rows, int64_t num_experts, bool masked) {

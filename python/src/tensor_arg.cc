@@ -16,6 +16,7 @@ struct TorchRefs {
   PyObject* f16 = nullptr;
   PyObject* f32 = nullptr;
   PyObject* i32 = nullptr;
+  PyObject* u8 = nullptr;
 };
 
 PyObject* interned(const char* s) { return PyUnicode_InternFromString(s); }
@@ -33,8 +34,9 @@ const TorchRefs* torch_refs() {
   refs.f16 = PyObject_GetAttrString(torch, "float16");
   refs.f32 = PyObject_GetAttrString(torch, "float32");
   refs.i32 = PyObject_GetAttrString(torch, "int32");
+  refs.u8 = PyObject_GetAttrString(torch, "uint8");
   if (tensor == nullptr || !PyType_Check(tensor) || refs.bf16 == nullptr || refs.f16 == nullptr || refs.f32 == nullptr ||
-      refs.i32 == nullptr) {
+      refs.i32 == nullptr || refs.u8 == nullptr) {
     PyErr_Clear();  // a half-initialised torch (import in progress): try again next call
     return nullptr;
   }
@@ -69,8 +71,10 @@ void set_shape(TensorArg& t, const int64_t* dims, int ndim, std::string_view op,
 }
 
 [[noreturn]] void bad_dtype(const TensorArg& t, const std::string& what, std::string_view op, int rank) {
-  invalid(op, rank, std::string(t.name) + " has dtype " + what +
-                        (t.int32 ? "; it must be int32" : "; loom takes bfloat16, float16 or float32"));
+  const char* wanted = t.elements == Elements::kInt32  ? "; it must be int32"
+                       : t.elements == Elements::kBytes ? "; it must be uint8 or int32 (raw device memory)"
+                                                        : "; loom takes bfloat16, float16 or float32";
+  invalid(op, rank, std::string(t.name) + " has dtype " + what + wanted);
 }
 
 [[noreturn]] void not_contiguous(const TensorArg& t, std::string_view op, int rank) {
@@ -87,17 +91,23 @@ void read_torch(TensorArg& t, nb::handle obj, const TorchRefs& torch, std::strin
   static PyObject* s_is_contiguous = interned("is_contiguous");
 
   nb::object dtype = get_attr(obj, s_dtype);
-  if (t.int32) {
-    if (dtype.ptr() != torch.i32) bad_dtype(t, nb::cast<std::string>(nb::str(dtype)), op, rank);
-  } else if (dtype.ptr() == torch.bf16) {
+  const PyObject* d = dtype.ptr();
+  if (t.elements == Elements::kInt32) {
+    if (d != torch.i32) bad_dtype(t, nb::cast<std::string>(nb::str(dtype)), op, rank);
+    t.element_size = 4;
+  } else if (t.elements == Elements::kBytes) {
+    if (d != torch.u8 && d != torch.i32) bad_dtype(t, nb::cast<std::string>(nb::str(dtype)), op, rank);
+    t.element_size = d == torch.u8 ? 1 : 4;
+  } else if (d == torch.bf16) {
     t.dtype = DType::kBF16;
-  } else if (dtype.ptr() == torch.f16) {
+  } else if (d == torch.f16) {
     t.dtype = DType::kF16;
-  } else if (dtype.ptr() == torch.f32) {
+  } else if (d == torch.f32) {
     t.dtype = DType::kF32;
   } else {
     bad_dtype(t, nb::cast<std::string>(nb::str(dtype)), op, rank);
   }
+  if (t.elements == Elements::kFloat) t.element_size = dtype_size(t.dtype);
   nb::object shape = get_attr(obj, s_shape);  // torch.Size: a tuple
   if (!PyTuple_Check(shape.ptr())) invalid(op, rank, std::string(t.name) + ".shape is not a tuple");
   const int ndim = static_cast<int>(PyTuple_GET_SIZE(shape.ptr()));
@@ -125,10 +135,20 @@ void read_dlpack(TensorArg& t, nb::handle obj, std::string_view op, int rank) {
   for (int i = 0; i < ndim && i < TensorArg::kMaxDims; ++i) dims[i] = static_cast<int64_t>(a.shape(static_cast<size_t>(i)));
   const nb::dlpack::dtype dt = a.dtype();
   const auto code = static_cast<nb::dlpack::dtype_code>(dt.code);
-  if (t.int32 && dt.lanes == 1 && code == nb::dlpack::dtype_code::Int && dt.bits == 32) {
-    // an index tensor
-  } else if (t.int32) {
-    bad_dtype(t, "code" + std::to_string(dt.code) + " bits" + std::to_string(dt.bits), op, rank);
+  auto refuse = [&]() {
+    static const char* kCodes[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
+    const std::string name = (dt.code < 7 ? kCodes[dt.code] : "code" + std::to_string(dt.code)) +
+                             std::to_string(dt.bits) + (dt.lanes != 1 ? "x" + std::to_string(dt.lanes) : "");
+    bad_dtype(t, name, op, rank);
+  };
+  const bool is_int32 = dt.lanes == 1 && code == nb::dlpack::dtype_code::Int && dt.bits == 32;
+  const bool is_uint8 = dt.lanes == 1 && code == nb::dlpack::dtype_code::UInt && dt.bits == 8;
+  if (t.elements == Elements::kInt32) {
+    if (!is_int32) refuse();
+    t.element_size = 4;
+  } else if (t.elements == Elements::kBytes) {
+    if (!is_int32 && !is_uint8) refuse();
+    t.element_size = is_uint8 ? 1 : 4;
   } else if (dt.lanes == 1 && code == nb::dlpack::dtype_code::Bfloat && dt.bits == 16) {
     t.dtype = DType::kBF16;
   } else if (dt.lanes == 1 && code == nb::dlpack::dtype_code::Float && dt.bits == 16) {
@@ -136,11 +156,9 @@ void read_dlpack(TensorArg& t, nb::handle obj, std::string_view op, int rank) {
   } else if (dt.lanes == 1 && code == nb::dlpack::dtype_code::Float && dt.bits == 32) {
     t.dtype = DType::kF32;
   } else {
-    static const char* kCodes[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
-    const std::string name = (dt.code < 7 ? kCodes[dt.code] : "code" + std::to_string(dt.code)) +
-                             std::to_string(dt.bits) + (dt.lanes != 1 ? "x" + std::to_string(dt.lanes) : "");
-    bad_dtype(t, name, op, rank);
+    refuse();
   }
+  if (t.elements == Elements::kFloat) t.element_size = dtype_size(t.dtype);
   set_shape(t, dims, ndim, op, rank);
   // Row-major: each stride is the product of the later extents (dimensions of extent 1 may carry
   // any stride, as torch allows).
@@ -202,10 +220,10 @@ std::string TensorArg::device_text() const {
   return result;
 }
 
-TensorArg tensor_arg(nb::handle obj, const char* name, std::string_view op, int rank, bool int32) {
+TensorArg tensor_arg(nb::handle obj, const char* name, std::string_view op, int rank, Elements elements) {
   TensorArg t;
   t.name = name;
-  t.int32 = int32;
+  t.elements = elements;
   t.source = obj;
   if (obj.is_none()) invalid(op, rank, std::string(name) + " is None; loom needs a tensor");
   const TorchRefs* torch = torch_refs();

@@ -39,6 +39,13 @@ struct CallError : std::exception {
 // Raises a non-ok Status; strips a leading "op: " from its message (the error names the op).
 void check(const Status& status, std::string_view op, int rank);
 
+// The element types a tensor argument may have.
+enum class Elements : uint8_t {
+  kFloat,  // bf16, fp16 or fp32 (TensorArg::dtype says which)
+  kInt32,  // int32 indices (sequence offsets, expert ids, row offsets)
+  kBytes,  // raw device memory whose bytes alone matter (an MoE plan buffer): uint8 or int32
+};
+
 struct TensorArg {
   static constexpr int kMaxDims = 8;
   const char* name = "";
@@ -46,24 +53,27 @@ struct TensorArg {
   int ndim = 0;
   std::array<int64_t, kMaxDims> shape{};
   int64_t numel = 1;
-  DType dtype = DType::kBF16;  // meaningless when int32
-  bool int32 = false;          // an int32 index tensor (tensor_arg(..., int32 = true))
+  DType dtype = DType::kBF16;  // meaningful for Elements::kFloat only
+  Elements elements = Elements::kFloat;
+  size_t element_size = 0;     // bytes per element, whatever the element type
   bool cuda = false;       // CUDA device memory (DLPack kDLCUDA / kDLCUDAManaged, torch is_cuda)
   int device = -1;
   nb::handle source;       // borrowed: the caller's object, for error messages
   nb::ndarray<> dlpack;    // keeps a DLPack import alive (not used for torch tensors)
 
   int64_t dim(int i) const { return shape[static_cast<size_t>(i)]; }
-  size_t bytes() const { return static_cast<size_t>(numel) * (int32 ? 4 : dtype_size(dtype)); }
+  size_t bytes() const { return static_cast<size_t>(numel) * element_size; }
   std::string shape_text() const;  // "[128, 64]"
   std::string device_text() const;  // "cuda:0", "cpu", ... (error path only)
 };
 
 // Reads `obj` (borrowed for the duration of the call). Raises InvalidArgument when it is not a
-// tensor, its dtype is not bf16/fp16/fp32 (int32 with `int32`: index tensors such as sequence
-// offsets), it is not row-major contiguous or has more than kMaxDims dimensions. The device is
-// checked by require_device() so that shape errors come first.
-TensorArg tensor_arg(nb::handle obj, const char* name, std::string_view op, int rank, bool int32 = false);
+// tensor, its dtype is not one `elements` allows (bf16/fp16/fp32; int32 for index tensors such as
+// sequence offsets; uint8 or int32 for raw buffers), it is not row-major contiguous or has more
+// than kMaxDims dimensions. The device is checked by require_device() so that shape errors come
+// first.
+TensorArg tensor_arg(nb::handle obj, const char* name, std::string_view op, int rank,
+                     Elements elements = Elements::kFloat);
 
 // Raises InvalidArgument unless `t` is CUDA memory on `device` (device < 0: any CUDA device).
 void require_device(const TensorArg& t, int device, std::string_view op, int rank);

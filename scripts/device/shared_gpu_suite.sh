@@ -20,7 +20,8 @@
 #     stress-2x2                    MultiNodeStress at 2 x 2 with STRESS_LAUNCHES (default 500)
 #                                   back-to-back launches of each operator, STRESS_RUNS (default 3)
 #                                   jobs in a row
-#     python-2 python-2x2           the Python GPU suite (tests/python -m gpu) under torchrun
+#     python-2 python-2x2           the Python GPU suite (tests/python -m gpu) under torchrun;
+#                                   PYTHON_TESTS (default tests/python) narrows it to some files
 #     faults                        Fault* (tests/gpu/fault_test.cu), one supervising process that starts
 #                                   jobs of 2-3 ranks sharing the GPU: kill -9 of a rank inside each fused
 #                                   operator (TP: one node and 2 emulated nodes; ring attention, MoE: one
@@ -119,7 +120,7 @@ python_job() {  # SUITE RANKS NODES
     LOOM_EMULATE_NODES="$nodes" LOOM_RANKS_PER_GPU="$per_gpu" LOOM_TEST_JUNIT_DIR="$dir" \
     TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[${rank}]:' timeout --kill-after=10 "$t" python3 -m torch.distributed.run \
     --standalone --nproc-per-node "$ranks" --tee 3 --log-dir "$WORK/torchrun-$suite" \
-    -m pytest tests/python -m gpu -p no:cacheprovider -q -rfE >> "$LOG" 2>&1
+    -m pytest ${PYTHON_TESTS:-tests/python} -m gpu -p no:cacheprovider -q -rfE >> "$LOG" 2>&1
   r=$?
   # Each rank wrote $dir/rank<RANK>.xml (tests/python/conftest.py, LOOM_TEST_JUNIT_DIR).
   summarize "$suite" "$ranks" "$per_gpu" "$nodes" "$(( $(date +%s) - start ))" "$r" "$dir"/rank*.xml

@@ -1,0 +1,220 @@
+"""loom's expert-parallel (MoE) operators on any DLPack CUDA tensors, with explicit outputs
+(include/loom/moe.h; the design is docs/MOE.md).
+
+Experts are split contiguously over the ranks of one node: with E experts and W ranks, rank r
+holds experts [r*E/W, (r+1)*E/W), its "local experts" 0 .. E/W - 1. One MoE step on every rank:
+
+    config = loom.MoeConfig(num_experts=64, top_k=8, hidden=4096, dtype=torch.bfloat16, max_tokens=4096)
+    bufs = loom.torch.moe_buffers(comm, config)        # once per config (collective: symmetric memory)
+    plan = loom.moe_routing(comm, config, topk_ids, topk_weights=topk_weights,
+                            plan_buffer=bufs.plan_buffer, expert_offsets=bufs.expert_offsets)
+    loom.moe_dispatch(comm, plan, x, bufs.recv_x)      # token rows -> their experts' ranks
+    # local expert i: rows bufs.expert_offsets[i] .. [i+1] of recv_x -> the same rows of expert_out
+    loom.moe_combine(comm, plan, bufs.expert_out, out) # out[t] = sum_j w[t, j] * expert_out[row(t, j)]
+    loom.moe_report(comm, plan)                        # optional; waits, raises what the GPU found
+
+Rules every call here follows:
+
+- Collective: every rank of the communicator's node calls moe_routing, moe_dispatch,
+  moe_combine, moe_dispatch_gemm and moe_reserve_workspace in the same order, with the same
+  config (a rank with another config fails the launch instead of corrupting memory). Multi-node
+  communicators are refused with ``loom.Unsupported``.
+- Asynchronous on ``stream`` (default: the current stream of the tensors' framework). moe_report
+  alone waits for the stream.
+- Symmetric memory (``comm.empty``, ``loom.torch.empty``, ``loom.torch.moe_buffers``) for the two
+  buffers peers touch: ``recv_x`` (peers write the rows routed to this rank into it) and
+  ``expert_out`` (the tokens' owners read from it). Everything else (x, out, topk_ids,
+  topk_weights, the plan buffer, expert_offsets, the expert weights) is ordinary device memory of
+  the communicator's GPU.
+- Bad input the host can see (shapes, dtypes, devices, non-symmetric buffers, a config loom does
+  not implement) raises ``loom.InvalidArgument`` or ``loom.Unsupported`` before anything is
+  launched. Expert ids live on the GPU: an id outside [0, E) other than -1, or a rank receiving
+  more rows than its capacity with overflow 'error', makes every rank move nothing (recv_x and
+  out untouched, expert_offsets all 0); moe_report then raises ``loom.InvalidArgument`` on every
+  rank, naming the rank, token, slot and id (or the rank and its rows). The communicator stays
+  usable.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, TypeVar
+
+from . import _C
+from ._comm import CommLike, as_communicator, dtype_name
+from ._errors import LoomError, _from_status, _invalid
+from ._ops import _stream
+from ._streams import StreamArg, default_stream, stream_handle
+from ._types import DLPackArray, DTypeLike
+
+Out = TypeVar("Out", bound=DLPackArray)
+
+MoePlan = _C.MoePlan
+MoeSizes = _C.MoeSizes
+MoeReport = _C.MoeReport
+
+# The C++ fields' ranges: MoeConfig::top_k is an int, the other counts int64_t.
+_INT32 = (-(1 << 31), (1 << 31) - 1)
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+class MoeConfig(_C.MoeConfig):
+    """The shape of an MoE step; every rank passes the same one.
+
+    num_experts: E over all ranks, a multiple of the world size (rank r holds experts
+    [r*E/W, (r+1)*E/W)). top_k: k, 1 .. min(E, 32). hidden: H, elements per token row (H times the
+    element size a multiple of 16 bytes). dtype: of the token rows (bfloat16, float16 or float32
+    as a name, torch or numpy dtype; dispatch moves bits, moe_dispatch_gemm takes bf16 / fp16).
+    max_tokens: the most tokens one rank routes per call. capacity: receive rows per rank; 0 means
+    max_tokens * W * k, which never overflows (moe_report's max_recv_rows says what a smaller one
+    must hold). overflow: 'error' (a rank over its capacity makes the call move nothing, reported
+    by moe_report) or 'drop' (rows past the capacity are dropped and counted; their slots add
+    nothing in combine). Only types are checked here; loom checks the values against a
+    communicator (moe_can_implement, moe_sizes, every call)."""
+
+    def __init__(self, num_experts: int, top_k: int, hidden: int, dtype: DTypeLike, max_tokens: int,
+                 capacity: int = 0, overflow: str = "error") -> None:
+        for name, value, (low, high) in (("num_experts", num_experts, _INT64), ("top_k", top_k, _INT32),
+                                         ("hidden", hidden, _INT64), ("max_tokens", max_tokens, _INT64),
+                                         ("capacity", capacity, _INT64)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise _invalid("MoeConfig", f"{name} must be an int, got {type(value).__name__}")
+            if not low <= value <= high:
+                raise _invalid("MoeConfig", f"{name} = {value} does not fit its C++ field [{low}, {high}]")
+        if not isinstance(overflow, str):
+            raise _invalid("MoeConfig", f"overflow must be 'error' or 'drop', got {type(overflow).__name__}")
+        super().__init__(num_experts, top_k, hidden, dtype_name(dtype), max_tokens, capacity, overflow)
+
+
+def _config(config: MoeConfig, op: str, rank: int) -> MoeConfig:
+    if not isinstance(config, _C.MoeConfig):
+        raise _invalid(op, f"config must be a loom.MoeConfig, got {type(config).__module__}.{type(config).__qualname__}",
+                       rank)
+    return config
+
+
+def _plan(plan: MoePlan, op: str, rank: int) -> MoePlan:
+    if not isinstance(plan, _C.MoePlan):
+        raise _invalid(op, f"plan must be the loom.MoePlan moe_routing returned, got "
+                           f"{type(plan).__module__}.{type(plan).__qualname__}", rank)
+    return plan
+
+
+def moe_can_implement(comm: CommLike, config: MoeConfig) -> Optional[LoomError]:
+    """None when `config` can run on `comm` (host checks only: E a multiple of the world size,
+    k <= min(E, 32), E <= 1024, rows a multiple of 16 bytes, one node, ...); otherwise the error a
+    call would raise (returned, not raised). Nothing is allocated or launched."""
+    c = as_communicator(comm, "moe_can_implement")
+    failure = _C.moe_can_implement(c._c, _config(config, "moe_can_implement", c.rank))
+    if failure is None:
+        return None
+    code, reason = failure
+    return _from_status(code, "moe_can_implement", c.rank, reason)
+
+
+def moe_sizes(comm: CommLike, config: MoeConfig) -> MoeSizes:
+    """What `config` needs on `comm`: ``capacity`` (receive rows per rank), ``local_experts``
+    (E / W), ``plan_bytes`` (the plan buffer), ``recv_bytes`` (recv_x: capacity * hidden * element
+    size) and ``workspace_bytes`` (loom's symmetric workspace for the MoE family). Raises the
+    config's refusal (``loom.InvalidArgument`` / ``loom.Unsupported``)."""
+    c = as_communicator(comm, "moe_sizes")
+    return _C.moe_sizes(c._c, _config(config, "moe_sizes", c.rank))
+
+
+def moe_reserve_workspace(comm: CommLike, config: MoeConfig, *, stream: StreamArg = None) -> None:
+    """Collective: grows loom's symmetric workspace for `config` now. The calls grow it on first
+    use, which cannot happen inside CUDA-graph capture: reserve every config you capture first,
+    on every rank in the same order. `stream` (default: the current torch or CuPy stream): where
+    the growth waits for earlier work."""
+    c = as_communicator(comm, "moe_reserve_workspace")
+    handle = default_stream(c.device) if stream is None else stream_handle(stream, "moe_reserve_workspace", c.device,
+                                                                            c.rank)
+    _C.moe_reserve_workspace(c._c, _config(config, "moe_reserve_workspace", c.rank), handle)
+
+
+def moe_routing(comm: CommLike, config: MoeConfig, topk_ids: DLPackArray, *, plan_buffer: DLPackArray,
+                expert_offsets: DLPackArray, topk_weights: Optional[DLPackArray] = None,
+                stream: StreamArg = None) -> MoePlan:
+    """Collective: routes this rank's tokens on the GPU (no host synchronization) and returns the
+    plan that moe_dispatch, moe_combine, moe_dispatch_gemm and moe_report take.
+
+    topk_ids: int32 [T, k] (T <= max_tokens, may differ per rank and be 0), each token's expert
+    ids in [0, E), -1 marking an unused slot. topk_weights: float32 [T, k], the router's weights
+    combine applies (None: every weight 1). plan_buffer: uint8 or int32 device memory of at least
+    ``moe_sizes(comm, config).plan_bytes`` (16-byte aligned), written here and read by the later
+    calls: leave it untouched until the last call using the plan. expert_offsets: int32 [E/W + 1],
+    written here on the GPU: local expert i owns receive rows [expert_offsets[i],
+    expert_offsets[i+1]); expert_offsets[E/W] is the number of rows received. The plan keeps the
+    plan buffer and expert_offsets alive (``plan.plan_buffer``, ``plan.expert_offsets``).
+    ``loom.torch.moe_buffers`` allocates both."""
+    c = as_communicator(comm, "moe_routing")
+    cfg = _config(config, "moe_routing", c.rank)
+    return _C.moe_routing(c._c, cfg, topk_ids, plan_buffer, expert_offsets,
+                          _stream(stream, topk_ids, "moe_routing", c.device, c.rank), topk_weights)
+
+
+def moe_dispatch(comm: CommLike, plan: MoePlan, x: DLPackArray, recv_x: Out, *, stream: StreamArg = None,
+                 num_ctas: int = 0, arrival_ctas: int = 0) -> Out:
+    """Collective: sends each token row of x to the ranks of its experts, into their recv_x.
+
+    x: [T, hidden] of the config's dtype (T: the tokens given to moe_routing). recv_x: symmetric
+    [capacity, hidden], same dtype, the same allocation order on every rank. Rows are grouped by
+    local expert (expert i: rows expert_offsets[i] .. expert_offsets[i+1]), inside an expert by
+    source rank, token and slot; rows past expert_offsets[E/W] are not written. A token bound for
+    several experts of one rank crosses NVLink once. num_ctas (0: every SM) and arrival_ctas (0:
+    the planner's) tune the kernel."""
+    c = as_communicator(comm, "moe_dispatch")
+    _C.moe_dispatch(c._c, _plan(plan, "moe_dispatch", c.rank), x, recv_x,
+                    _stream(stream, x, "moe_dispatch", c.device, c.rank), num_ctas, arrival_ctas)
+    return recv_x
+
+
+def moe_combine(comm: CommLike, plan: MoePlan, expert_out: DLPackArray, out: Out, *,
+                topk_weights: Optional[DLPackArray] = None, stream: StreamArg = None, num_ctas: int = 0) -> Out:
+    """Collective: out[t] = sum over token t's routed slots j, in slot order, of w[t, j] *
+    expert_out[row of (t, j)] on the rank of its expert, accumulated in fp32 and rounded once
+    (bit-identical across runs). A token without a routed slot gets zeros.
+
+    expert_out: symmetric [capacity, H'], its rows in recv_x's layout (the experts' outputs for the
+    rows moe_dispatch delivered). out: [T, H'] of expert_out's dtype (H' and the dtype may differ
+    from the config's). topk_weights: float32 [T, k] (None: the weights given to moe_routing, or 1).
+    Each rank's expert_out must be complete on its stream before the call."""
+    c = as_communicator(comm, "moe_combine")
+    _C.moe_combine(c._c, _plan(plan, "moe_combine", c.rank), expert_out, out,
+                   _stream(stream, out, "moe_combine", c.device, c.rank), topk_weights, num_ctas)
+    return out
+
+
+def moe_report(comm: CommLike, plan: MoePlan, *, stream: StreamArg = None) -> MoeReport:
+    """Waits (bounded) for `stream` (default: the current stream of the plan's tensors) and
+    returns what the GPU found while routing, for this rank: ``recv_rows`` (rows routed to it),
+    ``kept_rows`` (in its recv_x: expert_offsets[E/W]), ``dropped_rows`` (overflow 'drop'),
+    ``dropped_slots`` (this rank's (token, slot) pairs that found no room) and ``max_recv_rows``
+    (the largest recv_rows of any rank: the capacity that would fit). Raises
+    ``loom.InvalidArgument`` when the routing refused its input (an expert id out of range, a rank
+    over its capacity with overflow 'error'): nothing moved then, on any rank. Not collective."""
+    c = as_communicator(comm, "moe_report")
+    p = _plan(plan, "moe_report", c.rank)
+    return _C.moe_report(c._c, p, _stream(stream, p.expert_offsets, "moe_report", c.device, c.rank))
+
+
+def moe_dispatch_gemm(comm: CommLike, plan: MoePlan, x: DLPackArray, recv_x: DLPackArray, weights: DLPackArray,
+                      out: Out, *, b_layout: str = "nk", activation: str = "none", tile: str = "auto",
+                      stream: StreamArg = None, num_ctas: int = 0, push_ctas: int = 0, arrival_ctas: int = 0) -> Out:
+    """Collective: moe_dispatch (recv_x written exactly as it writes it) and, in the same
+    persistent kernel, out_e = recv_x_e @ weights_e^T for every local expert e, each tile starting
+    as soon as its rows have landed. Rows [0, expert_offsets[E/W]) of out are bit-identical to
+    moe_dispatch followed by grouped_gemm over recv_x with the same tile; later rows are not
+    written.
+
+    x, recv_x: as moe_dispatch (bf16 or fp16). weights: this rank's experts, [E/W, N, hidden]
+    (b_layout 'nk': one nn.Linear weight per expert) or [E/W, hidden, N] ('kn'), the config's
+    dtype; N a multiple of 8. out: [capacity, N] bf16, fp16 or fp32 ([capacity, N / 2] with
+    activation 'swiglu': weights from ``loom.torch.swiglu_weights(gate, up)``, out = silu(x gate^T)
+    * (x up^T), N a multiple of 16); ordinary memory, or symmetric when moe_combine reads it
+    directly. tile: 'auto', '128x256' or '128x128'. num_ctas (0: every SM), push_ctas and
+    arrival_ctas (0: the planner's) tune the kernel."""
+    c = as_communicator(comm, "moe_dispatch_gemm")
+    _C.moe_dispatch_gemm(c._c, _plan(plan, "moe_dispatch_gemm", c.rank), x, recv_x, weights, out,
+                         _stream(stream, x, "moe_dispatch_gemm", c.device, c.rank), b_layout, activation, tile,
+                         num_ctas, push_ctas, arrival_ctas)
+    return out

@@ -1,0 +1,524 @@
+// loom._C's MoE family (include/loom/moe.h, docs/MOE.md): the config, the size queries, the plan
+// handle moe_routing returns, and the collective calls moe_routing, moe_dispatch, moe_combine,
+// moe_report and moe_dispatch_gemm. bind_moe() registers them from ext.cc's module definition.
+//
+// loom's C++ API takes raw pointers, so it cannot see a tensor's shape or dtype: those are checked
+// here against the config (shapes and dtypes of every tensor first, then devices, then symmetric
+// memory, so that a CPU tensor with the right shape proves the shape rules passed). Everything
+// else (config limits, alignment, sizes in bytes, overlaps, T > max_tokens, multi-node jobs) is
+// loom's own check, whose Status is raised as the matching loom.LoomError.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
+#include <nanobind/stl/tuple.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <tuple>
+
+#include "binding_common.h"
+#include "loom/moe.h"
+#include "tensor_arg.h"
+
+namespace loom::python {
+namespace {
+
+using namespace nb::literals;
+
+std::string num(int64_t v) { return std::to_string(v); }
+
+std::string_view overflow_name(MoeOverflow o) { return o == MoeOverflow::kDrop ? "drop" : "error"; }
+
+MoeOverflow overflow_of(std::string_view name, std::string_view op) {
+  if (name == "error") return MoeOverflow::kError;
+  if (name == "drop") return MoeOverflow::kDrop;
+  invalid(op, -1, "overflow '" + std::string(name) + "': expected 'error' (nothing moves when a rank's rows exceed "
+                      "the capacity) or 'drop' (rows past the capacity are dropped)");
+}
+
+MoeConfig make_config(int64_t num_experts, int top_k, int64_t hidden, std::string_view dtype, int64_t max_tokens,
+                      int64_t capacity, std::string_view overflow) {
+  const char* op = "MoeConfig";
+  Result<DType> d = parse_dtype(dtype);
+  if (!d.ok()) invalid(op, -1, "dtype '" + std::string(dtype) + "': expected bf16, fp16 or fp32");
+  MoeConfig c;
+  c.num_experts = num_experts;
+  c.top_k = top_k;
+  c.hidden = hidden;
+  c.dtype = *d;
+  c.max_tokens = max_tokens;
+  c.capacity = capacity;
+  c.overflow = overflow_of(overflow, op);
+  return c;
+}
+
+std::string config_text(const MoeConfig& c) {
+  return "MoeConfig(num_experts=" + num(c.num_experts) + ", top_k=" + num(c.top_k) + ", hidden=" + num(c.hidden) +
+         ", dtype='" + std::string(dtype_name(c.dtype)) + "', max_tokens=" + num(c.max_tokens) +
+         ", capacity=" + num(c.capacity) + ", overflow='" + std::string(overflow_name(c.overflow)) + "')";
+}
+
+// What the tensor checks need of a config on a communicator.
+struct MoeShape {
+  int64_t capacity = 0;       // receive rows per rank (the config's, or its default)
+  int64_t local_experts = 0;  // E / W
+  size_t plan_bytes = 0;      // 0: unknown (no communicator), the plan buffer's size is not checked
+};
+
+// moe_sizes' answer (its refusal raised), or without a communicator (_check_moe_args) moe.h's
+// documented defaults for `world` local ranks.
+MoeShape shape_of(const CommView& pc, const MoeConfig& config, std::string_view op) {
+  if (pc.comm != nullptr) {
+    Result<MoeSizes> s = moe_sizes(*pc.comm, config);
+    check(s.status(), op, pc.rank);
+    return {s->capacity, s->local_experts, s->plan_bytes};
+  }
+  if (pc.world < 1 || config.num_experts < 1 || config.num_experts % pc.world != 0) {
+    invalid(op, pc.rank, "num_experts " + num(config.num_experts) + " is not a positive multiple of the world size " +
+                             num(pc.world));
+  }
+  const int64_t capacity = config.capacity != 0 ? config.capacity : config.max_tokens * pc.world * config.top_k;
+  return {capacity, config.num_experts / pc.world, 0};
+}
+
+// The handle moe_routing returns: loom's MoePlan (plain values) and the Python objects whose memory
+// it points into, kept alive as long as the handle is (the routing lives on the device in the plan
+// buffer and expert_offsets; dispatch, combine and the report read them).
+struct PyMoePlan {
+  MoePlan plan;
+  int64_t local_experts = 0;
+  const PyCommunicator* owner = nullptr;  // the communicator it was routed on (null: _check_moe_args)
+  nb::object comm, config, plan_buffer, expert_offsets;
+};
+
+// A plan is only meaningful on the communicator that routed it: its workspace, peers and epochs.
+void require_owner(const PyCommunicator& pc, const PyMoePlan& plan, std::string_view op) {
+  if (plan.owner != &pc) {
+    invalid(op, pc.rank, "the plan was made by moe_routing on another communicator; route on the one you call with");
+  }
+}
+
+void require_dtype(const TensorArg& t, DType dtype, const char* whose, std::string_view op, int rank) {
+  if (t.dtype != dtype) {
+    invalid(op, rank, std::string(t.name) + " is " + std::string(dtype_name(t.dtype)) + " but " + whose + " is " +
+                          std::string(dtype_name(dtype)));
+  }
+}
+
+// topk_weights: fp32 [T, k] like topk_ids.
+void require_weights(const TensorArg& w, int64_t tokens, int top_k, std::string_view op, int rank) {
+  if (w.dtype != DType::kF32) {
+    invalid(op, rank, "topk_weights must be float32 (the router's weights), got " + std::string(dtype_name(w.dtype)));
+  }
+  require_ndim(w, 2, "[T, top_k] float32", op, rank);
+  require_shape(w, tokens, top_k, "[T, top_k]", op, rank);
+}
+
+// ---- moe_routing ------------------------------------------------------------------------------
+
+struct MoeRoutingCall {
+  TensorArg ids, weights, plan_buffer, offsets;
+  MoeRoutingArgs args;
+  MoeShape shape;
+  cudaStream_t stream = nullptr;
+};
+
+// topk_ids int32 [T, k], topk_weights fp32 [T, k] or None, plan_buffer (uint8 or int32, at least
+// plan_bytes), expert_offsets int32 [E/W + 1].
+MoeRoutingCall prepare_moe_routing(const CommView& pc, const MoeConfig& config, nb::handle topk_ids, nb::handle topk_weights,
+                                   nb::handle plan_buffer, nb::handle expert_offsets, uintptr_t stream) {
+  const char* op = "moe_routing";
+  const int rank = pc.rank;
+  MoeRoutingCall c;
+  c.shape = shape_of(pc, config, op);
+  c.ids = tensor_arg(topk_ids, "topk_ids", op, rank, Elements::kInt32);
+  const bool has_weights = !topk_weights.is_none();
+  if (has_weights) c.weights = tensor_arg(topk_weights, "topk_weights", op, rank);
+  c.plan_buffer = tensor_arg(plan_buffer, "plan_buffer", op, rank, Elements::kBytes);
+  c.offsets = tensor_arg(expert_offsets, "expert_offsets", op, rank, Elements::kInt32);
+  require_ndim(c.ids, 2, "[T, top_k] int32", op, rank);
+  if (c.ids.dim(1) != config.top_k) {
+    invalid(op, rank, "topk_ids must be [T, top_k] with the config's top_k = " + num(config.top_k) + ", got " +
+                          c.ids.shape_text());
+  }
+  const int64_t tokens = c.ids.dim(0);
+  if (has_weights) require_weights(c.weights, tokens, config.top_k, op, rank);
+  if (c.shape.plan_bytes != 0 && c.plan_buffer.bytes() < c.shape.plan_bytes) {
+    invalid(op, rank, "plan_buffer holds " + num(static_cast<int64_t>(c.plan_buffer.bytes())) +
+                          " bytes; this config needs moe_sizes(comm, config).plan_bytes = " +
+                          num(static_cast<int64_t>(c.shape.plan_bytes)));
+  }
+  require_ndim(c.offsets, 1, "[E/W + 1] int32", op, rank);
+  if (c.offsets.dim(0) != c.shape.local_experts + 1) {
+    invalid(op, rank, "expert_offsets must be [E/W + 1] = [" + num(c.shape.local_experts + 1) + "] int32, got " +
+                          c.offsets.shape_text());
+  }
+  require_device(c.ids, pc.device, op, rank);
+  if (has_weights) require_device(c.weights, pc.device, op, rank);
+  require_device(c.plan_buffer, pc.device, op, rank);
+  require_device(c.offsets, pc.device, op, rank);
+  c.args.topk_ids = static_cast<const int32_t*>(c.ids.data);
+  c.args.topk_weights = has_weights ? static_cast<const float*>(c.weights.data) : nullptr;
+  c.args.num_tokens = tokens;
+  c.args.plan = c.plan_buffer.data;
+  c.args.expert_offsets = static_cast<int32_t*>(c.offsets.data);
+  c.stream = as_stream(stream);
+  return c;
+}
+
+// ---- moe_dispatch -----------------------------------------------------------------------------
+
+struct MoeDispatchCall {
+  Communicator* comm = nullptr;
+  int comm_rank = -1;
+  MoePlan plan;
+  TensorArg x, recv_x;
+  MoeDispatchOptions options;
+  cudaStream_t stream = nullptr;
+  Status launch() const { return moe_dispatch(*comm, plan, x.data, recv_x.data, stream, options); }
+  std::string_view op() const { return "moe_dispatch"; }
+  int rank() const { return comm_rank; }
+};
+
+// x [T, hidden] (T: the tokens routed) and recv_x [capacity, hidden], both of the config's dtype
+// (moe_dispatch and moe_dispatch_gemm). Shapes only: the caller checks devices after its other
+// tensors' shapes.
+void read_token_tensors(const PyMoePlan& p, nb::handle x, nb::handle recv_x, TensorArg& tx, TensorArg& tr,
+                        std::string_view op, int rank) {
+  const MoeConfig& config = p.plan.config;
+  tx = tensor_arg(x, "x", op, rank);
+  tr = tensor_arg(recv_x, "recv_x", op, rank);
+  require_ndim(tx, 2, "[T, hidden]", op, rank);
+  require_ndim(tr, 2, "[capacity, hidden]", op, rank);
+  require_dtype(tx, config.dtype, "the config's dtype", op, rank);
+  require_dtype(tr, config.dtype, "the config's dtype", op, rank);
+  require_shape(tx, p.plan.num_tokens, config.hidden, "[T, hidden] (T: the tokens given to moe_routing)", op, rank);
+  require_shape(tr, p.plan.capacity, config.hidden, "[capacity, hidden]", op, rank);
+}
+
+MoeDispatchCall prepare_moe_dispatch(const CommView& pc, const PyMoePlan& p, nb::handle x, nb::handle recv_x,
+                                     uintptr_t stream, int num_ctas, int arrival_ctas) {
+  MoeDispatchCall c;
+  const std::string_view op = c.op();
+  const int rank = pc.rank;
+  c.comm = pc.comm;
+  c.comm_rank = rank;
+  c.plan = p.plan;
+  read_token_tensors(p, x, recv_x, c.x, c.recv_x, op, rank);
+  require_device(c.x, pc.device, op, rank);
+  require_device(c.recv_x, pc.device, op, rank);
+  require_symmetric(pc, c.recv_x, "peers write the rows routed to this rank into it", op);
+  c.options.num_ctas = num_ctas;
+  c.options.arrival_ctas = arrival_ctas;
+  c.stream = as_stream(stream);
+  return c;
+}
+
+// ---- moe_combine ------------------------------------------------------------------------------
+
+struct MoeCombineCall {
+  Communicator* comm = nullptr;
+  int comm_rank = -1;
+  MoePlan plan;
+  TensorArg expert_out, out, weights;
+  MoeCombineArgs args;
+  MoeCombineOptions options;
+  cudaStream_t stream = nullptr;
+  Status launch() const { return moe_combine(*comm, plan, args, stream, options); }
+  std::string_view op() const { return "moe_combine"; }
+  int rank() const { return comm_rank; }
+};
+
+// expert_out [capacity, H'] and out [T, H'] of one dtype (H' and the dtype may differ from the
+// dispatch's), topk_weights fp32 [T, k] or None (the routing's weights).
+MoeCombineCall prepare_moe_combine(const CommView& pc, const PyMoePlan& p, nb::handle expert_out, nb::handle out,
+                                   nb::handle topk_weights, uintptr_t stream, int num_ctas) {
+  MoeCombineCall c;
+  const std::string_view op = c.op();
+  const int rank = pc.rank;
+  c.comm = pc.comm;
+  c.comm_rank = rank;
+  c.plan = p.plan;
+  c.expert_out = tensor_arg(expert_out, "expert_out", op, rank);
+  c.out = tensor_arg(out, "out", op, rank);
+  const bool has_weights = !topk_weights.is_none();
+  if (has_weights) c.weights = tensor_arg(topk_weights, "topk_weights", op, rank);
+  require_ndim(c.expert_out, 2, "[capacity, H']", op, rank);
+  require_ndim(c.out, 2, "[T, H']", op, rank);
+  require_same_dtype(c.expert_out, c.out, op, rank);
+  const int64_t width = c.expert_out.dim(1);
+  // loom reads a width of 0 as "the config's hidden": an empty row must not stand for it.
+  if (width < 1) invalid(op, rank, "expert_out " + c.expert_out.shape_text() + " has no columns");
+  require_shape(c.expert_out, p.plan.capacity, width, "[capacity, H']", op, rank);
+  require_shape(c.out, p.plan.num_tokens, width, "[T, H'] (T: the tokens given to moe_routing, H': expert_out's width)",
+                op, rank);
+  if (has_weights) require_weights(c.weights, p.plan.num_tokens, p.plan.config.top_k, op, rank);
+  require_device(c.expert_out, pc.device, op, rank);
+  require_device(c.out, pc.device, op, rank);
+  if (has_weights) require_device(c.weights, pc.device, op, rank);
+  require_symmetric(pc, c.expert_out, "the tokens' owners read their rows from it", op);
+  c.args.expert_out = c.expert_out.data;
+  c.args.out = c.out.data;
+  c.args.topk_weights = has_weights ? static_cast<const float*>(c.weights.data) : nullptr;
+  c.args.hidden = width;
+  c.args.dtype = c.out.dtype;
+  c.options.num_ctas = num_ctas;
+  c.stream = as_stream(stream);
+  return c;
+}
+
+// ---- moe_dispatch_gemm --------------------------------------------------------------------------
+
+struct MoeDispatchGemmCall {
+  Communicator* comm = nullptr;
+  int comm_rank = -1;
+  MoePlan plan;
+  TensorArg x, recv_x, weights, out;
+  MoeExpertGemm gemm;
+  MoeDispatchGemmOptions options;
+  cudaStream_t stream = nullptr;
+  Status launch() const { return moe_dispatch_gemm(*comm, plan, x.data, recv_x.data, gemm, stream, options); }
+  std::string_view op() const { return "moe_dispatch_gemm"; }
+  int rank() const { return comm_rank; }
+};
+
+// x and recv_x as moe_dispatch; weights [E/W, N, hidden] (b_layout 'nk') or [E/W, hidden, N]
+// ('kn') of the config's dtype; out [capacity, N] ([capacity, N / 2] with 'swiglu'), bf16, fp16
+// or fp32.
+MoeDispatchGemmCall prepare_moe_dispatch_gemm(const CommView& pc, const PyMoePlan& p, nb::handle x, nb::handle recv_x,
+                                              nb::handle weights, nb::handle out, uintptr_t stream,
+                                              std::string_view b_layout, std::string_view activation,
+                                              std::string_view tile, int num_ctas, int push_ctas, int arrival_ctas) {
+  MoeDispatchGemmCall c;
+  const std::string_view op = c.op();
+  const int rank = pc.rank;
+  c.comm = pc.comm;
+  c.comm_rank = rank;
+  c.plan = p.plan;
+  const MoeConfig& config = p.plan.config;
+  const BLayout layout = layout_of(b_layout, op, rank);
+  const bool kn = layout == BLayout::kKN;
+  c.gemm.activation = activation_of(activation, op, rank);
+  const bool swiglu = c.gemm.activation == GroupedActivation::kSwiGLU;
+  read_token_tensors(p, x, recv_x, c.x, c.recv_x, op, rank);
+  c.weights = tensor_arg(weights, "weights", op, rank);
+  c.out = tensor_arg(out, "out", op, rank);
+  const char* w_shape = kn ? "[E/W, hidden, N]" : "[E/W, N, hidden]";
+  require_ndim(c.weights, 3, w_shape, op, rank);
+  require_dtype(c.weights, config.dtype, "the config's dtype", op, rank);
+  const int64_t n = c.weights.dim(kn ? 2 : 1), k = c.weights.dim(kn ? 1 : 2);
+  if (c.weights.dim(0) != p.local_experts || k != config.hidden) {
+    invalid(op, rank, "weights must be " + std::string(w_shape) + " with E/W = " + num(p.local_experts) +
+                          " (this rank's experts) and hidden = " + num(config.hidden) + " (b_layout '" +
+                          std::string(b_layout) + "'), got " + c.weights.shape_text());
+  }
+  const int64_t n_out = swiglu ? n / 2 : n;
+  require_ndim(c.out, 2, swiglu ? "[capacity, N / 2]" : "[capacity, N]", op, rank);
+  require_shape(c.out, p.plan.capacity, n_out, swiglu ? "[capacity, N / 2]" : "[capacity, N]", op, rank);
+  require_device(c.x, pc.device, op, rank);
+  require_device(c.recv_x, pc.device, op, rank);
+  require_device(c.weights, pc.device, op, rank);
+  require_device(c.out, pc.device, op, rank);
+  require_symmetric(pc, c.recv_x, "peers write the rows routed to this rank into it", op);
+  c.gemm.weights = c.weights.data;
+  c.gemm.n = n;
+  c.gemm.b_layout = layout;
+  c.gemm.out = c.out.data;
+  c.gemm.out_dtype = c.out.dtype;
+  c.options.tile = tile_of(tile, op, rank);
+  c.options.num_ctas = num_ctas;
+  c.options.push_ctas = push_ctas;
+  c.options.arrival_ctas = arrival_ctas;
+  c.stream = as_stream(stream);
+  return c;
+}
+
+}  // namespace
+
+void bind_moe(nb::module_& m) {
+  nb::class_<MoeConfig>(m, "MoeConfig",
+                        "The shape of an MoE step (loom::MoeConfig); every rank passes the same one. See loom.MoeConfig.")
+      .def(
+          "__init__",
+          [](MoeConfig* self, int64_t num_experts, int top_k, int64_t hidden, std::string_view dtype,
+             int64_t max_tokens, int64_t capacity, std::string_view overflow) {
+            new (self) MoeConfig(make_config(num_experts, top_k, hidden, dtype, max_tokens, capacity, overflow));
+          },
+          "num_experts"_a, "top_k"_a, "hidden"_a, "dtype"_a, "max_tokens"_a, "capacity"_a = 0, "overflow"_a = "error")
+      .def_ro("num_experts", &MoeConfig::num_experts)
+      .def_ro("top_k", &MoeConfig::top_k)
+      .def_ro("hidden", &MoeConfig::hidden)
+      .def_prop_ro("dtype", [](const MoeConfig& c) { return std::string(dtype_name(c.dtype)); })
+      .def_ro("max_tokens", &MoeConfig::max_tokens)
+      .def_ro("capacity", &MoeConfig::capacity)
+      .def_prop_ro("overflow", [](const MoeConfig& c) { return std::string(overflow_name(c.overflow)); })
+      .def("__repr__", &config_text);
+
+  nb::class_<MoeSizes>(m, "MoeSizes", "What a config needs on a communicator (moe_sizes).")
+      .def_ro("capacity", &MoeSizes::capacity)
+      .def_ro("local_experts", &MoeSizes::local_experts)
+      .def_ro("plan_bytes", &MoeSizes::plan_bytes)
+      .def_ro("recv_bytes", &MoeSizes::recv_bytes)
+      .def_ro("workspace_bytes", &MoeSizes::workspace_bytes)
+      .def("__repr__", [](const MoeSizes& s) {
+        return "MoeSizes(capacity=" + num(s.capacity) + ", local_experts=" + num(s.local_experts) +
+               ", plan_bytes=" + num(static_cast<int64_t>(s.plan_bytes)) + ", recv_bytes=" +
+               num(static_cast<int64_t>(s.recv_bytes)) + ", workspace_bytes=" +
+               num(static_cast<int64_t>(s.workspace_bytes)) + ")";
+      });
+
+  nb::class_<MoeReport>(m, "MoeReport", "This rank's counts from the device after a routing (moe_report).")
+      .def_ro("recv_rows", &MoeReport::recv_rows)
+      .def_ro("kept_rows", &MoeReport::kept_rows)
+      .def_ro("dropped_rows", &MoeReport::dropped_rows)
+      .def_ro("dropped_slots", &MoeReport::dropped_slots)
+      .def_ro("max_recv_rows", &MoeReport::max_recv_rows)
+      .def("__repr__", [](const MoeReport& r) {
+        return "MoeReport(recv_rows=" + num(r.recv_rows) + ", kept_rows=" + num(r.kept_rows) + ", dropped_rows=" +
+               num(r.dropped_rows) + ", dropped_slots=" + num(r.dropped_slots) + ", max_recv_rows=" +
+               num(r.max_recv_rows) + ")";
+      });
+
+  nb::class_<PyMoePlan>(m, "MoePlan",
+                        "The routing's handle (made by moe_routing only); keeps its plan buffer and expert_offsets "
+                        "alive. Valid for the communicator that routed it until the next routing into its buffers.")
+      .def_prop_ro("config", [](const PyMoePlan& p) { return p.config; })
+      .def_prop_ro("num_tokens", [](const PyMoePlan& p) { return p.plan.num_tokens; })
+      .def_prop_ro("capacity", [](const PyMoePlan& p) { return p.plan.capacity; })
+      .def_prop_ro("local_experts", [](const PyMoePlan& p) { return p.local_experts; })
+      .def_prop_ro("plan_buffer", [](const PyMoePlan& p) { return p.plan_buffer; })
+      .def_prop_ro("expert_offsets", [](const PyMoePlan& p) { return p.expert_offsets; })
+      .def("__repr__", [](const PyMoePlan& p) {
+        return "<loom.MoePlan rank " + num(p.owner != nullptr ? p.owner->rank : -1) + ", " + num(p.plan.num_tokens) +
+               " tokens, capacity " + num(p.plan.capacity) + ", " + num(p.local_experts) + " local experts>";
+      });
+
+  m.def(
+      "moe_can_implement",
+      [](PyCommunicator& pc, const MoeConfig& config) -> std::optional<std::tuple<std::string, std::string>> {
+        Status s = moe_can_implement(pc.get("moe_can_implement"), config);
+        if (s.ok()) return std::nullopt;
+        return std::make_tuple(std::string(status_code_name(s.code())), s.message());
+      },
+      "comm"_a, "config"_a, "None when the config can run on comm (host checks only), else (status code, reason).");
+  m.def(
+      "moe_sizes",
+      [](PyCommunicator& pc, const MoeConfig& config) {
+        Result<MoeSizes> s = moe_sizes(pc.get("moe_sizes"), config);
+        check(s.status(), "moe_sizes", pc.rank);
+        return *s;
+      },
+      "comm"_a, "config"_a, "The sizes a config needs on comm (capacity, E/W, plan, receive and workspace bytes).");
+  m.def(
+      "moe_reserve_workspace",
+      [](PyCommunicator& pc, const MoeConfig& config, uintptr_t stream) {
+        const char* op = "moe_reserve_workspace";
+        Communicator& comm = pc.get(op);
+        check(without_gil([&] { return moe_reserve_workspace(comm, config, as_stream(stream)); }), op, pc.rank);
+      },
+      "comm"_a, "config"_a, "stream"_a,
+      "Collective: grows loom's symmetric workspace for the config now (before CUDA-graph capture).");
+  m.def(
+      "moe_routing",
+      [](PyCommunicator& pc, nb::handle_t<MoeConfig> config, nb::handle topk_ids, nb::handle plan_buffer,
+         nb::handle expert_offsets, uintptr_t stream, nb::handle topk_weights) {
+        const char* op = "moe_routing";
+        const MoeConfig& cfg = nb::cast<const MoeConfig&>(config);
+        const CommView view = view_of(pc, op);
+        MoeRoutingCall c = prepare_moe_routing(view, cfg, topk_ids, topk_weights, plan_buffer, expert_offsets, stream);
+        Result<MoePlan> plan = [&] {
+          nb::gil_scoped_release release;
+          return moe_routing(*view.comm, cfg, c.args, c.stream);
+        }();
+        check(plan.status(), op, pc.rank);
+        return PyMoePlan{*plan, c.shape.local_experts, &pc, nb::find(&pc), nb::borrow(config), nb::borrow(plan_buffer),
+                         nb::borrow(expert_offsets)};
+      },
+      "comm"_a, "config"_a, "topk_ids"_a.none(), "plan_buffer"_a.none(), "expert_offsets"_a.none(), "stream"_a,
+      "topk_weights"_a.none() = nb::none(),
+      "Collective: routes every rank's top-k expert ids on the device; returns the plan for dispatch and combine.");
+  m.def(
+      "moe_dispatch",
+      [](PyCommunicator& pc, const PyMoePlan& plan, nb::handle x, nb::handle recv_x, uintptr_t stream, int num_ctas,
+         int arrival_ctas) {
+        require_owner(pc, plan, "moe_dispatch");
+        run(prepare_moe_dispatch(view_of(pc, "moe_dispatch"), plan, x, recv_x, stream, num_ctas, arrival_ctas));
+      },
+      "comm"_a, "plan"_a, "x"_a.none(), "recv_x"_a.none(), "stream"_a, "num_ctas"_a = 0, "arrival_ctas"_a = 0,
+      "Collective: sends x's rows [T, hidden] to their experts' ranks, into recv_x (symmetric [capacity, hidden]).");
+  m.def(
+      "moe_combine",
+      [](PyCommunicator& pc, const PyMoePlan& plan, nb::handle expert_out, nb::handle out, uintptr_t stream,
+         nb::handle topk_weights, int num_ctas) {
+        require_owner(pc, plan, "moe_combine");
+        run(prepare_moe_combine(view_of(pc, "moe_combine"), plan, expert_out, out, topk_weights, stream, num_ctas));
+      },
+      "comm"_a, "plan"_a, "expert_out"_a.none(), "out"_a.none(), "stream"_a, "topk_weights"_a.none() = nb::none(),
+      "num_ctas"_a = 0,
+      "Collective: out[t] = sum over t's slots j of w[t, j] * expert_out[row of (t, j)] (expert_out symmetric), fp32.");
+  m.def(
+      "moe_report",
+      [](PyCommunicator& pc, const PyMoePlan& plan, uintptr_t stream) {
+        const char* op = "moe_report";
+        Communicator& comm = pc.get(op);
+        require_owner(pc, plan, op);
+        Result<MoeReport> r = [&] {
+          nb::gil_scoped_release release;  // waits (bounded) for the stream
+          return moe_report(comm, plan.plan, as_stream(stream));
+        }();
+        check(r.status(), op, pc.rank);
+        check(r->status, op, pc.rank);  // what the device found: bad expert ids, a rank over its capacity
+        return *r;
+      },
+      "comm"_a, "plan"_a, "stream"_a,
+      "Waits for the stream and returns this rank's counts; raises what the routing found on the device.");
+  m.def(
+      "moe_dispatch_gemm",
+      [](PyCommunicator& pc, const PyMoePlan& plan, nb::handle x, nb::handle recv_x, nb::handle weights,
+         nb::handle out, uintptr_t stream, std::string_view b_layout, std::string_view activation,
+         std::string_view tile, int num_ctas, int push_ctas, int arrival_ctas) {
+        require_owner(pc, plan, "moe_dispatch_gemm");
+        run(prepare_moe_dispatch_gemm(view_of(pc, "moe_dispatch_gemm"), plan, x, recv_x, weights, out, stream, b_layout,
+                                      activation, tile, num_ctas, push_ctas, arrival_ctas));
+      },
+      "comm"_a, "plan"_a, "x"_a.none(), "recv_x"_a.none(), "weights"_a.none(), "out"_a.none(), "stream"_a,
+      "b_layout"_a = "nk", "activation"_a = "none", "tile"_a = "auto", "num_ctas"_a = 0, "push_ctas"_a = 0,
+      "arrival_ctas"_a = 0,
+      "Collective: moe_dispatch and, in the same kernel, out = recv_x_e @ weights_e^T for every local expert e.");
+
+  // The tensor checks of an MoE call without a communicator and without launching: `world`
+  // stands in for the local world size (capacity and E/W from moe.h's defaults; the plan buffer's
+  // size unchecked; rank 0 in messages) and `num_tokens` for the routed tokens. CPU tensors with
+  // the right shapes fail only on the device check.
+  m.def(
+      "_check_moe_args",
+      [](const std::string& op, const MoeConfig& config, int world, int64_t num_tokens, nb::tuple tensors,
+         std::string_view b_layout, std::string_view activation) {
+        auto t = [&](size_t i) { return i < tensors.size() ? nb::handle(tensors[i]) : nb::handle(Py_None); };
+        const CommView fake{nullptr, 0, world, world, -1};
+        if (op == "moe_routing") {
+          (void)prepare_moe_routing(fake, config, t(0), t(1), t(2), t(3), 0);
+          return;
+        }
+        const MoeShape shape = shape_of(fake, config, op);
+        PyMoePlan plan;
+        plan.plan = MoePlan{config, shape.capacity, num_tokens, nullptr, nullptr};
+        plan.local_experts = shape.local_experts;
+        if (op == "moe_dispatch") {
+          (void)prepare_moe_dispatch(fake, plan, t(0), t(1), 0, 0, 0);
+        } else if (op == "moe_combine") {
+          (void)prepare_moe_combine(fake, plan, t(0), t(1), t(2), 0, 0);
+        } else if (op == "moe_dispatch_gemm") {
+          (void)prepare_moe_dispatch_gemm(fake, plan, t(0), t(1), t(2), t(3), 0, b_layout, activation, "auto", 0, 0, 0);
+        } else {
+          invalid("_check_moe_args", -1, "unknown op '" + op + "'");
+        }
+      },
+      "op"_a, "config"_a, "world"_a, "num_tokens"_a, "tensors"_a, "b_layout"_a = "nk", "activation"_a = "none",
+      "The tensor checks of an MoE call (tensors in the binding's order), without a communicator or a launch.");
+}
+
+}  // namespace loom::python

@@ -1,0 +1,285 @@
+"""Argument checks of the MoE bindings that need no GPU: loom.MoeConfig, and the tensor checks of
+moe_routing, moe_dispatch, moe_combine and moe_dispatch_gemm through
+`_C._check_moe_args(op, config, world, num_tokens, tensors)`, which runs the same checks as the
+calls with `world` standing in for the communicator (capacity and E/W from moe.h's defaults) and
+`num_tokens` for the routed tokens. As in test_validation.py, shapes and dtypes are checked before
+devices, so CPU tensors with correct shapes fail on the device check, which proves that every
+shape rule passed. What needs a communicator (loom's own config checks, the plan buffer's size,
+symmetric memory, the plan's owner) is in test_gpu_moe.py."""
+
+import contextlib
+
+import pytest
+
+np = pytest.importorskip("numpy")
+torch = pytest.importorskip("torch")
+
+import loom  # noqa: E402
+from loom import _C  # noqa: E402
+
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+I32 = torch.int32
+
+WORLD = 2
+E, K, H, TMAX = 8, 2, 64, 32  # E/W = 4 local experts; default capacity TMAX * W * K = 128
+CAPACITY = TMAX * WORLD * K
+T = 16
+
+
+@contextlib.contextmanager
+def raises(cls, *fragments):
+    """pytest.raises that also checks each fragment is in the message."""
+    with pytest.raises(cls) as info:
+        yield info
+    for fragment in fragments:
+        assert fragment in str(info.value), f"{fragment!r} not in {str(info.value)!r}"
+
+
+def config(**changes):
+    fields = dict(num_experts=E, top_k=K, hidden=H, dtype=BF16, max_tokens=TMAX)
+    fields.update(changes)
+    return loom.MoeConfig(**fields)
+
+
+def t(*shape, dtype=BF16):
+    return torch.zeros(shape, dtype=dtype)
+
+
+def check(op, tensors, cfg=None, tokens=T, **options):
+    _C._check_moe_args(op, cfg or config(), WORLD, tokens, tuple(tensors), **options)
+
+
+# ---- MoeConfig ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype,name", [(BF16, "bf16"), (FP16, "fp16"), (FP32, "fp32"), ("bfloat16", "bf16"),
+                                        ("half", "fp16"), (np.dtype(np.float32), "fp32")])
+def test_config_takes_any_dtype_spelling(dtype, name):
+    c = config(dtype=dtype, capacity=100, overflow="drop")
+    assert (c.num_experts, c.top_k, c.hidden, c.dtype, c.max_tokens, c.capacity, c.overflow) == (
+        E, K, H, name, TMAX, 100, "drop")
+    assert isinstance(c, _C.MoeConfig)
+    assert repr(c) == (f"MoeConfig(num_experts={E}, top_k={K}, hidden={H}, dtype='{name}', max_tokens={TMAX}, "
+                       "capacity=100, overflow='drop')")
+
+
+def test_config_defaults():
+    c = config()
+    assert (c.capacity, c.overflow) == (0, "error")
+
+
+def test_config_refuses_what_it_can_see():
+    with raises(loom.InvalidArgument, "torch.int32", "bfloat16, float16 or float32"):
+        config(dtype=I32)
+    with raises(loom.InvalidArgument, "MoeConfig: overflow 'truncate'", "'error'", "'drop'"):
+        config(overflow="truncate")
+    with raises(loom.InvalidArgument, "MoeConfig: top_k must be an int, got float"):
+        config(top_k=2.0)
+    with raises(loom.InvalidArgument, "MoeConfig: num_experts must be an int, got bool"):
+        config(num_experts=True)
+    with raises(loom.InvalidArgument, "top_k = 4294967296 does not fit its C++ field"):
+        config(top_k=1 << 32)
+    with raises(loom.InvalidArgument, "MoeConfig: dtype 'fp8'"):
+        _C.MoeConfig(E, K, H, "fp8", TMAX)
+
+
+def test_config_values_are_loom_s_to_judge():
+    # k > E is refused by loom against a communicator (moe_can_implement), not here.
+    assert config(top_k=E + 1).top_k == E + 1
+
+
+def test_plan_is_made_by_moe_routing_only():
+    with pytest.raises(TypeError):
+        loom.MoePlan()
+
+
+def test_python_layer_wants_a_communicator():
+    with raises(loom.InvalidArgument, "moe_sizes: comm must be a loom.Communicator"):
+        loom.moe_sizes(object(), config())
+    with raises(loom.InvalidArgument, "moe_dispatch: comm must be a loom.Communicator"):
+        loom.moe_dispatch(None, None, t(T, H), t(CAPACITY, H))
+
+
+# ---- moe_routing --------------------------------------------------------------------------------
+
+def routing(ids=None, weights=None, plan=None, offsets=None):
+    return [t(T, K, dtype=I32) if ids is None else ids, weights,
+            t(4096, dtype=torch.uint8) if plan is None else plan,
+            t(E // WORLD + 1, dtype=I32) if offsets is None else offsets]
+
+
+def test_routing_correct_shapes_fail_only_on_the_device():
+    with raises(loom.InvalidArgument, "loom rank 0: moe_routing: topk_ids is on cpu"):
+        check("moe_routing", routing(weights=t(T, K, dtype=FP32)))
+    # No tokens on this rank; int32 or numpy plan buffers (raw memory).
+    with raises(loom.InvalidArgument, "topk_ids is on cpu"):
+        check("moe_routing", routing(ids=t(0, K, dtype=I32), weights=t(0, K, dtype=FP32), plan=t(64, dtype=I32)))
+    with raises(loom.InvalidArgument, "topk_ids is on cpu"):
+        check("moe_routing", routing(plan=np.zeros(100, np.uint8), offsets=np.zeros(5, np.int32)))
+
+
+def test_routing_ids_are_int32_t_by_k():
+    with raises(loom.InvalidArgument, "topk_ids has dtype torch.int64; it must be int32"):
+        check("moe_routing", routing(ids=t(T, K, dtype=torch.int64)))
+    with raises(loom.InvalidArgument, "topk_ids must be 2-D [T, top_k] int32, got shape [32]"):
+        check("moe_routing", routing(ids=t(T * K, dtype=I32)))
+    with raises(loom.InvalidArgument, "topk_ids must be [T, top_k] with the config's top_k = 2, got [16, 3]"):
+        check("moe_routing", routing(ids=t(T, 3, dtype=I32)))
+    with raises(loom.InvalidArgument, "topk_ids [16, 2] is not row-major contiguous"):
+        check("moe_routing", routing(ids=t(K, T, dtype=I32).t()))
+
+
+def test_routing_weights_are_fp32_like_the_ids():
+    with raises(loom.InvalidArgument, "topk_weights must be float32 (the router's weights), got bf16"):
+        check("moe_routing", routing(weights=t(T, K)))
+    with raises(loom.InvalidArgument, "topk_weights must be [T, top_k] = [16, 2], got [16, 3]"):
+        check("moe_routing", routing(weights=t(T, 3, dtype=FP32)))
+    with raises(loom.InvalidArgument, "topk_weights has dtype int32; loom takes bfloat16, float16 or float32"):
+        check("moe_routing", routing(weights=np.zeros((T, K), np.int32)))
+
+
+def test_routing_plan_buffer_is_raw_memory():
+    with raises(loom.InvalidArgument, "plan_buffer has dtype torch.float32; it must be uint8 or int32 (raw device memory)"):
+        check("moe_routing", routing(plan=t(1024, dtype=FP32)))
+    with raises(loom.InvalidArgument, "plan_buffer has dtype int64; it must be uint8 or int32"):
+        check("moe_routing", routing(plan=np.zeros(64, np.int64)))
+    with raises(loom.InvalidArgument, "plan_buffer [64, 64] is not row-major contiguous"):
+        check("moe_routing", routing(plan=t(64, 64, dtype=torch.uint8).t()))
+
+
+def test_routing_expert_offsets_are_local_experts_plus_one():
+    with raises(loom.InvalidArgument, "expert_offsets must be [E/W + 1] = [5] int32, got [9]"):
+        check("moe_routing", routing(offsets=t(E + 1, dtype=I32)))
+    with raises(loom.InvalidArgument, "expert_offsets must be 1-D [E/W + 1] int32, got shape [5, 1]"):
+        check("moe_routing", routing(offsets=t(5, 1, dtype=I32)))
+    with raises(loom.InvalidArgument, "expert_offsets has dtype torch.int64; it must be int32"):
+        check("moe_routing", routing(offsets=t(5, dtype=torch.int64)))
+
+
+def test_routing_missing_tensors():
+    with raises(loom.InvalidArgument, "topk_ids is None; loom needs a tensor"):
+        check("moe_routing", [None, None, t(64, dtype=torch.uint8), t(5, dtype=I32)])
+    with raises(loom.InvalidArgument, "plan_buffer must be a tensor", "list"):
+        check("moe_routing", routing(plan=[0] * 64))
+
+
+def test_stand_in_world_must_divide_the_experts():
+    with raises(loom.InvalidArgument, "num_experts 7 is not a positive multiple of the world size 2"):
+        check("moe_dispatch", [t(T, H), t(CAPACITY, H)], cfg=config(num_experts=7))
+
+
+# ---- moe_dispatch -------------------------------------------------------------------------------
+
+def test_dispatch_correct_shapes_fail_only_on_the_device():
+    with raises(loom.InvalidArgument, "loom rank 0: moe_dispatch: x is on cpu"):
+        check("moe_dispatch", [t(T, H), t(CAPACITY, H)])
+    with raises(loom.InvalidArgument, "x is on cpu"):  # a rank without tokens
+        check("moe_dispatch", [t(0, H), t(CAPACITY, H)], tokens=0)
+    with raises(loom.InvalidArgument, "x is on cpu"):  # an explicit capacity; fp32 rows
+        check("moe_dispatch", [t(T, H, dtype=FP32), t(100, H, dtype=FP32)], cfg=config(capacity=100, dtype=FP32))
+    with raises(loom.InvalidArgument, "x is on cpu"):  # any DLPack producer
+        check("moe_dispatch", [np.zeros((T, H), np.float16), np.zeros((CAPACITY, H), np.float16)],
+              cfg=config(dtype=FP16))
+
+
+def test_dispatch_dtypes_follow_the_config():
+    with raises(loom.InvalidArgument, "x is fp16 but the config's dtype is bf16"):
+        check("moe_dispatch", [t(T, H, dtype=FP16), t(CAPACITY, H)])
+    with raises(loom.InvalidArgument, "recv_x is fp32 but the config's dtype is bf16"):
+        check("moe_dispatch", [t(T, H), t(CAPACITY, H, dtype=FP32)])
+
+
+def test_dispatch_shapes_follow_the_plan():
+    with raises(loom.InvalidArgument, "x must be [T, hidden] (T: the tokens given to moe_routing) = [16, 64], got [15, 64]"):
+        check("moe_dispatch", [t(T - 1, H), t(CAPACITY, H)])
+    with raises(loom.InvalidArgument, "x must be [T, hidden] (T: the tokens given to moe_routing) = [16, 64], got [16, 32]"):
+        check("moe_dispatch", [t(T, H // 2), t(CAPACITY, H)])
+    with raises(loom.InvalidArgument, "recv_x must be [capacity, hidden] = [128, 64], got [127, 64]"):
+        check("moe_dispatch", [t(T, H), t(CAPACITY - 1, H)])
+    with raises(loom.InvalidArgument, "recv_x must be 2-D [capacity, hidden], got shape [128, 8, 8]"):
+        check("moe_dispatch", [t(T, H), t(CAPACITY, 8, 8)])
+    with raises(loom.InvalidArgument, "x must be 2-D [T, hidden], got shape [1024]"):
+        check("moe_dispatch", [t(T * H), t(CAPACITY, H)])
+
+
+# ---- moe_combine --------------------------------------------------------------------------------
+
+def test_combine_correct_shapes_fail_only_on_the_device():
+    with raises(loom.InvalidArgument, "loom rank 0: moe_combine: expert_out is on cpu"):
+        check("moe_combine", [t(CAPACITY, H), t(T, H)])
+    # Another width and dtype than the dispatch's, and combine's own weights.
+    with raises(loom.InvalidArgument, "expert_out is on cpu"):
+        check("moe_combine", [t(CAPACITY, 24, dtype=FP32), t(T, 24, dtype=FP32), t(T, K, dtype=FP32)])
+
+
+def test_combine_shapes_and_dtypes():
+    with raises(loom.InvalidArgument, "expert_out is bf16 but out is fp16; they must have the same dtype"):
+        check("moe_combine", [t(CAPACITY, H), t(T, H, dtype=FP16)])
+    with raises(loom.InvalidArgument, "expert_out must be [capacity, H'] = [128, 64], got [64, 64]"):
+        check("moe_combine", [t(CAPACITY // 2, H), t(T, H)])
+    with raises(loom.InvalidArgument, "out must be [T, H'] (T: the tokens given to moe_routing, H': expert_out's width) "
+                                      "= [16, 32], got [16, 64]"):
+        check("moe_combine", [t(CAPACITY, 32), t(T, H)])
+    with raises(loom.InvalidArgument, "expert_out [128, 0] has no columns"):
+        check("moe_combine", [t(CAPACITY, 0), t(T, 0)])
+    with raises(loom.InvalidArgument, "topk_weights must be [T, top_k] = [16, 2], got [2, 16]"):
+        check("moe_combine", [t(CAPACITY, H), t(T, H), t(K, T, dtype=FP32)])
+    with raises(loom.InvalidArgument, "topk_weights must be float32"):
+        check("moe_combine", [t(CAPACITY, H), t(T, H), t(T, K, dtype=FP16)])
+
+
+# ---- moe_dispatch_gemm ----------------------------------------------------------------------------
+
+N = 48
+
+
+def gemm_tensors(weights=None, out=None, n_out=N, out_dtype=BF16):
+    return [t(T, H), t(CAPACITY, H), t(E // WORLD, N, H) if weights is None else weights,
+            t(CAPACITY, n_out, dtype=out_dtype) if out is None else out]
+
+
+@pytest.mark.parametrize("out_dtype", [BF16, FP16, FP32])
+def test_dispatch_gemm_correct_shapes_fail_only_on_the_device(out_dtype):
+    with raises(loom.InvalidArgument, "loom rank 0: moe_dispatch_gemm: x is on cpu"):
+        check("moe_dispatch_gemm", gemm_tensors(out_dtype=out_dtype))
+    with raises(loom.InvalidArgument, "x is on cpu"):
+        check("moe_dispatch_gemm", gemm_tensors(weights=t(E // WORLD, H, N)), b_layout="kn")
+    with raises(loom.InvalidArgument, "x is on cpu"):
+        check("moe_dispatch_gemm", gemm_tensors(n_out=N // 2, out_dtype=out_dtype), activation="swiglu")
+
+
+def test_dispatch_gemm_weights_are_this_rank_s_experts():
+    with raises(loom.InvalidArgument, "weights must be [E/W, N, hidden] with E/W = 4 (this rank's experts) and hidden = 64 "
+                                      "(b_layout 'nk'), got [8, 48, 64]"):
+        check("moe_dispatch_gemm", gemm_tensors(weights=t(E, N, H)))
+    with raises(loom.InvalidArgument, "weights must be [E/W, hidden, N]", "(b_layout 'kn'), got [4, 48, 64]"):
+        check("moe_dispatch_gemm", gemm_tensors(), b_layout="kn")
+    with raises(loom.InvalidArgument, "weights must be 3-D [E/W, N, hidden], got shape [48, 64]"):
+        check("moe_dispatch_gemm", gemm_tensors(weights=t(N, H)))
+    with raises(loom.InvalidArgument, "weights is fp16 but the config's dtype is bf16"):
+        check("moe_dispatch_gemm", gemm_tensors(weights=t(E // WORLD, N, H, dtype=FP16)))
+
+
+def test_dispatch_gemm_out_shape():
+    with raises(loom.InvalidArgument, "out must be [capacity, N] = [128, 48], got [128, 24]"):
+        check("moe_dispatch_gemm", gemm_tensors(n_out=N // 2))
+    with raises(loom.InvalidArgument, "out must be [capacity, N / 2] = [128, 24], got [128, 48]"):
+        check("moe_dispatch_gemm", gemm_tensors(), activation="swiglu")
+    with raises(loom.InvalidArgument, "out must be [capacity, N] = [128, 48], got [16, 48]"):
+        check("moe_dispatch_gemm", gemm_tensors(out=t(T, N)))
+
+
+def test_dispatch_gemm_options():
+    with raises(loom.InvalidArgument, "b_layout 'mk'"):
+        check("moe_dispatch_gemm", gemm_tensors(), b_layout="mk")
+    with raises(loom.InvalidArgument, "activation 'gelu': expected 'none' or 'swiglu'"):
+        check("moe_dispatch_gemm", gemm_tensors(), activation="gelu")
+
+
+def test_dispatch_gemm_tokens_as_dispatch():
+    with raises(loom.InvalidArgument, "x is fp16 but the config's dtype is bf16"):
+        check("moe_dispatch_gemm", [t(T, H, dtype=FP16)] + gemm_tensors()[1:])
+
+
+def test_unknown_op():
+    with raises(loom.InvalidArgument, "unknown op 'moe_gather'"):
+        check("moe_gather", [])
