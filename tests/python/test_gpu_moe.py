@@ -373,6 +373,9 @@ def test_bad_tensors_are_refused_before_launch(comm, seed):
     with pytest.raises(loom.InvalidArgument, match="topk_ids must be"):
         loom.moe_routing(comm, config, ids[:, :1].contiguous(), **routing)
     plan = loom.moe_routing(comm, config, ids, **routing)
+    # Across nodes no kernel may load for the first time while an MoE call waits on the proxy
+    # (CUDA's lazy loading waits for it: docs/NETWORK.md, "A hazard"); the torch calls below do.
+    comm.synchronize()
     x = torch.randn(32, HIDDEN, device="cuda").to(BF16)
     with pytest.raises(loom.InvalidArgument, match="recv_x must be symmetric memory"):
         loom.moe_dispatch(comm, plan, x, torch.empty_like(bufs.recv_x))
@@ -475,6 +478,7 @@ def test_across_nodes_combine_rules(comm, seed):
     with pytest.raises(loom.InvalidArgument, match="call moe_dispatch or moe_dispatch_gemm with this MoePlan first"):
         loom.moe_combine(comm, plan, bufs.expert_out, out)
     loom.moe_dispatch(comm, plan, x, bufs.recv_x)
+    comm.synchronize()  # before the torch calls below (see test_bad_tensors_are_refused_before_launch)
     with pytest.raises(loom.Unsupported, match="topk_weights"):
         loom.moe_combine(comm, plan, bufs.expert_out, out, topk_weights=torch.ones(32, 2, device="cuda"))
     bufs.expert_out.copy_(bufs.recv_x)  # identity experts: out = sum of the routing's weights (1) x the token
