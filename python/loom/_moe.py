@@ -1,8 +1,10 @@
 """loom's expert-parallel (MoE) operators on any DLPack CUDA tensors, with explicit outputs
 (include/loom/moe.h; the design is docs/MOE.md).
 
-Experts are split contiguously over the ranks of one node: with E experts and W ranks, rank r
-holds experts [r*E/W, (r+1)*E/W), its "local experts" 0 .. E/W - 1. One MoE step on every rank:
+Experts are split contiguously over the ranks of the job: with E experts and W ranks, rank r
+holds experts [r*E/W, (r+1)*E/W), its "local experts" 0 .. E/W - 1 (ranks counted node-major, as
+torchrun numbers them). Across nodes a token row crosses the network once per node holding one of
+its experts (docs/MOE.md, "Across nodes"). One MoE step on every rank:
 
     config = loom.MoeConfig(num_experts=64, top_k=8, hidden=4096, dtype=torch.bfloat16, max_tokens=4096)
     bufs = loom.torch.moe_buffers(comm, config)        # once per config (collective: symmetric memory)
@@ -15,10 +17,13 @@ holds experts [r*E/W, (r+1)*E/W), its "local experts" 0 .. E/W - 1. One MoE step
 
 Rules every call here follows:
 
-- Collective: every rank of the communicator's node calls moe_routing, moe_dispatch,
-  moe_combine, moe_dispatch_gemm and moe_reserve_workspace in the same order, with the same
-  config (a rank with another config fails the launch instead of corrupting memory). Multi-node
-  communicators are refused with ``loom.Unsupported``.
+- Collective: every rank of the communicator calls moe_routing, moe_dispatch, moe_combine,
+  moe_dispatch_gemm and moe_reserve_workspace in the same order, with the same config (a rank
+  with another config fails the launch instead of corrupting memory). Across nodes moe_combine
+  needs its plan's dispatch (moe_dispatch or moe_dispatch_gemm) to have run last and the
+  routing's weights (topk_weights None); and no kernel should load for the first time (a first
+  torch op, say) while an MoE call still runs there: CUDA's lazy loading would wait for it
+  (docs/NETWORK.md, "A hazard"; synchronize first, or set CUDA_MODULE_LOADING=EAGER).
 - Asynchronous on ``stream`` (default: the current stream of the tensors' framework). moe_report
   alone waits for the stream.
 - Symmetric memory (``comm.empty``, ``loom.torch.empty``, ``loom.torch.moe_buffers``) for the two
@@ -176,8 +181,10 @@ def moe_combine(comm: CommLike, plan: MoePlan, expert_out: DLPackArray, out: Out
 
     expert_out: symmetric [capacity, H'], its rows in recv_x's layout (the experts' outputs for the
     rows moe_dispatch delivered). out: [T, H'] of expert_out's dtype (H' and the dtype may differ
-    from the config's). topk_weights: float32 [T, k] (None: the weights given to moe_routing, or 1).
-    Each rank's expert_out must be complete on its stream before the call."""
+    from the config's). topk_weights: float32 [T, k] (None: the weights given to moe_routing, or 1;
+    across nodes it must be None). Each rank's expert_out must be complete on its stream before
+    the call. Across nodes: call it after its plan's dispatch, with no other MoE dispatch between;
+    the sum is then per node in slot order, and those node sums in node order."""
     c = as_communicator(comm, "moe_combine")
     _C.moe_combine(c._c, _plan(plan, "moe_combine", c.rank), expert_out, out,
                    _stream(stream, out, "moe_combine", c.device, c.rank), topk_weights, num_ctas)
