@@ -18,6 +18,15 @@ namespace loom::ops {
 // its first launch, which can wait for running work: docs/NETWORK.md).
 Status prepare_kernel(const void* kernel, size_t smem_bytes);
 
+// Runs `load` (a family's kernel loading: prepare_kernel on each) once per device of this process:
+// the first call on a device runs it, and the ones after it succeeded return at once. `done`
+// records the devices, one per family (a static of the caller). Families whose kernels wait on
+// the proxy load them all before their first launch (ops/tp/multinode/multinode.h says why).
+struct LoadedDevices;
+Status load_once_per_device(LoadedDevices& done, Status (*load)());
+// A family's record of the devices it has loaded its kernels on.
+LoadedDevices& loaded_devices_of(const char* family);
+
 // Launches kernel<<<grid, threads, smem_bytes, stream>>>(params).
 template <class Params>
 Status launch_kernel(void (*kernel)(Params), unsigned grid, unsigned threads, size_t smem_bytes, cudaStream_t stream,

@@ -10,8 +10,6 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <mutex>
-#include <set>
 #include <string>
 
 #include "kernels/moe/dispatch_gemm.cuh"
@@ -45,18 +43,12 @@ Status launch_tile(GemmTile tile, const km::DispatchGemmParams& p, const ops::de
 namespace ops::moe {
 
 Status load_moe_kernels() {
-  static std::mutex mu;
-  static std::set<int> loaded;  // devices
-  int device = 0;
-  LOOM_CUDA_TRY(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mu);
-  if (loaded.count(device) != 0) return {};
-  LOOM_TRY(load_moe_comm_kernels());
-  LOOM_TRY(load_grouped_gemm_kernels());
-  LOOM_TRY(detail::load_sm90_moe_dispatch_gemm_128x256());
-  LOOM_TRY(detail::load_sm90_moe_dispatch_gemm_128x128());
-  loaded.insert(device);
-  return {};
+  return load_once_per_device(loaded_devices_of("moe"), [] {
+    LOOM_TRY(load_moe_comm_kernels());
+    LOOM_TRY(load_grouped_gemm_kernels());
+    LOOM_TRY(detail::load_sm90_moe_dispatch_gemm_128x256());
+    return detail::load_sm90_moe_dispatch_gemm_128x128();
+  });
 }
 
 }  // namespace ops::moe

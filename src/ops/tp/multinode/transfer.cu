@@ -2,8 +2,6 @@
 // multi-node kernel (multinode.h says why).
 #include <cuda_runtime_api.h>
 
-#include <mutex>
-#include <set>
 #include <string>
 
 #include "kernels/tp/multinode/transfer.cuh"
@@ -57,18 +55,12 @@ Status net_exchange(Communicator& comm, const void* src, void* dst, size_t bytes
 namespace tp::multinode {
 
 Status load_kernels() {
-  static std::mutex mu;
-  static std::set<int> loaded;  // devices
-  int device = 0;
-  LOOM_CUDA_TRY(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mu);
-  if (loaded.count(device) != 0) return {};
-  LOOM_TRY(load_ag_gemm_kernels());
-  LOOM_TRY(load_reduce_kernels<false>());
-  LOOM_TRY(load_reduce_kernels<true>());
-  LOOM_TRY(prepare_kernel(reinterpret_cast<const void*>(&kmn::transfer_kernel), 0));
-  loaded.insert(device);
-  return {};
+  return load_once_per_device(loaded_devices_of("multinode"), [] {
+    LOOM_TRY(load_ag_gemm_kernels());
+    LOOM_TRY(load_reduce_kernels<false>());
+    LOOM_TRY(load_reduce_kernels<true>());
+    return prepare_kernel(reinterpret_cast<const void*>(&kmn::transfer_kernel), 0);
+  });
 }
 
 }  // namespace tp::multinode
