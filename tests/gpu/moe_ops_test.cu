@@ -1047,6 +1047,7 @@ TEST_F(MoeBadInput, DispatchGemmRefusesBadGemmArguments) {
 
 class MoeStress : public MoeTest {};
 class MoeCompose : public MoeTest {};
+class MoeGraph : public MoeTest {};
 
 __global__ void checksum_kernel(const uint64_t* p, uint64_t words, unsigned long long* out) {
   unsigned long long sum = 0;
@@ -1187,6 +1188,54 @@ TEST_F(MoeStress, DispatchGemmBackToBackIsBitIdentical) {
   EXPECT_EQ(differ, 0) << what << ": rank " << process().rank << ": " << differ << " launches differ from launch 0";
   check_dispatch(s, what);
   check_expert_gemm(g, s, b, what);
+  EXPECT_TRUE(agree(!::testing::Test::HasFailure())) << what << ": a peer failed";
+}
+
+// CUDA graphs: routing, dispatch and combine captured on a stream (after moe_reserve_workspace and
+// one eager step, which also loads the kernels), then the graph replayed three times with recv_x,
+// out and expert_offsets poisoned before each replay: every replay writes the reference's bits (the launch
+// epochs are read on the device, so each replay is a fresh launch to the peers; across nodes the
+// forwarders' staged-plan check passes on every replay).
+TEST_F(MoeGraph, RoutingDispatchCombineReplayTheReferenceBits) {
+  Communicator& comm = shared_comm();
+  Case c = make_case(Routing::kSkewed, 97);
+  const std::string what = "graph: " + c.text(comm.world_size());
+  CaseBuffers s(c);
+  ASSERT_TRUE(agree(s.ok && s.fill_expert_outputs())) << what << ": setting up";
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  const Status reserved = moe_reserve_workspace(comm, s.config, stream);
+  ASSERT_TRUE(agree(reserved.ok())) << what << ": " << reserved.to_string();
+  auto step = [&]() -> Result<MoePlan> {
+    LOOM_ASSIGN_OR_RETURN(MoePlan p, moe_routing(comm, s.config, s.routing_args(), stream));
+    LOOM_TRY(moe_dispatch(comm, p, s.d_x.get(), s.recv, stream));
+    LOOM_TRY(moe_combine(comm, p, s.combine_args(), stream));
+    return p;
+  };
+  Result<MoePlan> eager = step();
+  ASSERT_TRUE(agree(eager.ok() && comm.synchronize(stream).ok())) << what << ": the eager step";
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  Result<MoePlan> captured = step();
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+  ASSERT_TRUE(agree(captured.ok() && ended == cudaSuccess))
+      << what << ": capture: " << (captured.ok() ? cudaGetErrorString(ended) : captured.status().to_string());
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int replay = 0; replay < 3 && !::testing::Test::HasFailure(); ++replay) {
+    // recv_x, out and expert_offsets poisoned; expert_out (poisoned too) rewritten
+    ASSERT_TRUE(agree(s.poison() && s.fill_expert_outputs())) << what << ": poisoning";
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    Result<MoeReport> report = moe_report(comm, *captured, stream);  // synchronizes the stream
+    ASSERT_TRUE(agree(report.ok())) << what << ": replay " << replay << ": " << report.status().to_string();
+    EXPECT_TRUE(report->status.ok()) << what << ": " << report->status.to_string();
+    check_routing(s, *captured, *report, what + ", replay " + std::to_string(replay));
+    check_dispatch(s, what + ", replay " + std::to_string(replay));
+    check_combine(s, what + ", replay " + std::to_string(replay));
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
   EXPECT_TRUE(agree(!::testing::Test::HasFailure())) << what << ": a peer failed";
 }
 
