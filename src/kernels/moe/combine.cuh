@@ -7,11 +7,21 @@
 //
 // The owner pulls: warp w takes tokens w, w + warps, ... and reads each slot's row over NVLink
 // (16-byte loads that bypass L1) after that rank's entry word of this launch (its expert outputs
-// are complete: its stream reached the combine). Roles (CombineRoleTable): every CTA reduces; the
-// finisher CTA then waits (bounded) for every CTA's read_done flag, tells every rank it is done
-// reading its outputs (done[me] = e there, after its entry), and waits for every rank's done[]:
-// a rank's launch ends only once nobody reads its outputs any more, so its stream may overwrite
-// them next. When the routing failed nothing is read or written (the handshake still runs).
+// are complete: its stream reached the combine). Roles (CombineRoleTable): the finisher and the
+// reducers reduce; the finisher then waits (bounded) for every CTA's read_done flag, tells every
+// local rank it is done reading its outputs (done[me] = e there, after its entry), and waits for
+// every local rank's done[]: a rank's launch ends only once nobody reads its outputs any more, so
+// its stream may overwrite them next. When the routing failed nothing is read or written (the
+// handshake still runs).
+//
+// Several nodes: the order becomes "per node, its slots in slot order; then the node sums in node
+// order" (one node: the same as above). The owner's reducers sum the slots on their own node; the
+// forward CTAs of every rank sum, for each token entry its same-index GPUs on other nodes staged
+// here in the plan's dispatch, the entry's slots on this node into an fp32 partial row of the
+// return window, and hand it back by chunk through the proxy (net_window.cuh) into the owner's
+// `partials`; the owner waits for each remote node's chunk (token_pos says where its row is) and
+// adds the node sums in node order. The forward CTAs read local ranks' outputs too, so they count
+// in read_done like the reducers.
 #pragma once
 
 #include <cuda_bf16.h>

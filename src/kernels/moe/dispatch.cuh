@@ -2,7 +2,8 @@
 // the routing computed (kernels/moe/routing.cuh): the roles of one persistent kernel on the frame
 // (moe_dispatch_kernel, dispatch_kernel.cuh; moe_dispatch_gemm runs them too, dispatch_gemm.cuh).
 //
-// Roles (DispatchRoleTable): CTAs [0, arrival_ctas) receive, the rest push.
+// Roles (DispatchRoleTable): CTAs [0, arrival_ctas) receive, on several nodes the next
+// forward_ctas forward, the rest push.
 //   push     warp w of the pushing CTAs takes tokens w, w + warps, ...; for each destination rank
 //            d among the token's routed slots (once per rank, whatever the number of its experts
 //            there): waits (bounded, once per warp and rank) for d's entry word of this launch,
@@ -10,7 +11,18 @@
 //            smallest of its rows there, as the layout is expert-major), writes the RecvRow origin
 //            of each of its rows on d (token, source rank and slot, weight, primary), fences at
 //            system scope, and adds 1 to d's arrival counter of each of those rows' blocks.
-//            So a token crosses NVLink once per destination rank.
+//            So a token crosses NVLink once per destination rank. On several nodes, for every
+//            other node holding one of its experts, the warp writes the token's entry (header:
+//            token, source, its slots there and their weights; then the row) into this rank's
+//            send window toward that node and counts it; the entry completing a chunk of
+//            kNetChunkTokens hands the chunk to the proxy (net_window.cuh): one network write to
+//            this rank's same-index GPU there, then the chunk's flag.
+//   forward  (several nodes) warp w takes the chunks (remote slot, chunk) w, w + warps, ... that
+//            the same-index GPUs of other nodes send this rank: waits (bounded) for the chunk's
+//            network flag, then pushes each entry's row to its ranks on this node exactly as a
+//            pushing warp does (push_local_slots), so the arrival role sees no difference. CTA 0
+//            announces the network entry first and, at the end, records the plan's routing
+//            epoch (combine checks it) and waits until this rank's windows were all sent.
 //   arrival  CTA i of the arrival role takes receive blocks f = i, i + arrival_ctas, ... of this
 //            rank's kept rows (R = kArrivalRows rows each): waits (bounded) until arrival[f] holds
 //            the block's row count (every row's sender has added its 1, so every primary row in
@@ -27,6 +39,8 @@
 //   x        [T, H] this rank's tokens (local)
 //   recv_x   [C, H] symmetric: rows [0, kept) in the receive layout, the rest untouched
 //   rows     RecvRow [C] in the MoE workspace; arrival / ready [ceil(C / R)] there too
+//   send_window, staging, token_pos, send_fill / sent_chunks / send_count   several nodes only
+//            (sizes in layout.h)
 #pragma once
 
 #include <cstdint>

@@ -131,8 +131,7 @@ inline const uint64_t* token_nodes(const void* plan, const planner::MoeLayouts& 
   return l.num_nodes > 1 ? reinterpret_cast<const uint64_t*>(static_cast<const char*>(plan) + l.plan.token_nodes) : nullptr;
 }
 
-// The values of a launch's signature every MoE call shares: the job's shape and the workspace's
-// heap offset (peers write into it by their own offset).
+// The job's shape (nodes, ranks per node), one value of every MoE launch's signature.
 inline int64_t job_shape(const Communicator::Impl& impl) {
   return static_cast<int64_t>(impl.topology.num_nodes) << 16 | impl.topology.local_world_size;
 }
