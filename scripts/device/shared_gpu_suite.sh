@@ -15,6 +15,7 @@
 #     moe-2x1 moe-2x2 moe-2x4 moe-4x2
 #                                   the same on N emulated nodes x L ranks (across nodes: the proxy)
 #     ring-2 ring-3 ring-4 ring-8   RingAttention* at 2, 3, 4, 8 ranks on one node
+#     ring-2x1 ring-2x2 ring-2x4    the same on N emulated nodes x L ranks (across nodes: the proxy)
 #     multi-2x1 multi-2x2 multi-2x4 multi-4x2
 #                                   MultiNode*, ProxyCopyEngine* on N emulated nodes x L ranks
 #     stress-2x2                    MultiNodeStress at 2 x 2 with STRESS_LAUNCHES (default 500)
@@ -170,6 +171,9 @@ for step in "${steps[@]}"; do
       gtest_job "moe_${layout}" $(( n * l )) "$n" "${MOE_FILTER:-Moe*}" LOOM_TIMEOUT_MS="${MOE_TIMEOUT_MS:-5000}" ;;
     moe-[0-9]*) gtest_job "moe_${step#moe-}ranks" "${step#moe-}" 1 "${MOE_FILTER:-Moe*}" LOOM_TIMEOUT_MS="${MOE_TIMEOUT_MS:-5000}" ;;
     consistency-[0-9]*) gtest_job "consistency_${step#consistency-}ranks" "${step#consistency-}" 1 'Consistency*' ;;
+    ring-[0-9]*x[0-9]*)
+      layout=${step#ring-}; n=${layout%x*}; l=${layout#*x}
+      gtest_job "ring_attention_${layout}" $(( n * l )) "$n" 'RingAttention*' ;;
     ring-[0-9]*) gtest_job "ring_attention_${step#ring-}ranks" "${step#ring-}" 1 'RingAttention*' ;;
     multi-[0-9]*x[0-9]*)
       layout=${step#multi-}; n=${layout%x*}; l=${layout#*x}

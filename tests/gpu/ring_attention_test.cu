@@ -69,7 +69,8 @@ struct RingResult {
 // and the graph is replayed once.
 RingResult run_case(Communicator& comm, const RingCase& c, uint64_t seed, std::vector<uint16_t>* out_bits = nullptr,
                     int launches = 1, bool graph = false) {
-  const int world = comm.local_world_size(), rank = comm.local_rank();
+  // The ring's position of this rank: node * L + local index (its chunk of the whole sequence).
+  const int world = comm.world_size(), rank = comm.node() * comm.local_world_size() + comm.local_rank();
   const int64_t total = world * c.seqlen, D = c.head_dim;
   const size_t q_full = static_cast<size_t>(c.batch * total * c.heads_q * D);
   const size_t kv_full = static_cast<size_t>(c.batch * total * c.heads_kv * D);
@@ -208,7 +209,7 @@ RingResult run_case(Communicator& comm, const RingCase& c, uint64_t seed, std::v
 }
 
 void check(Communicator& comm, const RingCase& c, uint64_t seed) {
-  SCOPED_TRACE(c.name(comm.local_world_size()));
+  SCOPED_TRACE(c.name(comm.world_size()));
   const RingResult r = run_case(comm, c, seed);
   EXPECT_EQ(r.nonfinite, 0) << "outputs left NaN or not finite";
   EXPECT_LT(r.rel_err, c.dtype == DType::kBF16 ? 1e-2 : 4e-3);
@@ -266,7 +267,7 @@ TEST(RingAttention, PlannedReservedAndCapturedInAGraph) {
   o.causal = true;
   const Result<RingAttentionPlanInfo> plan = ring_attention_plan(comm, a, o);
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
-  EXPECT_EQ(plan->workspace_bytes, ring_attention_workspace_bytes(a, comm.local_world_size()));
+  EXPECT_EQ(plan->workspace_bytes, ring_attention_workspace_bytes(a, comm.world_size()));
   EXPECT_GT(plan->grid, 0);
   EXPECT_GE(plan->kv_ctas, 0);
   EXPECT_LT(plan->kv_ctas, plan->grid);
@@ -284,7 +285,7 @@ TEST(RingAttention, PlannedReservedAndCapturedInAGraph) {
 
 TEST(RingAttention, BadInputIsRefusedOnEveryRank) {
   Communicator& comm = test::shared_comm();
-  const int world = comm.local_world_size();
+  const int world = comm.world_size();
   RingAttentionArgs a;
   DevBuf buf(1 << 20);
   a.q = a.k = a.v = buf.p;

@@ -14,5 +14,8 @@ inline constexpr OpId kAttentionMergeOp = family_op(kFamily, 1);
 inline constexpr OpId kRingAttentionOp = family_op(kFamily, 2);
 // "chunk `index` of rank src's K and V has arrived here" (ring attention)
 inline constexpr FlagKind kRingChunkFlag = family_flag(kFamily, 0);
+// "chunk `index` of this rank's own K and V is staged in its receive slot" (ring attention across
+// nodes: the network's source; local)
+inline constexpr FlagKind kRingStagedFlag = family_flag(kFamily, 1);
 
 }  // namespace loom::kernels::attention

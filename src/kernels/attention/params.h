@@ -65,6 +65,7 @@ struct RingParams {
   uint32_t chunks;                  // ceil(S_l / RingTunables::kChunkRows)
   uint32_t kv_ctas;
   uint32_t signature;
+  uint32_t net_flag_base;           // several nodes: the network window's first per-launch word
 };
 
 // A run of keys a tile attends to: rows [row0, row0 + len) of the K and V maps at batch coordinate

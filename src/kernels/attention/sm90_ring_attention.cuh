@@ -41,6 +41,7 @@
 #include "kernels/attention/sm90_flash_fwd.cuh"
 #include "kernels/comm/bulk_copy.cuh"
 #include "kernels/comm/entry.cuh"
+#include "kernels/comm/net.cuh"
 #include "kernels/comm/wait.cuh"
 #include "kernels/frame/persistent.cuh"
 #include "kernels/frame/role_table.h"
@@ -50,11 +51,35 @@ namespace loom::kernels::attention {
 
 enum class RingRole : uint32_t {
   kKvPush = 0,   // pushes and forwards K/V chunks, then computes
-  kCompute = 1,  // the attention engine on query tiles from the launch's queue
+  kNet = 1,      // several nodes: one CTA whose thread 0 sends this rank's K/V to the other nodes and
+                 // thread 32 receives theirs, then computes
+  kCompute = 2,  // the attention engine on query tiles from the launch's queue
 };
 using RingRoleTable = frame::RoleTable<RingRole, RingRole::kCompute>;
 
 __device__ __forceinline__ EntryWords ring_entry(const DeviceComm& c) { return {c.control.entered_offset}; }
+
+// Where this rank sits in the job: N nodes of L ranks, positions n * L + l (the sources of the
+// receive slots and flags); one node: N = 1, positions are the local indices.
+struct RingRanks {
+  uint32_t local, nodes, node, me;  // L, N, this rank's node and local index
+
+  __device__ explicit RingRanks(const DeviceComm& c)
+      : local(static_cast<uint32_t>(c.local_world)),
+        nodes(c.net.num_nodes > 1 ? static_cast<uint32_t>(c.net.num_nodes) : 1u),
+        node(c.net.num_nodes > 1 ? static_cast<uint32_t>(c.net.node) : 0u),
+        me(static_cast<uint32_t>(c.local_rank)) {}
+  __device__ uint32_t world() const { return nodes * local; }
+  __device__ uint32_t position() const { return node * local + me; }
+  // The source a query tile visits at step `step` (0 .. G-1): its own keys first, then, per local
+  // distance t = 0, 1, ..., the same-index blocks of the other nodes (t = 0: over the network)
+  // and the ring's (local index me - t of every node), in the order they should arrive.
+  __device__ uint32_t source_at(uint32_t step) const {
+    const uint32_t n = (node + step % nodes) % nodes;
+    const uint32_t l = (me + local - (step / nodes) % local) % local;
+    return n * local + l;
+  }
+};
 
 __device__ __forceinline__ uint64_t* ring_arrived(const RingParams& p, int owner, uint32_t src, uint32_t b,
                                                   uint32_t chunk) {
@@ -62,19 +87,25 @@ __device__ __forceinline__ uint64_t* ring_arrived(const RingParams& p, int owner
   return reinterpret_cast<uint64_t*>(p.comm.peer_heap_bases[owner] + p.arrived_offset + 8 * index);
 }
 
-// What one push CTA moves: positions (step s, batch b, chunk c) in that order, every kv_ctas-th
-// one from the CTA's index, each as two items (K, then V with the chunk's arrival flag; one stream
-// moves both, so the flag covers both). Step 0 sends this rank's K/V; step s >= 1 forwards rank
-// (me - s)'s chunk, awaited first.
+// What one push CTA moves: positions, every kv_ctas-th one from the CTA's index, each as two
+// items (K, then V with the chunk's arrival flag; one stream moves both, so the flag covers both).
+//   staging (several nodes only, first): (b, chunk) of this rank's own K/V into its own receive
+//     slot (the network's source: the heap holds what the proxy sends), its own flag set;
+//   the NVLink ring over the L ranks of the node: (step s = 0 .. L-2, node offset o, b, chunk)
+//     forwards to local rank me+1 the block of position (node m+o, local me-s): at s = 0 this
+//     rank's own K/V (o = 0) or the same-index block another node sent (o > 0, awaited), at
+//     s >= 1 the block local rank me-1 forwarded here (awaited).
 struct RingPushList {
   const RingParams* p;
   uint32_t index;  // of this CTA among the push CTAs
 
   using Item = BulkForwardItem;
 
+  __device__ uint32_t per_block() const { return static_cast<uint32_t>(p->core.batch) * p->chunks; }
+  __device__ uint32_t staged() const { return RingRanks(p->comm).nodes > 1 ? per_block() : 0; }
   __device__ uint32_t positions() const {
-    const uint32_t world = static_cast<uint32_t>(p->comm.local_world);
-    return (world - 1) * static_cast<uint32_t>(p->core.batch) * p->chunks;
+    const RingRanks r(p->comm);
+    return staged() + (r.local - 1) * r.nodes * per_block();
   }
   __device__ uint32_t count() const {
     const uint32_t n = positions();
@@ -82,53 +113,129 @@ struct RingPushList {
   }
   __device__ Item item(uint32_t k) const {
     const DeviceComm& c = p->comm;
-    const int world = c.local_world, me = c.local_rank;
+    const RingRanks r(c);
+    const int me = c.local_rank;
+    const int next = static_cast<int>((r.me + 1) % r.local);
     const uint32_t position = index + (k / 2) * p->kv_ctas;
     const bool is_v = (k & 1u) != 0;
-    const uint32_t per_step = static_cast<uint32_t>(p->core.batch) * p->chunks;
-    const uint32_t step = position / per_step;
-    const uint32_t b = (position % per_step) / p->chunks;
-    const uint32_t chunk = position % p->chunks;
-    const uint32_t src = static_cast<uint32_t>((me - static_cast<int>(step) + world) % world);
-    const int next = (me + 1) % world;
+    const uint32_t staging = staged();
+    const bool stage = position < staging;
+    const uint32_t q = stage ? position : position - staging;
+    const uint32_t per_step = r.nodes * per_block();
+    const uint32_t step = stage ? 0 : q / per_step;
+    const uint32_t within = q % per_block();
+    const uint32_t b = within / p->chunks;
+    const uint32_t chunk = within % p->chunks;
+    const uint32_t n = stage ? r.node : (r.node + (q % per_step) / per_block()) % r.nodes;
+    const uint32_t src = n * r.local + (r.me + r.local - step) % r.local;
+    const bool own = src == r.position();
     const uint32_t seq_len = static_cast<uint32_t>(p->core.seqlen_k);
     const uint32_t row = chunk * RingTunables::kChunkRows;
     const uint32_t rows = min(RingTunables::kChunkRows, seq_len - row);
-    // Row (src, b, row) of a receive buffer; this rank's own K/V rows (b, row) at step 0.
+    // Row (src, b, row) of a receive buffer; this rank's own K/V rows (b, row).
     const uint64_t recv_row = (static_cast<uint64_t>(src) * static_cast<uint64_t>(p->core.batch) + b) * seq_len + row;
     const uint64_t local_row = static_cast<uint64_t>(b) * seq_len + row;
     const uint64_t recv_offset = is_v ? p->recv_v_offset : p->recv_k_offset;
+    const int dst_rank = stage ? me : next;
     Item it;
-    it.src = step == 0 ? (is_v ? p->v_local : p->k_local) + local_row * p->row_bytes
-                       : reinterpret_cast<const char*>(c.local_heap_base) + recv_offset + recv_row * p->row_bytes;
-    it.dst = reinterpret_cast<char*>(c.peer_heap_bases[next]) + recv_offset + recv_row * p->row_bytes;
+    it.src = own ? (is_v ? p->v_local : p->k_local) + local_row * p->row_bytes
+                 : reinterpret_cast<const char*>(c.local_heap_base) + recv_offset + recv_row * p->row_bytes;
+    it.dst = reinterpret_cast<char*>(c.peer_heap_bases[dst_rank]) + recv_offset + recv_row * p->row_bytes;
     it.bytes = static_cast<uint64_t>(rows) * p->row_bytes;
-    it.flag = is_v ? ring_arrived(*p, next, src, b, chunk) : nullptr;
-    it.rank = next;
-    it.ready = step == 0 ? nullptr : ring_arrived(*p, me, src, b, chunk);
-    it.ready_rank = (me - 1 + world) % world;
+    it.flag = is_v ? ring_arrived(*p, dst_rank, src, b, chunk) : nullptr;
+    it.rank = stage ? -1 : next;  // staging writes this rank's own heap: no entry to wait for
+    it.ready = own ? nullptr : ring_arrived(*p, me, src, b, chunk);
+    it.ready_rank = step == 0 ? -1 : (me - 1 + c.local_world) % c.local_world;  // -1: from the network
     it.ready_kind = kRingChunkFlag;
     it.ready_index = (src * static_cast<uint32_t>(p->core.batch) + b) * p->chunks + chunk;
     return it;
   }
 };
 
-// The keys of a query tile of rank `me`: its own K/V first, then rank me-1's, me-2's, ... from the
-// receive buffers. Non-causal: one segment per rank (all S_l keys). Causal (zigzag): two per rank,
-// its sequence chunks (src and 2W-1-src, S_l/2 rows each), a query row's position being its place
-// in the whole sequence.
+// Several nodes, the network role's two threads (RingRole::kNet). Flags of the network window,
+// from net_flag_base: word ((i * B + b) * chunks + chunk) * 2 + {0: K, 1: V} = "chunk of K / V of
+// batch b from remote slot i landed" (each write carries its own flag: the K and V writes may
+// complete in any order on unordered transports).
+__device__ __forceinline__ uint32_t ring_net_flag(const RingParams& p, uint32_t slot, uint32_t b, uint32_t chunk,
+                                                  uint32_t v) {
+  return p.net_flag_base + ((slot * static_cast<uint32_t>(p.core.batch) + b) * p.chunks + chunk) * 2 + v;
+}
+
+// Thread 0: announces this rank's network entry, then sends each chunk of its own K and V, once
+// staged in its own receive slot, to its same-index GPU on every other node (into the same slot
+// there), then waits until the proxy has sent them all (the slot is the source). False after a
+// failed (recorded) wait.
+__device__ __forceinline__ bool ring_net_send(const RingParams& p, uint64_t epoch, const WaitContext& ctx) {
+  const DeviceComm& c = p.comm;
+  const RingRanks r(c);
+  if (!announce_network_entry(c, EntryPeers::kAll, p.signature, ctx)) return false;
+  const uint32_t src = r.position();
+  const uint32_t seq_len = static_cast<uint32_t>(p.core.seqlen_k);
+  for (uint32_t o = 1; o < r.nodes; ++o) {
+    const uint32_t n = (r.node + o) % r.nodes;
+    if (!wait_network_entry(c, static_cast<int>(n), p.signature, ctx)) return false;
+    const int peer = net_rank_of(c, static_cast<int>(n), c.local_rank);
+    const uint32_t at_peer = (r.node + r.nodes - n - 1) % r.nodes;  // the receiver's slot of this node
+    for (uint32_t b = 0; b < static_cast<uint32_t>(p.core.batch); ++b) {
+      for (uint32_t chunk = 0; chunk < p.chunks; ++chunk) {
+        const uint32_t index = (src * static_cast<uint32_t>(p.core.batch) + b) * p.chunks + chunk;
+        if (!wait_flag(ring_arrived(p, c.local_rank, src, b, chunk), epoch, ctx, -1, kRingStagedFlag, index)) return false;
+        const uint32_t row = chunk * RingTunables::kChunkRows;
+        const uint64_t bytes = static_cast<uint64_t>(min(RingTunables::kChunkRows, seq_len - row)) * p.row_bytes;
+        const uint64_t at = ((static_cast<uint64_t>(src) * static_cast<uint64_t>(p.core.batch) + b) * seq_len + row) * p.row_bytes;
+        const uint32_t lane = b * p.chunks + chunk;
+        if (!net_put(c, lane, peer, p.recv_k_offset + at, p.recv_k_offset + at, bytes, ring_net_flag(p, at_peer, b, chunk, 0), ctx) ||
+            !net_put(c, lane, peer, p.recv_v_offset + at, p.recv_v_offset + at, bytes, ring_net_flag(p, at_peer, b, chunk, 1), ctx)) {
+          return false;
+        }
+      }
+    }
+  }
+  return net_wait_proxy_done(c, ctx);
+}
+
+// Thread 32: each chunk the same-index GPUs of the other nodes send lands in their slot here;
+// once both of its flags are set this thread sets the chunk's arrival flag, which the ring's
+// forwarding and the compute role wait on like any other. False after a failed wait.
+__device__ __forceinline__ bool ring_net_receive(const RingParams& p, uint64_t epoch, const WaitContext& ctx) {
+  const DeviceComm& c = p.comm;
+  const RingRanks r(c);
+  for (uint32_t i = 0; i + 1 < r.nodes; ++i) {
+    const uint32_t n = (r.node + 1 + i) % r.nodes;
+    const uint32_t src = n * r.local + r.me;
+    const int sender = net_rank_of(c, static_cast<int>(n), c.local_rank);
+    for (uint32_t b = 0; b < static_cast<uint32_t>(p.core.batch); ++b) {
+      for (uint32_t chunk = 0; chunk < p.chunks; ++chunk) {
+        if (!net_wait(c, ring_net_flag(p, i, b, chunk, 0), sender, ctx) ||
+            !net_wait(c, ring_net_flag(p, i, b, chunk, 1), sender, ctx)) {
+          return false;
+        }
+        flag_store_release(ring_arrived(p, c.local_rank, src, b, chunk), epoch);
+      }
+    }
+  }
+  return true;
+}
+
+// The keys of a query tile of rank `me`: its own K/V first, then the other positions' in
+// RingRanks::source_at's order (one node: rank me-1's, me-2's, ...) from the receive buffers.
+// Non-causal: one segment per rank (all S_l keys). Causal (zigzag): two per rank, its sequence
+// chunks (src and 2W-1-src, S_l/2 rows each), a query row's position being its place in the
+// whole sequence (W and the ranks counted over the whole job).
 template <int kBlockM, int kBlockN, bool kCausal>
 struct RingKeys {
   const RingParams& p;
   uint64_t epoch;
-  int32_t world, me, half;  // half = S_l / 2 (causal)
+  RingRanks ranks;
+  int32_t world, me, half;  // the job's W and this rank's position; half = S_l / 2 (causal)
   static constexpr bool kOneSegment = false;  // several segments: the block cursor walks them
 
   __device__ RingKeys(const RingParams& params, uint64_t launch_epoch)
       : p(params),
         epoch(launch_epoch),
-        world(params.comm.local_world),
-        me(params.comm.local_rank),
+        ranks(params.comm),
+        world(static_cast<int32_t>(ranks.world())),
+        me(static_cast<int32_t>(ranks.position())),
         half(params.core.seqlen_q / 2) {}
 
   __device__ TileView view(uint32_t tile) const {
@@ -148,7 +255,7 @@ struct RingKeys {
   }
   __device__ KvSegment segment(const TileView& v, int i) const {
     const int32_t step = kCausal ? i / 2 : i;
-    const int32_t src = (me - step + world) % world;
+    const int32_t src = static_cast<int32_t>(ranks.source_at(static_cast<uint32_t>(step)));
     KvSegment s;
     s.k_map = step == 0 ? &p.core.k_map : &p.recv_k_map;
     s.v_map = step == 0 ? &p.core.v_map : &p.recv_v_map;
@@ -176,10 +283,10 @@ struct RingKeys {
     const uint32_t b = static_cast<uint32_t>(seg.batch_coord - seg.source * p.core.batch);
     const uint32_t first = static_cast<uint32_t>(seg.row0 + begin) / RingTunables::kChunkRows;
     const uint32_t last = static_cast<uint32_t>(seg.row0 + end - 1) / RingTunables::kChunkRows;
-    const int left = (me - 1 + world) % world;
+    const int left = (p.comm.local_rank - 1 + p.comm.local_world) % p.comm.local_world;
     for (uint32_t c = first; c <= last; ++c) {
       const uint32_t index = (static_cast<uint32_t>(seg.source) * static_cast<uint32_t>(p.core.batch) + b) * p.chunks + c;
-      if (!wait_flag(ring_arrived(p, me, static_cast<uint32_t>(seg.source), b, c), epoch, wait_ctx, left,
+      if (!wait_flag(ring_arrived(p, p.comm.local_rank, static_cast<uint32_t>(seg.source), b, c), epoch, wait_ctx, left,
                      kRingChunkFlag, index)) {
         return false;
       }
@@ -195,14 +302,14 @@ using RingPushStream = BulkCopyStream<RingTunables::kPushStages, RingTunables::k
 // arrived. Under causal masks some chunks are never awaited by a query tile; without this a peer's
 // late writes could land after the launch, in a workspace the next call may have moved.
 __device__ __forceinline__ bool ring_drain(const RingParams& p, uint64_t epoch, const WaitContext& ctx) {
-  const int world = p.comm.local_world, me = p.comm.local_rank, left = (me - 1 + world) % world;
-  for (int src = 0; src < world; ++src) {
-    if (src == me) continue;
+  const RingRanks r(p.comm);
+  const int me = p.comm.local_rank, left = (me - 1 + p.comm.local_world) % p.comm.local_world;
+  for (uint32_t src = 0; src < r.world(); ++src) {
+    if (src == r.position()) continue;
     for (uint32_t b = 0; b < static_cast<uint32_t>(p.core.batch); ++b) {
       for (uint32_t c = 0; c < p.chunks; ++c) {
-        const uint32_t index = (static_cast<uint32_t>(src) * static_cast<uint32_t>(p.core.batch) + b) * p.chunks + c;
-        if (!wait_flag(ring_arrived(p, me, static_cast<uint32_t>(src), b, c), epoch, ctx, left, kRingChunkFlag,
-                       index)) {
+        const uint32_t index = (src * static_cast<uint32_t>(p.core.batch) + b) * p.chunks + c;
+        if (!wait_flag(ring_arrived(p, me, src, b, c), epoch, ctx, left, kRingChunkFlag, index)) {
           return false;
         }
       }
@@ -223,8 +330,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) sm90_ring_attention_kernel(c
 
   RingRoleTable roles;
   roles.set(RingRole::kKvPush, p.kv_ctas);
+  roles.set(RingRole::kNet, c.net.num_nodes > 1 ? 1u : 0u);
   bool compute = true;
-  if (roles.role_of(blockIdx.x) == RingRole::kKvPush) {
+  if (roles.role_of(blockIdx.x) == RingRole::kNet) {
+    bool ok = true;
+    if (threadIdx.x == 0) ok = ring_net_send(p, f.epoch, f.ctx);
+    if (threadIdx.x == 32) ok = ring_net_receive(p, f.epoch, f.ctx);
+    compute = __syncthreads_and(ok ? 1 : 0) != 0;
+  } else if (roles.role_of(blockIdx.x) == RingRole::kKvPush) {
     // The push stream's ring lies in the Q/K/V buffers (free until this CTA computes); the
     // barriers after them stay the compute role's.
     compute = frame::run_data_role<RingPushStream, Cfg::kBarrierOffset>(smem, [&](RingPushStream& stream) {

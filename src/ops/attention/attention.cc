@@ -19,7 +19,7 @@ namespace {
 
 namespace ka = kernels::attention;
 
-const NameRegistration kNames{{{ka::kRingChunkFlag, "ring K/V chunk"}},
+const NameRegistration kNames{{{ka::kRingChunkFlag, "ring K/V chunk"}, {ka::kRingStagedFlag, "ring own K/V chunk staged"}},
                                {{ka::kAttentionOp, "attention"},
                                 {ka::kAttentionMergeOp, "attention_merge"},
                                 {ka::kRingAttentionOp, "ring_attention"}}};

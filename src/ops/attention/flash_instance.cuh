@@ -25,6 +25,16 @@ Status launch_variant(const Params& p, bool bf16, bool causal, int grid, cudaStr
   return launch_kernel(kVariants[variant], static_cast<unsigned>(grid), Cfg::kThreads, Cfg::kSmemBytes, stream, p);
 }
 
+// Loads every variant of one configuration now (the ring across nodes must not load a kernel
+// behind a running one: ops/launch/kernel_launch.h, load_once_per_device).
+template <class Cfg, class Kernels>
+Status load_variants() {
+  LOOM_TRY(prepare_kernel(reinterpret_cast<const void*>(Kernels::template of<Cfg, true, true>), Cfg::kSmemBytes));
+  LOOM_TRY(prepare_kernel(reinterpret_cast<const void*>(Kernels::template of<Cfg, true, false>), Cfg::kSmemBytes));
+  LOOM_TRY(prepare_kernel(reinterpret_cast<const void*>(Kernels::template of<Cfg, false, true>), Cfg::kSmemBytes));
+  return prepare_kernel(reinterpret_cast<const void*>(Kernels::template of<Cfg, false, false>), Cfg::kSmemBytes);
+}
+
 struct FlashKernels {
   template <class Cfg, bool kBF16, bool kCausal>
   static constexpr auto of = &kernels::attention::sm90_flash_fwd_kernel<Cfg, kBF16, kCausal>;

@@ -27,7 +27,8 @@ LOOM_FLASH_INSTANCE(256x80)
 // Ring attention (sm90_ring_attention.cuh): the planner's default configuration per head dim only.
 #define LOOM_RING_INSTANCE(cfg)                                                                     \
   Status launch_ring_##cfg(const kernels::attention::RingParams& p, bool bf16, bool causal, int grid, \
-                           cudaStream_t stream);
+                           cudaStream_t stream);                                                      \
+  Status load_ring_##cfg();
 LOOM_RING_INSTANCE(64x128)
 LOOM_RING_INSTANCE(64x192)
 LOOM_RING_INSTANCE(128x176)

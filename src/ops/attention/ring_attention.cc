@@ -14,11 +14,14 @@
 #include "ops/attention/flash_launch.h"
 #include "ops/attention/flash_params.h"
 #include "ops/launch/family_resources.h"
+#include "ops/launch/kernel_launch.h"
 #include "ops/launch/queued_work.h"
 #include "ops/launch/signature.h"
 #include "planner/attention_plan.h"
 #include "runtime/communicator_impl.h"
 #include "runtime/cuda_check.h"
+#include "runtime/network_layout.h"
+#include "runtime/topology.h"
 
 namespace loom {
 
@@ -31,8 +34,11 @@ constexpr const char* kFamily = "attention";
 // The launch's 32-bit signature (ops/launch/signature.h) over what every rank must agree on,
 // compared by the entry handshake: ranks that call with other shapes or options fail with a
 // mismatch (invalid_argument).
-uint32_t ring_signature(const RingAttentionArgs& a, const RingAttentionOptions& o, int block_n, uint64_t workspace) {
-  return ops::call_signature(ka::kRingAttentionOp, {{"batch", a.batch},
+uint32_t ring_signature(const RingAttentionArgs& a, const RingAttentionOptions& o, int block_n, uint64_t workspace,
+                        const runtime::Topology& t) {
+  return ops::call_signature(ka::kRingAttentionOp, {{"nodes", t.num_nodes},
+                                                    {"local", t.local_world_size},
+                                                    {"batch", a.batch},
                                                     {"seqlen", a.seqlen},
                                                     {"heads_q", a.heads_q},
                                                     {"heads_kv", a.heads_kv},
@@ -50,19 +56,38 @@ struct RingCall {
   AttentionOptions core_options;
   planner::AttentionPlan plan;
   planner::RingWorkspace layout;
-  int world = 0;
+  int world = 0;  // ranks of the job (N nodes x L)
   int grid = 0;
   int kv_ctas = 0;
 };
 
+// Loads every ring attention kernel (once per device): across nodes a kernel must not be loaded
+// behind a running one, which waits on the proxy (ops/launch/kernel_launch.h).
+Status load_ring_kernels() {
+  return ops::load_once_per_device(ops::loaded_devices_of("ring_attention"), [] {
+    LOOM_TRY(ops::attention::load_ring_64x128());
+    LOOM_TRY(ops::attention::load_ring_64x192());
+    LOOM_TRY(ops::attention::load_ring_128x176());
+    return ops::attention::load_ring_256x80();
+  });
+}
+
 Result<RingCall> plan_ring(Communicator::Impl& impl, const RingAttentionArgs& args, const RingAttentionOptions& options) {
-  if (impl.topology.num_nodes > 1) {
-    return Status::unsupported("ring_attention: rings across nodes are not built yet (one node, " +
-                               std::to_string(impl.topology.local_world_size) + " local ranks, works)");
-  }
   LOOM_TRY(impl.check_usable());
   RingCall call;
-  call.world = impl.topology.local_world_size;
+  // Across nodes the ring numbers the job's ranks node-major (position n * L + l; the sequence's
+  // chunks follow it): the communicator's numbering must be that one.
+  const runtime::Topology& t = impl.topology;
+  for (int n = 0; n < t.num_nodes && t.num_nodes > 1; ++n) {
+    for (int l = 0; l < t.local_world_size; ++l) {
+      if (t.rank_of(n, l) != n * t.local_world_size + l) {
+        return Status::unsupported("ring_attention: across nodes the ranks must be numbered node by node (rank " +
+                                   std::to_string(t.rank_of(n, l)) + " is local index " + std::to_string(l) +
+                                   " of node " + std::to_string(n) + ")");
+      }
+    }
+  }
+  call.world = t.world_size;
   LOOM_TRY(planner::validate_ring_attention(args, options, call.world));
   call.core = planner::ring_core_args(args);
   call.core_options.causal = options.causal;
@@ -73,13 +98,28 @@ Result<RingCall> plan_ring(Communicator::Impl& impl, const RingAttentionArgs& ar
   call.layout = planner::ring_workspace(args, call.world);
   call.grid = impl.sm_count;
   call.kv_ctas = planner::ring_kv_ctas(options, call.world, call.grid);
+  if (t.num_nodes > 1) {
+    // Two network flags per chunk of K/V and remote node; one CTA of the grid for the network.
+    const runtime::net::NetWindowLayout window{static_cast<uint32_t>(t.num_nodes), static_cast<uint32_t>(t.local_world_size)};
+    const uint64_t flags = 2ull * static_cast<uint64_t>(t.num_nodes - 1) * static_cast<uint64_t>(args.batch) * call.layout.chunks;
+    if (flags > window.launch_capacity()) {
+      return Status::unsupported("ring_attention: " + std::to_string(flags) + " network flags per call (2 per chunk of " +
+                                 std::to_string(ka::RingTunables::kChunkRows) + " rows, batch and remote node); the " +
+                                 "network flag window holds " + std::to_string(window.launch_capacity()));
+    }
+    if (call.kv_ctas + 2 > call.grid) {
+      return Status::unsupported("ring_attention: " + std::to_string(call.grid) + " CTAs cannot hold " +
+                                 std::to_string(call.kv_ctas) + " K/V push CTAs, a network CTA and a compute CTA");
+    }
+  }
   return call;
 }
 
-Status ring_one_node(Communicator& comm, const RingAttentionArgs& args, cudaStream_t stream,
-                     const RingAttentionOptions& options) {
+Status ring_launch(Communicator& comm, const RingAttentionArgs& args, cudaStream_t stream,
+                   const RingAttentionOptions& options) {
   Communicator::Impl& impl = internal(comm);
   LOOM_ASSIGN_OR_RETURN(const RingCall call, plan_ring(impl, args, options));
+  if (impl.topology.num_nodes > 1) LOOM_TRY_CTX(load_ring_kernels(), "ring_attention");
   const int world = call.world;
   const planner::AttentionPlan& plan = call.plan;
   const planner::RingWorkspace& layout = call.layout;
@@ -123,7 +163,8 @@ Status ring_one_node(Communicator& comm, const RingAttentionArgs& args, cudaStre
   p.chunks = layout.chunks;
   const int grid = call.grid;
   p.kv_ctas = static_cast<uint32_t>(call.kv_ctas);
-  p.signature = ring_signature(args, options, plan.info.block_n, base);
+  p.net_flag_base = impl.device_comm().net.launch_flag_base;
+  p.signature = ring_signature(args, options, plan.info.block_n, base, impl.topology);
   LOOM_DEBUG("ring_attention: W %d, B %lld, S_l %lld, H %lld/%lld, D %lld, %s, BLOCK_N %d, %d CTAs (%u push K/V first)",
              world, static_cast<long long>(args.batch), static_cast<long long>(args.seqlen),
              static_cast<long long>(args.heads_q), static_cast<long long>(args.heads_kv),
@@ -155,7 +196,7 @@ Status ring_attention_reserve_workspace(Communicator& comm, const RingAttentionA
 
 Status ring_attention(Communicator& comm, const RingAttentionArgs& args, cudaStream_t stream,
                       const RingAttentionOptions& options) {
-  return ops::noted(comm, ring_one_node(comm, args, stream, options), stream);
+  return ops::noted(comm, ring_launch(comm, args, stream, options), stream);
 }
 
 }  // namespace loom

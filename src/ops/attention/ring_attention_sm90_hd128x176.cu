@@ -8,4 +8,6 @@ Status launch_ring_128x176(const kernels::attention::RingParams& p, bool bf16, b
   return launch_variant<kernels::attention::Flash128x176, RingKernels>(p, bf16, causal, grid, stream);
 }
 
+Status load_ring_128x176() { return load_variants<kernels::attention::Flash128x176, RingKernels>(); }
+
 }  // namespace loom::ops::attention

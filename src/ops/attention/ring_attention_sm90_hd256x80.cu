@@ -8,4 +8,6 @@ Status launch_ring_256x80(const kernels::attention::RingParams& p, bool bf16, bo
   return launch_variant<kernels::attention::Flash256x80, RingKernels>(p, bf16, causal, grid, stream);
 }
 
+Status load_ring_256x80() { return load_variants<kernels::attention::Flash256x80, RingKernels>(); }
+
 }  // namespace loom::ops::attention

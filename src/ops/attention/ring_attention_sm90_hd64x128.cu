@@ -8,4 +8,6 @@ Status launch_ring_64x128(const kernels::attention::RingParams& p, bool bf16, bo
   return launch_variant<kernels::attention::Flash64x128, RingKernels>(p, bf16, causal, grid, stream);
 }
 
+Status load_ring_64x128() { return load_variants<kernels::attention::Flash64x128, RingKernels>(); }
+
 }  // namespace loom::ops::attention

@@ -8,4 +8,6 @@ Status launch_ring_64x192(const kernels::attention::RingParams& p, bool bf16, bo
   return launch_variant<kernels::attention::Flash64x192, RingKernels>(p, bf16, causal, grid, stream);
 }
 
+Status load_ring_64x192() { return load_variants<kernels::attention::Flash64x192, RingKernels>(); }
+
 }  // namespace loom::ops::attention
