@@ -118,9 +118,10 @@ struct AttentionMergeArgs {
 Status attention_merge_can_implement(const AttentionMergeArgs& args);
 Status attention_merge(const AttentionMergeArgs& args, cudaStream_t stream);
 
-// ---- ring attention: sequence parallelism over the ranks of one node ------------------------------
+// ---- ring attention: sequence parallelism over the ranks of a job ---------------------------------
 //
-// Rank r of W (= comm.local_world_size()) holds its chunk of every sequence: q [B, S_l, Hq, D],
+// Rank r of W (= comm.world_size(); across nodes r = node * L + local index, which the call
+// requires of the communicator's numbering) holds its chunk of every sequence: q [B, S_l, Hq, D],
 // k and v [B, S_l, Hkv, D] (contiguous); it gets out [B, S_l, Hq, D] (and lse [B, Hq, S_l], fp32)
 // = attention of its queries over the keys of all W chunks. Non-causal: any assignment of chunks
 // to ranks. Causal: the zigzag layout — the sequence of W * S_l rows is cut into 2W chunks of
@@ -128,10 +129,12 @@ Status attention_merge(const AttentionMergeArgs& args, cudaStream_t stream);
 // zigzag_shard / zigzag_unshard in loom.torch move a whole sequence into and out of that layout.
 // One persistent kernel per call: K/V chunks travel around the ring over NVLink (each rank's K/V
 // reaches every other rank) while the attention engine starts every query tile on its own keys and
-// takes the others' as they arrive, merging in fp32 registers. Collective: every rank calls it with
-// the same shapes and options (compared at the kernel's entry: a mismatch fails the launch).
-// The attention family's symmetric workspace holds every rank's K/V
-// (ring_attention_workspace_bytes). Across nodes: not built yet (unsupported).
+// takes the others' as they arrive, merging in fp32 registers. Across nodes each rank's K/V crosses
+// the network once per other node, to the GPU with its local index there (through the proxy),
+// and then travels around that node's ring. Collective: every rank calls it with the same shapes
+// and options (compared at the kernel's entry: a mismatch fails the launch). The attention
+// family's symmetric workspace holds every rank's K/V (ring_attention_workspace_bytes with
+// world = W).
 struct RingAttentionArgs {
   const void* q = nullptr;
   const void* k = nullptr;
@@ -168,8 +171,7 @@ struct RingAttentionPlanInfo {
   size_t workspace_bytes = 0;  // ring_attention_workspace_bytes(args, W)
 };
 // The call's checks but where its buffers live (the pointers must be set and aligned as for the
-// call, but are not looked up: placeholders work before allocating), then the plan; unsupported
-// across nodes.
+// call, but are not looked up: placeholders work before allocating), then the plan.
 Result<RingAttentionPlanInfo> ring_attention_plan(Communicator& comm, const RingAttentionArgs& args,
                                                   const RingAttentionOptions& options = {});
 // Grows loom's symmetric workspace to what the call needs (stream: where the growth waits for
