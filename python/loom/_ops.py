@@ -144,11 +144,13 @@ def synchronize_standalone(stream: StreamArg = None, like: Optional[DLPackArray]
 def ring_attention(comm: CommLike, q: DLPackArray, k: DLPackArray, v: DLPackArray, out: Out, *,
                    lse: Optional[DLPackArray] = None, causal: bool = False, scale: Optional[float] = None,
                    stream: StreamArg = None, kv_ctas: int = 0, block_n: int = 0) -> Out:
-    """Sequence-parallel attention over the ranks of one node (collective): this rank's chunk q
+    """Sequence-parallel attention over the ranks of the job, one node or several (collective;
+    across nodes rank r = node * L + local index, as torchrun numbers them): this rank's chunk q
     [B, S_l, Hq, D], k and v [B, S_l, Hkv, D] attend over every rank's keys; out like q, lse
     [B, Hq, S_l] float32. causal: the zigzag layout (rank r holds chunks r and 2W-1-r of S_l / 2;
-    loom.torch.zigzag_shard builds it). One persistent kernel: K/V travel around the ring while
-    the attention engine computes."""
+    loom.torch.zigzag_shard builds it). One persistent kernel: K/V travel around the ring (across
+    nodes once per node through the proxy, then around each node's ring) while the attention
+    engine computes."""
     c = as_communicator(comm, "ring_attention")
     _C.ring_attention(c._c, q, k, v, out, lse, _stream(stream, q, "ring_attention", c.device, c.rank), causal,
                       0.0 if scale is None else float(scale), kv_ctas, block_n)

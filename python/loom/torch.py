@@ -574,7 +574,7 @@ def attention_merge(partial_out: torch.Tensor, partial_lse: torch.Tensor, *,
 def ring_attention(comm: CommLike, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                    scale: Optional[float] = None) -> tuple:
     """(out, lse) of this rank's chunk q [B, S_l, Hq, D] over every rank's k, v [B, S_l, Hkv, D]
-    (collective over comm's node; causal: the zigzag layout, see zigzag_shard). See loom.ring_attention."""
+    (collective over comm's ranks; causal: the zigzag layout, see zigzag_shard). See loom.ring_attention."""
     return torch.ops.loom.ring_attention.default(register_communicator(comm), q, k, v, causal, scale)
 
 
