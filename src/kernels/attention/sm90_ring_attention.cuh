@@ -59,27 +59,14 @@ using RingRoleTable = frame::RoleTable<RingRole, RingRole::kCompute>;
 
 __device__ __forceinline__ EntryWords ring_entry(const DeviceComm& c) { return {c.control.entered_offset}; }
 
-// Where this rank sits in the job: N nodes of L ranks, positions n * L + l (the sources of the
-// receive slots and flags); one node: N = 1, positions are the local indices.
-struct RingRanks {
-  uint32_t local, nodes, node, me;  // L, N, this rank's node and local index
-
-  __device__ explicit RingRanks(const DeviceComm& c)
-      : local(static_cast<uint32_t>(c.local_world)),
-        nodes(c.net.num_nodes > 1 ? static_cast<uint32_t>(c.net.num_nodes) : 1u),
-        node(c.net.num_nodes > 1 ? static_cast<uint32_t>(c.net.node) : 0u),
-        me(static_cast<uint32_t>(c.local_rank)) {}
-  __device__ uint32_t world() const { return nodes * local; }
-  __device__ uint32_t position() const { return node * local + me; }
-  // The source a query tile visits at step `step` (0 .. G-1): its own keys first, then, per local
-  // distance t = 0, 1, ..., the same-index blocks of the other nodes (t = 0: over the network)
-  // and the ring's (local index me - t of every node), in the order they should arrive.
-  __device__ uint32_t source_at(uint32_t step) const {
-    const uint32_t n = (node + step % nodes) % nodes;
-    const uint32_t l = (me + local - (step / nodes) % local) % local;
-    return n * local + l;
-  }
-};
+// The source a query tile of this rank visits at step `step` (0 .. G-1): its own keys first, then,
+// per local distance t = 0, 1, ..., the same-index blocks of the other nodes (t = 0: over the
+// network) and the ring's (local index me - t of every node), in the order they should arrive.
+__device__ __forceinline__ uint32_t ring_source_at(const JobRanks& r, uint32_t step) {
+  const uint32_t n = (r.node + step % r.nodes) % r.nodes;
+  const uint32_t l = (r.me + r.local - (step / r.nodes) % r.local) % r.local;
+  return n * r.local + l;
+}
 
 __device__ __forceinline__ uint64_t* ring_arrived(const RingParams& p, int owner, uint32_t src, uint32_t b,
                                                   uint32_t chunk) {
@@ -102,9 +89,9 @@ struct RingPushList {
   using Item = BulkForwardItem;
 
   __device__ uint32_t per_block() const { return static_cast<uint32_t>(p->core.batch) * p->chunks; }
-  __device__ uint32_t staged() const { return RingRanks(p->comm).nodes > 1 ? per_block() : 0; }
+  __device__ uint32_t staged() const { return JobRanks(p->comm).nodes > 1 ? per_block() : 0; }
   __device__ uint32_t positions() const {
-    const RingRanks r(p->comm);
+    const JobRanks r(p->comm);
     return staged() + (r.local - 1) * r.nodes * per_block();
   }
   __device__ uint32_t count() const {
@@ -113,7 +100,7 @@ struct RingPushList {
   }
   __device__ Item item(uint32_t k) const {
     const DeviceComm& c = p->comm;
-    const RingRanks r(c);
+    const JobRanks r(c);
     const int me = c.local_rank;
     const int next = static_cast<int>((r.me + 1) % r.local);
     const uint32_t position = index + (k / 2) * p->kv_ctas;
@@ -167,7 +154,7 @@ __device__ __forceinline__ uint32_t ring_net_flag(const RingParams& p, uint32_t 
 // failed (recorded) wait.
 __device__ __forceinline__ bool ring_net_send(const RingParams& p, uint64_t epoch, const WaitContext& ctx) {
   const DeviceComm& c = p.comm;
-  const RingRanks r(c);
+  const JobRanks r(c);
   if (!announce_network_entry(c, EntryPeers::kAll, p.signature, ctx)) return false;
   const uint32_t src = r.position();
   const uint32_t seq_len = static_cast<uint32_t>(p.core.seqlen_k);
@@ -199,7 +186,7 @@ __device__ __forceinline__ bool ring_net_send(const RingParams& p, uint64_t epoc
 // forwarding and the compute role wait on like any other. False after a failed wait.
 __device__ __forceinline__ bool ring_net_receive(const RingParams& p, uint64_t epoch, const WaitContext& ctx) {
   const DeviceComm& c = p.comm;
-  const RingRanks r(c);
+  const JobRanks r(c);
   for (uint32_t i = 0; i + 1 < r.nodes; ++i) {
     const uint32_t n = (r.node + 1 + i) % r.nodes;
     const uint32_t src = n * r.local + r.me;
@@ -218,7 +205,7 @@ __device__ __forceinline__ bool ring_net_receive(const RingParams& p, uint64_t e
 }
 
 // The keys of a query tile of rank `me`: its own K/V first, then the other positions' in
-// RingRanks::source_at's order (one node: rank me-1's, me-2's, ...) from the receive buffers.
+// ring_source_at's order (one node: rank me-1's, me-2's, ...) from the receive buffers.
 // Non-causal: one segment per rank (all S_l keys). Causal (zigzag): two per rank, its sequence
 // chunks (src and 2W-1-src, S_l/2 rows each), a query row's position being its place in the
 // whole sequence (W and the ranks counted over the whole job).
@@ -226,7 +213,7 @@ template <int kBlockM, int kBlockN, bool kCausal>
 struct RingKeys {
   const RingParams& p;
   uint64_t epoch;
-  RingRanks ranks;
+  JobRanks ranks;
   int32_t world, me, half;  // the job's W and this rank's position; half = S_l / 2 (causal)
   static constexpr bool kOneSegment = false;  // several segments: the block cursor walks them
 
@@ -255,7 +242,7 @@ struct RingKeys {
   }
   __device__ KvSegment segment(const TileView& v, int i) const {
     const int32_t step = kCausal ? i / 2 : i;
-    const int32_t src = static_cast<int32_t>(ranks.source_at(static_cast<uint32_t>(step)));
+    const int32_t src = static_cast<int32_t>(ring_source_at(ranks, static_cast<uint32_t>(step)));
     KvSegment s;
     s.k_map = step == 0 ? &p.core.k_map : &p.recv_k_map;
     s.v_map = step == 0 ? &p.core.v_map : &p.recv_v_map;
@@ -302,7 +289,7 @@ using RingPushStream = BulkCopyStream<RingTunables::kPushStages, RingTunables::k
 // arrived. Under causal masks some chunks are never awaited by a query tile; without this a peer's
 // late writes could land after the launch, in a workspace the next call may have moved.
 __device__ __forceinline__ bool ring_drain(const RingParams& p, uint64_t epoch, const WaitContext& ctx) {
-  const RingRanks r(p.comm);
+  const JobRanks r(p.comm);
   const int me = p.comm.local_rank, left = (me - 1 + p.comm.local_world) % p.comm.local_world;
   for (uint32_t src = 0; src < r.world(); ++src) {
     if (src == r.position()) continue;

@@ -56,6 +56,29 @@ __device__ __forceinline__ uint64_t* net_word_at(const DeviceComm& c, int local_
   return reinterpret_cast<uint64_t*>(c.peer_heap_bases[local_rank] + net_word_offset(c, index));
 }
 
+// Where this rank sits in the job, for the families that number the job's ranks by position
+// n * L + l (local index l of node n; MoE and ring attention): its node, local index and
+// position, and any position's node and local index. One node: N = 1, positions are the local
+// indices. The communicator's rank of a position is net_rank_of(node, local).
+struct JobRanks {
+  uint32_t local;  // L
+  uint32_t nodes;  // N
+  uint32_t node;   // this rank's node
+  uint32_t me;     // this rank's local index
+
+  __device__ explicit JobRanks(const DeviceComm& c)
+      : local(static_cast<uint32_t>(c.local_world)),
+        nodes(c.net.num_nodes > 1 ? static_cast<uint32_t>(c.net.num_nodes) : 1u),
+        node(c.net.num_nodes > 1 ? static_cast<uint32_t>(c.net.node) : 0u),
+        me(static_cast<uint32_t>(c.local_rank)) {}
+  __device__ uint32_t world() const { return nodes * local; }
+  __device__ uint32_t position() const { return node * local + me; }
+  __device__ uint32_t node_of(uint32_t position) const { return position / local; }
+  __device__ uint32_t local_of(uint32_t position) const { return position % local; }
+  // The position of this rank's local index on node n (its same-index GPU there).
+  __device__ uint32_t peer_on(uint32_t n) const { return n * local + me; }
+};
+
 // Global rank of the GPU with local index `local` on node `node`.
 __device__ __forceinline__ int net_rank_of(const DeviceComm& c, int node, int local) {
   return c.net.rank_at[node * c.local_world + local];

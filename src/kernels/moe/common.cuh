@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "kernels/comm/entry.cuh"
+#include "kernels/comm/net.cuh"
 #include "kernels/moe/layout.h"
 #include "runtime/device_abi.h"
 
@@ -42,27 +43,6 @@ struct LaunchCommon {
   Workspace ws;
 };
 
-// Where this rank and a rank of the job sit: ranks are node-major (rank n * L + l is local index l
-// of node n; the host refuses other numberings), so a rank's node and local index follow from it.
-struct JobRanks {
-  uint32_t local;  // L
-  uint32_t nodes;  // N
-  uint32_t node;   // this rank's node
-  uint32_t me;     // this rank's local index
-
-  __device__ explicit JobRanks(const DeviceComm& c)
-      : local(static_cast<uint32_t>(c.local_world)),
-        nodes(c.net.num_nodes > 1 ? static_cast<uint32_t>(c.net.num_nodes) : 1u),
-        node(c.net.num_nodes > 1 ? static_cast<uint32_t>(c.net.node) : 0u),
-        me(static_cast<uint32_t>(c.local_rank)) {}
-  __device__ uint32_t world() const { return nodes * local; }
-  __device__ uint32_t rank() const { return node * local + me; }
-  __device__ uint32_t node_of(uint32_t rank) const { return rank / local; }
-  __device__ uint32_t local_of(uint32_t rank) const { return rank % local; }
-  // The position of this rank's local index on node n (its network peer there; network commands
-  // and error records name that GPU by its communicator rank, net_rank_of).
-  __device__ uint32_t peer_on(uint32_t n) const { return n * local + me; }
-};
 
 // What dispatch and combine read of the routing's plan buffer (PlanLayout regions).
 struct PlanView {

@@ -159,7 +159,7 @@ __device__ __forceinline__ NetWindow dispatch_window(const DispatchParams& p, co
   w.src_offset = p.ws.offset + l.send_window + static_cast<uint64_t>(i) * p.max_tokens * l.entry_bytes;
   w.dst_offset = p.ws.offset + l.staging + static_cast<uint64_t>(at_peer) * p.max_tokens * l.entry_bytes;
   w.entry_bytes = l.entry_bytes;
-  w.entries = tokens_to_node(p, p.num_experts, r.nodes, r.rank(), n);
+  w.entries = tokens_to_node(p, p.num_experts, r.nodes, r.position(), n);
   w.flag_base = p.net_flag_base + at_peer * l.window_chunks;
   w.node = static_cast<int>(n);
   w.peer = net_rank_of(c, static_cast<int>(n), c.local_rank);
@@ -184,7 +184,7 @@ __device__ __forceinline__ bool send_to_node(const DispatchParams& p, const JobR
   const bool there = dest != kNoSlot && r.node_of(static_cast<uint32_t>(dest) / p.capacity) == n;
   if (lane == 0) {
     header[0] = static_cast<int32_t>(t);
-    header[1] = static_cast<int32_t>(r.rank());
+    header[1] = static_cast<int32_t>(r.position());
     *p.ws.at<int32_t>(c, c.local_rank, l.token_pos, static_cast<uint64_t>(t) * (r.nodes - 1) + i) = static_cast<int32_t>(pos);
   }
   if (lane < p.top_k) {
@@ -215,7 +215,7 @@ __device__ __forceinline__ bool push_tokens(const DispatchParams& p, uint32_t fi
     const int32_t dest = lane < p.top_k ? valid_slot(p.plan.slot_dest[q], r.world(), p.capacity) : kNoSlot;
     const float weight = lane < p.top_k ? p.plan.slot_weight[q] : 0.0f;
     const char* row = p.x + static_cast<uint64_t>(t) * p.row_bytes;
-    if (!push_local_slots(p, r, dest, weight, static_cast<int32_t>(t), static_cast<int32_t>(r.rank()), row, s, epoch, ctx)) {
+    if (!push_local_slots(p, r, dest, weight, static_cast<int32_t>(t), static_cast<int32_t>(r.position()), row, s, epoch, ctx)) {
       return false;
     }
     if (!net) continue;
@@ -287,7 +287,7 @@ __device__ __forceinline__ bool finish_sends(const DispatchParams& p, const Wait
   return net_windows_drained(
       c, p.ws.at<uint64_t>(c, c.local_rank, l.sent_chunks), r.nodes - 1,
       [&](uint32_t i) {
-        return window_chunks(tokens_to_node(p, p.num_experts, r.nodes, r.rank(), remote_node(r.node, i, r.nodes)));
+        return window_chunks(tokens_to_node(p, p.num_experts, r.nodes, r.position(), remote_node(r.node, i, r.nodes)));
       },
       kSentFlag, ctx);
 }

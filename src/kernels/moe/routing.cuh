@@ -182,7 +182,7 @@ __device__ __forceinline__ bool exchange_across_nodes(const RoutingParams& p, co
   const uint32_t tid = threadIdx.x;
   const uint32_t remote = r.nodes - 1;
   const uint64_t row_bytes = 4ull * row_ints;
-  const uint64_t my_row = p.ws.offset + l.count_table + r.rank() * row_bytes;
+  const uint64_t my_row = p.ws.offset + l.count_table + r.position() * row_bytes;
   bool ok = true;
   if (tid < remote) {
     const uint32_t n = remote_node(r.node, tid, r.nodes);
@@ -220,7 +220,7 @@ __device__ __forceinline__ bool coordinate(const RoutingParams& p, const frame::
   const uint32_t experts = p.num_experts;
   const uint32_t per_rank = p.local_experts;
   const uint32_t world = r.world();
-  const uint32_t me = r.rank();
+  const uint32_t me = r.position();
   const uint32_t local_me = r.me;
   const uint64_t epoch = f.epoch;
   const bool net = r.nodes > 1;
