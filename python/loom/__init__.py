@@ -11,7 +11,7 @@ argument order (``comm`` first). The distribution is called ``loom-kernels``.
     x = torch.from_dlpack(comm.empty((n,), "bf16"))  # symmetric memory (peers can read it)
     loom.all_reduce(comm, x)                      # in place, current torch stream
 
-Expert parallelism (MoE) within a node: ``loom.MoeConfig``, ``loom.moe_routing``,
+Expert parallelism (MoE), within a node or across nodes: ``loom.MoeConfig``, ``loom.moe_routing``,
 ``loom.moe_dispatch``, ``loom.moe_combine``, ``loom.moe_report``, ``loom.moe_dispatch_gemm``
 (loom/_moe.py has the whole step; ``loom.torch.moe_buffers`` allocates its buffers).
 """

@@ -106,8 +106,9 @@ def _plan(plan: MoePlan, op: str, rank: int) -> MoePlan:
 
 def moe_can_implement(comm: CommLike, config: MoeConfig) -> Optional[LoomError]:
     """None when `config` can run on `comm` (host checks only: E a multiple of the world size,
-    k <= min(E, 32), E <= 1024, rows a multiple of 16 bytes, one node, ...); otherwise the error a
-    call would raise (returned, not raised). Nothing is allocated or launched."""
+    k <= min(E, 32), E <= 1024, rows a multiple of 16 bytes, at most 32 ranks per node, ...);
+    otherwise the error a call would raise (returned, not raised). Nothing is allocated or
+    launched."""
     c = as_communicator(comm, "moe_can_implement")
     failure = _C.moe_can_implement(c._c, _config(config, "moe_can_implement", c.rank))
     if failure is None:

@@ -5,8 +5,8 @@
 // loom's C++ API takes raw pointers, so it cannot see a tensor's shape or dtype: those are checked
 // here against the config (shapes and dtypes of every tensor first, then devices, then symmetric
 // memory, so that a CPU tensor with the right shape proves the shape rules passed). Everything
-// else (config limits, alignment, sizes in bytes, overlaps, T > max_tokens, multi-node jobs) is
-// loom's own check, whose Status is raised as the matching loom.LoomError.
+// else (config limits, alignment, sizes in bytes, overlaps, T > max_tokens, the rules across
+// nodes) is loom's own check, whose Status is raised as the matching loom.LoomError.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
