@@ -64,7 +64,7 @@ struct RingCall {
 // Loads every ring attention kernel (once per device): across nodes a kernel must not be loaded
 // behind a running one, which waits on the proxy (ops/launch/kernel_launch.h).
 Status load_ring_kernels() {
-  return ops::load_once_per_device(ops::loaded_devices_of("ring_attention"), [] {
+  return ops::load_once_per_device([] {
     LOOM_TRY(ops::attention::load_ring_64x128());
     LOOM_TRY(ops::attention::load_ring_64x192());
     LOOM_TRY(ops::attention::load_ring_128x176());

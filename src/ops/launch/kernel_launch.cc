@@ -1,35 +1,21 @@
 #include "ops/launch/kernel_launch.h"
 
-#include <map>
-#include <memory>
 #include <mutex>
 #include <set>
-#include <string>
 #include <tuple>
+#include <utility>
 
 namespace loom::ops {
 
-struct LoadedDevices {
-  std::mutex mu;
-  std::set<int> devices;
-};
-
-LoadedDevices& loaded_devices_of(const char* family) {
+Status load_once_per_device(Status (*load)()) {
   static std::mutex mu;
-  static std::map<std::string, std::unique_ptr<LoadedDevices>> families;
-  std::lock_guard<std::mutex> lock(mu);
-  std::unique_ptr<LoadedDevices>& d = families[family];
-  if (!d) d = std::make_unique<LoadedDevices>();
-  return *d;
-}
-
-Status load_once_per_device(LoadedDevices& done, Status (*load)()) {
+  static std::set<std::pair<Status (*)(), int>> done;  // (load, device) already run
   int device = 0;
   LOOM_CUDA_TRY(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(done.mu);
-  if (done.devices.count(device) != 0) return {};
+  std::lock_guard<std::mutex> lock(mu);
+  if (done.count({load, device}) != 0) return {};
   LOOM_TRY(load());
-  done.devices.insert(device);
+  done.insert({load, device});
   return {};
 }
 

@@ -18,14 +18,11 @@ namespace loom::ops {
 // its first launch, which can wait for running work: docs/NETWORK.md).
 Status prepare_kernel(const void* kernel, size_t smem_bytes);
 
-// Runs `load` (a family's kernel loading: prepare_kernel on each) once per device of this process:
-// the first call on a device runs it, and the ones after it succeeded return at once. `done`
-// records the devices, one per family (a static of the caller). Families whose kernels wait on
-// the proxy load them all before their first launch (ops/tp/multinode/multinode.h says why).
-struct LoadedDevices;
-Status load_once_per_device(LoadedDevices& done, Status (*load)());
-// A family's record of the devices it has loaded its kernels on.
-LoadedDevices& loaded_devices_of(const char* family);
+// Runs `load` (a family's kernel loading: prepare_kernel on each) once per (load, device) of this
+// process, like prepare_kernel's cache: the first call on a device runs it, the ones after it
+// succeeded return at once. Families whose kernels wait on the proxy load them all before their
+// first launch (ops/tp/multinode/multinode.h says why).
+Status load_once_per_device(Status (*load)());
 
 // Launches kernel<<<grid, threads, smem_bytes, stream>>>(params).
 template <class Params>

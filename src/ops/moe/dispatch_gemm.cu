@@ -43,7 +43,7 @@ Status launch_tile(GemmTile tile, const km::DispatchGemmParams& p, const ops::de
 namespace ops::moe {
 
 Status load_moe_kernels() {
-  return load_once_per_device(loaded_devices_of("moe"), [] {
+  return load_once_per_device([] {
     LOOM_TRY(load_moe_comm_kernels());
     LOOM_TRY(load_grouped_gemm_kernels());
     LOOM_TRY(detail::load_sm90_moe_dispatch_gemm_128x256());

@@ -55,7 +55,7 @@ Status net_exchange(Communicator& comm, const void* src, void* dst, size_t bytes
 namespace tp::multinode {
 
 Status load_kernels() {
-  return load_once_per_device(loaded_devices_of("multinode"), [] {
+  return load_once_per_device([] {
     LOOM_TRY(load_ag_gemm_kernels());
     LOOM_TRY(load_reduce_kernels<false>());
     LOOM_TRY(load_reduce_kernels<true>());
