@@ -298,4 +298,42 @@ struct MoeDispatchGemmOptions {
 Status moe_dispatch_gemm(Communicator& comm, const MoePlan& plan, const void* x, void* recv_x, const MoeExpertGemm& gemm,
                          cudaStream_t stream, const MoeDispatchGemmOptions& options = {});
 
+// ---- moe_layer: the whole MoE FFN step in one kernel ----------------------------------------------
+// out[t] = sum over t's routed slots j, in slot order, of w[t,j] * FFN_e(x[t]) with
+// FFN_e(x) = (silu(x Wg_e^T) * (x Wu_e^T)) Wd_e^T for slot j's expert e; one persistent kernel
+// does the dispatch, the gate/up GEMM with the SwiGLU epilogue, the down GEMM and the weighted
+// combine, each step starting on a tile row as soon as its inputs are there (docs/MOE.md, "The
+// full layer"): no phase waits for the whole previous one. The weights w are the routing's
+// (moe_routing's topk_weights, 1 when none were given); fp32 accumulation in both GEMMs and in the
+// combine, one rounding per GEMM output (hidden, expert_out) and one for out.
+//
+// Equal, bit for bit, to moe_dispatch_gemm (kSwiGLU, gate_up, out = hidden) -> grouped_gemm
+// (hidden, down, expert_out; offsets = expert_offsets, M_total = capacity) -> moe_combine with the
+// same tile; recv_x is written exactly as moe_dispatch writes it. Within one node: a job of
+// several nodes is refused (unsupported; compose those three calls there).
+struct MoeLayerWeights {
+  const void* gate_up = nullptr;  // this rank's E/W experts: [E/W, 2I, H], gate and up rows
+                                  // interleaved by 8 as MoeExpertGemm's kSwiGLU (loom.torch.swiglu_weights)
+  const void* down = nullptr;     // [E/W, H, I]
+  int64_t intermediate = 0;       // I: a positive multiple of 8
+};
+struct MoeLayerBuffers {
+  void* recv_x = nullptr;      // symmetric [capacity, H] (as moe_dispatch's)
+  void* hidden = nullptr;      // [capacity, I], device memory of this GPU
+  void* expert_out = nullptr;  // symmetric [capacity, H]
+};
+struct MoeLayerOptions {
+  GemmTile tile = GemmTile::kAuto;  // k128x256 or k128x128, both GEMMs (the planner picks one)
+  int num_ctas = 0;                 // persistent CTAs, one per SM; 0: every SM
+  int push_ctas = 0;                // CTAs that push rows first (then compute); 0: planner
+  int arrival_ctas = 0;             // CTAs that complete receive blocks first (then compute); 0: planner
+};
+// x: [T, H], out: [T, H], both device memory of this GPU in config.dtype (bf16 or fp16); the
+// weights in config.dtype, 16-byte aligned. Everything moe_dispatch_gemm checks, for both GEMMs,
+// plus (invalid_argument) null or misaligned weights and buffers, buffers overlapping each other,
+// x, out or the weights. When the routing failed nothing is written (moe_report says why); with
+// MoeOverflow::kDrop, dropped slots add nothing.
+Status moe_layer(Communicator& comm, const MoePlan& plan, const void* x, const MoeLayerWeights& weights,
+                 const MoeLayerBuffers& buffers, void* out, cudaStream_t stream, const MoeLayerOptions& options = {});
+
 }  // namespace loom

@@ -461,5 +461,51 @@ Result<MoeDispatchGemmPlan> plan_moe_dispatch_gemm(const GroupedGemmArgs& args, 
   return plan;
 }
 
+GroupedGemmArgs layer_up_args(const MoePlan& plan, const MoeLayouts& layouts, const MoeLayerWeights& weights,
+                              const MoeLayerBuffers& buffers, void* tile_table) {
+  MoeExpertGemm gemm;
+  gemm.weights = weights.gate_up;
+  gemm.n = 2 * weights.intermediate;
+  gemm.activation = GroupedActivation::kSwiGLU;
+  gemm.out = buffers.hidden;
+  gemm.out_dtype = plan.config.dtype;
+  return dispatch_gemm_grouped_args(plan, layouts, buffers.recv_x, gemm, tile_table);
+}
+
+GroupedGemmArgs layer_down_args(const MoePlan& plan, const MoeLayouts& layouts, const MoeLayerWeights& weights,
+                                const MoeLayerBuffers& buffers, void* tile_table) {
+  MoeExpertGemm gemm;
+  gemm.weights = weights.down;
+  gemm.n = plan.config.hidden;
+  gemm.out = buffers.expert_out;
+  gemm.out_dtype = plan.config.dtype;
+  GroupedGemmArgs a = dispatch_gemm_grouped_args(plan, layouts, buffers.hidden, gemm, tile_table);
+  a.k = weights.intermediate;
+  return a;
+}
+
+Result<MoeLayerPlan> plan_moe_layer(const GroupedGemmArgs& up, const GroupedGemmArgs& down, const MoeLayerOptions& options,
+                                    const GemmDeviceLimits& device) {
+  MoeDispatchGemmOptions fused;
+  fused.tile = options.tile;
+  fused.num_ctas = options.num_ctas;
+  fused.push_ctas = options.push_ctas;
+  fused.arrival_ctas = options.arrival_ctas;
+  Result<MoeDispatchGemmPlan> first = plan_moe_dispatch_gemm(up, fused, device);
+  if (!first.ok()) return std::move(first).take_status().with_context("moe_layer (gate/up GEMM)");
+  MoeLayerPlan plan;
+  plan.up = first->gemm;
+  plan.grid = first->grid;
+  plan.push_ctas = first->push_ctas;
+  plan.arrival_ctas = first->arrival_ctas;
+  GroupedGemmOptions second;
+  second.tile = plan.up.tile;  // one tile table for both GEMMs: the same BLOCK_M
+  second.num_ctas = plan.grid;
+  Result<GroupedGemmPlan> down_plan = plan_grouped_gemm(down, second, device);
+  if (!down_plan.ok()) return std::move(down_plan).take_status().with_context("moe_layer (down GEMM)");
+  plan.down = *down_plan;
+  return plan;
+}
+
 }  // namespace planner
 }  // namespace loom

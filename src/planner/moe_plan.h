@@ -128,4 +128,22 @@ struct MoeDispatchGemmPlan {
 Result<MoeDispatchGemmPlan> plan_moe_dispatch_gemm(const GroupedGemmArgs& args, const MoeDispatchGemmOptions& options,
                                                    const GemmDeviceLimits& device, int num_nodes = 1);
 
+// ---- moe_layer ----
+// Its two grouped GEMMs over the C receive rows, on the MoE workspace's tile table: up (recv_x ->
+// hidden, K = H, N = 2I, SwiGLU) and down (hidden -> expert_out, K = I, N = H).
+GroupedGemmArgs layer_up_args(const MoePlan& plan, const MoeLayouts& layouts, const MoeLayerWeights& weights,
+                              const MoeLayerBuffers& buffers, void* tile_table);
+GroupedGemmArgs layer_down_args(const MoePlan& plan, const MoeLayouts& layouts, const MoeLayerWeights& weights,
+                                const MoeLayerBuffers& buffers, void* tile_table);
+
+struct MoeLayerPlan {
+  GroupedGemmPlan up, down;  // the same tile (hence BLOCK_M and tile table); num_ctas == grid
+  int grid = 0;
+  int push_ctas = 0;
+  int arrival_ctas = 0;
+};
+// moe_dispatch_gemm's plan for up (tile, grid, roles), then down on the same tile and grid.
+Result<MoeLayerPlan> plan_moe_layer(const GroupedGemmArgs& up, const GroupedGemmArgs& down, const MoeLayerOptions& options,
+                                    const GemmDeviceLimits& device);
+
 }  // namespace loom::planner

@@ -30,6 +30,10 @@ static_assert(std::is_same_v<decltype(&moe_combine), Status (*)(Communicator&, c
               "loom/moe.h must declare loom::moe_combine");
 static_assert(std::is_same_v<decltype(&moe_report), Result<MoeReport> (*)(Communicator&, const MoePlan&, cudaStream_t)>,
               "loom/moe.h must declare loom::moe_report");
+static_assert(std::is_same_v<decltype(&moe_layer),
+                             Status (*)(Communicator&, const MoePlan&, const void*, const MoeLayerWeights&,
+                                        const MoeLayerBuffers&, void*, cudaStream_t, const MoeLayerOptions&)>,
+              "loom/moe.h must declare loom::moe_layer");
 
 namespace km = kernels::moe;
 using km::MoeTunables;
@@ -109,15 +113,18 @@ void check_workspace(uint32_t nodes, uint32_t local) {
   const uint64_t pb = nodes > 1 ? 4 * shape.hidden : 0;
   const std::vector<uint64_t> starts{l.count_table, l.count_flags, l.node_tokens, l.chunk_flags, l.routing_words,
                                      l.arrival,     l.ready,       l.send_fill,   l.sent_chunks, l.send_count,
+                                     l.hidden_done, l.out_done,    l.out_ready,
                                      l.read_done,   l.done,        l.ret_count,   l.ret_sent,    l.rows,
                                      l.tiles,       l.staged_epoch, l.token_pos,  l.send_window, l.staging,
                                      l.ret_window,  l.partials,    l.bytes};
   const uint64_t blocks = km::arrival_blocks(cap);
-  // tiles: moe_dispatch_gemm's table, 16 bytes of header and 16 per tile row, ceil(C / 64) + E / W rows
+  // tiles: the table of moe_dispatch_gemm and moe_layer, 16 bytes of header and 16 per tile row,
+  // Tr = ceil(C / 64) + E / W rows; moe_layer's counters: 8 bytes per tile row, its flags 8 per row
+  const uint64_t tile_rows = (cap + 63) / 64 + e / w;
   const std::vector<uint64_t> sizes{4 * w * km::count_row_ints(shape.experts, nodes), 8 * w, 4ull * nodes,
                                     8 * km::routing_chunks(tmax), 16, 8 * blocks, 8 * blocks, 4 * remote, 8 * remote,
-                                    4 * remote * q, 8ull * MoeTunables::kMaxCtas, 8ull * local, 4 * remote * q, 8 * remote,
-                                    16 * cap, 16 + 16 * ((cap + 63) / 64 + e / w), nodes > 1 ? 8u : 0u,
+                                    4 * remote * q, 8 * tile_rows, 8 * tile_rows, 8 * cap, 8ull * MoeTunables::kMaxCtas, 8ull * local, 4 * remote * q, 8 * remote,
+                                    16 * cap, 16 + 16 * tile_rows, nodes > 1 ? 8u : 0u,
                                     4 * tmax * remote, remote * tmax * eb, remote * tmax * eb, remote * tmax * pb,
                                     remote * tmax * pb};
   for (size_t i = 0; i + 1 < starts.size(); ++i) {
@@ -128,10 +135,12 @@ void check_workspace(uint32_t nodes, uint32_t local) {
   EXPECT_EQ(blocks, (cap + MoeTunables::kArrivalRows - 1) / MoeTunables::kArrivalRows);
   EXPECT_EQ(km::count_row_ints(shape.experts, nodes) % 4, 0u);
   EXPECT_GE(km::count_row_ints(shape.experts, nodes), e + nodes + km::kCountHeaderInts);
-  // The three zeroed ranges tile the flag regions; the row origins and windows are never zeroed.
+  // The three zeroed ranges tile the flag regions but moe_layer's (which it zeroes with the
+  // dispatch's and the combine's); the row origins and windows are never zeroed.
   EXPECT_EQ(l.routing_zero_begin(), 0u);
   EXPECT_EQ(l.routing_zero_end(), l.dispatch_zero_begin());
-  EXPECT_EQ(l.dispatch_zero_end(), l.combine_zero_begin());
+  EXPECT_EQ(l.dispatch_zero_end(), l.hidden_done);
+  EXPECT_EQ(l.out_ready + km::align_up(8 * cap, 256), l.combine_zero_begin());
   EXPECT_EQ(l.combine_zero_end(), l.rows);
   EXPECT_EQ(l.window_chunks, q);
   EXPECT_EQ(l.entry_bytes, eb);
@@ -308,6 +317,38 @@ TEST(MoePlan, DispatchGemmGridAndTiles) {
   o = {};
   o.num_ctas = 2;
   EXPECT_EQ(plan_moe_dispatch_gemm(args, o, h200, 2).status().code(), StatusCode::kInvalidArgument);  // 3 roles, 2 CTAs
+
+  // moe_layer: up is the dispatch_gemm's GEMM (K = H, N = 2I, SwiGLU into hidden), down K = I,
+  // N = H into expert_out; both on one tile (one tile table), the same grid and roles.
+  char *down_weights = at(6), *hidden = at(7), *expert_out = at(8);
+  MoeLayerWeights lw{weights, down_weights, 2048};
+  MoeLayerBuffers lb{recv, hidden, expert_out};
+  const GroupedGemmArgs up = layer_up_args(plan, *l, lw, lb, table);
+  const GroupedGemmArgs down = layer_down_args(plan, *l, lw, lb, table);
+  EXPECT_EQ(up.n, 4096);
+  EXPECT_EQ(up.k, 7168);
+  EXPECT_EQ(up.activation, GroupedActivation::kSwiGLU);
+  EXPECT_EQ(up.d, hidden);
+  EXPECT_EQ(down.a, hidden);
+  EXPECT_EQ(down.n, 7168);
+  EXPECT_EQ(down.k, 2048);
+  EXPECT_EQ(down.activation, GroupedActivation::kNone);
+  EXPECT_EQ(down.d, expert_out);
+  EXPECT_EQ(down.workspace, up.workspace);
+  Result<MoeLayerPlan> layer = plan_moe_layer(up, down, {}, h200);
+  ASSERT_TRUE(layer.ok()) << layer.status().to_string();
+  EXPECT_EQ(layer->up.tile, layer->down.tile);
+  EXPECT_EQ(layer->up.max_tile_rows, layer->down.max_tile_rows);
+  EXPECT_EQ(layer->grid, 132);
+  EXPECT_EQ(layer->down.num_ctas, 132);
+  EXPECT_EQ(layer->up.n_blocks, 4096 / gemm_tile_info(layer->up.tile).block_n);
+  MoeLayerOptions lo;
+  lo.tile = GemmTile::k64x128;
+  EXPECT_EQ(plan_moe_layer(up, down, lo, h200).status().code(), StatusCode::kUnsupported);
+  lo.tile = GemmTile::k128x128;
+  layer = plan_moe_layer(up, down, lo, h200);
+  ASSERT_TRUE(layer.ok()) << layer.status().to_string();
+  EXPECT_EQ(layer->down.tile, GemmTile::k128x128);
 }
 
 TEST(MoePlan, RoutingAndCombineGrids) {

@@ -1,4 +1,4 @@
-// The MoE operators (moe_routing, moe_dispatch, moe_combine, moe_dispatch_gemm) on every rank of the job, under
+// The MoE operators (moe_routing, moe_dispatch, moe_combine, moe_dispatch_gemm, moe_layer) on every rank of the job, under
 // loom-run at any world size (one rank included: every path is then local). The shared-GPU suite
 // runs them at W = 2, 4 and 8 with the ranks sharing one GPU (scripts/device/shared_gpu_suite.sh,
 // steps moe-2 moe-4 moe-8).
@@ -1194,6 +1194,386 @@ TEST_F(MoeStress, DispatchGemmBackToBackIsBitIdentical) {
   EXPECT_TRUE(agree(!::testing::Test::HasFailure())) << what << ": a peer failed";
 }
 
+// ---- moe_layer ------------------------------------------------------------------------------------
+//
+// The whole layer in one kernel against (a) an fp64 reference of every token: for each kept slot,
+// the gate/up GEMM, SwiGLU, rounded to the input type (the kernel's hidden buffer), the down GEMM,
+// rounded again (expert_out), then sum_j w_j y_j in fp64; ||out - ref|| / ||ref|| must stay within
+// 2u + 1e-4 (u the type's unit roundoff: the output's rounding plus the rare one-ulp flips of
+// rounded intermediates whose fp32 and fp64 sums straddle a rounding boundary; a wrong expert,
+// weight or slot costs O(1/k)); every output finite (out is NaN-filled first); (b) the composed
+// calls on the same tile, moe_dispatch_gemm (SwiGLU) -> grouped_gemm -> moe_combine: the same bits
+// in hidden, expert_out and out; (c) recv_x as moe_dispatch writes it. Across nodes the call is
+// refused (unsupported) on every rank.
+
+constexpr uint64_t kGateSalt = 0x5EED0011, kUpSalt = 0x5EED0012, kDownSalt = 0x5EED0013;
+
+struct LayerCase {
+  Case moe;
+  int64_t inter = 192;  // I
+  GemmTile tile = GemmTile::k128x256;
+
+  std::string text(int world) const {
+    return moe.text(world) + " I=" + std::to_string(inter) + " " + std::string(gemm_tile_name(tile));
+  }
+};
+
+// Weights of global expert e, as values of the input type: gate and up rows i < I, down row h < H.
+float gate_value(const LayerCase& g, int64_t e, int64_t i, int64_t h) {
+  const float v = 0.125f * verify::element_value(g.moe.seed ^ kGateSalt, static_cast<int>(e), static_cast<uint64_t>(i * g.moe.hidden + h));
+  return from_bits(g.moe.dtype, to_bits(g.moe.dtype, v));
+}
+float up_value(const LayerCase& g, int64_t e, int64_t i, int64_t h) {
+  const float v = 0.125f * verify::element_value(g.moe.seed ^ kUpSalt, static_cast<int>(e), static_cast<uint64_t>(i * g.moe.hidden + h));
+  return from_bits(g.moe.dtype, to_bits(g.moe.dtype, v));
+}
+float down_value(const LayerCase& g, int64_t e, int64_t h, int64_t i) {
+  const float v = 0.125f * verify::element_value(g.moe.seed ^ kDownSalt, static_cast<int>(e), static_cast<uint64_t>(h * g.inter + i));
+  return from_bits(g.moe.dtype, to_bits(g.moe.dtype, v));
+}
+
+struct LayerBuffers {
+  DeviceBuffer gate_up, down, hidden, composed_hidden, composed_out, table;
+  void* composed_y = nullptr;  // symmetric [C, H]
+  size_t hidden_bytes = 0;
+  bool ok = false;
+
+  // Collective (a symmetric allocation).
+  LayerBuffers(const LayerCase& g, const CaseBuffers& s) {
+    const int64_t el = s.layouts.local_experts, hd = g.moe.hidden, in = g.inter;
+    std::vector<float> gu(static_cast<size_t>(el * 2 * in * hd)), dn(static_cast<size_t>(el * hd * in));
+    for (int64_t l = 0; l < el; ++l) {
+      const int64_t e = s.me * el + l;  // this rank's experts are [me El, (me + 1) El)
+      for (int64_t r = 0; r < 2 * in; ++r) {  // B row 16j + i: gate row 8j + i; 16j + 8 + i: up row 8j + i
+        const int64_t i = r / 16 * 8 + r % 8;
+        const bool up = r % 16 >= 8;
+        for (int64_t h = 0; h < hd; ++h) {
+          gu[static_cast<size_t>((l * 2 * in + r) * hd + h)] = up ? up_value(g, e, i, h) : gate_value(g, e, i, h);
+        }
+      }
+      for (int64_t h = 0; h < hd; ++h) {
+        for (int64_t i = 0; i < in; ++i) dn[static_cast<size_t>((l * hd + h) * in + i)] = down_value(g, e, h, i);
+      }
+    }
+    hidden_bytes = static_cast<size_t>(s.layouts.capacity * in) * dtype_size(g.moe.dtype);
+    gate_up = device_buffer(gu.size() * dtype_size(g.moe.dtype));
+    down = device_buffer(dn.size() * dtype_size(g.moe.dtype));
+    hidden = device_buffer(hidden_bytes);
+    composed_hidden = device_buffer(hidden_bytes);
+    composed_out = device_buffer(s.out_bytes());
+    MoeExpertGemm up_args = expert_gemm(g, s, nullptr);
+    table = device_buffer(grouped_gemm_workspace_bytes(planner::dispatch_gemm_grouped_args(
+        MoePlan{s.config, s.layouts.capacity, s.tokens, nullptr, nullptr, 0}, s.layouts, s.recv, up_args, nullptr)));
+    Result<void*> y = shared_comm().alloc(s.recv_bytes());
+    composed_y = y.ok() ? *y : nullptr;
+    ok = gate_up && down && hidden && composed_hidden && composed_out && table && composed_y &&
+         upload(gate_up.get(), pack(g.moe.dtype, gu)) && upload(down.get(), pack(g.moe.dtype, dn)) && poison(s);
+  }
+  ~LayerBuffers() {
+    if (composed_y != nullptr) (void)shared_comm().free(composed_y);
+  }
+  LayerBuffers(const LayerBuffers&) = delete;
+  LayerBuffers& operator=(const LayerBuffers&) = delete;
+
+  bool poison(const CaseBuffers& s) const {
+    return cudaMemset(hidden.get(), 0xFF, hidden_bytes) == cudaSuccess &&
+           cudaMemset(composed_hidden.get(), 0xFF, hidden_bytes) == cudaSuccess &&
+           cudaMemset(composed_out.get(), 0xFF, s.out_bytes()) == cudaSuccess &&
+           cudaMemset(composed_y, 0xFF, s.recv_bytes()) == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess;
+  }
+  MoeLayerWeights weights(const LayerCase& g) const {
+    MoeLayerWeights w;
+    w.gate_up = gate_up.get();
+    w.down = down.get();
+    w.intermediate = g.inter;
+    return w;
+  }
+  MoeLayerBuffers buffers(const CaseBuffers& s) const {
+    MoeLayerBuffers b;
+    b.recv_x = s.recv;
+    b.hidden = hidden.get();
+    b.expert_out = s.y;
+    return b;
+  }
+  MoeExpertGemm expert_gemm(const LayerCase& g, const CaseBuffers& s, void* out) const {
+    MoeExpertGemm a;
+    a.weights = gate_up.get();
+    a.n = 2 * g.inter;
+    a.activation = GroupedActivation::kSwiGLU;
+    a.out = out;
+    a.out_dtype = s.c.dtype;
+    return a;
+  }
+};
+
+// moe_dispatch_gemm (SwiGLU) -> grouped_gemm (down) -> moe_combine on the same tile, into the
+// composed buffers; every rank makes the same calls.
+Status run_composed(const LayerCase& g, const CaseBuffers& s, LayerBuffers& b, const MoePlan& plan) {
+  Communicator& comm = shared_comm();
+  MoeDispatchGemmOptions o;
+  o.tile = g.tile;
+  LOOM_TRY(moe_dispatch_gemm(comm, plan, s.d_x.get(), s.recv, b.expert_gemm(g, s, b.composed_hidden.get()), nullptr, o));
+  GroupedGemmArgs ga;
+  ga.a = b.composed_hidden.get();
+  ga.b = b.down.get();
+  ga.d = b.composed_y;
+  ga.offsets = plan.expert_offsets;
+  ga.m_total = s.layouts.capacity;
+  ga.n = g.moe.hidden;
+  ga.k = g.inter;
+  ga.num_experts = s.layouts.local_experts;
+  ga.in_dtype = ga.out_dtype = g.moe.dtype;
+  ga.workspace = b.table.get();
+  ga.workspace_bytes = grouped_gemm_workspace_bytes(ga);
+  GroupedGemmOptions go;
+  go.tile = g.tile;
+  LOOM_TRY(grouped_gemm(ga, nullptr, go));
+  MoeCombineArgs ca;
+  ca.expert_out = b.composed_y;
+  ca.out = b.composed_out.get();
+  ca.dtype = g.moe.dtype;
+  return moe_combine(comm, plan, ca, nullptr);
+}
+
+// out against the fp64 reference (above).
+void check_layer(const LayerCase& g, const CaseBuffers& s, const std::string& what) {
+  const ref::RefRank& want = s.expected[s.me];
+  const std::vector<uint8_t> got = download<uint8_t>(s.d_out.get(), s.out_bytes());
+  ASSERT_EQ(got.size(), s.out_bytes()) << what << ": reading out back";
+  const DType t = g.moe.dtype;
+  const int64_t hd = g.moe.hidden, in = g.inter, el = s.layouts.local_experts;
+  const int k = g.moe.top_k;
+  auto round = [t](double v) { return static_cast<double>(from_bits(t, to_bits(t, static_cast<float>(v)))); };
+  double err2 = 0.0, ref2 = 0.0;
+  int64_t not_finite = 0;
+  std::vector<double> x(static_cast<size_t>(hd)), h(static_cast<size_t>(in)), out(static_cast<size_t>(hd));
+  for (int64_t tok = 0; tok < s.tokens; ++tok) {
+    std::fill(out.begin(), out.end(), 0.0);
+    for (int64_t c = 0; c < hd; ++c) x[c] = round(x_value(g.moe.seed, s.me, tok, c, hd));
+    for (int j = 0; j < k; ++j) {
+      const size_t q = static_cast<size_t>(tok * k + j);
+      if (want.slot_dest[q] < 0) continue;  // unused or dropped
+      const int64_t e = s.ids[s.me][q];
+      for (int64_t i = 0; i < in; ++i) {
+        double gate = 0.0, up = 0.0;
+        for (int64_t c = 0; c < hd; ++c) {
+          gate += x[c] * gate_value(g, e, i, c);
+          up += x[c] * up_value(g, e, i, c);
+        }
+        h[i] = round(gate / (1.0 + std::exp(-gate)) * up);
+      }
+      for (int64_t c = 0; c < hd; ++c) {
+        double y = 0.0;
+        for (int64_t i = 0; i < in; ++i) y += h[i] * down_value(g, e, c, i);
+        out[c] += static_cast<double>(s.weights[s.me][q]) * round(y);
+      }
+    }
+    for (int64_t c = 0; c < hd; ++c) {
+      const double v = from_bits(t, element_bits(t, got.data(), static_cast<size_t>(tok * hd + c)));
+      if (!std::isfinite(v)) ++not_finite;
+      err2 += (v - out[c]) * (v - out[c]);
+      ref2 += out[c] * out[c];
+    }
+  }
+  (void)el;
+  const double rel = std::sqrt(err2 / std::max(ref2, 1e-300));
+  const double tol = 2 * unit_roundoff(t) + 1e-4;
+  EXPECT_EQ(not_finite, 0) << what << ": rank " << s.me << ": " << not_finite << " outputs are not finite (unwritten?)";
+  if (ref2 > 0) EXPECT_LE(rel, tol) << what << ": rank " << s.me << ": ||out - ref|| / ||ref|| = " << rel;
+}
+
+class MoeLayer : public MoeTest, public ::testing::WithParamInterface<LayerCase> {};
+
+TEST_P(MoeLayer, MatchesTheReferenceAndTheComposedCalls) {
+  const LayerCase& g = GetParam();
+  Communicator& comm = shared_comm();
+  const std::string what = "moe_layer " + g.text(comm.world_size());
+  CaseBuffers s(g.moe);
+  ASSERT_TRUE(agree(s.ok)) << what << ": setting up";
+  LayerBuffers b(g, s);
+  ASSERT_TRUE(agree(b.ok)) << what << ": setting up the layer";
+  Result<MoePlan> plan = moe_routing(comm, s.config, s.routing_args(), nullptr);
+  ASSERT_TRUE(agree(plan.ok())) << what << ": moe_routing: " << plan.status().to_string();
+  MoeLayerOptions options;
+  options.tile = g.tile;
+  const Status layer = moe_layer(comm, *plan, s.d_x.get(), b.weights(g), b.buffers(s), s.d_out.get(), nullptr, options);
+  if (comm.num_nodes() > 1) {
+    EXPECT_EQ(layer.code(), StatusCode::kUnsupported) << what << ": " << layer.to_string();
+    EXPECT_NE(layer.message().find("within one node"), std::string::npos) << layer.message();
+    // The routing may still be running (across nodes it waits on the proxy): finish it before the
+    // buffers are read or freed (cudaFree would wait for it while holding what the proxy's copies need).
+    const Status synced = comm.synchronize(nullptr);
+    EXPECT_TRUE(agree(synced.ok())) << what << ": " << synced.to_string();
+    EXPECT_TRUE(all_bytes(s.d_out.get(), s.out_bytes(), 0xFF)) << what << ": out was written";
+    return;
+  }
+  ASSERT_TRUE(agree(layer.ok())) << what << ": rank " << process().rank << ": moe_layer: " << layer.to_string();
+  Result<MoeReport> report = moe_report(comm, *plan, nullptr);  // synchronizes the stream
+  ASSERT_TRUE(agree(report.ok())) << what << ": " << report.status().to_string();
+  EXPECT_TRUE(report->status.ok()) << what << ": " << report->status.to_string();
+  check_routing(s, *plan, *report, what);
+  check_dispatch(s, what);
+  const ref::RefRank& want = s.expected[s.me];
+  const size_t kept = want.rows.size();
+  const std::vector<uint8_t> hidden = download<uint8_t>(b.hidden.get(), b.hidden_bytes);
+  const std::vector<uint8_t> y = download<uint8_t>(s.y, s.recv_bytes());
+  const std::vector<uint8_t> out = download<uint8_t>(s.d_out.get(), s.out_bytes());
+  // Rows past the kept ones are never written.
+  const size_t hidden_row = static_cast<size_t>(g.inter) * dtype_size(g.moe.dtype);
+  EXPECT_TRUE(std::all_of(hidden.begin() + kept * hidden_row, hidden.end(), [](uint8_t v) { return v == 0xFF; }))
+      << what << ": rank " << s.me << ": hidden rows past the kept ones were written";
+  EXPECT_TRUE(std::all_of(y.begin() + kept * s.row_bytes(), y.end(), [](uint8_t v) { return v == 0xFF; }))
+      << what << ": rank " << s.me << ": expert_out rows past the kept ones were written";
+
+  // The composed calls (all collective calls before the slow host reference).
+  const Status composed = run_composed(g, s, b, *plan);
+  ASSERT_TRUE(agree(composed.ok())) << what << ": the composed calls: " << composed.to_string();
+  const Status synced = comm.synchronize(nullptr);
+  ASSERT_TRUE(agree(synced.ok())) << what << ": " << synced.to_string();
+  EXPECT_TRUE(std::equal(hidden.begin(), hidden.begin() + kept * hidden_row,
+                         download<uint8_t>(b.composed_hidden.get(), kept * hidden_row).begin()))
+      << what << ": rank " << s.me << ": hidden differs from moe_dispatch_gemm's";
+  EXPECT_TRUE(std::equal(y.begin(), y.begin() + kept * s.row_bytes(), download<uint8_t>(b.composed_y, kept * s.row_bytes()).begin()))
+      << what << ": rank " << s.me << ": expert_out differs from grouped_gemm's";
+  EXPECT_TRUE(out == download<uint8_t>(b.composed_out.get(), s.out_bytes()))
+      << what << ": rank " << s.me << ": out differs from moe_combine's over the composed calls";
+  check_layer(g, s, what);
+  EXPECT_TRUE(agree(!::testing::Test::HasFailure())) << what << ": a peer failed";
+}
+
+std::vector<LayerCase> layer_cases() {
+  std::vector<LayerCase> v;
+  LayerCase uniform;
+  uniform.moe = make_case(Routing::kUniform, 131);
+  uniform.tile = GemmTile::k128x128;
+  v.push_back(uniform);
+  LayerCase skewed;  // H and 2I not multiples of the tile's columns
+  skewed.moe = make_case(Routing::kSkewed, 132);
+  skewed.moe.hidden = 320;
+  skewed.inter = 136;
+  v.push_back(skewed);
+  LayerCase all_to_one;  // fp16
+  all_to_one.moe = make_case(Routing::kAllToOne, 133);
+  all_to_one.moe.dtype = DType::kF16;
+  v.push_back(all_to_one);
+  LayerCase empty;  // an expert without rows, unused slots, a rank without tokens
+  empty.moe = make_case(Routing::kEmptyExpert, 134);
+  empty.moe.experts_per_rank = 6;
+  empty.moe.rank0_empty = true;
+  v.push_back(empty);
+  LayerCase drop;  // capacity overflow: the dropped slots add nothing
+  drop.moe = make_case(Routing::kSkewed, 135);
+  drop.moe.capacity = 300;
+  drop.moe.overflow = MoeOverflow::kDrop;
+  v.push_back(drop);
+  LayerCase many;  // many tile rows per expert, top-8 of 8 experts per rank
+  many.moe = make_case(Routing::kSkewed, 136);
+  many.moe.experts_per_rank = 8;
+  many.moe.top_k = 8;
+  many.moe.tokens = 1000;
+  many.moe.hidden = 128;
+  many.inter = 64;
+  v.push_back(many);
+  LayerCase repeated;
+  repeated.moe = make_case(Routing::kRepeated, 137);
+  repeated.tile = GemmTile::k128x128;
+  v.push_back(repeated);
+  return v;
+}
+
+std::string layer_case_name(const ::testing::TestParamInfo<LayerCase>& info) {
+  std::string n = std::to_string(info.index) + "_" + routing_name(info.param.moe.routing);
+  for (char& ch : n) ch = ch == '-' ? '_' : ch;
+  return n;
+}
+
+INSTANTIATE_TEST_SUITE_P(Moe, MoeLayer, ::testing::ValuesIn(layer_cases()), layer_case_name);
+
+class MoeLayerChecks : public MoeTest {};
+
+// What the host can check is refused before anything is launched or written; a routing that
+// failed on the device leaves out untouched; the next call works.
+TEST_F(MoeLayerChecks, BadInputIsRefusedAndAFailedRoutingWritesNothing) {
+  Communicator& comm = shared_comm();
+  if (comm.num_nodes() > 1) GTEST_SKIP() << "across nodes every moe_layer call is refused (MoeLayer checks it)";
+  LayerCase g;
+  g.moe = make_case(Routing::kUniform, 141);
+  const std::string what = "moe_layer bad input: " + g.text(comm.world_size());
+  CaseBuffers s(g.moe);
+  ASSERT_TRUE(agree(s.ok)) << what << ": setting up";
+  LayerBuffers b(g, s);
+  ASSERT_TRUE(agree(b.ok)) << what << ": setting up the layer";
+  Result<MoePlan> plan = moe_routing(comm, s.config, s.routing_args(), nullptr);
+  ASSERT_TRUE(agree(plan.ok())) << plan.status().to_string();
+  auto refused = [&](MoeLayerWeights w, MoeLayerBuffers bufs, void* out, StatusCode code, const char* words) {
+    const Status st = moe_layer(comm, *plan, s.d_x.get(), w, bufs, out, nullptr);
+    EXPECT_EQ(st.code(), code) << st.to_string();
+    EXPECT_NE(st.message().find(words), std::string::npos) << st.message();
+  };
+  MoeLayerWeights w = b.weights(g);
+  w.down = nullptr;
+  refused(w, b.buffers(s), s.d_out.get(), StatusCode::kInvalidArgument, "must not be null");
+  w = b.weights(g);
+  w.intermediate = 100;  // not a multiple of 8
+  refused(w, b.buffers(s), s.d_out.get(), StatusCode::kUnsupported, "multiple of 8");
+  MoeLayerBuffers bufs = b.buffers(s);
+  bufs.expert_out = b.composed_hidden.get();  // plain device memory
+  refused(b.weights(g), bufs, s.d_out.get(), StatusCode::kInvalidArgument, "symmetric");
+  refused(b.weights(g), b.buffers(s), b.hidden.get(), StatusCode::kInvalidArgument, "overlaps");  // out over hidden
+  std::vector<uint8_t> host(64);
+  bufs = b.buffers(s);
+  bufs.hidden = host.data();
+  refused(b.weights(g), bufs, s.d_out.get(), StatusCode::kInvalidArgument, "hidden");
+  MoeLayerOptions narrow;
+  narrow.tile = GemmTile::k64x128;
+  const Status tile = moe_layer(comm, *plan, s.d_x.get(), b.weights(g), b.buffers(s), s.d_out.get(), nullptr, narrow);
+  EXPECT_EQ(tile.code(), StatusCode::kUnsupported) << tile.to_string();
+  EXPECT_TRUE(all_bytes(s.d_out.get(), s.out_bytes(), 0xFF)) << what << ": a refused call wrote out";
+
+  // An expert id out of range: the routing fails on the device; the layer launches and writes
+  // nothing; the report names it.
+  s.ids[s.world - 1][2 * g.moe.top_k] = static_cast<int32_t>(s.config.num_experts);
+  ASSERT_TRUE(agree(upload(s.d_ids.get(), s.ids[s.me]))) << what;
+  Result<MoePlan> bad = moe_routing(comm, s.config, s.routing_args(), nullptr);
+  ASSERT_TRUE(agree(bad.ok())) << bad.status().to_string();
+  ASSERT_TRUE(agree(moe_layer(comm, *bad, s.d_x.get(), b.weights(g), b.buffers(s), s.d_out.get(), nullptr).ok())) << what;
+  Result<MoeReport> report = moe_report(comm, *bad, nullptr);
+  ASSERT_TRUE(agree(report.ok())) << what << ": the communicator must stay usable: " << report.status().to_string();
+  EXPECT_EQ(report->status.code(), StatusCode::kInvalidArgument) << report->status.to_string();
+  EXPECT_TRUE(all_bytes(s.d_out.get(), s.out_bytes(), 0xFF)) << what << ": out was written after a failed routing";
+  EXPECT_TRUE(all_bytes(b.hidden.get(), b.hidden_bytes, 0xFF)) << what << ": hidden was written after a failed routing";
+  EXPECT_TRUE(agree(!::testing::Test::HasFailure())) << what << ": a peer failed";
+}
+
+// moe_routing + moe_layer back to back (run_back_to_back): every launch leaves the same bits,
+// and the last one the reference's.
+TEST_F(MoeLayerChecks, BackToBackLaunchesAreBitIdentical) {
+  Communicator& comm = shared_comm();
+  if (comm.num_nodes() > 1) GTEST_SKIP() << "across nodes every moe_layer call is refused (MoeLayer checks it)";
+  LayerCase g;
+  g.moe = make_case(Routing::kSkewed, 142);
+  const std::string what = "moe_layer " + g.text(comm.world_size()) + ", back-to-back launches";
+  CaseBuffers s(g.moe);
+  ASSERT_TRUE(agree(s.ok)) << what << ": setting up";
+  LayerBuffers b(g, s);
+  ASSERT_TRUE(agree(b.ok)) << what << ": setting up the layer";
+  MoePlan plan;
+  int differ = -1;
+  const std::string failure = run_back_to_back(
+      comm, s, s.d_out.get(), s.out_bytes(),
+      [&](cudaStream_t stream) -> Result<MoePlan> {
+        LOOM_ASSIGN_OR_RETURN(MoePlan p, moe_routing(comm, s.config, s.routing_args(), stream));
+        LOOM_TRY(moe_layer(comm, p, s.d_x.get(), b.weights(g), b.buffers(s), s.d_out.get(), stream));
+        return p;
+      },
+      plan, differ);
+  ASSERT_TRUE(agree(failure.empty())) << what << ": rank " << process().rank << ": " << failure;
+  EXPECT_EQ(differ, 0) << what << ": rank " << process().rank << ": " << differ << " launches differ from launch 0";
+  check_dispatch(s, what);
+  check_layer(g, s, what);
+  EXPECT_TRUE(agree(!::testing::Test::HasFailure())) << what << ": a peer failed";
+}
+
 // CUDA graphs: routing, dispatch and combine captured on a stream (after moe_reserve_workspace and
 // one eager step, which also loads the kernels), then the graph replayed three times with recv_x,
 // out and expert_offsets poisoned before each replay: every replay writes the reference's bits (the launch
@@ -1241,6 +1621,54 @@ TEST_P(MoeGraph, RoutingDispatchCombineReplayTheReferenceBits) {
   cudaStreamDestroy(stream);
   EXPECT_TRUE(agree(!::testing::Test::HasFailure())) << what << ": a peer failed";
 }
+
+// moe_routing + moe_layer captured in a CUDA graph after one eager step, replayed three times with
+// recv_x, hidden and out poisoned before each replay: every replay writes the eager step's bits.
+TEST_P(MoeGraph, LayerReplaysTheEagerBits) {
+  Communicator& comm = shared_comm();
+  if (comm.num_nodes() > 1) GTEST_SKIP() << "across nodes every moe_layer call is refused (MoeLayer checks it)";
+  LayerCase g;
+  g.moe = make_case(Routing::kSkewed, 97);  // MoeGraph's config: the pinned workspace fits it
+  const std::string what = "moe_layer graph: " + g.text(comm.world_size());
+  CaseBuffers s(g.moe);
+  ASSERT_TRUE(agree(s.ok)) << what << ": setting up";
+  LayerBuffers b(g, s);
+  ASSERT_TRUE(agree(b.ok)) << what << ": setting up the layer";
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_TRUE(agree(moe_reserve_workspace(comm, s.config, stream).ok())) << what;
+  auto step = [&]() -> Result<MoePlan> {
+    LOOM_ASSIGN_OR_RETURN(MoePlan p, moe_routing(comm, s.config, s.routing_args(), stream));
+    LOOM_TRY(moe_layer(comm, p, s.d_x.get(), b.weights(g), b.buffers(s), s.d_out.get(), stream));
+    return p;
+  };
+  Result<MoePlan> eager = step();
+  ASSERT_TRUE(agree(eager.ok() && comm.synchronize(stream).ok())) << what << ": the eager step";
+  const std::vector<uint8_t> eager_out = download<uint8_t>(s.d_out.get(), s.out_bytes());
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  Result<MoePlan> captured = step();
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+  ASSERT_TRUE(agree(captured.ok() && ended == cudaSuccess))
+      << what << ": capture: " << (captured.ok() ? cudaGetErrorString(ended) : captured.status().to_string());
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int replay = 0; replay < 3 && !::testing::Test::HasFailure(); ++replay) {
+    ASSERT_TRUE(agree(s.poison() && b.poison(s))) << what << ": poisoning";
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    const Status synced = comm.synchronize(stream);
+    ASSERT_TRUE(agree(synced.ok())) << what << ": replay " << replay << ": " << synced.to_string();
+    EXPECT_TRUE(download<uint8_t>(s.d_out.get(), s.out_bytes()) == eager_out)
+        << what << ": rank " << s.me << ": replay " << replay << " differs from the eager step";
+    check_dispatch(s, what + ", replay " + std::to_string(replay));
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  check_layer(g, s, what);
+  EXPECT_TRUE(agree(!::testing::Test::HasFailure())) << what << ": a peer failed";
+}
+
 INSTANTIATE_TEST_SUITE_P(Moe, MoeGraph, ::testing::Values(0));
 
 // Composition: combine straight over the dispatched rows (identity experts): out[t] is the

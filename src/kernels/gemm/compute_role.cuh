@@ -83,6 +83,9 @@ class ComputeRole {
   static constexpr int kAcc = BN / 2;  // fp32 accumulators per consumer thread
   // Tiles with their own row ranges (a grouped GEMM over unpadded groups, operands.cuh).
   static constexpr bool kRowRanges = ranges_rows<Scheduler>();
+  // Two GEMMs through one role (operands.cuh: GemmOperands::second, a paired epilogue).
+  static constexpr bool kPaired = paired_epilogue<Epilogue>();
+  static_assert(!(kPaired && Fold::kEnabled), "a paired role cannot fold partial tiles: the fold reads one GEMM's maps");
   static_assert(!(kRowRanges && Fold::kEnabled),
                 "a scheduler with row ranges cannot fold partial tiles: the fold addresses staged rows by m_block");
 
@@ -166,7 +169,10 @@ class ComputeRole {
     sm90::prefetch_tensormap(ops.b);
     if (ops.a_local != nullptr) sm90::prefetch_tensormap(ops.a_local);
     if constexpr (Fold::kEnabled) sm90::prefetch_tensormap(fold.map());
-    const uint32_t k_blocks = (ops.k + kBlockK - 1) / kBlockK;
+    if constexpr (kPaired) {
+      sm90::prefetch_tensormap(ops.second->a);
+      sm90::prefetch_tensormap(ops.second->b);
+    }
 
     for (;;) {
       const WorkItem item = sched.next(compute_index, num_compute, ctx);
@@ -182,17 +188,19 @@ class ComputeRole {
         Timeline::record_claim(ops.timeline[Timeline::record_index(ops, item)], item);
       }
 
-      const int32_t m0 = static_cast<int32_t>(tile_rows<BM, kRowRanges>(item, ops.m).first);
+      const GemmOperands o = operands_of<kPaired>(ops, item);
+      const uint32_t k_blocks = (o.k + kBlockK - 1) / kBlockK;
+      const int32_t m0 = static_cast<int32_t>(tile_rows<BM, kRowRanges>(item, o.m).first);
       const int32_t n0 = static_cast<int32_t>(item.n_block * BN);
-      const sm90::TmaDescriptor* a_map = ops.a;
+      const sm90::TmaDescriptor* a_map = o.a;
       int32_t a_row = m0;
-      if (ops.a_local != nullptr && static_cast<uint32_t>(m0) >= ops.local_row_begin &&
-          static_cast<uint32_t>(m0) < ops.local_row_end) {
-        a_map = ops.a_local;
-        a_row = m0 - static_cast<int32_t>(ops.local_row_begin);
+      if (o.a_local != nullptr && static_cast<uint32_t>(m0) >= o.local_row_begin &&
+          static_cast<uint32_t>(m0) < o.local_row_end) {
+        a_map = o.a_local;
+        a_row = m0 - static_cast<int32_t>(o.local_row_begin);
       }
       auto load_k_block = [&](uint32_t kb) -> bool {
-        return Loads::load_k_block(sm, stages, a_map, a_row, ops.b, n0, kb, ctx, static_cast<int32_t>(item.group));
+        return Loads::load_k_block(sm, stages, a_map, a_row, o.b, n0, kb, ctx, static_cast<int32_t>(item.group));
       };
       const KRange range = k_range_of(item, k_blocks);
       const bool fold_tile = Fold::kEnabled && item.kind == static_cast<uint32_t>(WorkKind::kTileFold);
@@ -214,6 +222,20 @@ class ComputeRole {
   }
 
   // ---- consumers -------------------------------------------------------------------------------
+  // The accumulators of `item` through one epilogue policy, in its output type.
+  template <class E>
+  __device__ static void store_tile(const Smem& sm, float (&acc)[kAcc], const WorkItem& item, const E& e,
+                                    const GemmOperands& o, uint32_t g, uint32_t warp, uint32_t lane, uint32_t& parity) {
+    const uint32_t out = e.out_dtype();
+    if (out == 2u) {
+      Staging::template store<float, 32, kRowRanges>(sm, acc, item, e, o, g, warp, lane, parity);
+    } else if (out == 1u) {
+      Staging::template store<__half, 64, kRowRanges>(sm, acc, item, e, o, g, warp, lane, parity);
+    } else {
+      Staging::template store<__nv_bfloat16, 64, kRowRanges>(sm, acc, item, e, o, g, warp, lane, parity);
+    }
+  }
+
   __device__ static void consumer(const Smem& sm, const GemmOperands& ops, Epilogue& epi, const Fold& fold, uint32_t g,
                                   const WaitContext& ctx) {
     const uint32_t t = threadIdx.x % 128;
@@ -224,7 +246,6 @@ class ComputeRole {
     auto tiles = PipelineState<kTileSlots>::at(st->consumer_tile);
     auto signals = PipelineState<kTileSlots>::at(st->signal_post);
     uint32_t parity = st->epi_parity;
-    const uint32_t k_blocks = (ops.k + kBlockK - 1) / kBlockK;
     if (t == 0 && g == 0) epi.prefetch();
 
     float acc[kAcc];
@@ -248,7 +269,8 @@ class ComputeRole {
       const bool piece = item.kind == static_cast<uint32_t>(WorkKind::kTilePiece);
       const bool timed = ops.timeline != nullptr && g == 0 && t == 0 && Timeline::record_index(ops, item) != Timeline::kNoRecord;
       TileTimelineRecord* const record = timed ? &ops.timeline[Timeline::record_index(ops, item)] : nullptr;
-      const KRange range = k_range_of(item, k_blocks);
+      const GemmOperands o = operands_of<kPaired>(ops, item);
+      const KRange range = k_range_of(item, (o.k + kBlockK - 1) / kBlockK);
       const uint32_t fold_at = Fold::kEnabled && item.kind == static_cast<uint32_t>(WorkKind::kTileFold)
                                    ? Folding::fold_position(range)
                                    : ~0u;
@@ -306,13 +328,14 @@ class ComputeRole {
         if (!Signals::post_signal(sm, pending_item, g, warp, lane, signals, ctx)) break;
         pending = false;
       }
-      const uint32_t out = epi.out_dtype();
-      if (out == 2u) {
-        Staging::template store<float, 32, kRowRanges>(sm, acc, item, epi, ops, g, warp, lane, parity);
-      } else if (out == 1u) {
-        Staging::template store<__half, 64, kRowRanges>(sm, acc, item, epi, ops, g, warp, lane, parity);
+      if constexpr (kPaired) {
+        if (item.kind == static_cast<uint32_t>(WorkKind::kTileSecond)) {
+          store_tile(sm, acc, item, epi.second(), o, g, warp, lane, parity);
+        } else {
+          store_tile(sm, acc, item, epi.first(), o, g, warp, lane, parity);
+        }
       } else {
-        Staging::template store<__nv_bfloat16, 64, kRowRanges>(sm, acc, item, epi, ops, g, warp, lane, parity);
+        store_tile(sm, acc, item, epi, o, g, warp, lane, parity);
       }
       if (timed) Timeline::record_stored(*record);
       if (epi.signals()) {

@@ -98,4 +98,32 @@ class TileEpilogue {
   const sm90::TmaDescriptor* maps_;
 };
 
+// A paired role's epilogue (operands.cuh, paired_epilogue): First for its kTile items, Second for
+// its kTileSecond items; the role stages each item through its own policy.
+template <class First, class Second>
+class PairedEpilogue {
+ public:
+  static constexpr bool kPaired = true;
+  __device__ PairedEpilogue(const First& first, const Second& second) : first_(first), second_(second) {}
+
+  __device__ const First& first() const { return first_; }
+  __device__ const Second& second() const { return second_; }
+  __device__ bool signals() const { return first_.signals() || second_.signals(); }
+  __device__ void prefetch() const {
+    first_.prefetch();
+    second_.prefetch();
+  }
+  __device__ void signal(const WorkItem& tile, uint32_t m_blocks, uint32_t n_blocks) const {
+    if (tile.kind == static_cast<uint32_t>(WorkKind::kTileSecond)) {
+      if (second_.signals()) second_.signal(tile, m_blocks, n_blocks);
+    } else if (first_.signals()) {
+      first_.signal(tile, m_blocks, n_blocks);
+    }
+  }
+
+ private:
+  First first_;
+  Second second_;
+};
+
 }  // namespace loom::kernels::gemm

@@ -34,7 +34,30 @@ struct GemmOperands {
   uint32_t local_row_end = 0;
   // Optional per-tile timeline (diagnostics; loom/diagnostics.h), indexed by WorkItem::tile.
   TileTimelineRecord* timeline = nullptr;
+  // A paired role's second GEMM (its own maps and shape; no a_local, no timeline): the operands of
+  // every kTileSecond item. Used only with a paired epilogue (paired_epilogue() below).
+  const GemmOperands* second = nullptr;
 };
+
+// Does epilogue policy E pair two epilogues, one per GEMM of a paired role (static constexpr bool
+// kPaired = true; E::first() for kTile items, E::second() for kTileSecond items)? Such a role runs
+// two GEMMs of the same tile configuration (same BLOCK_M, BLOCK_N, input type and B layout; their
+// own K, N, maps and epilogue, e.g. one gated and one not) through one mainloop and one pipeline,
+// which one call of the role keeps in one register allocation.
+template <class E>
+constexpr bool paired_epilogue() {
+  return requires { requires E::kPaired; };
+}
+
+// The operands of a work item: the second GEMM's for kTileSecond items of a paired role. By value:
+// a reference chosen at run time between two structs would keep both in local memory.
+template <bool kPaired>
+__device__ __forceinline__ GemmOperands operands_of(const GemmOperands& ops, const WorkItem& item) {
+  if constexpr (kPaired) {
+    if (item.kind == static_cast<uint32_t>(WorkKind::kTileSecond)) return *ops.second;
+  }
+  return ops;
+}
 
 // Does scheduler (or Tiles policy) S group its tiles (static constexpr bool kGroupedB = true)?
 // A policy without the member does not.

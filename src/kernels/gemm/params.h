@@ -18,12 +18,14 @@ enum class WorkKind : uint32_t {
                   // ranks (the role's Fold policy) before the epilogue: fused reduce-scatter
   kTilePiece = 5,  // part of a split tile's K range (the tail split, tail_split.cuh): the epilogue
                    // stages the partial for the tile's kTileFold item, which another CTA runs
+  kTileSecond = 6,  // compute tile of a paired role's second GEMM (GemmOperands::second, a paired
+                    // epilogue: operands.cuh): two GEMMs through one role, e.g. a whole MoE FFN
 };
 
 // The tile kinds run the mainloop and the epilogue; the others end run().
 constexpr bool is_tile_kind(uint32_t kind) {
   return kind == static_cast<uint32_t>(WorkKind::kTile) || kind == static_cast<uint32_t>(WorkKind::kTileFold) ||
-         kind == static_cast<uint32_t>(WorkKind::kTilePiece);
+         kind == static_cast<uint32_t>(WorkKind::kTilePiece) || kind == static_cast<uint32_t>(WorkKind::kTileSecond);
 }
 
 struct WorkItem {

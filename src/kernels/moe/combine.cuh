@@ -88,6 +88,21 @@ __device__ __forceinline__ bool enter_owners(const CombineParams& p, const JobRa
   return true;
 }
 
+// How a reducing warp knows that the rows it is about to read are final: a Gate policy's
+//   bool admit(const CombineParams&, const JobRanks&, bool here, uint32_t owner, uint32_t row,
+//              uint32_t& entered, uint64_t epoch, const WaitContext&) const;
+// called by all lanes of the warp, lane j for slot j (`here`: its row is on this node, at `row` of
+// local rank `owner`'s expert outputs); true once every such row may be read, false after a failed
+// wait (recorded). moe_combine's EntryGate waits for each owner's entry word (the owner's stream
+// reached the combine, so its outputs are complete); moe_layer's gate waits per row
+// (kernels/moe/layer.cuh).
+struct EntryGate {
+  __device__ bool admit(const CombineParams& p, const JobRanks& r, bool here, uint32_t owner, uint32_t /*row*/,
+                        uint32_t& entered, uint64_t epoch, const WaitContext& ctx) const {
+    return enter_owners(p, r, here, owner, entered, epoch, ctx);
+  }
+};
+
 // One warp, vector v of a row (all lanes call it; `live`: lane has vector v): the fp32 sum in slot
 // order of w_j * y_j over the lanes' row addresses (0: no row), into acc.
 template <typename T>
@@ -113,9 +128,9 @@ __device__ __forceinline__ void sum_slots(float (&acc)[Vec16<T>::kElems], uint64
 // read over NVLink; on several nodes, each other node holding one of its experts returns one
 // fp32 partial (its slots' sum in slot order) into `partials`, and the node sums are added in
 // node order (this node's own in its place). False after a failed wait (recorded).
-template <typename T>
+template <typename T, class Gate = EntryGate>
 __device__ __forceinline__ bool reduce_tokens(const CombineParams& p, uint32_t first, uint32_t stride, uint64_t epoch,
-                                              const WaitContext& ctx) {
+                                              const WaitContext& ctx, const Gate& gate = {}) {
   using V = Vec16<T>;
   constexpr uint32_t kChunk = MoeTunables::kNetChunkTokens;
   const DeviceComm& c = p.comm;
@@ -134,10 +149,9 @@ __device__ __forceinline__ bool reduce_tokens(const CombineParams& p, uint32_t f
     const uint32_t owner = dest != kNoSlot ? static_cast<uint32_t>(dest) / cap : 0;
     const bool here = dest != kNoSlot && r.node_of(owner) == r.node;
     const float w = here ? p.weights[q] : 0.0f;
-    const uint64_t row_addr = here ? c.peer_heap_bases[r.local_of(owner)] + p.y_offset +
-                                         static_cast<uint64_t>(static_cast<uint32_t>(dest) - owner * cap) * p.row_bytes
-                                   : 0;
-    if (!enter_owners(p, r, here, owner, entered, epoch, ctx)) return false;
+    const uint32_t row = here ? static_cast<uint32_t>(dest) - owner * cap : 0;
+    const uint64_t row_addr = here ? c.peer_heap_bases[r.local_of(owner)] + p.y_offset + static_cast<uint64_t>(row) * p.row_bytes : 0;
+    if (!gate.admit(p, r, here, owner, row, entered, epoch, ctx)) return false;
     // Several nodes: lane n < N holds node n's partial row (0: none, or this node).
     const uint64_t nodes = p.token_nodes != nullptr ? p.token_nodes[t] & ~(1ull << r.node) : 0;
     const float* partial = nullptr;

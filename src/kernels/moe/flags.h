@@ -14,6 +14,7 @@ inline constexpr OpId kRoutingOp = family_op(kFamily, 1);
 inline constexpr OpId kDispatchOp = family_op(kFamily, 2);
 inline constexpr OpId kCombineOp = family_op(kFamily, 3);
 inline constexpr OpId kDispatchGemmOp = family_op(kFamily, 4);
+inline constexpr OpId kLayerOp = family_op(kFamily, 5);
 
 // "my routing chunk `index` is counted" (local, written by another CTA of the launch)
 inline constexpr FlagKind kChunkFlag = family_flag(kFamily, 0);
@@ -35,5 +36,9 @@ inline constexpr FlagKind kSentFlag = family_flag(kFamily, 7);
 // "the token entries this combine reduces are the ones its plan's dispatch staged" (a check:
 // kMismatch when another plan's dispatch ran in between)
 inline constexpr FlagKind kStagedFlag = family_flag(kFamily, 8);
+// "every fc1 tile of my tile row `index` is stored" (local counter; moe_layer's fc2 tiles wait)
+inline constexpr FlagKind kHiddenDoneFlag = family_flag(kFamily, 9);
+// "my expert output row `index` is final" (moe_layer's combine reads it from any local rank)
+inline constexpr FlagKind kOutReadyFlag = family_flag(kFamily, 10);
 
 }  // namespace loom::kernels::moe

@@ -7,6 +7,8 @@
 // kArrivalRows, H the hidden size, rb = H * element size (a token row's bytes). Across nodes
 // (N > 1): Nr = N - 1 remote nodes, K = kNetChunkTokens, Q = ceil(Tmax / K) chunks per window,
 // eb = net_entry_bytes(k, rb), pb = 4 H (an fp32 partial row).
+// Tr = ceil(C / 64) + El: the most tile rows of a grouped GEMM over the receive rows (any BLOCK_M
+// of 64 or more).
 #pragma once
 
 #include <cstdint>
@@ -167,13 +169,14 @@ struct PlanLayout {
   }
 };
 
-// moe_dispatch_gemm's tile table over C receive rows of El local experts: the grouped GEMM's
+// The tile table of moe_dispatch_gemm and moe_layer over C receive rows of El local experts: the grouped GEMM's
 // workspace for a contiguous layout of C rows (header, then one GroupedTileRow per tile row, sized
 // for the smallest BLOCK_M so that any tile the planner picks fits).
+LOOM_HOST_DEVICE constexpr uint64_t max_tile_rows(uint64_t capacity, uint64_t local_experts) {
+  return grouped_max_tile_rows(GroupedRows::kContiguous, capacity, local_experts, GroupedGemmTunables::kMinBlockM);
+}
 LOOM_HOST_DEVICE constexpr uint64_t tile_table_bytes(uint64_t capacity, uint64_t local_experts) {
-  return kGroupedWorkspaceHeaderBytes +
-         sizeof(GroupedTileRow) * grouped_max_tile_rows(GroupedRows::kContiguous, capacity, local_experts,
-                                                        GroupedGemmTunables::kMinBlockM);
+  return kGroupedWorkspaceHeaderBytes + sizeof(GroupedTileRow) * max_tile_rows(capacity, local_experts);
 }
 
 // The shape the MoE workspace is laid out for (every rank computes the same layout).
@@ -208,12 +211,16 @@ struct MoeShape {
 //   send_fill    u32   [Nr]  (N > 1)            positions taken in the send window of each remote node  dispatch
 //   sent_chunks  u64   [Nr]  (N > 1)            chunks of each window handed to the proxy (a counter)  dispatch
 //   send_count   u32   [Nr][Q]  (N > 1)         entries written into each chunk of a window     dispatch
+//   hidden_done  u64   [Tr]                     moe_layer: fc1 tiles of tile row r finished (local counters)  layer
+//   out_done     u64   [Tr]                     moe_layer: fc2 tiles of tile row r finished (local counters)  layer
+//   out_ready    u64   [C]                      moe_layer: epoch: "expert output row j is final" (peers read)  layer
 //   read_done    u64   [kMaxCtas]               epoch: CTA i of combine has read (local)  combine
 //   done         u64   [L]                      epoch: "local rank l has read my expert outputs"  combine
 //   ret_count    u32   [Nr][Q]  (N > 1)         partial rows written into each chunk of a return window  combine
 //   ret_sent     u64   [Nr]  (N > 1)            return chunks handed to the proxy (a counter)  combine
 //   rows         RecvRow [C]                    each receive row's origin (its sender)    never (written before read)
-//   tiles        16 B x (1 + ceil(C / 64) + El) moe_dispatch_gemm's tile table (local, El = E / W):
+//   tiles        16 B x (1 + Tr), Tr = ceil(C / 64) + El   the tile table of moe_dispatch_gemm and
+//                                               moe_layer (local, El = E / W):
 //                                               the grouped GEMM's workspace over the receive rows
 //                                               (kernels/moe/grouped_gemm_params.h)     never (its plan
 //                                                                                       kernel rewrites it)
@@ -229,7 +236,7 @@ struct MoeShape {
 // from remote slot i arrived"; combine: the same for partial rows. net_flag_words() of them.
 struct WorkspaceLayout {
   uint64_t count_table, count_flags, node_tokens, chunk_flags, routing_words, arrival, ready, send_fill, sent_chunks,
-      send_count, read_done, done, ret_count, ret_sent, rows, tiles, staged_epoch, token_pos, send_window, staging,
+      send_count, hidden_done, out_done, out_ready, read_done, done, ret_count, ret_sent, rows, tiles, staged_epoch, token_pos, send_window, staging,
       ret_window, partials, bytes;
   uint64_t entry_bytes;    // eb (0 when N = 1)
   uint64_t partial_bytes;  // pb (0 when N = 1)
@@ -254,7 +261,11 @@ struct WorkspaceLayout {
     l.send_fill = l.ready + align_up(8 * blocks, 256);
     l.sent_chunks = l.send_fill + align_up(4 * remote, 256);
     l.send_count = l.sent_chunks + align_up(8 * remote, 256);
-    l.read_done = l.send_count + align_up(4 * remote * q, 256);
+    const uint64_t tile_rows = max_tile_rows(s.capacity, s.experts / s.world);
+    l.hidden_done = l.send_count + align_up(4 * remote * q, 256);
+    l.out_done = l.hidden_done + align_up(8 * tile_rows, 256);
+    l.out_ready = l.out_done + align_up(8 * tile_rows, 256);
+    l.read_done = l.out_ready + align_up(8 * s.capacity, 256);
     l.done = l.read_done + align_up(8ull * MoeTunables::kMaxCtas, 256);
     l.ret_count = l.done + align_up(8ull * s.local_world(), 256);
     l.ret_sent = l.ret_count + align_up(4 * remote * q, 256);
@@ -269,11 +280,12 @@ struct WorkspaceLayout {
     l.bytes = l.partials + align_up(remote * s.max_tokens * l.partial_bytes, 256);
     return l;
   }
-  // The byte ranges each call zeroes before its kernel.
+  // The byte ranges each call zeroes before its kernel (moe_layer: from dispatch_zero_begin to
+  // combine_zero_end, the layer regions between them included).
   LOOM_HOST_DEVICE uint64_t routing_zero_begin() const { return count_table; }
   LOOM_HOST_DEVICE uint64_t routing_zero_end() const { return arrival; }
   LOOM_HOST_DEVICE uint64_t dispatch_zero_begin() const { return arrival; }
-  LOOM_HOST_DEVICE uint64_t dispatch_zero_end() const { return read_done; }
+  LOOM_HOST_DEVICE uint64_t dispatch_zero_end() const { return hidden_done; }
   LOOM_HOST_DEVICE uint64_t combine_zero_begin() const { return read_done; }
   LOOM_HOST_DEVICE uint64_t combine_zero_end() const { return rows; }
   // Per-launch words of the network flag window a call uses (the largest of the three calls').

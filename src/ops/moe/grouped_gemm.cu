@@ -36,12 +36,10 @@ Status launch_tile(GemmTile tile, const km::GroupedGemmKernelParams& p, const op
 
 namespace ops {
 
-// The plan kernel queued on `stream` and the GEMM kernel's parameters (all but `wait`).
-Status prepare_grouped_gemm(const GroupedGemmArgs& args, const planner::GroupedGemmPlan& plan, cudaStream_t stream,
-                            kernels::moe::GroupedGemmKernelParams& p) {
+Status encode_grouped_gemm(const GroupedGemmArgs& args, const planner::GroupedGemmPlan& plan,
+                           kernels::moe::GroupedGemmKernelParams& p) {
   const int64_t rows = planner::grouped_gemm_rows(args);
   const GemmTileInfo info = gemm_tile_info(plan.tile);
-  const bool masked = args.layout == GroupedLayout::kMasked;
 
   LOOM_TRY(ops::encode_gemm_rows_map(args.a, rows, args.k, args.k, args.in_dtype, info.block_m, &p.a));
   GemmArgs b_args;  // one expert's B, as the engine's B encoder reads it
@@ -72,7 +70,14 @@ Status prepare_grouped_gemm(const GroupedGemmArgs& args, const planner::GroupedG
   p.table = table;
   p.d_ptr = static_cast<uint8_t*>(args.d);
   p.ldd_bytes = static_cast<uint64_t>(out_cols) * dtype_size(args.out_dtype);
+  return {};
+}
 
+Status prepare_grouped_gemm(const GroupedGemmArgs& args, const planner::GroupedGemmPlan& plan, cudaStream_t stream,
+                            kernels::moe::GroupedGemmKernelParams& p) {
+  LOOM_TRY(encode_grouped_gemm(args, plan, p));
+  const bool masked = args.layout == GroupedLayout::kMasked;
+  const GemmTileInfo info = gemm_tile_info(plan.tile);
   km::GroupedPlanParams plan_params;
   plan_params.layout = static_cast<uint32_t>(masked ? km::GroupedRows::kMasked : km::GroupedRows::kContiguous);
   plan_params.experts = static_cast<uint32_t>(args.num_experts);
@@ -80,8 +85,9 @@ Status prepare_grouped_gemm(const GroupedGemmArgs& args, const planner::GroupedG
   plan_params.block_m = static_cast<uint32_t>(info.block_m);
   plan_params.offsets = args.offsets;
   plan_params.counts = args.counts;
-  plan_params.header = header;
-  plan_params.table = table;
+  plan_params.header = static_cast<km::GroupedWorkspaceHeader*>(args.workspace);
+  plan_params.table =
+      reinterpret_cast<km::GroupedTileRow*>(static_cast<uint8_t*>(args.workspace) + km::kGroupedWorkspaceHeaderBytes);
   plan_params.max_tile_rows = static_cast<uint32_t>(plan.max_tile_rows);
 
   constexpr int kPlanThreads = km::GroupedGemmTunables::kPlanThreads;

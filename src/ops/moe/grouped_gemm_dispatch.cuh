@@ -22,6 +22,9 @@ namespace loom::ops {
 // kernel (counts or offsets -> the tile table in args.workspace) queued on `stream`.
 Status prepare_grouped_gemm(const GroupedGemmArgs& args, const planner::GroupedGemmPlan& plan, cudaStream_t stream,
                             kernels::moe::GroupedGemmKernelParams& p);
+// The same parameters without the plan kernel (a second GEMM on a tile table already planned).
+Status encode_grouped_gemm(const GroupedGemmArgs& args, const planner::GroupedGemmPlan& plan,
+                           kernels::moe::GroupedGemmKernelParams& p);
 // Loads the grouped GEMM's kernels (its plan kernel and every tile's variants) now: see
 // ops/moe/moe_launch.h, load_moe_kernels.
 Status load_grouped_gemm_kernels();

@@ -15,11 +15,14 @@ const NameRegistration kNames{{{km::kChunkFlag, "moe routing chunk"},
                                {km::kDoneFlag, "moe combine done"},
                                {km::kReadyFlag, "moe receive block ready"},
                                {km::kSentFlag, "moe network windows sent"},
-                               {km::kStagedFlag, "moe staged tokens of this plan"}},
+                               {km::kStagedFlag, "moe staged tokens of this plan"},
+                               {km::kHiddenDoneFlag, "moe_layer fc1 tile row done"},
+                               {km::kOutReadyFlag, "moe_layer expert output row ready"}},
                               {{km::kRoutingOp, "moe_routing"},
                                {km::kDispatchOp, "moe_dispatch"},
                                {km::kCombineOp, "moe_combine"},
-                               {km::kDispatchGemmOp, "moe_dispatch_gemm"}}};
+                               {km::kDispatchGemmOp, "moe_dispatch_gemm"},
+                               {km::kLayerOp, "moe_layer"}}};
 
 }  // namespace
 }  // namespace loom::ops::moe

@@ -1,0 +1,264 @@
+// moe_layer: a whole MoE FFN step as one persistent kernel,
+//   out[t] = sum over t's routed slots j (slot order, fp32) of w[t, j] * FFN_e(x[t]),
+//   FFN_e(x) = (silu(x Wg_e^T) * (x Wu_e^T)) Wd_e^T,
+// driven by readiness flags per tile row instead of phases: a receive block's rows land (the
+// dispatch roles), its fc1 tiles (gate/up with the SwiGLU epilogue) start; a tile row's fc2 tiles
+// (down projection) start once every fc1 tile of that row is stored; an expert output row is read
+// back by its token's owner as soon as every fc2 tile of its tile row is stored.
+//
+// Roles (LayerRoleTable), every CTA of the GEMM engine's shape (Cfg::kThreads threads, its shared
+// memory; one CTA per SM):
+//   arrival  CTAs [0, arrival): moe_dispatch's arrival role (receive blocks, repeated rows copied,
+//            ready[f] = e), then compute.
+//   push     the next push CTAs: moe_dispatch's push role (every warp pushes tokens), then compute.
+//   compute  the rest, from the start: the GEMM engine's compute role paired over both GEMMs
+//            (kernels/gemm/operands.cuh: one mainloop and pipeline, fc1 tiles as kTile with the
+//            SwiGLU epilogue, fc2 tiles as kTileSecond with the plain one), fed by LayerScheduler:
+//            one launch-wide queue (LaunchState::tile_queue, reset when the launch ends) over
+//            every fc1 tile, then every fc2 tile, each gated on its inputs (below).
+// Then every CTA reduces tokens (moe_combine's reduce_tokens with FinishedRowGate: a slot's row is
+// read from its rank once out_ready[row] there holds this launch's epoch), and the last CTA runs
+// moe_combine's done handshake (no rank leaves while another still reads its expert outputs).
+// Both GEMMs run on the same tile table (same rows, experts and BLOCK_M), written by the grouped
+// GEMM's plan kernel just before, in stream order, so fc2 tile row r covers exactly the rows of
+// fc1 tile row r.
+//
+// Gates and signals (the engine's signaler thread signals a tile after its stores have landed):
+//   fc1 tile (r, n)  waits for ready[] of the receive blocks its rows cover (moe_dispatch_gemm's
+//                    gate); signal: hidden_done[r] += 1, a release at GPU scope (h stays on this GPU).
+//   fc2 tile (r, n)  waits until hidden_done[r] counts every fc1 tile of row r (acquire, then a
+//                    generic-to-async proxy fence: TMA reads h next); signal: system fence,
+//                    out_done[r] += 1; the tile that completes the row fences again and stores the
+//                    epoch into out_ready[j] for every row j of tile row r (relaxed stores after the
+//                    fence; readers acquire).
+// No deadlock: every fc1 position of the queue precedes every fc2 position, so a CTA waiting at an
+// fc2 gate waits only for fc1 tiles that running CTAs have claimed, and fc1 tiles wait only for
+// the dispatch roles, which run first; a reducing CTA waits only for fc2 tiles claimed by running
+// CTAs (here or on a local peer).
+//
+// Buffers (the MoE workspace's regions in kernels/moe/layout.h: hidden_done, out_done, out_ready,
+// zeroed before the launch; recv_x, rows, arrival, ready as moe_dispatch):
+//   gate_up     [El, 2I, H]  this rank's experts, gate and up interleaved by 8 (moe.h)
+//   down        [El, H, I]
+//   hidden      [C, I]       silu(gate) * up of every kept receive row (this GPU)
+//   expert_out  [C, H]       symmetric: the fc2 output of every kept receive row
+//   out         [T, H]       this rank's tokens
+#pragma once
+
+#include <cuda/ptx>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/comm/wait.cuh"
+#include "kernels/frame/persistent.cuh"
+#include "kernels/frame/role_table.h"
+#include "kernels/gemm/compute_role.cuh"
+#include "kernels/gemm/scheduler.cuh"
+#include "kernels/moe/combine.cuh"
+#include "kernels/moe/dispatch.cuh"
+#include "kernels/moe/dispatch_gemm.cuh"  // ArrivedGroupedTiles
+#include "kernels/moe/flags.h"
+#include "kernels/moe/grouped_gemm.cuh"
+
+namespace loom::kernels::moe {
+
+enum class LayerRole : uint32_t {
+  kArrival = 0,  // moe_dispatch's arrival role, then compute
+  kPush = 1,     // moe_dispatch's push role, then compute
+  kCompute = 2,  // fc1 then fc2 tiles whose inputs are ready; every role then reduces tokens
+};
+using LayerRoleTable = frame::RoleTable<LayerRole, LayerRole::kCompute>;
+
+struct LayerParams {
+  GroupedGemmKernelParams up;    // first: tensor maps need 64-byte alignment. a = recv_x [C, H],
+                                 // b = gate_up [El, 2I, H], d = hidden [C, I] (SwiGLU); header / table:
+                                 // the tile table (both GEMMs')
+  GroupedGemmKernelParams down;  // a = hidden [C, I], b = down [El, H, I], d = expert_out [C, H]
+  DispatchParams dispatch;       // its `roles` is unused (the table below assigns them)
+  CombineParams combine;         // y_offset: expert_out's; weights: the routing's; its `roles` unused
+  // This rank's layer regions of the MoE workspace (kernels/moe/layout.h), local addresses.
+  uint64_t* hidden_done;         // [Tr]
+  uint64_t* out_done;            // [Tr]
+  uint64_t* out_ready;           // [C]
+  LayerRoleTable roles;
+};
+static_assert(sizeof(LayerParams) <= 4096, "moe_layer's parameters must fit the classic 4 KiB limit");
+
+// The layer's scheduler (the engine's Scheduler interface, kernels/gemm/scheduler.cuh): queue
+// positions [0, T n1) are fc1's tiles, [T n1, T (n1 + n2)) fc2's (T the tile table's rows, n1 and
+// n2 the GEMMs' column blocks), each GEMM in the engine's grouped raster (group_m tile rows at a
+// time, n fastest); fc2's items are kTileSecond.
+template <int kBlockM>
+class LayerScheduler {
+ public:
+  static constexpr bool kGroupedB = true;
+  static constexpr bool kRowRanges = true;
+
+  // It runs on the producer's scheduling thread, which has few registers: it keeps the launch's
+  // parameters (in the constant bank), the epoch and the tile count.
+  __device__ LayerScheduler(const LayerParams& p, uint64_t epoch) : p_(&p), epoch_(epoch), tile_rows_(p.up.header->tile_rows) {}
+
+  __device__ gemm::WorkItem next(uint32_t /*compute_index*/, uint32_t /*num_compute*/, const WaitContext& ctx) {
+    const uint32_t up_n = p_->up.sched.n_blocks;
+    const uint32_t up_tiles = tile_rows_ * up_n;
+    const uint32_t w = atomicAdd(&p_->dispatch.state->tile_queue, 1u);
+    if (w >= up_tiles + tile_rows_ * p_->down.sched.n_blocks) {
+      return gemm::WorkItem{static_cast<uint32_t>(gemm::WorkKind::kDone), 0, 0, 0};
+    }
+    const bool down = w >= up_tiles;
+    const gemm::SchedulerParams& sp = down ? p_->down.sched : p_->up.sched;
+    const uint32_t t = down ? w - up_tiles : w;
+    const uint32_t group_m = max(sp.group_m, 1u);
+    const uint32_t first_m = t / (group_m * sp.n_blocks) * group_m;
+    const uint32_t rows = min(tile_rows_ - first_m, group_m);
+    const uint32_t local = t - first_m * sp.n_blocks;
+    const uint32_t m_block = first_m + local % rows;
+    const uint32_t n_block = local / rows;
+    bool ok;
+    if (down) {
+      ok = wait_until(p_->hidden_done + m_block, [up_n](uint64_t seen) { return seen >= up_n; }, ctx, -1,
+                      kHiddenDoneFlag, m_block);
+      // h was written by TMA stores (and generic stores at an expert's end) and is read by TMA next.
+      if (ok) cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
+    } else {
+      ArrivedGroupedTiles<kBlockM> arrived;
+      arrived.table = p_->up.table;
+      arrived.dispatch = &p_->dispatch;
+      arrived.epoch = epoch_;
+      ok = arrived.gate(m_block, sp, ctx);
+    }
+    if (!ok) return gemm::WorkItem{static_cast<uint32_t>(gemm::WorkKind::kFailed), 0, 0, 0};
+    gemm::WorkItem item{static_cast<uint32_t>(down ? gemm::WorkKind::kTileSecond : gemm::WorkKind::kTile), m_block,
+                        n_block, m_block * sp.n_blocks + n_block};
+    const uint4 row = *reinterpret_cast<const uint4*>(p_->up.table + m_block);  // expert, first row, row limit
+    item.group = row.x;
+    item.row_first = row.y;
+    item.row_limit = row.z;
+    return item;
+  }
+
+ private:
+  const LayerParams* p_;
+  uint64_t epoch_;
+  uint32_t tile_rows_;
+};
+
+// fc1's epilogue: the grouped SwiGLU epilogue, and one count per stored tile.
+template <int kBlockM>
+class HiddenEpilogue : public GroupedEpilogue<kBlockM, true> {
+ public:
+  __device__ HiddenEpilogue(const GroupedGemmKernelParams& g, uint64_t* hidden_done)
+      : GroupedEpilogue<kBlockM, true>(g.epi, &g.d, g.d_ptr, g.ldd_bytes), hidden_done_(hidden_done) {}
+  __device__ bool signals() const { return true; }
+  __device__ void signal(const gemm::WorkItem& tile, uint32_t /*m_blocks*/, uint32_t /*n_blocks*/) const {
+    asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(hidden_done_ + tile.m_block) : "memory");
+  }
+
+ private:
+  uint64_t* hidden_done_;
+};
+
+// fc2's epilogue: the grouped plain epilogue; the last stored tile of a row publishes its rows.
+template <int kBlockM>
+class ExpertOutEpilogue : public GroupedEpilogue<kBlockM, false> {
+ public:
+  __device__ ExpertOutEpilogue(const GroupedGemmKernelParams& g, uint64_t* out_done, uint64_t* out_ready, uint64_t epoch)
+      : GroupedEpilogue<kBlockM, false>(g.epi, &g.d, g.d_ptr, g.ldd_bytes),
+        out_done_(out_done),
+        out_ready_(out_ready),
+        epoch_(epoch) {}
+  __device__ bool signals() const { return true; }
+  __device__ void signal(const gemm::WorkItem& tile, uint32_t /*m_blocks*/, uint32_t n_blocks) const {
+    __threadfence_system();  // this tile's rows, before the count other tiles' signalers may complete
+    const unsigned long long before = atomicAdd(reinterpret_cast<unsigned long long*>(out_done_ + tile.m_block), 1ull);
+    if (before + 1 != n_blocks) return;
+    __threadfence_system();  // every tile of the row fenced before its increment
+    const uint32_t end = min(tile.row_first + static_cast<uint32_t>(kBlockM), tile.row_limit);
+    for (uint32_t j = tile.row_first; j < end; ++j) {
+      asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(out_ready_ + j), "l"(epoch_) : "memory");
+    }
+  }
+
+ private:
+  uint64_t* out_done_;
+  uint64_t* out_ready_;
+  uint64_t epoch_;
+};
+
+// The combine's Gate (combine.cuh): lane j waits until its slot's row is final on its rank. The
+// owner's entry word first (once per owner and warp): out_ready is zeroed in the owner's stream
+// before its launch, and until then may hold anything an earlier layout of the workspace left.
+struct FinishedRowGate {
+  __device__ bool admit(const CombineParams& p, const JobRanks& r, bool here, uint32_t owner, uint32_t row,
+                        uint32_t& entered, uint64_t epoch, const WaitContext& ctx) const {
+    if (!enter_owners(p, r, here, owner, entered, epoch, ctx)) return false;
+    bool ok = true;
+    if (here) {
+      ok = wait_flag(p.ws.at<uint64_t>(p.comm, static_cast<int>(r.local_of(owner)), p.ws.layout.out_ready, row), epoch,
+                     ctx, static_cast<int>(owner), kOutReadyFlag, row);
+    }
+    ok = __all_sync(0xffffffffu, ok);
+    __syncwarp();  // every lane reads every slot's row next: ordered after the lanes' acquires
+    return ok;
+  }
+};
+
+template <class Cfg, bool kBF16>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) moe_layer_kernel(const __grid_constant__ LayerParams p) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  using Scheduler = LayerScheduler<Cfg::kBlockM>;
+  using Epilogue = gemm::PairedEpilogue<HiddenEpilogue<Cfg::kBlockM>, ExpertOutEpilogue<Cfg::kBlockM>>;
+  using Role = gemm::ComputeRole<Cfg, kBF16, false, Scheduler, Epilogue>;
+  using T = typename std::conditional<kBF16, __nv_bfloat16, __half>::type;
+  static_assert(Role::kPaired, "moe_layer runs both expert GEMMs through one compute role");
+  static_assert(Cfg::kThreads % 32 == 0, "the dispatch and combine roles work in whole warps");
+  constexpr uint32_t kWarps = Cfg::kThreads / 32;
+  const DispatchParams& d = p.dispatch;
+  const DeviceComm& c = d.comm;
+  const frame::LaunchFrame f = frame::LaunchFrame::enter(c, kLayerOp, moe_entry(c), d.signature);
+  Role::init(smem);
+
+  const LayerRoleTable& roles = p.roles;
+  const uint32_t index = roles.index_in_role(blockIdx.x);
+  bool ok = true;
+  switch (roles.role_of(blockIdx.x)) {
+    case LayerRole::kArrival: {
+      // receive_blocks' shared word: the first word of the GEMM's stage buffers, free until this
+      // CTA computes (then fenced against the TMA writes that reuse it).
+      auto* pick = reinterpret_cast<volatile uint32_t*>(frame::aligned_smem(smem));
+      ok = receive_blocks(d, index, roles.count(LayerRole::kArrival), f.epoch, f.ctx, pick);
+      cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+      break;
+    }
+    case LayerRole::kPush: {
+      const uint32_t warps = roles.count(LayerRole::kPush) * kWarps;
+      ok = cta_all(push_tokens(d, index * kWarps + warp_id(), warps, f.epoch, f.ctx));
+      break;
+    }
+    case LayerRole::kCompute: break;
+  }
+  if (ok) {
+    Scheduler scheduler(p, f.epoch);
+    Epilogue epi(HiddenEpilogue<Cfg::kBlockM>(p.up, p.hidden_done),
+                 ExpertOutEpilogue<Cfg::kBlockM>(p.down, p.out_done, p.out_ready, f.epoch));
+    const gemm::GemmOperands down{&p.down.a, &p.down.b, p.down.m, p.down.n, p.down.k};
+    gemm::GemmOperands up{&p.up.a, &p.up.b, p.up.m, p.up.n, p.up.k};
+    up.second = &down;
+    ok = Role::run(smem, up, scheduler, epi, roles.rest_index(blockIdx.x, gridDim.x), gridDim.x, f.ctx).kind ==
+         static_cast<uint32_t>(gemm::WorkKind::kDone);
+  }
+  // Combine: when the routing failed nothing is read or written (the handshake still runs).
+  if (ok && p.combine.plan.status->code == 0) {
+    ok = cta_all(reduce_tokens<T>(p.combine, blockIdx.x * kWarps + warp_id(), gridDim.x * kWarps, f.epoch, f.ctx,
+                                  FinishedRowGate{}));
+  }
+  if (cta_all(ok)) {
+    if (threadIdx.x == 0) flag_store_release(d.ws.at<uint64_t>(c, c.local_rank, d.ws.layout.read_done, blockIdx.x), f.epoch);
+    if (blockIdx.x == gridDim.x - 1) (void)finish_reads(p.combine, f.epoch, f.ctx);
+  }
+  f.mark(LaunchPhase::kRolesDone);
+  f.finish(d.state, c);
+}
+
+}  // namespace loom::kernels::moe

@@ -1,0 +1,149 @@
+// loom::moe_layer: moe_dispatch_gemm's checks for both GEMMs, the buffers' checks, the plan, then
+// on `stream`: the workspace's dispatch, layer and combine regions zeroed, the grouped GEMM's plan
+// kernel (the routing's expert_offsets -> this rank's tile table, shared by both GEMMs), the fused
+// kernel (kernels/moe/layer.cuh).
+//
+// Rules beyond moe_dispatch's (invalid_argument unless said): a job of several nodes
+// (unsupported); config.dtype other than bf16 / fp16 (unsupported); null weights or buffers;
+// intermediate not a positive multiple of 8 (unsupported, the GEMMs' rule); buffers not 16-byte
+// aligned, hidden not device memory of this GPU, recv_x or expert_out not symmetric; any written
+// buffer (recv_x, hidden, expert_out, out) overlapping another buffer; a capacity of 0 rows; a
+// tile other than k128x256 / k128x128 (unsupported); CTA counts that leave no room.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/moe/layer.cuh"
+#include "loom/moe.h"
+#include "ops/gemm/gemm_launch.h"
+#include "ops/launch/kernel_launch.h"
+#include "ops/launch/queued_work.h"
+#include "ops/moe/grouped_gemm_dispatch.cuh"
+#include "ops/moe/layer_launch.cuh"
+#include "ops/moe/moe_launch.h"
+#include "planner/moe_plan.h"
+
+namespace loom {
+
+namespace {
+
+namespace km = kernels::moe;
+using namespace ops::moe;  // the launchers' shared checks (ops/moe/moe_launch.h)
+
+Status launch_tile(GemmTile tile, const km::LayerParams& p, bool bf16, int grid, cudaStream_t stream) {
+  switch (tile) {
+    case GemmTile::k128x256: return ops::detail::launch_sm90_moe_layer_128x256(p, bf16, grid, stream);
+    case GemmTile::k128x128: return ops::detail::launch_sm90_moe_layer_128x128(p, bf16, grid, stream);
+    default: break;
+  }
+  return Status::internal("moe_layer: planner returned a tile the fused kernel is not built for");
+}
+
+}  // namespace
+
+Status moe_layer(Communicator& comm, const MoePlan& plan, const void* x, const MoeLayerWeights& weights,
+                 const MoeLayerBuffers& buffers, void* out, cudaStream_t stream, const MoeLayerOptions& options) {
+  constexpr const char* kOp = "moe_layer";
+  Communicator::Impl& impl = internal(comm);
+  LOOM_ASSIGN_OR_RETURN(planner::MoeLayouts l, check_plan(impl, plan, kOp));
+  if (l.num_nodes > 1) {
+    return Status::unsupported(std::string(kOp) + ": runs within one node in this build (the job has " +
+                               num(l.num_nodes) +
+                               " nodes); across nodes compose moe_dispatch_gemm, grouped_gemm and moe_combine");
+  }
+  if (plan.config.dtype != DType::kBF16 && plan.config.dtype != DType::kF16) {
+    return Status::unsupported(std::string(kOp) + ": config.dtype must be bf16 or fp16 (the GEMMs' inputs)");
+  }
+  if (weights.gate_up == nullptr || weights.down == nullptr) {
+    return Status::invalid_argument(std::string(kOp) + ": weights.gate_up and weights.down must not be null");
+  }
+  if (buffers.hidden == nullptr || buffers.expert_out == nullptr) {
+    return Status::invalid_argument(std::string(kOp) + ": buffers.hidden and buffers.expert_out must not be null");
+  }
+  if (weights.intermediate <= 0 || weights.intermediate % 8 != 0) {
+    return Status::unsupported(std::string(kOp) + ": intermediate " + num(weights.intermediate) +
+                               " must be a positive multiple of 8 (the down GEMM's K rows are 16-byte aligned)");
+  }
+  if (l.capacity == 0) {
+    return Status::invalid_argument(std::string(kOp) + ": the config's capacity is 0 rows (max_tokens 0): no row to "
+                                    "compute on");
+  }
+  LOOM_ASSIGN_OR_RETURN(const uint64_t recv_offset, check_dispatch_buffers(impl, plan, l, x, buffers.recv_x, kOp));
+
+  alignas(16) static char placeholder[16];  // the tile table's address is known after the workspace
+  GroupedGemmArgs up = planner::layer_up_args(plan, l, weights, buffers, placeholder);
+  GroupedGemmArgs down = planner::layer_down_args(plan, l, weights, buffers, placeholder);
+  const size_t elem = dtype_size(plan.config.dtype);
+  const size_t hidden_elems = static_cast<size_t>(plan.config.hidden);
+  const size_t inter = static_cast<size_t>(weights.intermediate);
+  const size_t experts = static_cast<size_t>(l.local_experts);
+  const size_t gate_up_bytes = experts * 2 * inter * hidden_elems * elem;
+  const size_t down_bytes = experts * hidden_elems * inter * elem;
+  const size_t rows = static_cast<size_t>(l.capacity);
+  const size_t hidden_bytes = rows * inter * elem;
+  const size_t y_bytes = receive_bytes(l);
+  const size_t out_bytes = token_bytes(plan, l);
+  LOOM_TRY_CTX(check_device(impl, weights.gate_up, gate_up_bytes, 16, "weights.gate_up ([E/W, 2I, H])"), kOp);
+  LOOM_TRY_CTX(check_device(impl, weights.down, down_bytes, 16, "weights.down ([E/W, H, I])"), kOp);
+  LOOM_TRY_CTX(check_device(impl, buffers.hidden, hidden_bytes, 16, "buffers.hidden ([capacity, I])"), kOp);
+  LOOM_ASSIGN_OR_RETURN(const uint64_t y_offset,
+                        check_symmetric(impl, buffers.expert_out, y_bytes, "moe_layer: buffers.expert_out ([capacity, H], symmetric)"));
+  if (plan.num_tokens > 0 && out == nullptr) return Status::invalid_argument(std::string(kOp) + ": out is null");
+  LOOM_TRY_CTX(check_device(impl, out, out_bytes, 16, "out ([T, H])"), kOp);
+  LOOM_TRY_CTX(check_disjoint({{buffers.recv_x, y_bytes, "buffers.recv_x", true},
+                              {buffers.hidden, hidden_bytes, "buffers.hidden", true},
+                              {buffers.expert_out, y_bytes, "buffers.expert_out", true},
+                              {out, out_bytes, "out", true},
+                              {x, out_bytes, "x", false},
+                              {weights.gate_up, gate_up_bytes, "weights.gate_up", false},
+                              {weights.down, down_bytes, "weights.down", false},
+                              {plan.plan, static_cast<size_t>(l.plan.bytes), "the plan", false}}),
+               kOp);
+  LOOM_ASSIGN_OR_RETURN(planner::GemmDeviceLimits limits, ops::gemm_device_limits());
+  limits.sm_count = impl.sm_count;
+  LOOM_ASSIGN_OR_RETURN(const planner::MoeLayerPlan fused, planner::plan_moe_layer(up, down, options, limits));
+
+  const km::WorkspaceLayout& wl = l.workspace;
+  km::LayerParams p{};
+  km::DispatchParams& d = p.dispatch;
+  LOOM_TRY(prepare_launch(impl, wl, wl.dispatch_zero_begin(), wl.combine_zero_end(), stream, kOp, d));
+  fill_dispatch(impl, plan, l, x, recv_offset, km::kLayerOp, d);
+  d.signature = planner::moe_signature(km::kLayerOp, {plan.config.num_experts, plan.config.top_k, l.capacity,
+                                                      static_cast<int64_t>(l.row_bytes), plan.config.max_tokens,
+                                                      job_shape(impl), static_cast<int64_t>(d.ws.offset),
+                                                      static_cast<int64_t>(recv_offset), weights.intermediate,
+                                                      static_cast<int64_t>(y_offset)});
+  void* table = static_cast<char*>(impl.heap->local_base()) + d.ws.offset + wl.tiles;  // both GEMMs' tile table
+  up.workspace = table;
+  down.workspace = table;
+  LOOM_TRY_CTX(ops::prepare_grouped_gemm(up, fused.up, stream, p.up), kOp);
+  LOOM_TRY_CTX(ops::encode_grouped_gemm(down, fused.down, p.down), kOp);
+  char* ws = static_cast<char*>(impl.heap->local_base()) + d.ws.offset;  // this rank's layer regions
+  p.hidden_done = reinterpret_cast<uint64_t*>(ws + wl.hidden_done);
+  p.out_done = reinterpret_cast<uint64_t*>(ws + wl.out_done);
+  p.out_ready = reinterpret_cast<uint64_t*>(ws + wl.out_ready);
+
+  km::CombineParams& cp = p.combine;
+  static_cast<km::LaunchCommon&>(cp) = static_cast<const km::LaunchCommon&>(d);
+  cp.plan = d.plan;
+  cp.token_nodes = nullptr;
+  cp.weights = d.plan.slot_weight;
+  cp.y_offset = y_offset;
+  cp.row_bytes = l.row_bytes;
+  cp.out = static_cast<char*>(out);
+  cp.num_tokens = d.num_tokens;
+  cp.top_k = d.top_k;
+  cp.capacity = d.capacity;
+  cp.max_tokens = d.max_tokens;
+  cp.num_experts = d.num_experts;
+  cp.signature = d.signature;
+  cp.net_flag_base = d.net_flag_base;
+
+  p.roles.set(km::LayerRole::kArrival, static_cast<uint32_t>(fused.arrival_ctas));
+  p.roles.set(km::LayerRole::kPush, static_cast<uint32_t>(fused.push_ctas));
+  const Status queued = launch_tile(fused.up.tile, p, plan.config.dtype == DType::kBF16, fused.grid, stream);
+  return ops::noted(comm, queued, stream);
+}
+
+}  // namespace loom
