@@ -173,6 +173,7 @@ class ComputeRole {
       sm90::prefetch_tensormap(ops.second->a);
       sm90::prefetch_tensormap(ops.second->b);
     }
+    const uint32_t own_k_blocks = (ops.k + kBlockK - 1) / kBlockK;
 
     for (;;) {
       const WorkItem item = sched.next(compute_index, num_compute, ctx);
@@ -183,13 +184,13 @@ class ComputeRole {
       *sm.ring(tiles.index) = item;
       cuda::ptx::mbarrier_arrive(sm.tile_full(tiles.index));
       tiles.advance();
-      if (!is_tile_kind(item.kind)) break;
+      if (!is_tile_kind_of<kPaired>(item.kind)) break;
       if (ops.timeline != nullptr && Timeline::record_index(ops, item) != Timeline::kNoRecord) {
         Timeline::record_claim(ops.timeline[Timeline::record_index(ops, item)], item);
       }
 
-      const GemmOperands o = operands_of<kPaired>(ops, item);
-      const uint32_t k_blocks = (o.k + kBlockK - 1) / kBlockK;
+      const auto& o = operands_of<kPaired>(ops, item);
+      const uint32_t k_blocks = kPaired ? (o.k + kBlockK - 1) / kBlockK : own_k_blocks;
       const int32_t m0 = static_cast<int32_t>(tile_rows<BM, kRowRanges>(item, o.m).first);
       const int32_t n0 = static_cast<int32_t>(item.n_block * BN);
       const sm90::TmaDescriptor* a_map = o.a;
@@ -246,6 +247,7 @@ class ComputeRole {
     auto tiles = PipelineState<kTileSlots>::at(st->consumer_tile);
     auto signals = PipelineState<kTileSlots>::at(st->signal_post);
     uint32_t parity = st->epi_parity;
+    const uint32_t own_k_blocks = (ops.k + kBlockK - 1) / kBlockK;
     if (t == 0 && g == 0) epi.prefetch();
 
     float acc[kAcc];
@@ -259,7 +261,7 @@ class ComputeRole {
       __syncwarp();
       if (lane == 0) cuda::ptx::mbarrier_arrive(sm.tile_empty(tiles.index));
       tiles.advance();
-      if (!is_tile_kind(item.kind)) {
+      if (!is_tile_kind_of<kPaired>(item.kind)) {
         exit = item;
         break;
       }
@@ -269,8 +271,8 @@ class ComputeRole {
       const bool piece = item.kind == static_cast<uint32_t>(WorkKind::kTilePiece);
       const bool timed = ops.timeline != nullptr && g == 0 && t == 0 && Timeline::record_index(ops, item) != Timeline::kNoRecord;
       TileTimelineRecord* const record = timed ? &ops.timeline[Timeline::record_index(ops, item)] : nullptr;
-      const GemmOperands o = operands_of<kPaired>(ops, item);
-      const KRange range = k_range_of(item, (o.k + kBlockK - 1) / kBlockK);
+      const auto& o = operands_of<kPaired>(ops, item);
+      const KRange range = k_range_of(item, kPaired ? (o.k + kBlockK - 1) / kBlockK : own_k_blocks);
       const uint32_t fold_at = Fold::kEnabled && item.kind == static_cast<uint32_t>(WorkKind::kTileFold)
                                    ? Folding::fold_position(range)
                                    : ~0u;

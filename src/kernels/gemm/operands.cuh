@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/common/sm90.cuh"
 #include "kernels/gemm/params.h"
@@ -49,10 +50,12 @@ constexpr bool paired_epilogue() {
   return requires { requires E::kPaired; };
 }
 
-// The operands of a work item: the second GEMM's for kTileSecond items of a paired role. By value:
-// a reference chosen at run time between two structs would keep both in local memory.
+// The operands of a work item: the second GEMM's for kTileSecond items of a paired role (by value:
+// a reference chosen at run time between two structs would keep both in local memory); any other
+// role's own operands, by reference (its code is what it was before roles could pair).
 template <bool kPaired>
-__device__ __forceinline__ GemmOperands operands_of(const GemmOperands& ops, const WorkItem& item) {
+__device__ __forceinline__ auto operands_of(const GemmOperands& ops, const WorkItem& item)
+    -> std::conditional_t<kPaired, GemmOperands, const GemmOperands&> {
   if constexpr (kPaired) {
     if (item.kind == static_cast<uint32_t>(WorkKind::kTileSecond)) return *ops.second;
   }

@@ -25,7 +25,13 @@ enum class WorkKind : uint32_t {
 // The tile kinds run the mainloop and the epilogue; the others end run().
 constexpr bool is_tile_kind(uint32_t kind) {
   return kind == static_cast<uint32_t>(WorkKind::kTile) || kind == static_cast<uint32_t>(WorkKind::kTileFold) ||
-         kind == static_cast<uint32_t>(WorkKind::kTilePiece) || kind == static_cast<uint32_t>(WorkKind::kTileSecond);
+         kind == static_cast<uint32_t>(WorkKind::kTilePiece);
+}
+// A role's tile kinds: a paired role's include kTileSecond (a separate test, so that every other
+// role's code stays what it was).
+template <bool kPaired>
+constexpr bool is_tile_kind_of(uint32_t kind) {
+  return is_tile_kind(kind) || (kPaired && kind == static_cast<uint32_t>(WorkKind::kTileSecond));
 }
 
 struct WorkItem {

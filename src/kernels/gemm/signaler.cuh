@@ -55,16 +55,22 @@ struct TileSignaler {
   __device__ static void signaler(const Smem& sm, const GemmOperands& ops, const Epilogue& epi, const WaitContext& ctx) {
     RoleState* st = sm.state();
     auto slots = PipelineState<kTileSlots>::at(st->signal_take);
+    const uint32_t m_blocks = (ops.m + BM - 1) / BM;
+    const uint32_t n_blocks = (ops.n + BN - 1) / BN;
     for (;;) {
       if (!slots.wait_filled(sm.signal_full(slots.index), ctx, sm90::BarrierWhat::kSignalFull)) return;
       const WorkItem item = load_item(sm.signal_ring(slots.index));
-      if (is_tile_kind(item.kind)) {
-        const GemmOperands o = operands_of<paired_epilogue<Epilogue>()>(ops, item);  // its GEMM's shape
-        epi.signal(item, (o.m + BM - 1) / BM, (o.n + BN - 1) / BN);
+      if (is_tile_kind_of<paired_epilogue<Epilogue>()>(item.kind)) {
+        if constexpr (paired_epilogue<Epilogue>()) {
+          const GemmOperands o = operands_of<true>(ops, item);  // the item's GEMM's shape
+          epi.signal(item, (o.m + BM - 1) / BM, (o.n + BN - 1) / BN);
+        } else {
+          epi.signal(item, m_blocks, n_blocks);
+        }
       }
       cuda::ptx::mbarrier_arrive(sm.signal_empty(slots.index));
       slots.advance();
-      if (!is_tile_kind(item.kind)) break;
+      if (!is_tile_kind_of<paired_epilogue<Epilogue>()>(item.kind)) break;
     }
     st->signal_take = slots.position();
   }
