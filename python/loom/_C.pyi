@@ -262,6 +262,11 @@ def moe_dispatch_gemm(comm: Communicator, plan: MoePlan, x: object | None, recv_
     Collective: moe_dispatch and, in the same kernel, out = recv_x_e @ weights_e^T for every local expert e.
     """
 
+def moe_layer(comm: Communicator, plan: MoePlan, x: object | None, gate_up: object | None, down: object | None, recv_x: object | None, hidden: object | None, expert_out: object | None, out: object | None, stream: int, tile: str = 'auto', num_ctas: int = 0, push_ctas: int = 0, arrival_ctas: int = 0) -> None:
+    """
+    Collective: the whole MoE FFN step in one kernel: out[t] = sum_j w[t, j] * (silu(x gate^T) * (x up^T)) down^T over t's routed experts (within one node).
+    """
+
 def grouped_gemm_workspace_bytes(rows: int, num_experts: int, masked: bool = False) -> int:
     """
     Bytes of workspace grouped_gemm needs: rows = M (contiguous) or the capacity per expert (masked).

@@ -12,8 +12,9 @@ argument order (``comm`` first). The distribution is called ``loom-kernels``.
     loom.all_reduce(comm, x)                      # in place, current torch stream
 
 Expert parallelism (MoE), within a node or across nodes: ``loom.MoeConfig``, ``loom.moe_routing``,
-``loom.moe_dispatch``, ``loom.moe_combine``, ``loom.moe_report``, ``loom.moe_dispatch_gemm``
-(loom/_moe.py has the whole step; ``loom.torch.moe_buffers`` allocates its buffers).
+``loom.moe_dispatch``, ``loom.moe_combine``, ``loom.moe_report``, ``loom.moe_dispatch_gemm``, and
+``loom.moe_layer``, the whole FFN step in one kernel within a node (loom/_moe.py has the step;
+``loom.torch.moe_buffers`` allocates its buffers).
 """
 
 from ._errors import (Aborted, CudaError, InternalError, InvalidArgument, LoomError, PeerFailure,
@@ -27,7 +28,7 @@ except ImportError as error:  # pragma: no cover - only when the package was not
 
 from ._comm import Communicator, discard_unique_id, make_unique_id
 from ._moe import (MoeConfig, MoePlan, MoeReport, MoeSizes, moe_can_implement, moe_combine, moe_dispatch,
-                   moe_dispatch_gemm, moe_report, moe_reserve_workspace, moe_routing, moe_sizes)
+                   moe_dispatch_gemm, moe_layer, moe_report, moe_reserve_workspace, moe_routing, moe_sizes)
 from ._ops import (ag_gemm, all_gather, all_reduce, attention, attention_merge, gemm, gemm_ar, gemm_rs,
                    grouped_gemm, grouped_gemm_workspace_bytes, reduce_scatter, ring_attention,
                    synchronize_standalone)
@@ -40,7 +41,7 @@ __all__ = [
     "attention", "attention_merge", "ring_attention", "synchronize_standalone", "grouped_gemm",
     "grouped_gemm_workspace_bytes",
     "MoeConfig", "MoePlan", "MoeSizes", "MoeReport", "moe_can_implement", "moe_sizes", "moe_reserve_workspace",
-    "moe_routing", "moe_dispatch", "moe_combine", "moe_report", "moe_dispatch_gemm",
+    "moe_routing", "moe_dispatch", "moe_combine", "moe_report", "moe_dispatch_gemm", "moe_layer",
     "LoomError", "InvalidArgument", "Unsupported", "Timeout", "PeerFailure", "CudaError",
     "SystemCallError", "Aborted", "InternalError",
     "__version__",

@@ -15,10 +15,16 @@ its experts (docs/MOE.md, "Across nodes"). One MoE step on every rank:
     loom.moe_combine(comm, plan, bufs.expert_out, out) # out[t] = sum_j w[t, j] * expert_out[row(t, j)]
     loom.moe_report(comm, plan)                        # optional; waits, raises what the GPU found
 
+Within one node the whole FFN step (dispatch, gate/up GEMM with SwiGLU, down GEMM, weighted
+combine) is one call, on the same plan:
+
+    bufs = loom.torch.moe_buffers(comm, config, hidden_intermediate=I)   # adds hidden [capacity, I]
+    loom.moe_layer(comm, plan, x, gate_up, down, bufs.recv_x, bufs.hidden, bufs.expert_out, out)
+
 Rules every call here follows:
 
 - Collective: every rank of the communicator calls moe_routing, moe_dispatch, moe_combine,
-  moe_dispatch_gemm and moe_reserve_workspace in the same order, with the same config (a rank
+  moe_dispatch_gemm, moe_layer and moe_reserve_workspace in the same order, with the same config (a rank
   with another config fails the launch instead of corrupting memory). Across nodes moe_combine
   needs its plan's dispatch (moe_dispatch or moe_dispatch_gemm) to have run last and the
   routing's weights (topk_weights None); and no kernel should load for the first time (a first
@@ -29,8 +35,8 @@ Rules every call here follows:
 - Symmetric memory (``comm.empty``, ``loom.torch.empty``, ``loom.torch.moe_buffers``) for the two
   buffers peers touch: ``recv_x`` (peers write the rows routed to this rank into it) and
   ``expert_out`` (the tokens' owners read from it). Everything else (x, out, topk_ids,
-  topk_weights, the plan buffer, expert_offsets, the expert weights) is ordinary device memory of
-  the communicator's GPU.
+  topk_weights, the plan buffer, expert_offsets, the expert weights, moe_layer's hidden) is
+  ordinary device memory of the communicator's GPU.
 - Bad input the host can see (shapes, dtypes, devices, non-symmetric buffers, a config loom does
   not implement) raises ``loom.InvalidArgument`` or ``loom.Unsupported`` before anything is
   launched. Expert ids live on the GPU: an id outside [0, E) other than -1, or a rank receiving
@@ -225,4 +231,37 @@ def moe_dispatch_gemm(comm: CommLike, plan: MoePlan, x: DLPackArray, recv_x: DLP
     _C.moe_dispatch_gemm(c._c, _plan(plan, "moe_dispatch_gemm", c.rank), x, recv_x, weights, out,
                          _stream(stream, x, "moe_dispatch_gemm", c.device, c.rank), b_layout, activation, tile,
                          num_ctas, push_ctas, arrival_ctas)
+    return out
+
+
+def moe_layer(comm: CommLike, plan: MoePlan, x: DLPackArray, gate_up: DLPackArray, down: DLPackArray,
+              recv_x: DLPackArray, hidden: DLPackArray, expert_out: DLPackArray, out: Out, *,
+              stream: StreamArg = None, tile: str = "auto", num_ctas: int = 0, push_ctas: int = 0,
+              arrival_ctas: int = 0) -> Out:
+    """Collective: the whole MoE FFN step in one persistent kernel, within one node:
+    out[t] = sum over token t's routed slots j, in slot order, of w[t, j] * (silu(x[t] Wg_e^T) *
+    (x[t] Wu_e^T)) Wd_e^T, e the slot's expert and w the routing's weights (moe_routing's
+    topk_weights, 1 when none were given). The dispatch, the gate/up GEMM with the SwiGLU
+    epilogue, the down GEMM and the weighted combine each start on a tile row as soon as its
+    inputs are there. fp32 accumulation in both GEMMs and in the sum; hidden, expert_out and out
+    are each rounded once. Bit-identical to moe_dispatch_gemm(activation='swiglu', out=hidden) ->
+    grouped_gemm(hidden, down, expert_out, offsets=plan.expert_offsets) -> moe_combine(expert_out)
+    on the same tile; recv_x is written exactly as moe_dispatch writes it. A job of several nodes
+    raises ``loom.Unsupported`` (compose those three calls there).
+
+    Every tensor has the config's dtype, bf16 or fp16 (fp32 raises ``loom.Unsupported``).
+    x: [T, hidden] (T: the tokens given to moe_routing). gate_up: this rank's experts' gate and
+    up weights, [E/W, 2I, hidden], rows interleaved by 8 (``loom.torch.swiglu_weights(gate,
+    up)`` from nn.Linear weights [E/W, I, hidden] each); I, read from gate_up, must be a multiple of
+    8 (``loom.Unsupported`` otherwise).
+    down: [E/W, hidden, I] (one nn.Linear weight per expert). recv_x: symmetric [capacity,
+    hidden], as moe_dispatch's. hidden: [capacity, I], ordinary device memory (silu(gate) * up of
+    each received row). expert_out: symmetric [capacity, hidden] (the down GEMM's rows, read by
+    the tokens' owners). out: [T, hidden]. ``loom.torch.moe_buffers(comm, config,
+    hidden_intermediate=I)`` allocates recv_x, hidden and expert_out. tile: 'auto', '128x256' or
+    '128x128' (both GEMMs). num_ctas (0: every SM), push_ctas and arrival_ctas (0: the
+    planner's) tune the kernel."""
+    c = as_communicator(comm, "moe_layer")
+    _C.moe_layer(c._c, _plan(plan, "moe_layer", c.rank), x, gate_up, down, recv_x, hidden, expert_out, out,
+                 _stream(stream, x, "moe_layer", c.device, c.rank), tile, num_ctas, push_ctas, arrival_ctas)
     return out

@@ -50,12 +50,12 @@ from . import _C
 from . import _comm as _comm_registry
 from ._comm import CommLike, Communicator, _process_group_type, as_communicator
 from ._errors import _invalid
-from ._moe import MoeConfig, MoeSizes, moe_sizes
+from ._moe import MoeConfig, MoePlan, MoeSizes, _plan, moe_layer as _moe_layer, moe_sizes
 
 __all__ = ["empty", "handle", "register_communicator", "set_staging_budget", "gemm", "all_gather",
            "reduce_scatter", "all_reduce", "ag_gemm", "gemm_rs", "gemm_ar", "attention", "attention_merge",
            "ring_attention", "zigzag_shard", "zigzag_unshard", "grouped_gemm", "swiglu_weights", "MoeBuffers",
-           "moe_buffers"]
+           "moe_buffers", "moe_layer"]
 
 _HALF = (torch.bfloat16, torch.float16)
 _FLOAT = (torch.bfloat16, torch.float16, torch.float32)
@@ -617,33 +617,69 @@ class MoeBuffers:
     expert_offsets: torch.Tensor          # int32 [E/W + 1] on comm's GPU: moe_routing's expert_offsets
     recv_x: torch.Tensor                  # symmetric [capacity, hidden], the config's dtype: moe_dispatch's
     expert_out: Optional[torch.Tensor]    # symmetric [capacity, H']: moe_combine's (None when not asked for)
+    hidden: Optional[torch.Tensor] = None  # [capacity, I] on comm's GPU, the config's dtype: moe_layer's
+                                           # (None unless hidden_intermediate was given)
 
 
 _MOE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
+def _positive_int(value: Any, name: str, rank: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _invalid("moe_buffers", f"{name} must be a positive int, got {value!r}", rank)
+    return value
+
+
 def moe_buffers(comm: CommLike, config: MoeConfig, *, expert_out: bool = True, expert_out_hidden: Optional[int] = None,
-                expert_out_dtype: Optional[torch.dtype] = None) -> MoeBuffers:
+                expert_out_dtype: Optional[torch.dtype] = None,
+                hidden_intermediate: Optional[int] = None) -> MoeBuffers:
     """Collective (every rank, same arguments, same order: recv_x and expert_out are symmetric
     allocations): allocates what `config` needs besides the tokens. The plan buffer and
     expert_offsets are ordinary device memory; recv_x is symmetric [capacity, hidden] of the
     config's dtype; expert_out (unless expert_out=False) symmetric [capacity, expert_out_hidden or
-    hidden] of expert_out_dtype or the config's dtype. Contents are uninitialised (expert_offsets
-    zero). Reuse them for every step with this config: moe_routing rewrites the plan buffer and
+    hidden] of expert_out_dtype or the config's dtype. hidden_intermediate=I (moe_layer's I, the
+    experts' intermediate size) also allocates hidden, ordinary device memory [capacity, I] of
+    the config's dtype (None: no hidden). Contents are uninitialised (expert_offsets zero). Reuse
+    them for every step with this config: moe_routing rewrites the plan buffer and
     expert_offsets, and the plan it returns is valid until the next routing into them."""
     c = as_communicator(comm, "moe_buffers")
     sizes = moe_sizes(c, config)  # the config's refusal, before anything is allocated
-    width = config.hidden if expert_out_hidden is None else expert_out_hidden
-    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
-        raise _invalid("moe_buffers", f"expert_out_hidden must be a positive int, got {width!r}", c.rank)
+    width = _positive_int(config.hidden if expert_out_hidden is None else expert_out_hidden, "expert_out_hidden",
+                          c.rank)
+    if hidden_intermediate is not None:
+        _positive_int(hidden_intermediate, "hidden_intermediate", c.rank)
     device = torch.device("cuda", c.device)
     dtype = _MOE_DTYPES[config.dtype]
     recv_x = empty(c, (sizes.capacity, config.hidden), dtype)
     out = empty(c, (sizes.capacity, width), expert_out_dtype or dtype) if expert_out else None
+    hidden = None
+    if hidden_intermediate is not None:
+        hidden = torch.empty((sizes.capacity, hidden_intermediate), dtype=dtype, device=device)
     return MoeBuffers(sizes=sizes,
                       plan_buffer=torch.empty(sizes.plan_bytes, dtype=torch.uint8, device=device),
                       expert_offsets=torch.zeros(sizes.local_experts + 1, dtype=torch.int32, device=device),
-                      recv_x=recv_x, expert_out=out)
+                      recv_x=recv_x, expert_out=out, hidden=hidden)
+
+
+def moe_layer(comm: CommLike, plan: MoePlan, x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+              buffers: MoeBuffers, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Collective: loom.moe_layer on the current torch stream with `buffers`' recv_x, hidden and
+    expert_out (from ``moe_buffers(comm, config, hidden_intermediate=I)``, expert_out of the
+    config's width and dtype), writing `out` or, when None, a new [T, hidden] tensor of the
+    config's dtype; returns it. A plain function, not a torch.ops operator, as every MoE call here
+    (the MoePlan is a Python object an operator schema cannot carry). See loom.moe_layer for the
+    shapes and the math."""
+    c = as_communicator(comm, "moe_layer")
+    if buffers.hidden is None or buffers.expert_out is None:
+        missing = "hidden" if buffers.hidden is None else "expert_out"
+        raise _invalid("moe_layer", f"buffers.{missing} is None: allocate the buffers with moe_buffers(comm, config, "
+                                    "hidden_intermediate=I) (and expert_out=True)", c.rank)
+    if out is None:
+        config = _plan(plan, "moe_layer", c.rank).config
+        out = torch.empty((plan.num_tokens, config.hidden), dtype=_MOE_DTYPES[config.dtype],
+                          device=torch.device("cuda", c.device))
+    return _moe_layer(c, plan, x, gate_up, down, buffers.recv_x, buffers.hidden, buffers.expert_out, out,
+                      stream=_raw_stream(c.device))
 
 
 def zigzag_shard(x: torch.Tensor, world: int, rank: int, dim: int = 1) -> torch.Tensor:

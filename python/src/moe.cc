@@ -1,6 +1,7 @@
 // loom._C's MoE family (include/loom/moe.h, docs/MOE.md): the config, the size queries, the plan
 // handle moe_routing returns, and the collective calls moe_routing, moe_dispatch, moe_combine,
-// moe_report and moe_dispatch_gemm. bind_moe() registers them from ext.cc's module definition.
+// moe_report, moe_dispatch_gemm and moe_layer. bind_moe() registers them from ext.cc's module
+// definition.
 //
 // loom's C++ API takes raw pointers, so it cannot see a tensor's shape or dtype: those are checked
 // here against the config (shapes and dtypes of every tensor first, then devices, then symmetric
@@ -14,6 +15,7 @@
 #include <nanobind/stl/tuple.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -336,6 +338,93 @@ MoeDispatchGemmCall prepare_moe_dispatch_gemm(const CommView& pc, const PyMoePla
   return c;
 }
 
+// ---- moe_layer ----------------------------------------------------------------------------------
+
+struct MoeLayerCall {
+  Communicator* comm = nullptr;
+  int comm_rank = -1;
+  MoePlan plan;
+  TensorArg x, gate_up, down, recv_x, hidden, expert_out, out;
+  MoeLayerWeights weights;
+  MoeLayerBuffers buffers;
+  MoeLayerOptions options;
+  cudaStream_t stream = nullptr;
+  Status launch() const { return moe_layer(*comm, plan, x.data, weights, buffers, out.data, stream, options); }
+  std::string_view op() const { return "moe_layer"; }
+  int rank() const { return comm_rank; }
+};
+
+// A [d0, d1, d2] tensor, or InvalidArgument naming the shape it must have and why.
+void require_shape3(const TensorArg& t, int64_t d0, int64_t d1, int64_t d2, const std::string& meaning,
+                    std::string_view op, int rank) {
+  if (t.dim(0) != d0 || t.dim(1) != d1 || t.dim(2) != d2) {
+    invalid(op, rank, std::string(t.name) + " must be " + meaning + " = [" + num(d0) + ", " + num(d1) + ", " + num(d2) +
+                          "], got " + t.shape_text());
+  }
+}
+
+// x and recv_x as moe_dispatch; gate_up [E/W, 2I, hidden] (gate and up rows interleaved by 8,
+// loom.torch.swiglu_weights), down [E/W, hidden, I], hidden [capacity, I], expert_out [capacity,
+// hidden], out [T, hidden], all of the config's dtype. I is read from gate_up (its rows / 2) and
+// down must agree; loom checks I's own rule (a positive multiple of 8).
+MoeLayerCall prepare_moe_layer(const CommView& pc, const PyMoePlan& p, nb::handle x, nb::handle gate_up, nb::handle down,
+                               nb::handle recv_x, nb::handle hidden, nb::handle expert_out, nb::handle out,
+                               uintptr_t stream, std::string_view tile, int num_ctas, int push_ctas, int arrival_ctas) {
+  MoeLayerCall c;
+  const std::string_view op = c.op();
+  const int rank = pc.rank;
+  c.comm = pc.comm;
+  c.comm_rank = rank;
+  c.plan = p.plan;
+  const MoeConfig& config = p.plan.config;
+  const int64_t experts = p.local_experts, capacity = p.plan.capacity;
+  read_token_tensors(p, x, recv_x, c.x, c.recv_x, op, rank);
+  c.gate_up = tensor_arg(gate_up, "gate_up", op, rank);
+  c.down = tensor_arg(down, "down", op, rank);
+  c.hidden = tensor_arg(hidden, "hidden", op, rank);
+  c.expert_out = tensor_arg(expert_out, "expert_out", op, rank);
+  c.out = tensor_arg(out, "out", op, rank);
+  require_ndim(c.gate_up, 3, "[E/W, 2I, hidden]", op, rank);
+  require_ndim(c.down, 3, "[E/W, hidden, I]", op, rank);
+  require_ndim(c.hidden, 2, "[capacity, I]", op, rank);
+  require_ndim(c.expert_out, 2, "[capacity, hidden]", op, rank);
+  require_ndim(c.out, 2, "[T, hidden]", op, rank);
+  // One dtype for the whole layer: loom's MoeLayerWeights and MoeLayerBuffers carry none of their own.
+  for (const TensorArg* t : {&c.gate_up, &c.down, &c.hidden, &c.expert_out, &c.out}) {
+    require_dtype(*t, config.dtype, "the config's dtype", op, rank);
+  }
+  const int64_t gate_up_rows = c.gate_up.dim(1);
+  if (c.gate_up.dim(0) != experts || c.gate_up.dim(2) != config.hidden || gate_up_rows % 2 != 0) {
+    invalid(op, rank, "gate_up must be [E/W, 2I, hidden] with E/W = " + num(experts) + " (this rank's experts), an even "
+                          "2I (gate and up rows interleaved by 8) and hidden = " + num(config.hidden) + ", got " +
+                          c.gate_up.shape_text());
+  }
+  const int64_t inter = gate_up_rows / 2;
+  require_shape3(c.down, experts, config.hidden, inter,
+                 "[E/W, hidden, I] (I = " + num(inter) + ": half of gate_up's " + num(gate_up_rows) + " rows)", op,
+                 rank);
+  require_shape(c.hidden, capacity, inter, "[capacity, I]", op, rank);
+  require_shape(c.expert_out, capacity, config.hidden, "[capacity, hidden]", op, rank);
+  require_shape(c.out, p.plan.num_tokens, config.hidden, "[T, hidden] (T: the tokens given to moe_routing)", op, rank);
+  for (const TensorArg* t : {&c.x, &c.gate_up, &c.down, &c.recv_x, &c.hidden, &c.expert_out, &c.out}) {
+    require_device(*t, pc.device, op, rank);
+  }
+  require_symmetric(pc, c.recv_x, "peers write the rows routed to this rank into it", op);
+  require_symmetric(pc, c.expert_out, "the tokens' owners read their rows from it", op);
+  c.weights.gate_up = c.gate_up.data;
+  c.weights.down = c.down.data;
+  c.weights.intermediate = inter;
+  c.buffers.recv_x = c.recv_x.data;
+  c.buffers.hidden = c.hidden.data;
+  c.buffers.expert_out = c.expert_out.data;
+  c.options.tile = tile_of(tile, op, rank);
+  c.options.num_ctas = num_ctas;
+  c.options.push_ctas = push_ctas;
+  c.options.arrival_ctas = arrival_ctas;
+  c.stream = as_stream(stream);
+  return c;
+}
+
 }  // namespace
 
 void bind_moe(nb::module_& m) {
@@ -488,6 +577,20 @@ void bind_moe(nb::module_& m) {
       "b_layout"_a = "nk", "activation"_a = "none", "tile"_a = "auto", "num_ctas"_a = 0, "push_ctas"_a = 0,
       "arrival_ctas"_a = 0,
       "Collective: moe_dispatch and, in the same kernel, out = recv_x_e @ weights_e^T for every local expert e.");
+  m.def(
+      "moe_layer",
+      [](PyCommunicator& pc, const PyMoePlan& plan, nb::handle x, nb::handle gate_up, nb::handle down,
+         nb::handle recv_x, nb::handle hidden, nb::handle expert_out, nb::handle out, uintptr_t stream,
+         std::string_view tile, int num_ctas, int push_ctas, int arrival_ctas) {
+        require_owner(pc, plan, "moe_layer");
+        run(prepare_moe_layer(view_of(pc, "moe_layer"), plan, x, gate_up, down, recv_x, hidden, expert_out, out,
+                              stream, tile, num_ctas, push_ctas, arrival_ctas));
+      },
+      "comm"_a, "plan"_a, "x"_a.none(), "gate_up"_a.none(), "down"_a.none(), "recv_x"_a.none(), "hidden"_a.none(),
+      "expert_out"_a.none(), "out"_a.none(), "stream"_a, "tile"_a = "auto", "num_ctas"_a = 0, "push_ctas"_a = 0,
+      "arrival_ctas"_a = 0,
+      "Collective: the whole MoE FFN step in one kernel: out[t] = sum_j w[t, j] * "
+      "(silu(x gate^T) * (x up^T)) down^T over t's routed experts (within one node).");
 
   // The tensor checks of an MoE call without a communicator and without launching: `world`
   // stands in for the local world size (capacity and E/W from moe.h's defaults; the plan buffer's
@@ -513,6 +616,8 @@ void bind_moe(nb::module_& m) {
           (void)prepare_moe_combine(fake, plan, t(0), t(1), t(2), 0, 0);
         } else if (op == "moe_dispatch_gemm") {
           (void)prepare_moe_dispatch_gemm(fake, plan, t(0), t(1), t(2), t(3), 0, b_layout, activation, "auto", 0, 0, 0);
+        } else if (op == "moe_layer") {
+          (void)prepare_moe_layer(fake, plan, t(0), t(1), t(2), t(3), t(4), t(5), t(6), 0, "auto", 0, 0, 0);
         } else {
           invalid("_check_moe_args", -1, "unknown op '" + op + "'");
         }

@@ -2,9 +2,12 @@
 # On the GPU machine, in one call: the MoE family's checks and its one-GPU benchmark. Uses the
 # binaries staged in .device-carry/bin (scripts/device/stage.sh).
 #
-#   scripts/device/moe_suite.sh [bench] [tests] [shared]
+#   scripts/device/moe_suite.sh [bench] [layer-bench] [tests] [shared] [-- bench/moe_layer.py arguments]
 #     bench   loom-bench moe --spawn 1 (W = 1: moe_dispatch_gemm vs its grouped GEMM alone vs
 #             moe_dispatch + grouped_gemm), JSON in $OUT/moe_w1.json, table in $OUT/moe_w1.txt
+#     layer-bench  bench/moe_layer.py through the Python package (built here against the carried
+#             libloom.so; W = 1: moe_layer vs its compute-only bound, the composed loom calls and
+#             torch), JSON in $OUT/moe_layer_w1.json
 #     tests   loom_gpu_tests 'Moe*:GroupedGemm*' on one rank, log in $OUT/one_rank_moe.log
 #     shared  scripts/device/shared_gpu_suite.sh $MOE_STEPS (default: moe-2 moe-8 moe-2x2 moe-4x2),
 #             ranks sharing the GPU, emulated nodes included; summaries in $OUT/suites.jsonl
@@ -15,7 +18,9 @@ source scripts/device/env.sh
 LOG="$OUT/moe_suite.log"
 start=$(date +%s)
 log() { echo "[moe_suite +$(( $(date +%s) - start ))s] $*" | tee -a "$LOG"; }
-steps=("$@")
+steps=()
+while (($#)) && [[ $1 != -- ]]; do steps+=("$1"); shift; done
+[[ ${1:-} == -- ]] && shift
 ((${#steps[@]})) || steps=(bench tests shared)
 BIN=.device-carry/bin
 if [[ ! -x $BIN/loom_gpu_tests ]]; then echo "no $BIN: run scripts/device/stage.sh here first and carry .device-carry"; exit 1; fi
@@ -27,6 +32,15 @@ for step in "${steps[@]}"; do
       LD_LIBRARY_PATH="$PWD/$BIN:${LD_LIBRARY_PATH:-}" timeout --kill-after=10 "${BENCH_LIMIT_S:-240}" \
         $BIN/loom-bench moe --spawn 1 --json "$OUT/moe_w1.json" > "$OUT/moe_w1.txt" 2>&1 || rc=1
       log "bench: exit $rc"; tail -n 14 "$OUT/moe_w1.txt" ;;
+    layer-bench)
+      if WORK="$WORK" scripts/device/build_python_ext.sh "$LOG"; then
+        LD_LIBRARY_PATH="$PWD/$BIN:${LD_LIBRARY_PATH:-}" PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}" \
+          timeout --kill-after=10 "${LAYER_BENCH_LIMIT_S:-300}" python3 bench/moe_layer.py --json "$OUT/moe_layer_w1.json" "$@" \
+          > "$OUT/moe_layer_w1.txt" 2>&1 || rc=1
+      else
+        log "extension build failed"; rc=1
+      fi
+      log "layer-bench: exit $rc"; tail -n 16 "$OUT/moe_layer_w1.txt" ;;
     tests)
       LD_LIBRARY_PATH="$PWD/$BIN:${LD_LIBRARY_PATH:-}" timeout --kill-after=10 "${TESTS_LIMIT_S:-180}" \
         $BIN/loom-run -n 1 -- $BIN/loom_gpu_tests --gtest_filter='Moe*:GroupedGemm*' --gtest_brief=1 \

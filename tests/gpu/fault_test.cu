@@ -89,7 +89,8 @@ void say_report(int rank, const RankReport& r) {
 }
 
 // One fused operator on the communicator (ag_gemm, gemm_rs, gemm_ar, ring_attention, moe: routing,
-// dispatch and combine, moe_dispatch_gemm: routing and the fused dispatch + expert GEMM), with buffers allocated once from the heap (the same sizes on every rank),
+// dispatch and combine, moe_dispatch_gemm: routing and the fused dispatch + expert GEMM, moe_layer:
+// routing and the whole layer in one kernel), with buffers allocated once from the heap (the same sizes on every rank),
 // contents irrelevant (zeros; MoE token ids valid).
 class Operator {
  public:
@@ -100,7 +101,7 @@ class Operator {
   Status prepare() {
     if (op_ == "ring_attention") {
       LOOM_TRY(prepare_ring());
-    } else if (op_ == "moe" || op_ == "moe_dispatch_gemm") {
+    } else if (op_ == "moe" || op_ == "moe_dispatch_gemm" || op_ == "moe_layer") {
       LOOM_TRY(prepare_moe());
     } else {
       LOOM_TRY(prepare_tp());
@@ -124,6 +125,10 @@ class Operator {
     if (op_ == "moe_dispatch_gemm") {
       LOOM_ASSIGN_OR_RETURN(const MoePlan plan, moe_routing(comm_, moe_config_, routing_, nullptr));
       return moe_dispatch_gemm(comm_, plan, moe_x_, moe_recv_, expert_gemm_, nullptr);
+    }
+    if (op_ == "moe_layer") {
+      LOOM_ASSIGN_OR_RETURN(const MoePlan plan, moe_routing(comm_, moe_config_, routing_, nullptr));
+      return moe_layer(comm_, plan, moe_x_, layer_weights_, layer_buffers_, combine_.out, nullptr);
     }
     TpGemmOptions options;
     options.algorithm = TpAlgorithm::kFused;
@@ -211,6 +216,17 @@ class Operator {
       LOOM_ASSIGN_OR_RETURN(expert_gemm_.out, buffer(static_cast<size_t>(sizes.capacity * expert_gemm_.n) * 2));
       expert_gemm_.weights = weights;
     }
+    if (op_ == "moe_layer") {  // I = 256 from zero weights
+      layer_weights_.intermediate = 256;
+      const size_t expert_bytes = static_cast<size_t>(sizes.local_experts * layer_weights_.intermediate * moe_config_.hidden) * 2;
+      LOOM_ASSIGN_OR_RETURN(const void* gate_up, buffer(2 * expert_bytes));
+      LOOM_ASSIGN_OR_RETURN(const void* down, buffer(expert_bytes));
+      layer_weights_.gate_up = gate_up;
+      layer_weights_.down = down;
+      layer_buffers_.recv_x = moe_recv_;
+      LOOM_ASSIGN_OR_RETURN(layer_buffers_.hidden, buffer(static_cast<size_t>(sizes.capacity * layer_weights_.intermediate) * 2));
+      LOOM_ASSIGN_OR_RETURN(layer_buffers_.expert_out, buffer(sizes.recv_bytes));
+    }
     return {};
   }
 
@@ -225,6 +241,8 @@ class Operator {
   void* moe_recv_ = nullptr;
   MoeCombineArgs combine_;
   MoeExpertGemm expert_gemm_;
+  MoeLayerWeights layer_weights_;
+  MoeLayerBuffers layer_buffers_;
 };
 
 // Calls `step` until one fails (or `limit` passes); the report's first failure and last success.
@@ -614,7 +632,8 @@ INSTANTIATE_TEST_SUITE_P(Fault, FaultKill,
                                            KillCase{"ring_attention", 2, 1, 1}, KillCase{"ring_attention", 3, 1, 0},
                                            KillCase{"moe", 2, 1, 1}, KillCase{"moe", 3, 1, 2},
                                            KillCase{"moe_dispatch_gemm", 2, 1, 1}, KillCase{"moe", 2, 2, 1},
-                                           KillCase{"moe_dispatch_gemm", 2, 2, 0}, KillCase{"ring_attention", 2, 2, 1}),
+                                           KillCase{"moe_dispatch_gemm", 2, 2, 0}, KillCase{"ring_attention", 2, 2, 1},
+                                           KillCase{"moe_layer", 2, 1, 1}, KillCase{"moe_layer", 3, 1, 0}),
                          [](const ::testing::TestParamInfo<KillCase>& info) {
                            return std::string(info.param.op) + "_" + std::to_string(info.param.ranks) + "ranks_" +
                                   std::to_string(info.param.nodes) + "nodes_kill" + std::to_string(info.param.victim);

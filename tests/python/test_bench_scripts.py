@@ -1,8 +1,10 @@
 """The benchmark scripts' plumbing (CPU): bench/merge_results.py joins torch_fused.py's rows, its
-paired loom time included, and bench/torch_fused.py parses the options the device script passes."""
+paired loom time included, bench/torch_fused.py parses the options the device script passes, and
+bench/moe_layer.py parses its options, refuses the shared-GPU mode and routes as documented."""
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 
@@ -72,6 +74,57 @@ def test_torch_fused_takes_m_values_under_either_name(monkeypatch, flag):
     args = module.parse_args()
     assert args.m == [2048, 4096]
     assert args.loom and args.iters == 7
+
+
+def load_moe_layer_bench(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "bench"))  # its `from bench_common import ...`
+    spec = importlib.util.spec_from_file_location("moe_layer_bench", REPO / "bench/moe_layer.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # imports no torch or loom: that happens in main()
+    return module
+
+
+def test_moe_layer_bench_options(monkeypatch):
+    module = load_moe_layer_bench(monkeypatch)
+    args = module.parse_args([])
+    assert (args.models, args.tokens, args.routing, args.tile) == (
+        ["deepseek-v3", "qwen3-235b"], [1024, 4096], ["uniform", "skewed"], "auto")
+    assert args.iters >= 20 and args.json == ""
+    args = module.parse_args(["--tokens", "1024,4096,16384", "--models", "qwen3-235b", "--tile", "128x256"])
+    assert (args.tokens, args.models, args.tile) == ([1024, 4096, 16384], ["qwen3-235b"], "128x256")
+    for bad in (["--iters", "19"], ["--models", "mixtral"], ["--routing", "all-to-one"], ["--tile", "64x64"]):
+        with pytest.raises(SystemExit):
+            module.parse_args(bad)
+    assert module.MODELS["deepseek-v3"] == (7168, 2048, 32, 8) and module.MODELS["qwen3-235b"] == (4096, 1536, 16, 8)
+
+
+@pytest.mark.parametrize("env,says", [({"LOOM_RANKS_PER_GPU": "2"}, "LOOM_RANKS_PER_GPU=2 is the shared-GPU mode"),
+                                      ({"WORLD_SIZE": "2"}, "WORLD_SIZE=2: this is the W = 1 benchmark")])
+def test_moe_layer_bench_refuses_before_touching_a_gpu(env, says):
+    base = {k: v for k, v in os.environ.items() if k not in ("LOOM_RANKS_PER_GPU", "WORLD_SIZE")}
+    run = subprocess.run([sys.executable, str(REPO / "bench/moe_layer.py"), "--json", "never.json"],
+                         env={**base, **env}, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and says in run.stderr, run.stderr
+
+
+def test_moe_layer_bench_routing_and_torch_order(monkeypatch):
+    torch = pytest.importorskip("torch")
+    module = load_moe_layer_bench(monkeypatch)
+    experts, k, tokens = 16, 8, 512
+    uniform = module.make_topk_ids("uniform", tokens, experts, k, seed=3)
+    skewed = module.make_topk_ids("skewed", tokens, experts, k, seed=3)
+    for ids in (uniform, skewed):
+        assert ids.dtype == torch.int32 and ids.shape == (tokens, k)
+        assert all(len(set(row)) == k for row in ids.tolist()), "a token's experts must be distinct"
+        assert 0 <= ids.min() and ids.max() < experts
+    assert torch.equal(skewed, module.make_topk_ids("skewed", tokens, experts, k, seed=3))  # reproducible
+    order, token_of_row, ends = module.expert_order(skewed, experts)
+    flat = skewed.reshape(-1).long()
+    # The receive order at W = 1: by expert, then token, then slot; ends are torch._grouped_mm's offs.
+    assert [(int(flat[i]), int(i) // k, int(i) % k) for i in order] == sorted(
+        (int(e), i // k, i % k) for i, e in enumerate(flat))
+    assert torch.equal(token_of_row, order // k)
+    assert ends.dtype == torch.int32 and ends.tolist() == torch.bincount(flat, minlength=experts).cumsum(0).tolist()
 
 
 def test_timeline_summary_places_slow_epilogues_in_their_quarter(tmp_path):

@@ -20,7 +20,12 @@ tensors, so gloo carries them in the shared-GPU mode), then checks its own part 
             kept slots must be exactly 0;
   dispatch_gemm  recv_x as for dispatch; out rows [0, kept) against the fp32 reference
             recv_x_e @ W_e^T (relative error GEMM_TOLERANCE) and bit-identical to moe_dispatch +
-            grouped_gemm on the same tile; rows past kept still NaN.
+            grouped_gemm on the same tile; rows past kept still NaN;
+  layer     moe_layer's out against an fp32 reference of the whole layer (every expert's weights
+            drawn alike on every rank: a token's owner computes its experts' outputs itself;
+            relative error LAYER_TOLERANCE), and recv_x, hidden, expert_out and out bit-identical
+            to moe_dispatch_gemm -> grouped_gemm -> moe_combine on the same tile; across nodes the
+            call is refused (loom.Unsupported).
 
 Bad input: refused calls raise the documented exception before anything launches and leave the
 communicator usable; an out-of-range expert id and an over-capacity routing are reported by
@@ -327,6 +332,181 @@ def test_moe_dispatch_gemm(comm, seed, b_layout, activation, in_dtype, out_dtype
         assert rel_err(out[:kept], reference) < GEMM_TOLERANCE[out_dtype]
     assert out[kept:].isnan().all()
     assert torch.equal(bits(out[:kept]), bits(again[:kept])), "moe_dispatch_gemm differs from dispatch + grouped_gemm"
+
+
+# ---- moe_layer ----------------------------------------------------------------------------------
+
+INTERMEDIATE = 192  # I: fc1's 2I = 384 columns are one and a half 128x256 tiles; fc2's K = I
+# Relative L2 error of moe_layer's out against layer_reference. The reference rounds hidden and the
+# experts' outputs to the input type where the kernel does, so the two differ only by accumulation
+# order (which can move a rounding of hidden or expert_out by one ulp, u relative) and by out's own
+# rounding (u / 2 at most): 2 u + 1e-4 bounds the relative L2 error.
+LAYER_TOLERANCE = {BF16: 2 * 2.0 ** -8 + 1e-4, FP16: 2 * 2.0 ** -11 + 1e-4}
+
+
+def layer_weights(seed, salt, experts, dtype):
+    """Every expert's gate and up [E, I, H] and down [E, H, I] (nn.Linear weights), rounded to
+    dtype, as fp32 CPU tensors, the same on every rank: a token's owner needs all its experts'."""
+    g = generator(seed, salt + "-weights")
+    gate = torch.randn(experts, INTERMEDIATE, HIDDEN, generator=g) * HIDDEN ** -0.5
+    up = torch.randn(experts, INTERMEDIATE, HIDDEN, generator=g) * HIDDEN ** -0.5
+    down = torch.randn(experts, HIDDEN, INTERMEDIATE, generator=g) * INTERMEDIATE ** -0.5
+    return tuple(w.to(dtype).float() for w in (gate, up, down))
+
+
+def layer_reference(x, ids, weights, gate, up, down, dtype):
+    """The whole layer for this rank's tokens in fp32 on the CPU: for each slot's expert e,
+    h = silu(x gate_e^T) * (x up_e^T) rounded to dtype (the kernel's hidden), y = h down_e^T rounded
+    to dtype (its expert_out), out = sum over the slots of w * y in fp32. A token's k experts are
+    distinct, so each expert takes at most one slot of a token."""
+    out = torch.zeros(x.shape[0], HIDDEN)
+    rows_of = x.float()
+    for e in ids.unique().tolist():
+        if e < 0:
+            continue
+        token, slot = (ids == e).nonzero(as_tuple=True)
+        rows = rows_of[token]
+        h = (torch.nn.functional.silu(rows @ gate[e].t()) * (rows @ up[e].t())).to(dtype).float()
+        y = (h @ down[e].t()).to(dtype).float()
+        out.index_add_(0, token, weights[token, slot].unsqueeze(1) * y)
+    return out
+
+
+@pytest.mark.parametrize("routing,dtype,rank0_empty", [("skewed", BF16, False), ("uniform", FP16, False),
+                                                        ("skewed", BF16, True)],
+                         ids=["skewed-bf16", "uniform-fp16", "skewed-bf16-rank0-empty"])
+def test_moe_layer(comm, seed, routing, dtype, rank0_empty):
+    """The whole MoE FFN step in one kernel: out against the fp32 reference of the layer, and
+    recv_x, hidden, expert_out and out bit-identical to the three calls it fuses on the same tile;
+    loom.torch.moe_layer (the planner's tile) within the same tolerance. rank0_empty: rank 0 routes
+    no token."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("moe_layer needs an sm_90 GPU")
+    if comm.num_nodes > 1:
+        pytest.skip("moe_layer runs within one node (test_moe_layer_across_nodes_is_refused)")
+    w, me = comm.world_size, comm.rank
+    experts, tile = EXPERTS_PER_RANK * w, "128x256"
+    salt = f"layer-{routing}-{dtype}-{rank0_empty}"
+    config = loom.MoeConfig(num_experts=experts, top_k=TOP_K, hidden=HIDDEN, dtype=dtype, max_tokens=MAX_TOKENS)
+    tokens = 0 if rank0_empty and me == 0 else 128 + 37 * (me % 3)
+    ids = make_ids(routing, tokens, experts, TOP_K, seed, salt, me)
+    g = generator(seed, salt + "-rows", me)
+    router_weights = torch.rand(tokens, TOP_K, generator=g)
+    x = torch.randn(tokens, HIDDEN, generator=g).to(dtype)
+    gate, up, down = layer_weights(seed, salt, experts, dtype)
+    mine = slice(me * EXPERTS_PER_RANK, (me + 1) * EXPERTS_PER_RANK)
+    gate_up_dev = lt.swiglu_weights(gate[mine], up[mine]).to(dtype).cuda()
+    down_dev = down[mine].to(dtype).cuda()
+    x_dev = x.cuda()
+    everyone = gather((ids, x))
+    ref = Reference([i for i, _ in everyone], w, experts, MAX_TOKENS * w * TOP_K)
+
+    bufs = lt.moe_buffers(comm, config, hidden_intermediate=INTERMEDIATE)
+    composed = lt.moe_buffers(comm, config, hidden_intermediate=INTERMEDIATE)  # the three calls' own buffers
+    for b in (bufs, composed):
+        for buffer in (b.recv_x, b.hidden, b.expert_out):
+            buffer.fill_(NAN)
+    out = torch.full((tokens, HIDDEN), NAN, dtype=dtype, device="cuda")
+    out_composed = torch.full_like(out, NAN)
+    capacity = bufs.sizes.capacity
+    workspace = torch.empty(loom.grouped_gemm_workspace_bytes(capacity, EXPERTS_PER_RANK) // 4 + 1, dtype=torch.int32,
+                            device="cuda")
+    plan = loom.moe_routing(comm, config, ids.cuda(), topk_weights=router_weights.cuda(), plan_buffer=bufs.plan_buffer,
+                            expert_offsets=bufs.expert_offsets)
+    # loom.torch's helper first (the planner's tile): the explicit call below then rewrites bufs on its tile.
+    out_torch = lt.moe_layer(comm, plan, x_dev, gate_up_dev, down_dev, bufs)
+    loom.moe_layer(comm, plan, x_dev, gate_up_dev, down_dev, bufs.recv_x, bufs.hidden, bufs.expert_out, out, tile=tile)
+    # The same step composed: dispatch + fc1 (SwiGLU) -> fc2 over the same rows -> the weighted combine.
+    loom.moe_dispatch_gemm(comm, plan, x_dev, composed.recv_x, gate_up_dev, composed.hidden, activation="swiglu",
+                           tile=tile)
+    loom.grouped_gemm(composed.hidden, down_dev, composed.expert_out, workspace=workspace,
+                      offsets=bufs.expert_offsets, tile=tile)
+    loom.moe_combine(comm, plan, composed.expert_out, out_composed)
+    report = loom.moe_report(comm, plan)
+    comm.synchronize()
+
+    offsets = bufs.expert_offsets.tolist()
+    kept = offsets[-1]
+    assert offsets == ref.offsets[me]
+    assert (report.kept_rows, report.dropped_slots) == (kept, 0)
+    rows = ref.kept[me]
+    if rows:
+        expected = torch.stack([everyone[s][1][t] for _, s, t, _ in rows])
+        assert torch.equal(bits(bufs.recv_x[:kept].cpu()), bits(expected)), "moe_layer's recv_x differs from the sources"
+    assert bufs.recv_x[kept:].isnan().all()
+    for name in ("recv_x", "hidden", "expert_out"):
+        fused, separate = getattr(bufs, name)[:kept], getattr(composed, name)[:kept]
+        assert torch.equal(bits(fused), bits(separate)), f"moe_layer's {name} differs from the composed calls'"
+    assert not out.isnan().any(), "moe_layer left token rows unwritten"
+    assert torch.equal(bits(out), bits(out_composed)), (
+        "moe_layer differs from moe_dispatch_gemm -> grouped_gemm -> moe_combine on the same tile")
+    assert out_torch.shape == out.shape and out_torch.dtype == dtype
+    if tokens:
+        reference = layer_reference(x, ids, router_weights, gate, up, down, dtype)
+        err = rel_err(out.cpu(), reference)
+        assert err <= LAYER_TOLERANCE[dtype], f"moe_layer's relative error {err:.2e} over {LAYER_TOLERANCE[dtype]:.2e}"
+        # loom.torch.moe_layer ran on the planner's tile: the same math, maybe another tile.
+        assert rel_err(out_torch.cpu(), reference) <= LAYER_TOLERANCE[dtype]
+
+
+def test_moe_layer_across_nodes_is_refused(comm, seed):
+    """Across (emulated) nodes moe_layer refuses before launching (loom.Unsupported, naming the
+    composed calls to use instead); the communicator stays usable."""
+    if comm.num_nodes == 1:
+        pytest.skip("one node: moe_layer runs (test_moe_layer)")
+    config = small_config(comm)
+    ids = make_ids("uniform", 32, config.num_experts, config.top_k, seed, "layer-nodes", comm.rank).cuda()
+    bufs = lt.moe_buffers(comm, config, hidden_intermediate=INTERMEDIATE)
+    gate_up = torch.zeros(EXPERTS_PER_RANK, 2 * INTERMEDIATE, HIDDEN, dtype=BF16, device="cuda")
+    down = torch.zeros(EXPERTS_PER_RANK, HIDDEN, INTERMEDIATE, dtype=BF16, device="cuda")
+    x = torch.zeros(32, HIDDEN, dtype=BF16, device="cuda")
+    out = torch.empty(32, HIDDEN, dtype=BF16, device="cuda")
+    plan = loom.moe_routing(comm, config, ids, plan_buffer=bufs.plan_buffer, expert_offsets=bufs.expert_offsets)
+    # No torch call between the routing and the synchronize: across nodes no kernel may load for
+    # the first time while an MoE call waits on the proxy (test_bad_tensors_are_refused_before_launch).
+    with pytest.raises(loom.Unsupported, match="runs within one node"):
+        loom.moe_layer(comm, plan, x, gate_up, down, bufs.recv_x, bufs.hidden, bufs.expert_out, out)
+    comm.synchronize()
+    assert comm.health() is None
+
+
+def test_moe_layer_bad_buffers_are_refused_before_launch(comm, seed):
+    """What the host sees is refused before the launch (non-symmetric recv_x or expert_out, hidden
+    overlapping expert_out, an I that is not a multiple of 8); then the same plan runs."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("moe_layer needs an sm_90 GPU")
+    if comm.num_nodes > 1:
+        pytest.skip("moe_layer runs within one node (test_moe_layer_across_nodes_is_refused)")
+    config = small_config(comm)
+    ids = make_ids("uniform", 32, config.num_experts, config.top_k, seed, "layer-refused", comm.rank).cuda()
+    bufs = lt.moe_buffers(comm, config, hidden_intermediate=INTERMEDIATE)
+    capacity = bufs.sizes.capacity
+    g = generator(seed, "layer-refused-weights", comm.rank)
+    gate_up = (torch.randn(EXPERTS_PER_RANK, 2 * INTERMEDIATE, HIDDEN, generator=g) * HIDDEN ** -0.5).to(BF16).cuda()
+    down = (torch.randn(EXPERTS_PER_RANK, HIDDEN, INTERMEDIATE, generator=g) * INTERMEDIATE ** -0.5).to(BF16).cuda()
+    x = torch.randn(32, HIDDEN, generator=g).to(BF16).cuda()
+    out = torch.full((32, HIDDEN), NAN, dtype=BF16, device="cuda")
+    plan = loom.moe_routing(comm, config, ids, plan_buffer=bufs.plan_buffer, expert_offsets=bufs.expert_offsets)
+    with pytest.raises(loom.InvalidArgument, match="recv_x must be symmetric memory"):
+        loom.moe_layer(comm, plan, x, gate_up, down, torch.empty_like(bufs.recv_x), bufs.hidden, bufs.expert_out, out)
+    with pytest.raises(loom.InvalidArgument, match="expert_out must be symmetric memory"):
+        loom.moe_layer(comm, plan, x, gate_up, down, bufs.recv_x, bufs.hidden, torch.empty_like(bufs.expert_out), out)
+    inside_expert_out = bufs.expert_out.view(-1)[: capacity * INTERMEDIATE].view(capacity, INTERMEDIATE)
+    with pytest.raises(loom.InvalidArgument, match="buffers.hidden overlaps buffers.expert_out"):
+        loom.moe_layer(comm, plan, x, gate_up, down, bufs.recv_x, inside_expert_out, bufs.expert_out, out)
+    odd = 12  # I = 12: the down GEMM's K rows would not be 16-byte aligned
+    with pytest.raises(loom.Unsupported, match="multiple of 8"):
+        loom.moe_layer(comm, plan, x, gate_up[:, : 2 * odd].contiguous(), down[:, :, :odd].contiguous(), bufs.recv_x,
+                       bufs.hidden[:, :odd].contiguous(), bufs.expert_out, out)
+    with pytest.raises(loom.InvalidArgument, match="buffers.hidden is None"):
+        lt.moe_layer(comm, plan, x, gate_up, down, lt.MoeBuffers(bufs.sizes, bufs.plan_buffer, bufs.expert_offsets,
+                                                                  bufs.recv_x, bufs.expert_out))
+    comm.synchronize()
+    assert comm.health() is None
+    loom.moe_layer(comm, plan, x, gate_up, down, bufs.recv_x, bufs.hidden, bufs.expert_out, out)
+    loom.moe_report(comm, plan)
+    comm.synchronize()
+    assert not out.isnan().any()
 
 
 # ---- bad input -------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Argument checks of the MoE bindings that need no GPU: loom.MoeConfig, and the tensor checks of
-moe_routing, moe_dispatch, moe_combine and moe_dispatch_gemm through
+moe_routing, moe_dispatch, moe_combine, moe_dispatch_gemm and moe_layer through
 `_C._check_moe_args(op, config, world, num_tokens, tensors)`, which runs the same checks as the
 calls with `world` standing in for the communicator (capacity and E/W from moe.h's defaults) and
 `num_tokens` for the routed tokens. As in test_validation.py, shapes and dtypes are checked before
@@ -278,6 +278,127 @@ def test_dispatch_gemm_options():
 def test_dispatch_gemm_tokens_as_dispatch():
     with raises(loom.InvalidArgument, "x is fp16 but the config's dtype is bf16"):
         check("moe_dispatch_gemm", [t(T, H, dtype=FP16)] + gemm_tensors()[1:])
+
+
+# ---- moe_layer ----------------------------------------------------------------------------------
+
+INTER = 24  # I: gate_up [E/W, 2I, H] = [4, 48, 64], down [4, 64, 24], hidden [capacity, 24]
+EL = E // WORLD
+
+
+def layer_tensors(dtype=BF16, **changes):
+    """moe_layer's tensors in the binding's order, each replaceable by name."""
+    tensors = dict(x=t(T, H, dtype=dtype), gate_up=t(EL, 2 * INTER, H, dtype=dtype), down=t(EL, H, INTER, dtype=dtype),
+                   recv_x=t(CAPACITY, H, dtype=dtype), hidden=t(CAPACITY, INTER, dtype=dtype),
+                   expert_out=t(CAPACITY, H, dtype=dtype), out=t(T, H, dtype=dtype))
+    assert set(changes) <= set(tensors)
+    tensors.update(changes)
+    return list(tensors.values())
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+def test_layer_correct_shapes_fail_only_on_the_device(dtype):
+    with raises(loom.InvalidArgument, "loom rank 0: moe_layer: x is on cpu"):
+        check("moe_layer", layer_tensors(dtype), cfg=config(dtype=dtype))
+    with raises(loom.InvalidArgument, "x is on cpu"):  # a rank without tokens
+        check("moe_layer", layer_tensors(x=t(0, H), out=t(0, H)), tokens=0)
+    with raises(loom.InvalidArgument, "x is on cpu"):  # an explicit capacity sizes hidden and expert_out
+        check("moe_layer", layer_tensors(recv_x=t(100, H), hidden=t(100, INTER), expert_out=t(100, H)),
+              cfg=config(capacity=100))
+    # I's own rule (a positive multiple of 8) is loom's: an I of 12 passes the binding.
+    with raises(loom.InvalidArgument, "x is on cpu"):
+        check("moe_layer", layer_tensors(gate_up=t(EL, 24, H), down=t(EL, H, 12), hidden=t(CAPACITY, 12)))
+
+
+def test_layer_gate_up_is_this_rank_s_experts():
+    with raises(loom.InvalidArgument, "moe_layer: gate_up must be [E/W, 2I, hidden] with E/W = 4 (this rank's experts), "
+                                      "an even 2I (gate and up rows interleaved by 8) and hidden = 64, got [8, 48, 64]"):
+        check("moe_layer", layer_tensors(gate_up=t(E, 2 * INTER, H)))
+    with raises(loom.InvalidArgument, "gate_up must be [E/W, 2I, hidden]", "got [4, 48, 32]"):
+        check("moe_layer", layer_tensors(gate_up=t(EL, 2 * INTER, H // 2)))
+    with raises(loom.InvalidArgument, "gate_up must be [E/W, 2I, hidden]", "an even 2I", "got [4, 47, 64]"):
+        check("moe_layer", layer_tensors(gate_up=t(EL, 2 * INTER - 1, H)))
+    with raises(loom.InvalidArgument, "gate_up must be 3-D [E/W, 2I, hidden], got shape [48, 64]"):
+        check("moe_layer", layer_tensors(gate_up=t(2 * INTER, H)))
+    # The hidden-major layout [E/W, hidden, 2I] ('kn') is not taken: its 2I would be read as hidden.
+    with raises(loom.InvalidArgument, "gate_up must be [E/W, 2I, hidden]", "got [4, 64, 48]"):
+        check("moe_layer", layer_tensors(gate_up=t(EL, H, 2 * INTER)))
+
+
+def test_layer_down_agrees_with_gate_up():
+    with raises(loom.InvalidArgument, "down must be [E/W, hidden, I] (I = 24: half of gate_up's 48 rows) = "
+                                      "[4, 64, 24], got [4, 64, 32]"):
+        check("moe_layer", layer_tensors(down=t(EL, H, 32)))
+    with raises(loom.InvalidArgument, "down must be [E/W, hidden, I] (I = 24", "got [4, 64, 48]"):  # 2I, not I
+        check("moe_layer", layer_tensors(down=t(EL, H, 2 * INTER)))
+    with raises(loom.InvalidArgument, "down must be [E/W, hidden, I]", "= [4, 64, 24], got [4, 24, 64]"):  # [E/W, I, H]
+        check("moe_layer", layer_tensors(down=t(EL, INTER, H)))
+    with raises(loom.InvalidArgument, "down must be [E/W, hidden, I]", "got [8, 64, 24]"):
+        check("moe_layer", layer_tensors(down=t(E, H, INTER)))
+    with raises(loom.InvalidArgument, "down must be 3-D [E/W, hidden, I], got shape [64, 24]"):
+        check("moe_layer", layer_tensors(down=t(H, INTER)))
+
+
+def test_layer_buffers_and_out_shapes():
+    with raises(loom.InvalidArgument, "hidden must be [capacity, I] = [128, 24], got [128, 32]"):
+        check("moe_layer", layer_tensors(hidden=t(CAPACITY, 32)))
+    with raises(loom.InvalidArgument, "hidden must be [capacity, I] = [128, 24], got [16, 24]"):  # per token, not row
+        check("moe_layer", layer_tensors(hidden=t(T, INTER)))
+    with raises(loom.InvalidArgument, "hidden must be 2-D [capacity, I], got shape [4, 32, 24]"):
+        check("moe_layer", layer_tensors(hidden=t(EL, CAPACITY // EL, INTER)))
+    with raises(loom.InvalidArgument, "expert_out must be [capacity, hidden] = [128, 64], got [128, 32]"):
+        check("moe_layer", layer_tensors(expert_out=t(CAPACITY, H // 2)))
+    with raises(loom.InvalidArgument, "out must be [T, hidden] (T: the tokens given to moe_routing) = [16, 64], "
+                                      "got [128, 64]"):
+        check("moe_layer", layer_tensors(out=t(CAPACITY, H)))
+    with raises(loom.InvalidArgument, "recv_x must be [capacity, hidden] = [128, 64], got [127, 64]"):
+        check("moe_layer", layer_tensors(recv_x=t(CAPACITY - 1, H)))
+    with raises(loom.InvalidArgument, "x must be [T, hidden] (T: the tokens given to moe_routing) = [16, 64], "
+                                      "got [15, 64]"):
+        check("moe_layer", layer_tensors(x=t(T - 1, H)))
+
+
+@pytest.mark.parametrize("name", ["x", "gate_up", "down", "recv_x", "hidden", "expert_out", "out"])
+def test_layer_every_tensor_has_the_config_s_dtype(name):
+    # No per-tensor dtypes: MoeLayerWeights and MoeLayerBuffers carry none (out cannot be fp32 as
+    # moe_combine's can).
+    shapes = dict(zip(["x", "gate_up", "down", "recv_x", "hidden", "expert_out", "out"],
+                      [(T, H), (EL, 2 * INTER, H), (EL, H, INTER), (CAPACITY, H), (CAPACITY, INTER), (CAPACITY, H),
+                       (T, H)]))
+    for other in (FP16, FP32):
+        said = f"{name} is {'fp16' if other == FP16 else 'fp32'} but the config's dtype is bf16"
+        with raises(loom.InvalidArgument, said):
+            check("moe_layer", layer_tensors(**{name: t(*shapes[name], dtype=other)}))
+
+
+@pytest.mark.parametrize("name,shape", [("x", (H, T)), ("gate_up", (EL, H, 2 * INTER)), ("down", (EL, INTER, H)),
+                                        ("hidden", (INTER, CAPACITY)), ("expert_out", (H, CAPACITY)), ("out", (H, T))])
+def test_layer_tensors_must_be_contiguous(name, shape):
+    transposed = t(*shape).transpose(-2, -1)  # the right shape, column-major in the last two dimensions
+    with raises(loom.InvalidArgument, f"{name} {list(transposed.shape)} is not row-major contiguous"):
+        check("moe_layer", layer_tensors(**{name: transposed}))
+
+
+def test_layer_missing_tensors():
+    with raises(loom.InvalidArgument, "hidden is None; loom needs a tensor"):
+        check("moe_layer", layer_tensors(hidden=None))
+    with raises(loom.InvalidArgument, "down must be a tensor", "list"):
+        check("moe_layer", layer_tensors(down=[0.0] * 8))
+
+
+def test_layer_python_layer_wants_a_communicator():
+    with raises(loom.InvalidArgument, "moe_layer: comm must be a loom.Communicator"):
+        loom.moe_layer(None, None, *layer_tensors())
+
+
+def test_torch_moe_buffers_keep_their_old_fields():
+    """loom.torch.MoeBuffers made without hidden (code written before moe_layer) still works."""
+    import loom.torch as lt
+
+    b = lt.MoeBuffers(sizes=None, plan_buffer=t(16, dtype=torch.uint8), expert_offsets=t(EL + 1, dtype=I32),
+                      recv_x=t(CAPACITY, H), expert_out=None)
+    assert b.hidden is None
+    assert "moe_layer" in lt.__all__ and "moe_layer" in loom.__all__
 
 
 def test_unknown_op():
