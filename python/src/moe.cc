@@ -272,6 +272,17 @@ MoeCombineCall prepare_moe_combine(const CommView& pc, const PyMoePlan& p, nb::h
   return c;
 }
 
+// The options of a fused MoE kernel (MoeDispatchGemmOptions, MoeLayerOptions: the same fields).
+template <class Options>
+Options fused_options(std::string_view tile, int num_ctas, int push_ctas, int arrival_ctas, std::string_view op, int rank) {
+  Options o;
+  o.tile = tile_of(tile, op, rank);
+  o.num_ctas = num_ctas;
+  o.push_ctas = push_ctas;
+  o.arrival_ctas = arrival_ctas;
+  return o;
+}
+
 // ---- moe_dispatch_gemm --------------------------------------------------------------------------
 
 struct MoeDispatchGemmCall {
@@ -330,10 +341,7 @@ MoeDispatchGemmCall prepare_moe_dispatch_gemm(const CommView& pc, const PyMoePla
   c.gemm.b_layout = layout;
   c.gemm.out = c.out.data;
   c.gemm.out_dtype = c.out.dtype;
-  c.options.tile = tile_of(tile, op, rank);
-  c.options.num_ctas = num_ctas;
-  c.options.push_ctas = push_ctas;
-  c.options.arrival_ctas = arrival_ctas;
+  c.options = fused_options<decltype(c.options)>(tile, num_ctas, push_ctas, arrival_ctas, op, rank);
   c.stream = as_stream(stream);
   return c;
 }
@@ -417,10 +425,7 @@ MoeLayerCall prepare_moe_layer(const CommView& pc, const PyMoePlan& p, nb::handl
   c.buffers.recv_x = c.recv_x.data;
   c.buffers.hidden = c.hidden.data;
   c.buffers.expert_out = c.expert_out.data;
-  c.options.tile = tile_of(tile, op, rank);
-  c.options.num_ctas = num_ctas;
-  c.options.push_ctas = push_ctas;
-  c.options.arrival_ctas = arrival_ctas;
+  c.options = fused_options<decltype(c.options)>(tile, num_ctas, push_ctas, arrival_ctas, op, rank);
   c.stream = as_stream(stream);
   return c;
 }

@@ -842,13 +842,15 @@ std::vector<GemmCase> gemm_cases() {
   return v;
 }
 
-std::string gemm_case_name(const ::testing::TestParamInfo<GemmCase>& info) {
+// A case's test name: its index and routing (GemmCase, LayerCase).
+template <class C>
+std::string routing_case_name(const ::testing::TestParamInfo<C>& info) {
   std::string n = std::to_string(info.index) + "_" + routing_name(info.param.moe.routing);
   for (char& ch : n) ch = ch == '-' ? '_' : ch;
   return n;
 }
 
-INSTANTIATE_TEST_SUITE_P(Moe, MoeDispatchGemm, ::testing::ValuesIn(gemm_cases()), gemm_case_name);
+INSTANTIATE_TEST_SUITE_P(Moe, MoeDispatchGemm, ::testing::ValuesIn(gemm_cases()), routing_case_name<GemmCase>);
 
 // ---- capacity ---------------------------------------------------------------------------------------
 
@@ -1481,13 +1483,7 @@ std::vector<LayerCase> layer_cases() {
   return v;
 }
 
-std::string layer_case_name(const ::testing::TestParamInfo<LayerCase>& info) {
-  std::string n = std::to_string(info.index) + "_" + routing_name(info.param.moe.routing);
-  for (char& ch : n) ch = ch == '-' ? '_' : ch;
-  return n;
-}
-
-INSTANTIATE_TEST_SUITE_P(Moe, MoeLayer, ::testing::ValuesIn(layer_cases()), layer_case_name);
+INSTANTIATE_TEST_SUITE_P(Moe, MoeLayer, ::testing::ValuesIn(layer_cases()), routing_case_name<LayerCase>);
 
 class MoeLayerChecks : public MoeTest {};
 
