@@ -256,6 +256,16 @@ class ComputeRole {
     WorkItem exit{static_cast<uint32_t>(WorkKind::kFailed), 0, 0, 0};
 
     for (;;) {
+      if constexpr (gates_on_own_signals<Scheduler>()) {
+        // The owed signal goes out now unless the next tile is already there (lane 0 decides, so
+        // that the warp stays converged for post_signal; warps may decide differently: each
+        // still posts the same items in the same order).
+        const bool idle = __shfl_sync(0xFFFFFFFFu, lane == 0 && !tiles.is_filled(sm.tile_full(tiles.index)) ? 1 : 0, 0) != 0;
+        if (pending && idle) {
+          pending = false;
+          if (!Signals::post_signal(sm, pending_item, g, warp, lane, signals, ctx)) break;
+        }
+      }
       if (!tiles.wait_filled(sm.tile_full(tiles.index), ctx, sm90::BarrierWhat::kTileFull)) break;
       const WorkItem item = load_item(sm.ring(tiles.index));
       __syncwarp();

@@ -76,6 +76,15 @@ constexpr bool ranges_rows() {
   return requires { requires S::kRowRanges; };
 }
 
+// Does scheduler S gate tiles on signals of the same launch's own tiles (static constexpr bool
+// kGatesOnOwnSignals = true; e.g. a paired role's second GEMM waiting for the first's rows)? Then
+// a consumer must not hold a finished tile's signal while it waits for the next tile: the
+// producer may be waiting at that tile's gate for exactly that signal.
+template <class S>
+constexpr bool gates_on_own_signals() {
+  return requires { requires S::kGatesOnOwnSignals; };
+}
+
 // A tile's rows of A and D: the first, and the end of the rows its epilogue may store.
 struct TileRows {
   uint32_t first, limit;

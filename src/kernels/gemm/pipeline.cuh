@@ -5,6 +5,8 @@
 // attention kernel's K/V stages) need not write the stage/phase bookkeeping out again.
 #pragma once
 
+#include <cuda/ptx>
+
 #include <cstdint>
 
 #include "kernels/comm/wait.cuh"
@@ -35,6 +37,8 @@ struct PipelineState {
   __device__ __forceinline__ bool wait_filled(uint64_t* bar, const WaitContext& ctx, sm90::BarrierWhat what) const {
     return sm90::mbarrier_wait(bar, phase, ctx, sm90::barrier_what(what, index));
   }
+  // Consumer side, without waiting: whether the slot has been filled in this pass already.
+  __device__ __forceinline__ bool is_filled(uint64_t* bar) const { return cuda::ptx::mbarrier_test_wait_parity(bar, phase); }
   // Producer side: waits until the slot was released in the previous pass (passes at once in the
   // first pass over a fresh ring, whose barriers count the previous phase as complete).
   __device__ __forceinline__ bool wait_released(uint64_t* bar, const WaitContext& ctx, sm90::BarrierWhat what) const {

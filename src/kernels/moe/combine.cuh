@@ -104,23 +104,40 @@ struct EntryGate {
 };
 
 // One warp, vector v of a row (all lanes call it; `live`: lane has vector v): the fp32 sum in slot
-// order of w_j * y_j over the lanes' row addresses (0: no row), into acc.
+// order of w_j * y_j over the lanes' row addresses (0: no row), into acc. The slots are taken
+// kSlotBatch at a time, their loads issued together before the fused multiply-adds (a warp
+// otherwise has one 16-byte load in flight per lane: at one GPU's rates the sum was latency-bound);
+// the adds keep slot order, so the bits do not change.
 template <typename T>
 __device__ __forceinline__ void sum_slots(float (&acc)[Vec16<T>::kElems], uint64_t row_addr, float w, uint32_t k,
                                           uint64_t v, bool live) {
   using V = Vec16<T>;
+  constexpr uint32_t kSlotBatch = 4;
+  static_assert(MoeTunables::kMaxTopK % kSlotBatch == 0, "slot batches must not run past the warp's lanes");
 #pragma unroll
   for (int i = 0; i < V::kElems; ++i) acc[i] = 0.0f;
-  for (uint32_t j = 0; j < k; ++j) {
-    const uint64_t addr = __shfl_sync(0xffffffffu, row_addr, j);
-    const float wj = __shfl_sync(0xffffffffu, w, j);
-    if (addr == 0 || !live) continue;  // slot j is not routed here (warp-uniform), or no vector here
-    float y[V::kElems];
+  for (uint32_t j0 = 0; j0 < k; j0 += kSlotBatch) {
+    uint4 raw[kSlotBatch];
+    float wj[kSlotBatch];
+    bool has[kSlotBatch];
 #pragma unroll
-    for (int i = 0; i < V::kElems; ++i) y[i] = 0.0f;
-    V::add(y, load_peer_vector(reinterpret_cast<const uint4*>(addr) + v));  // 0 + y: exact
+    for (uint32_t u = 0; u < kSlotBatch; ++u) {
+      const uint32_t j = j0 + u;  // < kMaxTopK: lanes at or past k hold no row
+      const uint64_t addr = __shfl_sync(0xffffffffu, row_addr, j);
+      wj[u] = __shfl_sync(0xffffffffu, w, j);
+      has[u] = addr != 0 && live;  // slot j is routed here (warp-uniform) and this lane has vector v
+      raw[u] = has[u] ? load_peer_vector(reinterpret_cast<const uint4*>(addr) + v) : make_uint4(0, 0, 0, 0);
+    }
 #pragma unroll
-    for (int i = 0; i < V::kElems; ++i) acc[i] = __fmaf_rn(wj, y[i], acc[i]);
+    for (uint32_t u = 0; u < kSlotBatch; ++u) {
+      if (!has[u]) continue;
+      float y[V::kElems];
+#pragma unroll
+      for (int i = 0; i < V::kElems; ++i) y[i] = 0.0f;
+      V::add(y, raw[u]);  // 0 + y: exact
+#pragma unroll
+      for (int i = 0; i < V::kElems; ++i) acc[i] = __fmaf_rn(wj[u], y[i], acc[i]);
+    }
   }
 }
 

@@ -34,7 +34,10 @@
 // No deadlock: every fc1 position of the queue precedes every fc2 position, so a CTA waiting at an
 // fc2 gate waits only for fc1 tiles that running CTAs have claimed, and fc1 tiles wait only for
 // the dispatch roles, which run first; a reducing CTA waits only for fc2 tiles claimed by running
-// CTAs (here or on a local peer).
+// CTAs (here or on a local peer). A claimed tile's signal must not wait for the CTA's next tile
+// either (the engine defers it to after the next mainloop): the producer may be at that next
+// tile's gate waiting for it, so the scheduler sets kGatesOnOwnSignals and the consumers post an
+// owed signal whenever the next tile is not already there (kernels/gemm/compute_role.cuh).
 //
 // Buffers (the MoE workspace's regions in kernels/moe/layout.h: hidden_done, out_done, out_ready,
 // zeroed before the launch; recv_x, rows, arrival, ready as moe_dispatch):
@@ -94,6 +97,8 @@ class LayerScheduler {
  public:
   static constexpr bool kGroupedB = true;
   static constexpr bool kRowRanges = true;
+  // An fc2 tile waits for fc1 tiles' signals, maybe this CTA's own (operands.cuh).
+  static constexpr bool kGatesOnOwnSignals = true;
 
   // It runs on the producer's scheduling thread, which has few registers: it keeps the launch's
   // parameters (in the constant bank), the epoch and the tile count.
