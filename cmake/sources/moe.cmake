@@ -16,7 +16,8 @@ list(APPEND LOOM_LIB_SOURCES
   src/ops/moe/dispatch_gemm_sm90_128x128.cu
   src/ops/moe/layer.cu
   src/ops/moe/layer_sm90_128x256.cu
-  src/ops/moe/layer_sm90_128x128.cu)
+  src/ops/moe/layer_sm90_128x128.cu
+  src/ops/moe/topk.cu)
 list(APPEND LOOM_CPU_TEST_SOURCES
   tests/cpu/moe_plan_test.cc
   tests/cpu/kernel_lint_test.cc

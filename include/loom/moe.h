@@ -298,6 +298,30 @@ struct MoeDispatchGemmOptions {
 Status moe_dispatch_gemm(Communicator& comm, const MoePlan& plan, const void* x, void* recv_x, const MoeExpertGemm& gemm,
                          cudaStream_t stream, const MoeDispatchGemmOptions& options = {});
 
+// ---- moe_topk: the router's top-k on the device ----------------------------------------------------
+// For every token t: ids[t, 0..k) the k experts with the largest logits, largest first (equal
+// logits: the lower expert id first); weights[t, j] = softmax over all E logits at ids[t, j]
+// (kSoftmax) or sigmoid(logit) (kSigmoid), divided by the sum of the token's k weights when
+// `renormalize`. A logit of -inf is never chosen: a token with fewer than k finite logits gets -1
+// ids (unused slots, as moe_routing reads them) and weight 0 there. fp32 math; one GPU, no
+// communicator; asynchronous on `stream` (capturable). The outputs feed moe_routing.
+enum class MoeScoring : uint8_t { kSoftmax = 0, kSigmoid = 1 };
+struct MoeTopkArgs {
+  const void* logits = nullptr;   // [T, E] device memory, aligned to its element type
+  DType dtype = DType::kF32;      // of the logits: bf16, fp16 or fp32
+  int64_t num_tokens = 0;         // T >= 0
+  int64_t num_experts = 0;        // E in [1, kMoeMaxExperts]
+  int top_k = 0;                  // k in [1, min(E, kMoeMaxTopK)]
+  MoeScoring scoring = MoeScoring::kSoftmax;
+  bool renormalize = false;
+  int32_t* topk_ids = nullptr;    // out: [T, k] device memory, 4-byte aligned
+  float* topk_weights = nullptr;  // out: [T, k] device memory, 4-byte aligned
+};
+// The host checks (invalid_argument / unsupported as above; null or misaligned pointers, outputs
+// overlapping the logits); no CUDA call.
+Status moe_topk_can_implement(const MoeTopkArgs& args);
+Status moe_topk(const MoeTopkArgs& args, cudaStream_t stream);
+
 // ---- moe_layer: the whole MoE FFN step in one kernel ----------------------------------------------
 // out[t] = sum over t's routed slots j, in slot order, of w[t,j] * FFN_e(x[t]) with
 // FFN_e(x) = (silu(x Wg_e^T) * (x Wu_e^T)) Wd_e^T for slot j's expert e; one persistent kernel

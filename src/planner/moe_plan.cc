@@ -461,6 +461,49 @@ Result<MoeDispatchGemmPlan> plan_moe_dispatch_gemm(const GroupedGemmArgs& args, 
   return plan;
 }
 
+}  // namespace planner
+
+Status moe_topk_can_implement(const MoeTopkArgs& a) {
+  const std::string op = "moe_topk: ";
+  if (a.num_tokens < 0 || a.num_tokens > INT32_MAX) {
+    return Status::invalid_argument(op + "num_tokens " + planner::num(a.num_tokens) + " is outside [0, 2^31)");
+  }
+  if (a.num_experts < 1 || a.num_experts > kMoeMaxExperts) {
+    return Status::invalid_argument(op + "num_experts " + planner::num(a.num_experts) + " is outside [1, " +
+                                    planner::num(kMoeMaxExperts) + "] (a token's logits are staged in shared memory)");
+  }
+  if (a.top_k < 1 || a.top_k > kMoeMaxTopK || a.top_k > a.num_experts) {
+    return Status::invalid_argument(op + "top_k " + planner::num(a.top_k) + " is outside [1, min(E, " +
+                                    planner::num(kMoeMaxTopK) + ")]");
+  }
+  if (a.dtype != DType::kBF16 && a.dtype != DType::kF16 && a.dtype != DType::kF32) {
+    return Status::invalid_argument(op + "unknown logits dtype");
+  }
+  if (a.scoring != MoeScoring::kSoftmax && a.scoring != MoeScoring::kSigmoid) {
+    return Status::invalid_argument(op + "unknown scoring");
+  }
+  if (a.num_tokens == 0) return {};
+  if (a.logits == nullptr || a.topk_ids == nullptr || a.topk_weights == nullptr) {
+    return Status::invalid_argument(op + "logits, topk_ids and topk_weights must not be null");
+  }
+  const auto addr = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
+  if (addr(a.logits) % dtype_size(a.dtype) != 0 || addr(a.topk_ids) % 4 != 0 || addr(a.topk_weights) % 4 != 0) {
+    return Status::invalid_argument(op + "logits must be aligned to their element type, topk_ids and topk_weights to 4 bytes");
+  }
+  const uint64_t logit_bytes = static_cast<uint64_t>(a.num_tokens) * static_cast<uint64_t>(a.num_experts) * dtype_size(a.dtype);
+  const uint64_t pair_bytes = static_cast<uint64_t>(a.num_tokens) * static_cast<uint64_t>(a.top_k) * 4;
+  const auto overlap = [&](const void* x, uint64_t xb, const void* y, uint64_t yb) {
+    return addr(x) < addr(y) + yb && addr(y) < addr(x) + xb;
+  };
+  if (overlap(a.logits, logit_bytes, a.topk_ids, pair_bytes) || overlap(a.logits, logit_bytes, a.topk_weights, pair_bytes) ||
+      overlap(a.topk_ids, pair_bytes, a.topk_weights, pair_bytes)) {
+    return Status::invalid_argument(op + "logits, topk_ids and topk_weights must not overlap");
+  }
+  return {};
+}
+
+namespace planner {
+
 GroupedGemmArgs layer_up_args(const MoePlan& plan, const MoeLayouts& layouts, const MoeLayerWeights& weights,
                               const MoeLayerBuffers& buffers, void* tile_table) {
   MoeExpertGemm gemm;

@@ -457,5 +457,52 @@ TEST(MoeReference, BadIdFailsEveryRankNamingTheFirst) {
   }
 }
 
+// moe_topk's host checks (the kernel is checked against a reference in tests/gpu/moe_ops_test.cu).
+TEST(MoePlan, TopkArgumentsAreCheckedOnTheHost) {
+  static_assert(std::is_same_v<decltype(&moe_topk), Status (*)(const MoeTopkArgs&, cudaStream_t)>,
+                "loom/moe.h must declare loom::moe_topk");
+  auto at = [](uintptr_t tib) { return reinterpret_cast<char*>(tib << 40); };
+  MoeTopkArgs a;
+  a.logits = at(1);
+  a.num_tokens = 100;
+  a.num_experts = 64;
+  a.top_k = 8;
+  a.topk_ids = reinterpret_cast<int32_t*>(at(2));
+  a.topk_weights = reinterpret_cast<float*>(at(3));
+  EXPECT_TRUE(moe_topk_can_implement(a).ok());
+  auto refused = [](MoeTopkArgs b, const char* words) {
+    const Status s = moe_topk_can_implement(b);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+    EXPECT_NE(s.message().find(words), std::string::npos) << s.message();
+  };
+  MoeTopkArgs b = a;
+  b.top_k = 65;
+  refused(b, "top_k");
+  b = a;
+  b.top_k = 33;
+  b.num_experts = 100;
+  refused(b, "top_k");
+  b = a;
+  b.num_experts = kMoeMaxExperts + 1;
+  refused(b, "num_experts");
+  b = a;
+  b.num_tokens = -1;
+  refused(b, "num_tokens");
+  b = a;
+  b.topk_ids = nullptr;
+  refused(b, "must not be null");
+  b = a;
+  b.dtype = DType::kBF16;
+  b.logits = at(1) + 1;  // misaligned for bf16
+  refused(b, "aligned");
+  b = a;
+  b.topk_weights = reinterpret_cast<float*>(at(2) + 16);  // inside topk_ids
+  refused(b, "overlap");
+  b = a;
+  b.num_tokens = 0;
+  b.logits = nullptr;  // nothing to read or write
+  EXPECT_TRUE(moe_topk_can_implement(b).ok());
+}
+
 }  // namespace
 }  // namespace loom::planner

@@ -1196,6 +1196,100 @@ TEST_F(MoeStress, DispatchGemmBackToBackIsBitIdentical) {
   EXPECT_TRUE(agree(!::testing::Test::HasFailure())) << what << ": a peer failed";
 }
 
+// ---- moe_topk ---------------------------------------------------------------------------------------
+//
+// The router's top-k against a host reference on the same (type-rounded) logits: ids exactly
+// (largest first, equal logits by the lower id; bf16 logits tie often), weights within 1e-5
+// relative of the fp64 softmax or sigmoid (fp32 math with __expf in the kernel); tokens whose
+// logits are mostly -inf get -1 ids and weight 0 past their finite ones. Outputs NaN-filled first.
+
+class MoeTopk : public MoeTest {};
+
+TEST_F(MoeTopk, MatchesTheReference) {
+  struct TopkCase {
+    DType dtype;
+    int64_t tokens, experts;
+    int k;
+    MoeScoring scoring;
+    bool renormalize;
+  };
+  const TopkCase cases[] = {{DType::kF32, 300, 64, 8, MoeScoring::kSoftmax, false},
+                            {DType::kBF16, 300, 64, 8, MoeScoring::kSoftmax, true},
+                            {DType::kF16, 257, 256, 8, MoeScoring::kSigmoid, true},
+                            {DType::kBF16, 64, 1000, 32, MoeScoring::kSigmoid, false},
+                            {DType::kF32, 33, 7, 7, MoeScoring::kSoftmax, false}};
+  for (const TopkCase& c : cases) {
+    const std::string what = "moe_topk " + std::string(dtype_name(c.dtype)) + " T=" + std::to_string(c.tokens) +
+                             " E=" + std::to_string(c.experts) + " k=" + std::to_string(c.k) +
+                             (c.scoring == MoeScoring::kSigmoid ? " sigmoid" : " softmax") +
+                             (c.renormalize ? " renormalized" : "");
+    std::mt19937_64 rng(static_cast<uint64_t>(c.tokens * 131 + c.experts));
+    std::normal_distribution<float> normal(0.0f, 2.0f);
+    std::vector<float> logits(static_cast<size_t>(c.tokens * c.experts));
+    for (float& v : logits) v = from_bits(c.dtype, to_bits(c.dtype, normal(rng)));
+    for (int64_t e = 0; e + 3 < c.experts; ++e) logits[static_cast<size_t>(e)] = -INFINITY;  // token 0: 3 finite
+    const size_t pairs = static_cast<size_t>(c.tokens * c.k);
+    const DeviceBuffer d_logits = device_buffer(logits.size() * dtype_size(c.dtype));
+    const DeviceBuffer d_ids = device_buffer(pairs * 4), d_weights = device_buffer(pairs * 4);
+    ASSERT_TRUE(d_logits && d_ids && d_weights && upload(d_logits.get(), pack(c.dtype, logits)) &&
+                cudaMemset(d_ids.get(), 0xFF, pairs * 4) == cudaSuccess && cudaMemset(d_weights.get(), 0xFF, pairs * 4) == cudaSuccess)
+        << what;
+    MoeTopkArgs a;
+    a.logits = d_logits.get();
+    a.dtype = c.dtype;
+    a.num_tokens = c.tokens;
+    a.num_experts = c.experts;
+    a.top_k = c.k;
+    a.scoring = c.scoring;
+    a.renormalize = c.renormalize;
+    a.topk_ids = static_cast<int32_t*>(d_ids.get());
+    a.topk_weights = static_cast<float*>(d_weights.get());
+    const Status st = moe_topk(a, nullptr);
+    ASSERT_TRUE(st.ok()) << what << ": " << st.to_string();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+    const std::vector<int32_t> ids = download<int32_t>(d_ids.get(), pairs);
+    const std::vector<float> weights = download<float>(d_weights.get(), pairs);
+    int64_t wrong_ids = 0, wrong_weights = 0;
+    std::string first;
+    for (int64_t t = 0; t < c.tokens; ++t) {
+      const float* row = logits.data() + t * c.experts;
+      std::vector<int32_t> order(static_cast<size_t>(c.experts));
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return row[x] > row[y]; });
+      double top = -INFINITY, denom = 0.0;
+      for (int64_t e = 0; e < c.experts; ++e) top = std::max(top, static_cast<double>(row[e]));
+      for (int64_t e = 0; e < c.experts; ++e) denom += std::exp(row[e] - top);
+      std::vector<double> w(static_cast<size_t>(c.k), 0.0);
+      std::vector<int32_t> want(static_cast<size_t>(c.k), -1);
+      double sum = 0.0;
+      for (int j = 0; j < c.k; ++j) {
+        const int32_t e = order[static_cast<size_t>(j)];
+        if (std::isinf(row[e])) continue;
+        want[j] = e;
+        w[j] = c.scoring == MoeScoring::kSigmoid ? 1.0 / (1.0 + std::exp(-static_cast<double>(row[e])))
+                                                 : std::exp(row[e] - top) / denom;
+        sum += w[j];
+      }
+      for (int j = 0; j < c.k; ++j) {
+        const size_t q = static_cast<size_t>(t * c.k + j);
+        const double expect = c.renormalize && sum > 0 ? w[j] / sum : w[j];
+        if (ids[q] != want[j] && wrong_ids++ == 0) {
+          first = "token " + std::to_string(t) + " slot " + std::to_string(j) + ": id " + std::to_string(ids[q]) +
+                  " instead of " + std::to_string(want[j]);
+        }
+        if (!(std::fabs(weights[q] - expect) <= 1e-5 * std::fabs(expect) + 1e-30)) ++wrong_weights;
+      }
+    }
+    EXPECT_EQ(wrong_ids, 0) << what << ": " << wrong_ids << " ids differ; first: " << first;
+    EXPECT_EQ(wrong_weights, 0) << what << ": " << wrong_weights << " weights outside 1e-5 relative";
+  }
+  MoeTopkArgs bad;
+  bad.num_tokens = 4;
+  bad.num_experts = 8;
+  bad.top_k = 9;
+  EXPECT_EQ(moe_topk(bad, nullptr).code(), StatusCode::kInvalidArgument);
+}
+
 // ---- moe_layer ------------------------------------------------------------------------------------
 //
 // The whole layer in one kernel against (a) an fp64 reference of every token: for each kept slot,
