@@ -267,6 +267,11 @@ def moe_layer(comm: Communicator, plan: MoePlan, x: object | None, gate_up: obje
     Collective: the whole MoE FFN step in one kernel: out[t] = sum_j w[t, j] * (silu(x gate^T) * (x up^T)) down^T over t's routed experts (within one node).
     """
 
+def moe_topk(logits: object | None, topk_ids: object | None, topk_weights: object | None, stream: int, top_k: int, scoring: str = 'softmax', renormalize: bool = False) -> None:
+    """
+    The router's top-k on one GPU (no communicator): topk_ids [T, k] the k largest logits of [T, E] (largest first, ties to the lower id), topk_weights their softmax over E or sigmoid (renormalize: / their sum).
+    """
+
 def grouped_gemm_workspace_bytes(rows: int, num_experts: int, masked: bool = False) -> int:
     """
     Bytes of workspace grouped_gemm needs: rows = M (contiguous) or the capacity per expert (masked).
@@ -286,4 +291,9 @@ def _bench_cpp_loop(op: str, iters: int, args: tuple) -> int:
 def _check_moe_args(op: str, config: MoeConfig, world: int, num_tokens: int, tensors: tuple, b_layout: str = 'nk', activation: str = 'none') -> None:
     """
     The tensor checks of an MoE call (tensors in the binding's order), without a communicator or a launch.
+    """
+
+def _check_moe_topk(logits: object | None, topk_ids: object | None, topk_weights: object | None, top_k: int, scoring: str = 'softmax', renormalize: bool = False) -> None:
+    """
+    moe_topk's checks (the binding's, then loom's host checks, then the devices), without a launch.
     """

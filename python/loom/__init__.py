@@ -14,7 +14,7 @@ argument order (``comm`` first). The distribution is called ``loom-kernels``.
 Expert parallelism (MoE), within a node or across nodes: ``loom.MoeConfig``, ``loom.moe_routing``,
 ``loom.moe_dispatch``, ``loom.moe_combine``, ``loom.moe_report``, ``loom.moe_dispatch_gemm``, and
 ``loom.moe_layer``, the whole FFN step in one kernel within a node (loom/_moe.py has the step;
-``loom.torch.moe_buffers`` allocates its buffers).
+``loom.torch.moe_buffers`` allocates its buffers); ``loom.moe_topk``, the router's top-k on one GPU.
 """
 
 from ._errors import (Aborted, CudaError, InternalError, InvalidArgument, LoomError, PeerFailure,
@@ -28,7 +28,7 @@ except ImportError as error:  # pragma: no cover - only when the package was not
 
 from ._comm import Communicator, discard_unique_id, make_unique_id
 from ._moe import (MoeConfig, MoePlan, MoeReport, MoeSizes, moe_can_implement, moe_combine, moe_dispatch,
-                   moe_dispatch_gemm, moe_layer, moe_report, moe_reserve_workspace, moe_routing, moe_sizes)
+                   moe_dispatch_gemm, moe_layer, moe_report, moe_reserve_workspace, moe_routing, moe_sizes, moe_topk)
 from ._ops import (ag_gemm, all_gather, all_reduce, attention, attention_merge, gemm, gemm_ar, gemm_rs,
                    grouped_gemm, grouped_gemm_workspace_bytes, reduce_scatter, ring_attention,
                    synchronize_standalone)
@@ -41,7 +41,7 @@ __all__ = [
     "attention", "attention_merge", "ring_attention", "synchronize_standalone", "grouped_gemm",
     "grouped_gemm_workspace_bytes",
     "MoeConfig", "MoePlan", "MoeSizes", "MoeReport", "moe_can_implement", "moe_sizes", "moe_reserve_workspace",
-    "moe_routing", "moe_dispatch", "moe_combine", "moe_report", "moe_dispatch_gemm", "moe_layer",
+    "moe_routing", "moe_dispatch", "moe_combine", "moe_report", "moe_dispatch_gemm", "moe_layer", "moe_topk",
     "LoomError", "InvalidArgument", "Unsupported", "Timeout", "PeerFailure", "CudaError",
     "SystemCallError", "Aborted", "InternalError",
     "__version__",

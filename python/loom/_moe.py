@@ -15,6 +15,11 @@ its experts (docs/MOE.md, "Across nodes"). One MoE step on every rank:
     loom.moe_combine(comm, plan, bufs.expert_out, out) # out[t] = sum_j w[t, j] * expert_out[row(t, j)]
     loom.moe_report(comm, plan)                        # optional; waits, raises what the GPU found
 
+The router's top-k, on one GPU and before any of them (no communicator; ``loom.torch.moe_topk``
+allocates its outputs):
+
+    loom.moe_topk(router_logits, topk_ids, topk_weights, top_k=8)   # [T, E] -> ids, weights [T, 8]
+
 Within one node the whole FFN step (dispatch, gate/up GEMM with SwiGLU, down GEMM, weighted
 combine) is one call, on the same plan:
 
@@ -23,7 +28,7 @@ combine) is one call, on the same plan:
 
 Rules every call here follows:
 
-- Collective: every rank of the communicator calls moe_routing, moe_dispatch, moe_combine,
+- Collective (all but moe_topk, which runs on one GPU): every rank of the communicator calls moe_routing, moe_dispatch, moe_combine,
   moe_dispatch_gemm, moe_layer and moe_reserve_workspace in the same order, with the same config (a rank
   with another config fails the launch instead of corrupting memory). Across nodes moe_combine
   needs its plan's dispatch (moe_dispatch or moe_dispatch_gemm) to have run last and the
@@ -48,12 +53,12 @@ Rules every call here follows:
 
 from __future__ import annotations
 
-from typing import Optional, TypeVar
+from typing import Optional, Tuple, TypeVar
 
 from . import _C
 from ._comm import CommLike, as_communicator, dtype_name
 from ._errors import LoomError, _from_status, _invalid
-from ._ops import _stream
+from ._ops import _device_of, _stream
 from ._streams import StreamArg, default_stream, stream_handle
 from ._types import DLPackArray, DTypeLike
 
@@ -265,3 +270,35 @@ def moe_layer(comm: CommLike, plan: MoePlan, x: DLPackArray, gate_up: DLPackArra
     _C.moe_layer(c._c, _plan(plan, "moe_layer", c.rank), x, gate_up, down, recv_x, hidden, expert_out, out,
                  _stream(stream, x, "moe_layer", c.device, c.rank), tile, num_ctas, push_ctas, arrival_ctas)
     return out
+
+
+def moe_topk(logits: DLPackArray, topk_ids: Out, topk_weights: DLPackArray, *, top_k: int, scoring: str = "softmax",
+             renormalize: bool = False, stream: StreamArg = None) -> Tuple[Out, DLPackArray]:
+    """The router's top-k on one GPU (no communicator, not collective): for every token t,
+    topk_ids[t] the top_k experts with the largest logits, largest first (equal logits: the lower
+    expert id first), and topk_weights[t, j] the weight of expert topk_ids[t, j]: its softmax over
+    all E logits of the token (scoring 'softmax') or sigmoid(logit) ('sigmoid'); with
+    renormalize, divided by the sum of the token's top_k weights. A logit of -inf is never chosen:
+    a token with fewer than top_k finite logits gets id -1 (an unused slot, as moe_routing reads
+    it) and weight 0 in the remaining slots. fp32 math; asynchronous on `stream` (default: the
+    current stream of logits' framework), no host synchronization, capturable in a CUDA graph.
+    The outputs are moe_routing's topk_ids and topk_weights.
+
+    logits: [T, E] bf16, fp16 or fp32, row-major contiguous, on a GPU (E in [1, 1024]).
+    topk_ids: int32 [T, top_k] and topk_weights: float32 [T, top_k] on logits' GPU, written here
+    (not overlapping logits or each other). top_k: 1 .. min(E, 32). Bad shapes, dtypes or devices
+    raise ``loom.InvalidArgument`` naming the tensor, then loom's own checks (E and top_k out of
+    range, misaligned or overlapping memory) raise ``loom.InvalidArgument`` before anything is
+    launched. Returns (topk_ids, topk_weights)."""
+    op = "moe_topk"
+    if isinstance(top_k, bool) or not isinstance(top_k, int):
+        raise _invalid(op, f"top_k must be an int, got {type(top_k).__name__}")
+    if not _INT32[0] <= top_k <= _INT32[1]:
+        raise _invalid(op, f"top_k = {top_k} does not fit its C++ field [{_INT32[0]}, {_INT32[1]}]")
+    if not isinstance(scoring, str):
+        raise _invalid(op, f"scoring must be 'softmax' or 'sigmoid', got {type(scoring).__name__}")
+    if not isinstance(renormalize, bool):
+        raise _invalid(op, f"renormalize must be a bool, got {type(renormalize).__name__}")
+    device = _device_of(logits) if stream is not None else None
+    _C.moe_topk(logits, topk_ids, topk_weights, _stream(stream, logits, op, device), top_k, scoring, renormalize)
+    return topk_ids, topk_weights

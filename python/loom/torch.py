@@ -50,12 +50,12 @@ from . import _C
 from . import _comm as _comm_registry
 from ._comm import CommLike, Communicator, _process_group_type, as_communicator
 from ._errors import _invalid
-from ._moe import MoeConfig, MoePlan, MoeSizes, _plan, moe_layer as _moe_layer, moe_sizes
+from ._moe import MoeConfig, MoePlan, MoeSizes, _plan, moe_layer as _moe_layer, moe_sizes, moe_topk as _moe_topk
 
 __all__ = ["empty", "handle", "register_communicator", "set_staging_budget", "gemm", "all_gather",
            "reduce_scatter", "all_reduce", "ag_gemm", "gemm_rs", "gemm_ar", "attention", "attention_merge",
            "ring_attention", "zigzag_shard", "zigzag_unshard", "grouped_gemm", "swiglu_weights", "MoeBuffers",
-           "moe_buffers", "moe_layer"]
+           "moe_buffers", "moe_layer", "moe_topk"]
 
 _HALF = (torch.bfloat16, torch.float16)
 _FLOAT = (torch.bfloat16, torch.float16, torch.float32)
@@ -680,6 +680,28 @@ def moe_layer(comm: CommLike, plan: MoePlan, x: torch.Tensor, gate_up: torch.Ten
                           device=torch.device("cuda", c.device))
     return _moe_layer(c, plan, x, gate_up, down, buffers.recv_x, buffers.hidden, buffers.expert_out, out,
                       stream=_raw_stream(c.device))
+
+
+def moe_topk(logits: torch.Tensor, top_k: int, *, scoring: str = "softmax",
+             renormalize: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The router's top-k on logits' GPU: loom.moe_topk on the current torch stream into new
+    tensors, returning (ids int32 [T, top_k], weights float32 [T, top_k]) for logits [T, E] (bf16,
+    fp16 or fp32, contiguous). ids: the top_k largest logits of each row, largest first (ties: the
+    lower id), -1 where fewer than top_k logits are finite (-inf is never chosen); weights: their
+    softmax over all E (scoring 'softmax') or sigmoid(logit) ('sigmoid'), divided by their sum when
+    renormalize, 0 in the -1 slots. A plain function, not a torch.ops operator (as every MoE call
+    here); no communicator. See loom.moe_topk."""
+    op = "moe_topk"
+    if not isinstance(logits, torch.Tensor):
+        raise _invalid(op, f"logits must be a torch.Tensor, got {type(logits).__module__}.{type(logits).__qualname__}")
+    if logits.dim() != 2:
+        raise _invalid(op, f"logits must be 2-D [T, E], got shape {list(logits.shape)}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise _invalid(op, f"top_k must be a positive int, got {top_k!r}")
+    ids = torch.empty((logits.shape[0], top_k), dtype=torch.int32, device=logits.device)
+    weights = torch.empty((logits.shape[0], top_k), dtype=torch.float32, device=logits.device)
+    return _moe_topk(logits, ids, weights, top_k=top_k, scoring=scoring, renormalize=renormalize,
+                     stream=_stream(logits.get_device()))
 
 
 def zigzag_shard(x: torch.Tensor, world: int, rank: int, dim: int = 1) -> torch.Tensor:

@@ -1,7 +1,7 @@
 // loom._C's MoE family (include/loom/moe.h, docs/MOE.md): the config, the size queries, the plan
-// handle moe_routing returns, and the collective calls moe_routing, moe_dispatch, moe_combine,
-// moe_report, moe_dispatch_gemm and moe_layer. bind_moe() registers them from ext.cc's module
-// definition.
+// handle moe_routing returns, the collective calls moe_routing, moe_dispatch, moe_combine,
+// moe_report, moe_dispatch_gemm and moe_layer, and the router's top-k on one GPU (moe_topk, no
+// communicator). bind_moe() registers them from ext.cc's module definition.
 //
 // loom's C++ API takes raw pointers, so it cannot see a tensor's shape or dtype: those are checked
 // here against the config (shapes and dtypes of every tensor first, then devices, then symmetric
@@ -430,6 +430,67 @@ MoeLayerCall prepare_moe_layer(const CommView& pc, const PyMoePlan& p, nb::handl
   return c;
 }
 
+// ---- moe_topk (one GPU, no communicator) ------------------------------------------------------
+
+MoeScoring scoring_of(std::string_view name, std::string_view op) {
+  if (name == "softmax") return MoeScoring::kSoftmax;
+  if (name == "sigmoid") return MoeScoring::kSigmoid;
+  invalid(op, -1, "scoring '" + std::string(name) + "': expected 'softmax' (over all E logits) or 'sigmoid' (each "
+                      "logit on its own)");
+}
+
+struct MoeTopkCall {
+  TensorArg logits, ids, weights;
+  MoeTopkArgs args;
+  cudaStream_t stream = nullptr;
+  Status launch() const { return moe_topk(args, stream); }
+  std::string_view op() const { return "moe_topk"; }
+  int rank() const { return -1; }
+};
+
+// logits [T, E] (bf16, fp16 or fp32), topk_ids int32 [T, top_k], topk_weights fp32 [T, top_k]: the
+// shapes and dtypes only (the scoring name first); require_topk_devices checks the devices. The
+// values (E and top_k in range, alignment, overlaps) are loom's own check, moe_topk_can_implement.
+MoeTopkCall read_moe_topk(nb::handle logits, nb::handle topk_ids, nb::handle topk_weights, int top_k,
+                          std::string_view scoring, bool renormalize) {
+  MoeTopkCall c;
+  const std::string_view op = c.op();
+  const int rank = c.rank();
+  c.args.scoring = scoring_of(scoring, op);
+  c.logits = tensor_arg(logits, "logits", op, rank);
+  c.ids = tensor_arg(topk_ids, "topk_ids", op, rank, Elements::kInt32);
+  c.weights = tensor_arg(topk_weights, "topk_weights", op, rank);
+  require_ndim(c.logits, 2, "[T, E]", op, rank);
+  require_ndim(c.ids, 2, "[T, top_k] int32", op, rank);
+  const int64_t tokens = c.logits.dim(0);
+  require_shape(c.ids, tokens, top_k, "[T, top_k] (T: logits' rows)", op, rank);
+  require_weights(c.weights, tokens, top_k, op, rank);
+  c.args.logits = c.logits.data;
+  c.args.dtype = c.logits.dtype;
+  c.args.num_tokens = tokens;
+  c.args.num_experts = c.logits.dim(1);
+  c.args.top_k = top_k;
+  c.args.renormalize = renormalize;
+  c.args.topk_ids = static_cast<int32_t*>(c.ids.data);
+  c.args.topk_weights = static_cast<float*>(c.weights.data);
+  return c;
+}
+
+// All three on one CUDA device, logits' (grouped_gemm's rule: the call runs on its inputs' GPU).
+void require_topk_devices(const MoeTopkCall& c) {
+  require_device(c.logits, -1, c.op(), c.rank());
+  require_device(c.ids, c.logits.device, c.op(), c.rank());
+  require_device(c.weights, c.logits.device, c.op(), c.rank());
+}
+
+MoeTopkCall prepare_moe_topk(nb::handle logits, nb::handle topk_ids, nb::handle topk_weights, uintptr_t stream,
+                             int top_k, std::string_view scoring, bool renormalize) {
+  MoeTopkCall c = read_moe_topk(logits, topk_ids, topk_weights, top_k, scoring, renormalize);
+  require_topk_devices(c);
+  c.stream = as_stream(stream);
+  return c;
+}
+
 }  // namespace
 
 void bind_moe(nb::module_& m) {
@@ -597,6 +658,17 @@ void bind_moe(nb::module_& m) {
       "Collective: the whole MoE FFN step in one kernel: out[t] = sum_j w[t, j] * "
       "(silu(x gate^T) * (x up^T)) down^T over t's routed experts (within one node).");
 
+  m.def(
+      "moe_topk",
+      [](nb::handle logits, nb::handle topk_ids, nb::handle topk_weights, uintptr_t stream, int top_k,
+         std::string_view scoring, bool renormalize) {
+        run(prepare_moe_topk(logits, topk_ids, topk_weights, stream, top_k, scoring, renormalize));
+      },
+      "logits"_a.none(), "topk_ids"_a.none(), "topk_weights"_a.none(), "stream"_a, "top_k"_a,
+      "scoring"_a = "softmax", "renormalize"_a = false,
+      "The router's top-k on one GPU (no communicator): topk_ids [T, k] the k largest logits of [T, E] (largest "
+      "first, ties to the lower id), topk_weights their softmax over E or sigmoid (renormalize: / their sum).");
+
   // The tensor checks of an MoE call without a communicator and without launching: `world`
   // stands in for the local world size (capacity and E/W from moe.h's defaults; the plan buffer's
   // size unchecked; rank 0 in messages) and `num_tokens` for the routed tokens. CPU tensors with
@@ -629,6 +701,23 @@ void bind_moe(nb::module_& m) {
       },
       "op"_a, "config"_a, "world"_a, "num_tokens"_a, "tensors"_a, "b_layout"_a = "nk", "activation"_a = "none",
       "The tensor checks of an MoE call (tensors in the binding's order), without a communicator or a launch.");
+
+  // moe_topk's checks without launching: the binding's shape and dtype checks, then loom's host
+  // checks (moe_topk_can_implement: E and top_k in range, alignment, overlaps; no CUDA call), then
+  // the device checks. So on a machine without a GPU, CPU tensors reach loom's value rules, and
+  // tensors that pass them fail only on the device check. (The call itself checks the devices
+  // before loom does; on CUDA tensors both orders raise the same error.)
+  m.def(
+      "_check_moe_topk",
+      [](nb::handle logits, nb::handle topk_ids, nb::handle topk_weights, int top_k, std::string_view scoring,
+         bool renormalize) {
+        const MoeTopkCall c = read_moe_topk(logits, topk_ids, topk_weights, top_k, scoring, renormalize);
+        check(moe_topk_can_implement(c.args), c.op(), c.rank());
+        require_topk_devices(c);
+      },
+      "logits"_a.none(), "topk_ids"_a.none(), "topk_weights"_a.none(), "top_k"_a, "scoring"_a = "softmax",
+      "renormalize"_a = false,
+      "moe_topk's checks (the binding's, then loom's host checks, then the devices), without a launch.");
 }
 
 }  // namespace loom::python

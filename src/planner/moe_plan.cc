@@ -474,7 +474,7 @@ Status moe_topk_can_implement(const MoeTopkArgs& a) {
   }
   if (a.top_k < 1 || a.top_k > kMoeMaxTopK || a.top_k > a.num_experts) {
     return Status::invalid_argument(op + "top_k " + planner::num(a.top_k) + " is outside [1, min(E, " +
-                                    planner::num(kMoeMaxTopK) + ")]");
+                                    planner::num(kMoeMaxTopK) + ")] (E = " + planner::num(a.num_experts) + ")");
   }
   if (a.dtype != DType::kBF16 && a.dtype != DType::kF16 && a.dtype != DType::kF32) {
     return Status::invalid_argument(op + "unknown logits dtype");

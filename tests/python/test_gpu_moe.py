@@ -27,6 +27,11 @@ tensors, so gloo carries them in the shared-GPU mode), then checks its own part 
             to moe_dispatch_gemm -> grouped_gemm -> moe_combine on the same tile; across nodes the
             call is refused (loom.Unsupported).
 
+moe_topk (one GPU, not collective: each rank checks its own logits) against a CPU reference of
+moe.h's rules: ids ordered by (logit desc, expert id asc) over the logits as the GPU reads them
+(rounded to their dtype), -1 past the finite ones; weights within 1e-5 relative of the fp64 softmax
+over all E or sigmoid (renormalized: over the token's top_k), exactly 0 in -1 slots.
+
 Bad input: refused calls raise the documented exception before anything launches and leave the
 communicator usable; an out-of-range expert id and an over-capacity routing are reported by
 moe_report on every rank, with nothing moved.
@@ -667,3 +672,92 @@ def test_across_nodes_combine_rules(comm, seed):
     expected = (x.float() * 2).to(BF16)  # two slots of weight 1, both kept (default capacity)
     assert torch.equal(out, expected), "combine across nodes of identity experts is not 2 x the token"
     assert comm.health() is None
+
+
+# ---- moe_topk (one GPU; every rank on its own) -----------------------------------------------------
+
+TOPK_TOKENS, TOPK_EXPERTS, TOPK_K = 300, 64, 8
+NEG_INF = float("-inf")
+
+
+def topk_reference(logits, k, scoring, renormalize):
+    """moe.h's moe_topk on the CPU: ids by (logit desc, expert id asc) over the finite logits, -1
+    past them (the order made here, not torch.topk's); weights in fp64 from the logits as the GPU
+    reads them (rounded to their dtype, then fp32): softmax over all E or sigmoid, divided by the
+    token's sum of its k weights when renormalize, 0 in -1 slots."""
+    v = logits.float().cpu().double()
+    tokens, experts = v.shape
+    ids = torch.full((tokens, k), -1, dtype=torch.int32)
+    for t, row in enumerate(v.tolist()):
+        order = sorted((e for e in range(experts) if row[e] != NEG_INF), key=lambda e: (-row[e], e))[:k]
+        if order:
+            ids[t, :len(order)] = torch.tensor(order, dtype=torch.int32)
+    scores = torch.softmax(v, dim=1) if scoring == "softmax" else torch.sigmoid(v)  # NaN on an all -inf row
+    used = ids >= 0
+    w = torch.where(used, scores.gather(1, ids.clamp(min=0).long()), torch.zeros((), dtype=torch.float64))
+    if renormalize:
+        total = w.sum(dim=1, keepdim=True)
+        w = torch.where(total > 0, w / total, w)
+    return ids, w
+
+
+def topk_logits(seed, salt, rank, dtype):
+    """[TOPK_TOKENS, TOPK_EXPERTS] randn logits of `dtype` on this rank's GPU; row 0 has 3 finite
+    logits (the rest -inf), row 1 none, row 2 all equal (ties throughout: ids 0 .. k-1)."""
+    logits = torch.randn(TOPK_TOKENS, TOPK_EXPERTS, generator=generator(seed, salt, rank)).to(dtype)
+    logits[0] = NEG_INF
+    logits[0, [5, 17, 40]] = torch.tensor([0.5, 2.0, -1.0]).to(dtype)
+    logits[1] = NEG_INF
+    logits[2] = 0.25
+    return logits.cuda()
+
+
+@pytest.mark.parametrize("renormalize", [False, True], ids=["raw", "renormalized"])
+@pytest.mark.parametrize("scoring", ["softmax", "sigmoid"])
+@pytest.mark.parametrize("dtype", [FP32, BF16], ids=str)
+def test_moe_topk(comm, seed, dtype, scoring, renormalize):
+    """loom.torch.moe_topk and loom.moe_topk (explicit outputs, on a side stream) against
+    topk_reference; both give the same bits."""
+    logits = topk_logits(seed, f"topk-{dtype}-{scoring}-{renormalize}", comm.rank, dtype)
+    ref_ids, ref_w = topk_reference(logits, TOPK_K, scoring, renormalize)
+    ids, weights = lt.moe_topk(logits, TOPK_K, scoring=scoring, renormalize=renormalize)
+    assert ids.dtype == torch.int32 and weights.dtype == FP32
+    assert ids.shape == weights.shape == (TOPK_TOKENS, TOPK_K) and ids.device == weights.device == logits.device
+    ids, weights = ids.cpu(), weights.cpu().double()
+    wrong = (ids != ref_ids).any(dim=1).nonzero().flatten().tolist()
+    assert not wrong, f"ids differ from (logit desc, id asc) in rows {wrong[:8]}: got {ids[wrong[0]].tolist()}, " \
+                      f"expected {ref_ids[wrong[0]].tolist()} (logits {logits[wrong[0]].float().tolist()})"
+    assert ids[0].tolist() == [17, 5, 40] + [-1] * (TOPK_K - 3) and ids[1].eq(-1).all()
+    assert ids[2].tolist() == list(range(TOPK_K))
+    unused = ref_ids < 0
+    assert weights[unused].eq(0).all(), "slots without an expert must weigh exactly 0"
+    err = ((weights - ref_w).abs() / ref_w.abs())[~unused]
+    assert err.max().item() <= 1e-5, f"weights off by {err.max().item():.3g} relative"
+
+    # The explicit-output call on another stream (NaN / garbage-filled outputs are overwritten).
+    out_ids = torch.full((TOPK_TOKENS, TOPK_K), 12345, dtype=torch.int32, device="cuda")
+    out_w = torch.full((TOPK_TOKENS, TOPK_K), NAN, dtype=FP32, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    got = loom.moe_topk(logits, out_ids, out_w, top_k=TOPK_K, scoring=scoring, renormalize=renormalize, stream=side)
+    assert got[0] is out_ids and got[1] is out_w
+    side.synchronize()
+    assert torch.equal(out_ids.cpu(), ids) and torch.equal(bits(out_w).cpu(), bits(weights.float()))
+
+
+def test_moe_topk_refusals(comm):
+    """Refused before launch on GPU tensors: loom's own range checks (k > E, k > 32) and the
+    binding's shape checks; the outputs stay untouched."""
+    logits = torch.randn(16, 4, device="cuda")
+    ids = torch.full((16, 8), 7, dtype=torch.int32, device="cuda")
+    w = torch.zeros(16, 8, device="cuda")
+    with pytest.raises(loom.InvalidArgument, match=r"moe_topk: top_k 8 is outside \[1, min\(E, 32\)\]"):
+        loom.moe_topk(logits, ids, w, top_k=8)
+    with pytest.raises(loom.InvalidArgument, match="top_k 33 is outside"):
+        lt.moe_topk(torch.randn(16, 64, device="cuda"), 33)
+    with pytest.raises(loom.InvalidArgument, match="topk_ids must be"):
+        loom.moe_topk(logits, ids, w, top_k=2)  # outputs [16, 8] for k = 2
+    with pytest.raises(loom.InvalidArgument, match="scoring 'tanh'"):
+        lt.moe_topk(logits, 2, scoring="tanh")
+    torch.cuda.synchronize()
+    assert ids.eq(7).all()

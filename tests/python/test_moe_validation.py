@@ -2,9 +2,11 @@
 moe_routing, moe_dispatch, moe_combine, moe_dispatch_gemm and moe_layer through
 `_C._check_moe_args(op, config, world, num_tokens, tensors)`, which runs the same checks as the
 calls with `world` standing in for the communicator (capacity and E/W from moe.h's defaults) and
-`num_tokens` for the routed tokens. As in test_validation.py, shapes and dtypes are checked before
-devices, so CPU tensors with correct shapes fail on the device check, which proves that every
-shape rule passed. What needs a communicator (loom's own config checks, the plan buffer's size,
+`num_tokens` for the routed tokens; and moe_topk's through `_C._check_moe_topk(logits, topk_ids,
+topk_weights, top_k, scoring, renormalize)`, which also runs loom's host checks
+(moe_topk_can_implement) before the device check. As in test_validation.py, shapes and dtypes are
+checked before devices, so CPU tensors with correct shapes fail on the device check, which proves
+that every shape rule passed. What needs a communicator (loom's own config checks, the plan buffer's size,
 symmetric memory, the plan's owner) is in test_gpu_moe.py."""
 
 import contextlib
@@ -404,3 +406,155 @@ def test_torch_moe_buffers_keep_their_old_fields():
 def test_unknown_op():
     with raises(loom.InvalidArgument, "unknown op 'moe_gather'"):
         check("moe_gather", [])
+
+
+# ---- moe_topk (one GPU, no communicator) ----------------------------------------------------------
+
+TE, TK = 64, 8  # logits [T, 64], top 8
+
+
+def topk_tensors(logits=None, ids=None, weights=None, tokens=T, experts=TE, k=TK, dtype=FP32):
+    return [t(tokens, experts, dtype=dtype) if logits is None else logits,
+            t(tokens, k, dtype=I32) if ids is None else ids,
+            t(tokens, k, dtype=FP32) if weights is None else weights]
+
+
+def check_topk(tensors, top_k=TK, scoring="softmax", renormalize=False):
+    _C._check_moe_topk(*tensors, top_k, scoring, renormalize)
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP16, FP32])
+@pytest.mark.parametrize("scoring", ["softmax", "sigmoid"])
+def test_topk_correct_shapes_fail_only_on_the_device(dtype, scoring):
+    with raises(loom.InvalidArgument, "loom: moe_topk: logits is on cpu"):
+        check_topk(topk_tensors(dtype=dtype), scoring=scoring)
+    with raises(loom.InvalidArgument, "logits is on cpu"):
+        check_topk(topk_tensors(dtype=dtype), scoring=scoring, renormalize=True)
+
+
+def test_topk_edges_of_the_ranges_pass():
+    with raises(loom.InvalidArgument, "logits is on cpu"):  # k = E
+        check_topk(topk_tensors(experts=4, k=4), top_k=4)
+    with raises(loom.InvalidArgument, "logits is on cpu"):  # k = 32, E = 1024
+        check_topk(topk_tensors(experts=1024, k=32), top_k=32)
+    with raises(loom.InvalidArgument, "logits is on cpu"):  # a single expert
+        check_topk(topk_tensors(experts=1, k=1), top_k=1)
+    with raises(loom.InvalidArgument, "logits is on cpu"):  # no tokens
+        check_topk(topk_tensors(tokens=0))
+    with raises(loom.InvalidArgument, "logits is on cpu"):  # any DLPack producer
+        check_topk([np.zeros((T, TE), np.float16), np.zeros((T, TK), np.int32), np.zeros((T, TK), np.float32)])
+
+
+def test_topk_k_is_at_most_e_and_32():
+    with raises(loom.InvalidArgument, "moe_topk: top_k 8 is outside [1, min(E, 32)]"):  # k > E
+        check_topk(topk_tensors(experts=4))
+    with raises(loom.InvalidArgument, "moe_topk: top_k 33 is outside [1, min(E, 32)]"):  # k > 32
+        check_topk(topk_tensors(k=33), top_k=33)
+    with raises(loom.InvalidArgument, "moe_topk: top_k 0 is outside [1, min(E, 32)]"):
+        check_topk(topk_tensors(k=0), top_k=0)
+    with raises(loom.InvalidArgument, "moe_topk: num_experts 1025 is outside [1, 1024]"):
+        check_topk(topk_tensors(experts=1025))
+    with raises(loom.InvalidArgument, "moe_topk: num_experts 0 is outside [1, 1024]"):
+        check_topk(topk_tensors(experts=0))
+
+
+def test_topk_unknown_scoring():
+    with raises(loom.InvalidArgument, "moe_topk: scoring 'tanh': expected 'softmax'", "or 'sigmoid'"):
+        check_topk(topk_tensors(), scoring="tanh")
+    with raises(loom.InvalidArgument, "moe_topk: scoring must be 'softmax' or 'sigmoid', got NoneType"):
+        loom.moe_topk(*topk_tensors(), top_k=TK, scoring=None)
+    with raises(loom.InvalidArgument, "scoring 'Softmax'"):  # names are exact
+        loom.moe_topk(*topk_tensors(), top_k=TK, scoring="Softmax")
+
+
+def test_topk_shapes():
+    with raises(loom.InvalidArgument, "logits must be 2-D [T, E], got shape [1024]"):
+        check_topk(topk_tensors(logits=t(T * TE, dtype=FP32)))
+    with raises(loom.InvalidArgument, "topk_ids must be [T, top_k] (T: logits' rows) = [16, 8], got [16, 4]"):
+        check_topk(topk_tensors(ids=t(T, 4, dtype=I32)))
+    with raises(loom.InvalidArgument, "topk_ids must be [T, top_k] (T: logits' rows) = [16, 8], got [15, 8]"):
+        check_topk(topk_tensors(ids=t(T - 1, TK, dtype=I32)))
+    with raises(loom.InvalidArgument, "topk_ids must be 2-D [T, top_k] int32, got shape [128]"):
+        check_topk(topk_tensors(ids=t(T * TK, dtype=I32)))
+    with raises(loom.InvalidArgument, "topk_weights must be [T, top_k] = [16, 8], got [8, 16]"):
+        check_topk(topk_tensors(weights=t(TK, T, dtype=FP32)))
+    with raises(loom.InvalidArgument, "topk_weights must be 2-D [T, top_k] float32, got shape [16, 8, 1]"):
+        check_topk(topk_tensors(weights=t(T, TK, 1, dtype=FP32)))
+    with raises(loom.InvalidArgument, "logits [16, 64] is not row-major contiguous"):
+        check_topk(topk_tensors(logits=t(TE, T, dtype=FP32).t()))
+
+
+def test_topk_dtypes():
+    with raises(loom.InvalidArgument, "topk_ids has dtype torch.int64; it must be int32"):
+        check_topk(topk_tensors(ids=t(T, TK, dtype=torch.int64)))
+    with raises(loom.InvalidArgument, "topk_weights must be float32 (the router's weights), got bf16"):
+        check_topk(topk_tensors(weights=t(T, TK)))
+    with raises(loom.InvalidArgument, "topk_weights has dtype int32; loom takes bfloat16, float16 or float32"):
+        check_topk(topk_tensors(weights=np.zeros((T, TK), np.int32)))
+    with raises(loom.InvalidArgument, "logits has dtype torch.int32; loom takes bfloat16, float16 or float32"):
+        check_topk(topk_tensors(logits=t(T, TE, dtype=I32)))
+    with raises(loom.InvalidArgument, "logits has dtype torch.float64"):
+        check_topk(topk_tensors(logits=t(T, TE, dtype=torch.float64)))
+
+
+def test_topk_missing_tensors():
+    with raises(loom.InvalidArgument, "topk_weights is None; loom needs a tensor"):
+        check_topk(topk_tensors()[:2] + [None])
+    with raises(loom.InvalidArgument, "logits must be a tensor", "list"):
+        check_topk(topk_tensors(logits=[0.0] * 8))
+
+
+def test_topk_outputs_must_not_overlap():
+    """loom's host check (moe_topk_can_implement), reached on CPU tensors through _check_moe_topk."""
+    flat = t(2 * T * TK, dtype=I32)
+    half = T * TK // 2  # weights start halfway into ids
+    with raises(loom.InvalidArgument, "moe_topk: logits, topk_ids and topk_weights must not overlap"):
+        check_topk(topk_tensors(ids=flat[:T * TK].view(T, TK), weights=flat[half:half + T * TK].view(FP32).view(T, TK)))
+    ids = t(T, TK, dtype=I32)
+    with raises(loom.InvalidArgument, "must not overlap"):
+        check_topk(topk_tensors(ids=ids, weights=ids.view(FP32)))
+    logits = t(T, TE, dtype=FP32)
+    with raises(loom.InvalidArgument, "must not overlap"):  # the weights written over the logits
+        check_topk(topk_tensors(logits=logits, weights=logits.view(-1)[:T * TK].view(T, TK)))
+
+
+def test_topk_python_layer():
+    """loom.moe_topk takes no communicator and checks its scalars' types; the call itself checks the
+    devices first (a CPU tensor is refused there, even with k > E)."""
+    with raises(loom.InvalidArgument, "loom: moe_topk: logits is on cpu"):
+        loom.moe_topk(*topk_tensors(), top_k=TK, scoring="sigmoid", renormalize=True)
+    with raises(loom.InvalidArgument, "logits is on cpu"):
+        loom.moe_topk(*topk_tensors(experts=4), top_k=TK)
+    with raises(loom.InvalidArgument, "topk_ids must be [T, top_k] (T: logits' rows) = [16, 4]"):
+        loom.moe_topk(*topk_tensors(), top_k=4)
+    with raises(loom.InvalidArgument, "moe_topk: top_k must be an int, got float"):
+        loom.moe_topk(*topk_tensors(), top_k=8.0)
+    with raises(loom.InvalidArgument, "moe_topk: top_k must be an int, got bool"):
+        loom.moe_topk(*topk_tensors(), top_k=True)
+    with raises(loom.InvalidArgument, "top_k = 4294967296 does not fit its C++ field"):
+        loom.moe_topk(*topk_tensors(), top_k=1 << 32)
+    with raises(loom.InvalidArgument, "moe_topk: renormalize must be a bool, got int"):
+        loom.moe_topk(*topk_tensors(), top_k=TK, renormalize=1)
+    with raises(loom.InvalidArgument, "moe_topk: stream must be a stream object"):
+        loom.moe_topk(*topk_tensors(), top_k=TK, stream="default")
+    with pytest.raises(TypeError):
+        loom.moe_topk(*topk_tensors(), TK)  # top_k is keyword-only
+    assert "moe_topk" in loom.__all__
+
+
+def test_topk_torch_helper():
+    import loom.torch as lt
+
+    assert "moe_topk" in lt.__all__
+    with raises(loom.InvalidArgument, "loom: moe_topk: logits is on cpu"):  # allocated on logits' device
+        lt.moe_topk(t(T, TE), TK, scoring="sigmoid", renormalize=True)
+    with raises(loom.InvalidArgument, "moe_topk: logits must be 2-D [T, E], got shape [16, 64, 1]"):
+        lt.moe_topk(t(T, TE, 1), TK)
+    with raises(loom.InvalidArgument, "moe_topk: top_k must be a positive int, got 0"):
+        lt.moe_topk(t(T, TE), 0)
+    with raises(loom.InvalidArgument, "moe_topk: top_k must be a positive int, got 2.0"):
+        lt.moe_topk(t(T, TE), 2.0)
+    with raises(loom.InvalidArgument, "moe_topk: logits must be a torch.Tensor, got numpy.ndarray"):
+        lt.moe_topk(np.zeros((T, TE), np.float32), TK)
+    with raises(loom.InvalidArgument, "moe_topk: scoring 'tanh'"):
+        lt.moe_topk(t(T, TE), TK, scoring="tanh")
