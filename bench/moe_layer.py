@@ -66,6 +66,8 @@ def parse_args(argv=None):
     p.add_argument("--tokens", default="1024,4096", help="tokens per GPU (16K too: 1024,4096,16384)")
     p.add_argument("--routing", default="uniform,skewed")
     p.add_argument("--tile", default="auto", choices=TILES, help="every loom call's tile (auto: each call's planner)")
+    p.add_argument("--push-ctas", type=int, default=0, help="moe_layer's and moe_dispatch_gemm's push CTAs (0: planner)")
+    p.add_argument("--arrival-ctas", type=int, default=0, help="their arrival CTAs (0: planner)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=20, help="timed rounds per shape (median; at least 20)")
     p.add_argument("--seed", type=int, default=7)
@@ -186,7 +188,8 @@ def run_case(torch, loom, lt, comm, args, model, weights, tokens, routing):
     tile = args.tile
 
     def run_loom():
-        loom.moe_layer(comm, plan, x, gate_up, down, bufs.recv_x, bufs.hidden, bufs.expert_out, out_loom, tile=tile)
+        loom.moe_layer(comm, plan, x, gate_up, down, bufs.recv_x, bufs.hidden, bufs.expert_out, out_loom, tile=tile,
+                       push_ctas=args.push_ctas, arrival_ctas=args.arrival_ctas)
 
     def run_compute_bound():
         loom.grouped_gemm(bufs.recv_x, gate_up, bufs.hidden, workspace=workspace, offsets=bufs.expert_offsets,
@@ -195,7 +198,8 @@ def run_case(torch, loom, lt, comm, args, model, weights, tokens, routing):
                           tile=tile)
 
     def run_composed():
-        loom.moe_dispatch_gemm(comm, plan, x, bufs.recv_x, gate_up, bufs.hidden, activation="swiglu", tile=tile)
+        loom.moe_dispatch_gemm(comm, plan, x, bufs.recv_x, gate_up, bufs.hidden, activation="swiglu", tile=tile,
+                               push_ctas=args.push_ctas, arrival_ctas=args.arrival_ctas)
         loom.grouped_gemm(bufs.hidden, down, bufs.expert_out, workspace=workspace, offsets=bufs.expert_offsets,
                           tile=tile)
         loom.moe_combine(comm, plan, bufs.expert_out, out_composed)
@@ -221,6 +225,7 @@ def run_case(torch, loom, lt, comm, args, model, weights, tokens, routing):
     return {"op": "moe_layer", "model": model, "tokens": tokens, "routing": routing, "E": experts, "top_k": top_k,
             "H": hidden, "I": inter, "rows": tokens * top_k,
             "max_over_mean": float(counts.max()) / (tokens * top_k / experts), "tile": tile,
+            "push_ctas": args.push_ctas, "arrival_ctas": args.arrival_ctas,
             "ms": {name: ms[name] for name in COLUMNS}, "rel_err": rel_err, "composed_bits_equal": bits_equal}
 
 
