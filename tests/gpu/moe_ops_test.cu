@@ -1664,6 +1664,29 @@ TEST_F(MoeLayerChecks, BackToBackLaunchesAreBitIdentical) {
   EXPECT_TRUE(agree(!::testing::Test::HasFailure())) << what << ": a peer failed";
 }
 
+// MoE calls captured into a CUDA graph on `stream` (step() returns the plan), instantiated; the
+// graph is destroyed with the object.
+struct CapturedSteps {
+  MoePlan plan;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+
+  template <class Step>
+  std::string capture(cudaStream_t stream, Step&& step) {
+    if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return "cudaStreamBeginCapture";
+    Result<MoePlan> captured = step();
+    const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+    if (!captured.ok()) return captured.status().to_string();
+    if (ended != cudaSuccess) return cudaGetErrorString(ended);
+    plan = *captured;
+    return cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess ? "" : "cudaGraphInstantiate";
+  }
+  ~CapturedSteps() {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+  }
+};
+
 // CUDA graphs: routing, dispatch and combine captured on a stream (after moe_reserve_workspace and
 // one eager step, which also loads the kernels), then the graph replayed three times with recv_x,
 // out and expert_offsets poisoned before each replay: every replay writes the reference's bits (the launch
@@ -1687,27 +1710,21 @@ TEST_P(MoeGraph, RoutingDispatchCombineReplayTheReferenceBits) {
   };
   Result<MoePlan> eager = step();
   ASSERT_TRUE(agree(eager.ok() && comm.synchronize(stream).ok())) << what << ": the eager step";
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  Result<MoePlan> captured = step();
-  cudaGraph_t graph = nullptr;
-  const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
-  ASSERT_TRUE(agree(captured.ok() && ended == cudaSuccess))
-      << what << ": capture: " << (captured.ok() ? cudaGetErrorString(ended) : captured.status().to_string());
-  cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  CapturedSteps graph;
+  const std::string captured_error = graph.capture(stream, step);
+  ASSERT_TRUE(agree(captured_error.empty())) << what << ": capture: " << captured_error;
+  const MoePlan& captured = graph.plan;
   for (int replay = 0; replay < 3 && !::testing::Test::HasFailure(); ++replay) {
     // recv_x, out and expert_offsets poisoned; expert_out (poisoned too) rewritten
     ASSERT_TRUE(agree(s.poison() && s.fill_expert_outputs())) << what << ": poisoning";
-    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-    Result<MoeReport> report = moe_report(comm, *captured, stream);  // synchronizes the stream
+    ASSERT_EQ(cudaGraphLaunch(graph.exec, stream), cudaSuccess);
+    Result<MoeReport> report = moe_report(comm, captured, stream);  // synchronizes the stream
     ASSERT_TRUE(agree(report.ok())) << what << ": replay " << replay << ": " << report.status().to_string();
     EXPECT_TRUE(report->status.ok()) << what << ": " << report->status.to_string();
-    check_routing(s, *captured, *report, what + ", replay " + std::to_string(replay));
+    check_routing(s, captured, *report, what + ", replay " + std::to_string(replay));
     check_dispatch(s, what + ", replay " + std::to_string(replay));
     check_combine(s, what + ", replay " + std::to_string(replay));
   }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
   EXPECT_TRUE(agree(!::testing::Test::HasFailure())) << what << ": a peer failed";
 }
@@ -1735,25 +1752,18 @@ TEST_P(MoeGraph, LayerReplaysTheEagerBits) {
   Result<MoePlan> eager = step();
   ASSERT_TRUE(agree(eager.ok() && comm.synchronize(stream).ok())) << what << ": the eager step";
   const std::vector<uint8_t> eager_out = download<uint8_t>(s.d_out.get(), s.out_bytes());
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  Result<MoePlan> captured = step();
-  cudaGraph_t graph = nullptr;
-  const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
-  ASSERT_TRUE(agree(captured.ok() && ended == cudaSuccess))
-      << what << ": capture: " << (captured.ok() ? cudaGetErrorString(ended) : captured.status().to_string());
-  cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  CapturedSteps graph;
+  const std::string captured_error = graph.capture(stream, step);
+  ASSERT_TRUE(agree(captured_error.empty())) << what << ": capture: " << captured_error;
   for (int replay = 0; replay < 3 && !::testing::Test::HasFailure(); ++replay) {
     ASSERT_TRUE(agree(s.poison() && b.poison(s))) << what << ": poisoning";
-    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(graph.exec, stream), cudaSuccess);
     const Status synced = comm.synchronize(stream);
     ASSERT_TRUE(agree(synced.ok())) << what << ": replay " << replay << ": " << synced.to_string();
     EXPECT_TRUE(download<uint8_t>(s.d_out.get(), s.out_bytes()) == eager_out)
         << what << ": rank " << s.me << ": replay " << replay << " differs from the eager step";
     check_dispatch(s, what + ", replay " + std::to_string(replay));
   }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
   check_layer(g, s, what);
   EXPECT_TRUE(agree(!::testing::Test::HasFailure())) << what << ": a peer failed";
