@@ -36,9 +36,11 @@
 // Everything the host can check (shapes, pointers, k > E, E not a multiple of W) is refused with a
 // Status before anything is launched or written.
 //
-// The grouped GEMM for the experts' rows is below (loom::grouped_gemm, one GPU), and
+// The grouped GEMM for the experts' rows is below (loom::grouped_gemm, one GPU);
 // moe_dispatch_gemm fuses the dispatch with the first expert GEMM (one persistent kernel: an
-// expert's tiles start as their rows land).
+// expert's tiles start as their rows land); moe_layer is the whole FFN step in one kernel
+// (dispatch, gate/up + SwiGLU, down, weighted combine; one node); moe_topk turns router logits
+// into the ids and weights moe_routing takes.
 #pragma once
 
 #include <cuda_runtime_api.h>

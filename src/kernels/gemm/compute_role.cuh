@@ -260,7 +260,8 @@ class ComputeRole {
         // The owed signal goes out now unless the next tile is already there (lane 0 decides, so
         // that the warp stays converged for post_signal; warps may decide differently: each
         // still posts the same items in the same order).
-        const bool idle = __shfl_sync(0xFFFFFFFFu, lane == 0 && !tiles.is_filled(sm.tile_full(tiles.index)) ? 1 : 0, 0) != 0;
+        const bool waiting = lane == 0 && !tiles.is_filled(sm.tile_full(tiles.index));
+        const bool idle = __shfl_sync(0xFFFFFFFFu, waiting ? 1 : 0, 0) != 0;
         if (pending && idle) {
           pending = false;
           if (!Signals::post_signal(sm, pending_item, g, warp, lane, signals, ctx)) break;

@@ -167,7 +167,8 @@ __device__ __forceinline__ bool reduce_tokens(const CombineParams& p, uint32_t f
     const bool here = dest != kNoSlot && r.node_of(owner) == r.node;
     const float w = here ? p.weights[q] : 0.0f;
     const uint32_t row = here ? static_cast<uint32_t>(dest) - owner * cap : 0;
-    const uint64_t row_addr = here ? c.peer_heap_bases[r.local_of(owner)] + p.y_offset + static_cast<uint64_t>(row) * p.row_bytes : 0;
+    const uint64_t row_addr =
+        here ? c.peer_heap_bases[r.local_of(owner)] + p.y_offset + static_cast<uint64_t>(row) * p.row_bytes : 0;
     if (!gate.admit(p, r, here, owner, row, entered, epoch, ctx)) return false;
     // Several nodes: lane n < N holds node n's partial row (0: none, or this node).
     const uint64_t nodes = p.token_nodes != nullptr ? p.token_nodes[t] & ~(1ull << r.node) : 0;

@@ -102,7 +102,8 @@ class LayerScheduler {
 
   // It runs on the producer's scheduling thread, which has few registers: it keeps the launch's
   // parameters (in the constant bank), the epoch and the tile count.
-  __device__ LayerScheduler(const LayerParams& p, uint64_t epoch) : p_(&p), epoch_(epoch), tile_rows_(p.up.header->tile_rows) {}
+  __device__ LayerScheduler(const LayerParams& p, uint64_t epoch)
+      : p_(&p), epoch_(epoch), tile_rows_(p.up.header->tile_rows) {}
 
   __device__ gemm::WorkItem next(uint32_t /*compute_index*/, uint32_t /*num_compute*/, const WaitContext& ctx) {
     const uint32_t up_n = p_->up.sched.n_blocks;
@@ -259,7 +260,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_layer_kernel(const __gri
                                   FinishedRowGate{}));
   }
   if (cta_all(ok)) {
-    if (threadIdx.x == 0) flag_store_release(d.ws.at<uint64_t>(c, c.local_rank, d.ws.layout.read_done, blockIdx.x), f.epoch);
+    if (threadIdx.x == 0) {
+      flag_store_release(d.ws.at<uint64_t>(c, c.local_rank, d.ws.layout.read_done, blockIdx.x), f.epoch);
+    }
     if (blockIdx.x == gridDim.x - 1) (void)finish_reads(p.combine, f.epoch, f.ctx);
   }
   f.mark(LaunchPhase::kRolesDone);

@@ -169,8 +169,8 @@ struct PlanLayout {
   }
 };
 
-// The tile table of moe_dispatch_gemm and moe_layer over C receive rows of El local experts: the grouped GEMM's
-// workspace for a contiguous layout of C rows (header, then one GroupedTileRow per tile row, sized
+// The tile table of moe_dispatch_gemm and moe_layer over C receive rows of El local experts: the
+// grouped GEMM's workspace for a contiguous layout of C rows (header, then one GroupedTileRow per tile row, sized
 // for the smallest BLOCK_M so that any tile the planner picks fits).
 LOOM_HOST_DEVICE constexpr uint64_t max_tile_rows(uint64_t capacity, uint64_t local_experts) {
   return grouped_max_tile_rows(GroupedRows::kContiguous, capacity, local_experts, GroupedGemmTunables::kMinBlockM);
@@ -236,8 +236,8 @@ struct MoeShape {
 // from remote slot i arrived"; combine: the same for partial rows. net_flag_words() of them.
 struct WorkspaceLayout {
   uint64_t count_table, count_flags, node_tokens, chunk_flags, routing_words, arrival, ready, send_fill, sent_chunks,
-      send_count, hidden_done, out_done, out_ready, read_done, done, ret_count, ret_sent, rows, tiles, staged_epoch, token_pos, send_window, staging,
-      ret_window, partials, bytes;
+      send_count, hidden_done, out_done, out_ready, read_done, done, ret_count, ret_sent, rows, tiles, staged_epoch,
+      token_pos, send_window, staging, ret_window, partials, bytes;
   uint64_t entry_bytes;    // eb (0 when N = 1)
   uint64_t partial_bytes;  // pb (0 when N = 1)
   uint32_t window_chunks;  // Q (0 when N = 1)

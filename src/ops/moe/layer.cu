@@ -88,7 +88,8 @@ Status moe_layer(Communicator& comm, const MoePlan& plan, const void* x, const M
   LOOM_TRY_CTX(check_device(impl, weights.down, down_bytes, 16, "weights.down ([E/W, H, I])"), kOp);
   LOOM_TRY_CTX(check_device(impl, buffers.hidden, hidden_bytes, 16, "buffers.hidden ([capacity, I])"), kOp);
   LOOM_ASSIGN_OR_RETURN(const uint64_t y_offset,
-                        check_symmetric(impl, buffers.expert_out, y_bytes, "moe_layer: buffers.expert_out ([capacity, H], symmetric)"));
+                        check_symmetric(impl, buffers.expert_out, y_bytes,
+                                        "moe_layer: buffers.expert_out ([capacity, H], symmetric)"));
   if (plan.num_tokens > 0 && out == nullptr) return Status::invalid_argument(std::string(kOp) + ": out is null");
   LOOM_TRY_CTX(check_device(impl, out, out_bytes, 16, "out ([T, H])"), kOp);
   LOOM_TRY_CTX(check_disjoint({{buffers.recv_x, y_bytes, "buffers.recv_x", true},
