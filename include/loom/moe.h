@@ -319,8 +319,9 @@ struct MoeTopkArgs {
   int32_t* topk_ids = nullptr;    // out: [T, k] device memory, 4-byte aligned
   float* topk_weights = nullptr;  // out: [T, k] device memory, 4-byte aligned
 };
-// The host checks (invalid_argument / unsupported as above; null or misaligned pointers, outputs
-// overlapping the logits); no CUDA call.
+// The host checks, each an invalid_argument: T, E or k outside the ranges above, an unknown dtype
+// or scoring, null or misaligned pointers (when T > 0), outputs overlapping the logits or each
+// other. No CUDA call; moe_topk makes them first.
 Status moe_topk_can_implement(const MoeTopkArgs& args);
 Status moe_topk(const MoeTopkArgs& args, cudaStream_t stream);
 
