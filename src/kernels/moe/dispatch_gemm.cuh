@@ -85,6 +85,34 @@ struct ArrivedGroupedTiles : GroupedTiles {
   }
 };
 
+// The dispatch roles of a fused kernel whose CTAs all compute afterwards (moe_dispatch_gemm,
+// moe_layer), all threads of the CTA: a CTA of the table's kArrival role completes receive
+// blocks, kForward (a table that has it; several nodes) forwards the entries other nodes sent,
+// kPush pushes tokens with its kWarps warps; any other role has nothing to do here. False after a
+// failed wait (recorded): the CTA must not compute.
+template <uint32_t kWarps, class Role, Role kLast>
+__device__ __forceinline__ bool run_dispatch_roles(const DispatchParams& d, const frame::RoleTable<Role, kLast>& roles,
+                                                   const frame::LaunchFrame& f, uint8_t* smem) {
+  const uint32_t index = roles.index_in_role(blockIdx.x);
+  const Role role = roles.role_of(blockIdx.x);
+  if (role == Role::kArrival) {
+    // receive_blocks' shared word: the first word of the GEMM's stage buffers, free until this
+    // CTA computes (then fenced against the TMA writes that reuse it).
+    auto* pick = reinterpret_cast<volatile uint32_t*>(frame::aligned_smem(smem));
+    const bool ok = receive_blocks(d, index, roles.count(Role::kArrival), f.epoch, f.ctx, pick);
+    cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+    return ok;
+  }
+  if constexpr (requires { Role::kForward; }) {
+    if (role == Role::kForward) return forward_role(d, index, roles.count(Role::kForward), f);
+  }
+  if (role == Role::kPush) {
+    const uint32_t warps = roles.count(Role::kPush) * kWarps;
+    return cta_all(push_tokens(d, index * kWarps + warp_id(), warps, f.epoch, f.ctx));
+  }
+  return true;
+}
+
 template <class Cfg, bool kBF16, bool kBNMajor, bool kGated>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     moe_dispatch_gemm_kernel(const __grid_constant__ DispatchGemmParams p) {
@@ -102,28 +130,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   Role::init(smem);
 
   const DispatchGemmRoleTable& roles = p.roles;
-  const uint32_t index = roles.index_in_role(blockIdx.x);
-  bool compute = true;
-  switch (roles.role_of(blockIdx.x)) {
-    case DispatchGemmRole::kArrival: {
-      // receive_blocks' shared word: the first word of the GEMM's stage buffers, free until this
-      // CTA computes (then fenced against the TMA writes that reuse it).
-      auto* pick = reinterpret_cast<volatile uint32_t*>(frame::aligned_smem(smem));
-      compute = receive_blocks(d, index, roles.count(DispatchGemmRole::kArrival), f.epoch, f.ctx, pick);
-      cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
-      break;
-    }
-    case DispatchGemmRole::kForward:
-      compute = forward_role(d, index, roles.count(DispatchGemmRole::kForward), f);
-      break;
-    case DispatchGemmRole::kPush: {
-      constexpr uint32_t kWarps = Cfg::kThreads / 32;
-      const uint32_t warps = roles.count(DispatchGemmRole::kPush) * kWarps;
-      compute = cta_all(push_tokens(d, index * kWarps + warp_id(), warps, f.epoch, f.ctx));
-      break;
-    }
-    case DispatchGemmRole::kCompute: break;
-  }
+  const bool compute = run_dispatch_roles<Cfg::kThreads / 32>(d, roles, f, smem);
   if (compute) {
     gemm::SchedulerParams sched = p.gemm.sched;
     sched.m_blocks = p.gemm.header->tile_rows;  // written by the plan kernel just before, in stream order

@@ -60,7 +60,7 @@
 #include "kernels/gemm/scheduler.cuh"
 #include "kernels/moe/combine.cuh"
 #include "kernels/moe/dispatch.cuh"
-#include "kernels/moe/dispatch_gemm.cuh"  // ArrivedGroupedTiles
+#include "kernels/moe/dispatch_gemm.cuh"  // ArrivedGroupedTiles, run_dispatch_roles
 #include "kernels/moe/flags.h"
 #include "kernels/moe/grouped_gemm.cuh"
 
@@ -226,24 +226,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_layer_kernel(const __gri
   Role::init(smem);
 
   const LayerRoleTable& roles = p.roles;
-  const uint32_t index = roles.index_in_role(blockIdx.x);
-  bool ok = true;
-  switch (roles.role_of(blockIdx.x)) {
-    case LayerRole::kArrival: {
-      // receive_blocks' shared word: the first word of the GEMM's stage buffers, free until this
-      // CTA computes (then fenced against the TMA writes that reuse it).
-      auto* pick = reinterpret_cast<volatile uint32_t*>(frame::aligned_smem(smem));
-      ok = receive_blocks(d, index, roles.count(LayerRole::kArrival), f.epoch, f.ctx, pick);
-      cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
-      break;
-    }
-    case LayerRole::kPush: {
-      const uint32_t warps = roles.count(LayerRole::kPush) * kWarps;
-      ok = cta_all(push_tokens(d, index * kWarps + warp_id(), warps, f.epoch, f.ctx));
-      break;
-    }
-    case LayerRole::kCompute: break;
-  }
+  bool ok = run_dispatch_roles<kWarps>(d, roles, f, smem);
   if (ok) {
     Scheduler scheduler(p, f.epoch);
     Epilogue epi(HiddenEpilogue<Cfg::kBlockM>(p.up, p.hidden_done),

@@ -127,19 +127,8 @@ Status moe_layer(Communicator& comm, const MoePlan& plan, const void* x, const M
 
   km::CombineParams& cp = p.combine;
   static_cast<km::LaunchCommon&>(cp) = static_cast<const km::LaunchCommon&>(d);
-  cp.plan = d.plan;
-  cp.token_nodes = nullptr;
-  cp.weights = d.plan.slot_weight;
-  cp.y_offset = y_offset;
-  cp.row_bytes = l.row_bytes;
-  cp.out = static_cast<char*>(out);
-  cp.num_tokens = d.num_tokens;
-  cp.top_k = d.top_k;
-  cp.capacity = d.capacity;
-  cp.max_tokens = d.max_tokens;
-  cp.num_experts = d.num_experts;
+  fill_combine(impl, plan, l, nullptr, y_offset, l.row_bytes, out, cp);  // the routing's weights
   cp.signature = d.signature;
-  cp.net_flag_base = d.net_flag_base;
 
   p.roles.set(km::LayerRole::kArrival, static_cast<uint32_t>(fused.arrival_ctas));
   p.roles.set(km::LayerRole::kPush, static_cast<uint32_t>(fused.push_ctas));

@@ -196,18 +196,7 @@ Status moe_combine(Communicator& comm, const MoePlan& plan, const MoeCombineArgs
   const km::WorkspaceLayout& wl = l.workspace;
   km::CombineParams p{};
   LOOM_TRY(prepare_launch(impl, wl, wl.combine_zero_begin(), wl.combine_zero_end(), stream, kOp, p));
-  p.plan = plan_view(plan.plan, l.plan);
-  p.token_nodes = token_nodes(plan.plan, l);
-  p.weights = args.topk_weights != nullptr ? args.topk_weights : p.plan.slot_weight;
-  p.y_offset = y_offset;
-  p.row_bytes = row_bytes;
-  p.out = static_cast<char*>(args.out);
-  p.num_tokens = static_cast<uint32_t>(plan.num_tokens);
-  p.top_k = static_cast<uint32_t>(plan.config.top_k);
-  p.capacity = static_cast<uint32_t>(l.capacity);
-  p.max_tokens = static_cast<uint32_t>(plan.config.max_tokens);
-  p.num_experts = static_cast<uint32_t>(plan.config.num_experts);
-  p.net_flag_base = net_flag_base(impl);
+  fill_combine(impl, plan, l, args.topk_weights, y_offset, row_bytes, args.out, p);
   p.signature = planner::moe_signature(km::kCombineOp, {plan.config.num_experts, plan.config.top_k, l.capacity,
                                                         static_cast<int64_t>(row_bytes), plan.config.max_tokens,
                                                         job_shape(impl), static_cast<int64_t>(p.ws.offset),

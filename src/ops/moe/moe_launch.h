@@ -14,6 +14,7 @@
 #include <string>
 #include <string_view>
 
+#include "kernels/moe/combine.cuh"
 #include "kernels/moe/dispatch.cuh"
 #include "loom/moe.h"
 #include "ops/launch/family_resources.h"
@@ -198,6 +199,25 @@ inline void fill_dispatch(const Communicator::Impl& impl, const MoePlan& plan, c
   p.signature = planner::moe_signature(op, {plan.config.num_experts, plan.config.top_k, l.capacity,
                                             static_cast<int64_t>(l.row_bytes), plan.config.max_tokens, job_shape(impl),
                                             static_cast<int64_t>(p.ws.offset), static_cast<int64_t>(recv_offset)});
+}
+
+// The combine fields of a launch whose frame fields prepare_launch filled (moe_combine; moe_layer
+// copies them from its dispatch): the expert outputs at heap offset `y_offset`, rows of
+// `row_bytes`, into `out`, weighted by `weights`; the signature is the caller's.
+inline void fill_combine(const Communicator::Impl& impl, const MoePlan& plan, const planner::MoeLayouts& l,
+                         const float* weights, uint64_t y_offset, uint64_t row_bytes, void* out, km::CombineParams& p) {
+  p.plan = plan_view(plan.plan, l.plan);
+  p.token_nodes = token_nodes(plan.plan, l);
+  p.weights = weights != nullptr ? weights : p.plan.slot_weight;
+  p.y_offset = y_offset;
+  p.row_bytes = row_bytes;
+  p.out = static_cast<char*>(out);
+  p.num_tokens = static_cast<uint32_t>(plan.num_tokens);
+  p.top_k = static_cast<uint32_t>(plan.config.top_k);
+  p.capacity = static_cast<uint32_t>(l.capacity);
+  p.max_tokens = static_cast<uint32_t>(plan.config.max_tokens);
+  p.num_experts = static_cast<uint32_t>(plan.config.num_experts);
+  p.net_flag_base = net_flag_base(impl);
 }
 
 }  // namespace loom::ops::moe
