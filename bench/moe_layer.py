@@ -24,6 +24,11 @@ CUDA events in a fresh random order: bench_common.time_shuffled):
                  torch._grouped_mm fc1, silu(gate) * up, torch._grouped_mm fc2, times the router
                  weights, out.zero_() and index_add_ (bf16 throughout, torch's cheapest form); the
                  sort by expert (the counterpart of loom's routing) is outside the timing
+--shared-expert adds the model's shared expert (DeepSeek-V3: one, of width I; models without one
+are skipped) to every column: loom passes it to moe_layer (its tiles run first in the kernel);
+compute_bound adds its two GEMMs (loom.grouped_gemm, one group over the T tokens); loom_composed
+adds the same two calls and a torch add into out; torch adds torch.mm, silu * up, torch.mm and
+an add. composed_bits_equal is then null (moe_layer adds the shared row before its one rounding).
 --tile (default 'auto': each call's own planner) goes to every loom call. rel_err = ||out_loom -
 out_torch|| / ||out_torch||; composed_bits_equal: loom's out equals loom_composed's bit for bit
 (loom guarantees it on one tile, so with an explicit --tile; under 'auto' the planners may pick
@@ -35,7 +40,7 @@ group size is taken, 0 included.
 
 Rows: {"op": "moe_layer", "model", "tokens", "routing", "E" (experts on the GPU), "top_k", "H",
 "I", "rows" (T k), "max_over_mean" (the busiest expert's rows over the mean), "tile", "ms":
-{"loom", "compute_bound", "loom_composed", "torch"}, "rel_err", "composed_bits_equal"}; the
+{"loom", "compute_bound", "loom_composed", "torch"}, "rel_err", "composed_bits_equal", "shared_expert"}; the
 document adds "world" (1), "git_sha", "date", "gpu", "host", "torch", "loom", "command". The
 table is printed last, with the ratios compute_bound/loom, loom_composed/loom and torch/loom
 (above 1: loom's one kernel is faster). Refused in the shared-GPU mode (LOOM_RANKS_PER_GPU > 1)
@@ -56,6 +61,7 @@ MODELS = {  # name: (H, I, experts per GPU, top-k)
     "deepseek-v3": (7168, 2048, 32, 8),
     "qwen3-235b": (4096, 1536, 16, 8),
 }
+SHARED_EXPERTS = {"deepseek-v3": 1, "qwen3-235b": 0}  # shared experts of width I
 TILES = ("auto", "128x256", "128x128")
 COLUMNS = ("loom", "compute_bound", "loom_composed", "torch")
 
@@ -68,6 +74,8 @@ def parse_args(argv=None):
     p.add_argument("--tile", default="auto", choices=TILES, help="every loom call's tile (auto: each call's planner)")
     p.add_argument("--push-ctas", type=int, default=0, help="moe_layer's and moe_dispatch_gemm's push CTAs (0: planner)")
     p.add_argument("--arrival-ctas", type=int, default=0, help="their arrival CTAs (0: planner)")
+    p.add_argument("--shared-expert", action="store_true",
+                   help="add the model's shared expert to every column (models without one are skipped)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=20, help="timed rounds per shape (median; at least 20)")
     p.add_argument("--seed", type=int, default=7)
@@ -83,6 +91,10 @@ def parse_args(argv=None):
     args.tokens = [int(t) for t in args.tokens.split(",") if t]
     if not args.tokens or min(args.tokens) < 1:
         p.error("--tokens must list positive token counts")
+    if args.shared_expert:
+        args.models = [m for m in args.models if SHARED_EXPERTS[m] > 0]
+        if not args.models:
+            p.error("--shared-expert: none of --models has a shared expert")
     args.routing = [r for r in args.routing.split(",") if r]
     for r in args.routing:
         if r not in ("uniform", "skewed"):
@@ -161,7 +173,8 @@ def run_case(torch, loom, lt, comm, args, model, weights, tokens, routing):
     import torch.nn.functional as F
 
     hidden, inter, experts, top_k = MODELS[model]
-    gate_up, down, w1_t, w2_t = weights
+    gate_up, down, w1_t, w2_t, shared = weights
+    shared_gate_up, shared_down, shared_w1_t, shared_w2_t = shared if shared else (None,) * 4
     dev = torch.device("cuda", comm.device)
     bf16 = torch.bfloat16
     seed = args.seed * 1000 + tokens + (1 if routing == "skewed" else 0)
@@ -169,7 +182,7 @@ def run_case(torch, loom, lt, comm, args, model, weights, tokens, routing):
     router = torch.rand(tokens, top_k, generator=torch.Generator().manual_seed(seed + 1))
     x = torch.randn(tokens, hidden, device=dev, dtype=bf16)
     config = loom.MoeConfig(num_experts=experts, top_k=top_k, hidden=hidden, dtype=bf16, max_tokens=tokens)
-    bufs = lt.moe_buffers(comm, config, hidden_intermediate=inter)
+    bufs = lt.moe_buffers(comm, config, hidden_intermediate=inter, shared_expert=bool(shared))
     capacity = bufs.sizes.capacity
     words = -(-loom.grouped_gemm_workspace_bytes(capacity, experts) // 4)
     workspace = torch.empty(max(words, 1), device=dev, dtype=torch.int32)
@@ -186,23 +199,44 @@ def run_case(torch, loom, lt, comm, args, model, weights, tokens, routing):
     w_rows = router.reshape(-1)[order].to(dev, bf16).unsqueeze(1)  # each sorted row's router weight
     counts = torch.diff(ends, prepend=torch.zeros(1, dtype=torch.int32))
     tile = args.tile
+    # The shared expert through loom.grouped_gemm: one group of the T tokens (compute_bound and
+    # loom_composed), into buffers of its own.
+    routed_rows = capacity  # hidden and expert_out rows of the routed experts (the shared ones follow)
+    if shared:
+        shared_offsets = torch.tensor([0, tokens], device=dev, dtype=torch.int32)
+        shared_hidden = torch.empty(tokens, inter, device=dev, dtype=bf16)
+        shared_y = torch.empty(tokens, hidden, device=dev, dtype=bf16)
+        shared_words = -(-loom.grouped_gemm_workspace_bytes(tokens, 1) // 4)
+        shared_workspace = torch.empty(max(shared_words, 1), device=dev, dtype=torch.int32)
+
+    def run_shared_expert():
+        loom.grouped_gemm(x, shared_gate_up.unsqueeze(0), shared_hidden, workspace=shared_workspace,
+                          offsets=shared_offsets, tile=tile, activation="swiglu")
+        loom.grouped_gemm(shared_hidden, shared_down.unsqueeze(0), shared_y, workspace=shared_workspace,
+                          offsets=shared_offsets, tile=tile)
 
     def run_loom():
         loom.moe_layer(comm, plan, x, gate_up, down, bufs.recv_x, bufs.hidden, bufs.expert_out, out_loom, tile=tile,
-                       push_ctas=args.push_ctas, arrival_ctas=args.arrival_ctas)
+                       push_ctas=args.push_ctas, arrival_ctas=args.arrival_ctas, shared_gate_up=shared_gate_up,
+                       shared_down=shared_down)
 
     def run_compute_bound():
-        loom.grouped_gemm(bufs.recv_x, gate_up, bufs.hidden, workspace=workspace, offsets=bufs.expert_offsets,
-                          tile=tile, activation="swiglu")
-        loom.grouped_gemm(bufs.hidden, down, bufs.expert_out, workspace=workspace, offsets=bufs.expert_offsets,
-                          tile=tile)
+        loom.grouped_gemm(bufs.recv_x, gate_up, bufs.hidden[:routed_rows], workspace=workspace,
+                          offsets=bufs.expert_offsets, tile=tile, activation="swiglu")
+        loom.grouped_gemm(bufs.hidden[:routed_rows], down, bufs.expert_out[:routed_rows], workspace=workspace,
+                          offsets=bufs.expert_offsets, tile=tile)
+        if shared:
+            run_shared_expert()
 
     def run_composed():
-        loom.moe_dispatch_gemm(comm, plan, x, bufs.recv_x, gate_up, bufs.hidden, activation="swiglu", tile=tile,
-                               push_ctas=args.push_ctas, arrival_ctas=args.arrival_ctas)
-        loom.grouped_gemm(bufs.hidden, down, bufs.expert_out, workspace=workspace, offsets=bufs.expert_offsets,
-                          tile=tile)
-        loom.moe_combine(comm, plan, bufs.expert_out, out_composed)
+        loom.moe_dispatch_gemm(comm, plan, x, bufs.recv_x, gate_up, bufs.hidden[:routed_rows], activation="swiglu",
+                               tile=tile, push_ctas=args.push_ctas, arrival_ctas=args.arrival_ctas)
+        loom.grouped_gemm(bufs.hidden[:routed_rows], down, bufs.expert_out[:routed_rows], workspace=workspace,
+                          offsets=bufs.expert_offsets, tile=tile)
+        loom.moe_combine(comm, plan, bufs.expert_out[:routed_rows], out_composed)
+        if shared:
+            run_shared_expert()
+            out_composed.add_(shared_y)
 
     def run_torch():
         rows = x.index_select(0, token_of_row)
@@ -212,13 +246,16 @@ def run_case(torch, loom, lt, comm, args, model, weights, tokens, routing):
         y.mul_(w_rows)
         out_torch.zero_()
         out_torch.index_add_(0, token_of_row, y)
+        if shared:
+            sg, su = torch.mm(x, shared_w1_t).chunk(2, dim=1)
+            out_torch.add_(torch.mm(F.silu(sg) * su, shared_w2_t))
 
     run_loom()  # recv_x now holds the dispatched rows compute_bound reads
     run_composed()
     run_torch()
     comm.synchronize()
     rel_err = float((out_loom.float() - out_torch.float()).norm() / out_torch.float().norm())
-    bits_equal = bool(torch.equal(out_loom.view(torch.int16), out_composed.view(torch.int16)))
+    bits_equal = None if shared else bool(torch.equal(out_loom.view(torch.int16), out_composed.view(torch.int16)))
     ms = time_shuffled({"loom": run_loom, "compute_bound": run_compute_bound, "loom_composed": run_composed,
                         "torch": run_torch}, args.warmup, args.iters)
     comm.synchronize()  # raises a device-side failure of the timed loom calls
@@ -226,12 +263,14 @@ def run_case(torch, loom, lt, comm, args, model, weights, tokens, routing):
             "H": hidden, "I": inter, "rows": tokens * top_k,
             "max_over_mean": float(counts.max()) / (tokens * top_k / experts), "tile": tile,
             "push_ctas": args.push_ctas, "arrival_ctas": args.arrival_ctas,
-            "ms": {name: ms[name] for name in COLUMNS}, "rel_err": rel_err, "composed_bits_equal": bits_equal}
+            "ms": {name: ms[name] for name in COLUMNS}, "rel_err": rel_err, "composed_bits_equal": bits_equal,
+            "shared_expert": bool(shared)}
 
 
-def model_weights(torch, lt, model, dev):
+def model_weights(torch, lt, model, dev, shared_expert=False):
     """This GPU's experts: loom's gate_up [E, 2I, H] (interleaved by 8) and down [E, H, I], and
-    torch's [E, H, 2I] (gate | up) and [E, I, H] views of the same values."""
+    torch's [E, H, 2I] (gate | up) and [E, I, H] views of the same values; with shared_expert also
+    the shared expert's (loom's [2I, H] and [H, I], torch's [H, 2I] and [I, H]), else None."""
     hidden, inter, experts, _ = MODELS[model]
     bf16 = torch.bfloat16
     gate = torch.randn(experts, inter, hidden, device=dev, dtype=bf16) / hidden ** 0.5
@@ -239,11 +278,19 @@ def model_weights(torch, lt, model, dev):
     down = torch.randn(experts, hidden, inter, device=dev, dtype=bf16) / inter ** 0.5
     gate_up = lt.swiglu_weights(gate, up).contiguous()
     w1 = torch.cat([gate, up], dim=1)  # torch's fc1: gate rows, then up rows
-    return gate_up, down, w1.transpose(-2, -1), down.transpose(-2, -1)
+    shared = None
+    if shared_expert:
+        s_gate = torch.randn(1, inter, hidden, device=dev, dtype=bf16) / hidden ** 0.5
+        s_up = torch.randn(1, inter, hidden, device=dev, dtype=bf16) / hidden ** 0.5
+        s_down = torch.randn(hidden, inter, device=dev, dtype=bf16) / inter ** 0.5
+        s_w1 = torch.cat([s_gate[0], s_up[0]], dim=0)  # [2I, H]: gate rows, then up rows
+        shared = (lt.swiglu_weights(s_gate, s_up)[0].contiguous(), s_down, s_w1.t(), s_down.t())
+    return gate_up, down, w1.transpose(-2, -1), down.transpose(-2, -1), shared
 
 
 def print_table(rows):
-    print("\nms (one GPU, W = 1, bf16); ratios: column / loom (above 1: moe_layer is faster)")
+    shared = " with the shared expert" if rows and rows[0].get("shared_expert") else ""
+    print(f"\nms (one GPU, W = 1, bf16{shared}); ratios: column / loom (above 1: moe_layer is faster)")
     print(f"{'model':<13}{'tokens':>7} {'routing':<9}{'max/mean':>9}" + "".join(f"{c:>15}" for c in COLUMNS)
           + f"{'bound/loom':>12}{'composed/loom':>15}{'torch/loom':>12}{'rel_err':>10}{'same_bits':>10}")
     for r in rows:
@@ -251,7 +298,11 @@ def print_table(rows):
         print(f"{r['model']:<13}{r['tokens']:>7} {r['routing']:<9}{r['max_over_mean']:>9.2f}"
               + "".join(f"{ms[c]:>15.3f}" for c in COLUMNS)
               + f"{ms['compute_bound'] / ms['loom']:>12.3f}{ms['loom_composed'] / ms['loom']:>15.3f}"
-              f"{ms['torch'] / ms['loom']:>12.3f}{r['rel_err']:>10.2e}{'yes' if r['composed_bits_equal'] else 'no':>10}")
+              f"{ms['torch'] / ms['loom']:>12.3f}{r['rel_err']:>10.2e}{same_bits_text(r['composed_bits_equal']):>10}")
+
+
+def same_bits_text(equal):
+    return "n/a" if equal is None else ("yes" if equal else "no")
 
 
 def main():
@@ -272,7 +323,7 @@ def main():
     random.seed(0)  # the shuffled rounds' order
     rows = []
     for model in args.models:
-        weights = model_weights(torch, lt, model, dev)
+        weights = model_weights(torch, lt, model, dev, args.shared_expert)
         for tokens in sorted(args.tokens):
             for routing in args.routing:
                 row = run_case(torch, loom, lt, comm, args, model, weights, tokens, routing)

@@ -338,17 +338,32 @@ Status moe_topk(const MoeTopkArgs& args, cudaStream_t stream);
 // (hidden, down, expert_out; offsets = expert_offsets, M_total = capacity) -> moe_combine with the
 // same tile; recv_x is written exactly as moe_dispatch writes it. Within one node: a job of
 // several nodes is refused (unsupported; compose those three calls there).
+//
+// Shared expert (optional: both shared weights given): every token of this rank also goes through
+// one dense SwiGLU FFN of the same intermediate size I (DeepSeek-V3's, Llama 4's), added with
+// weight 1 after the routed sum (still one rounding for out):
+//   out[t] = (sum over slots j of w[t,j] * FFN_e(x[t])) + FFN_shared(x[t]).
+// Its rows live in hidden and expert_out after the receive rows, so those two buffers need
+// moe_layer_rows(capacity, max_tokens, true) rows; its tiles run first in the kernel's queue,
+// overlapping the dispatch. (A wider shared FFN, Is = s * I, is not taken: split it into s FFNs
+// of width I and sum them as the caller.)
 struct MoeLayerWeights {
   const void* gate_up = nullptr;  // this rank's E/W experts: [E/W, 2I, H], gate and up rows
                                   // interleaved by 8 as MoeExpertGemm's kSwiGLU (loom.torch.swiglu_weights)
   const void* down = nullptr;     // [E/W, H, I]
   int64_t intermediate = 0;       // I: a positive multiple of 8
+  const void* shared_gate_up = nullptr;  // the shared expert: [2I, H], interleaved as gate_up; null: none
+  const void* shared_down = nullptr;     // [H, I]; null exactly when shared_gate_up is
 };
 struct MoeLayerBuffers {
   void* recv_x = nullptr;      // symmetric [capacity, H] (as moe_dispatch's)
-  void* hidden = nullptr;      // [capacity, I], device memory of this GPU
-  void* expert_out = nullptr;  // symmetric [capacity, H]
+  void* hidden = nullptr;      // [rows, I], device memory of this GPU
+  void* expert_out = nullptr;  // symmetric [rows, H]
+  // rows = moe_layer_rows(capacity, config.max_tokens, shared expert or not): capacity without one.
 };
+// The rows of moe_layer's hidden and expert_out: capacity (MoeSizes::capacity), or with a shared
+// expert align_up(capacity, 128) + max_tokens (its rows start at a whole tile row).
+int64_t moe_layer_rows(int64_t capacity, int64_t max_tokens, bool shared_expert);
 struct MoeLayerOptions {
   GemmTile tile = GemmTile::kAuto;  // k128x256 or k128x128, both GEMMs (the planner picks one)
   int num_ctas = 0;                 // persistent CTAs, one per SM; 0: every SM
@@ -358,8 +373,8 @@ struct MoeLayerOptions {
 // x: [T, H], out: [T, H], both device memory of this GPU in config.dtype (bf16 or fp16); the
 // weights in config.dtype, 16-byte aligned. Everything moe_dispatch_gemm checks, for both GEMMs,
 // plus (invalid_argument) null or misaligned weights and buffers, buffers overlapping each other,
-// x, out or the weights. When the routing failed nothing is written (moe_report says why); with
-// MoeOverflow::kDrop, dropped slots add nothing.
+// x, out or the weights; only one of the shared weights given. When the routing failed nothing is
+// written (moe_report says why); with MoeOverflow::kDrop, dropped slots add nothing.
 Status moe_layer(Communicator& comm, const MoePlan& plan, const void* x, const MoeLayerWeights& weights,
                  const MoeLayerBuffers& buffers, void* out, cudaStream_t stream, const MoeLayerOptions& options = {});
 

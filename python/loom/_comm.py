@@ -130,6 +130,9 @@ class Communicator:
         # loom.torch's symmetric staging buffers (one growing buffer per role and dtype, under a
         # byte budget: loom/_staging.py).
         self._staging = StagingCache()
+        # loom.torch's MoE buffers of torch.ops.loom.moe_layer, one set per (config, I); never
+        # replaced, so captured CUDA graphs keep valid addresses until close().
+        self._moe_layer_buffers: dict[Any, Any] = {}
 
     # ---- creation ----------------------------------------------------------------------------
 
@@ -291,8 +294,9 @@ class Communicator:
 
     def close(self) -> None:
         """Ends the communicator (collective: waits, bounded, for the other ranks). Symmetric
-        buffers must be gone by then; loom.torch's cached staging buffers are dropped here."""
+        buffers must be gone by then; loom.torch's cached staging and MoE buffers are dropped here."""
         self._staging.clear()
+        self._moe_layer_buffers.clear()
         self._c.close()
 
     def __enter__(self) -> "Communicator":

@@ -242,7 +242,8 @@ def moe_dispatch_gemm(comm: CommLike, plan: MoePlan, x: DLPackArray, recv_x: DLP
 def moe_layer(comm: CommLike, plan: MoePlan, x: DLPackArray, gate_up: DLPackArray, down: DLPackArray,
               recv_x: DLPackArray, hidden: DLPackArray, expert_out: DLPackArray, out: Out, *,
               stream: StreamArg = None, tile: str = "auto", num_ctas: int = 0, push_ctas: int = 0,
-              arrival_ctas: int = 0) -> Out:
+              arrival_ctas: int = 0, shared_gate_up: Optional[DLPackArray] = None,
+              shared_down: Optional[DLPackArray] = None) -> Out:
     """Collective: the whole MoE FFN step in one persistent kernel, within one node:
     out[t] = sum over token t's routed slots j, in slot order, of w[t, j] * (silu(x[t] Wg_e^T) *
     (x[t] Wu_e^T)) Wd_e^T, e the slot's expert and w the routing's weights (moe_routing's
@@ -265,11 +266,25 @@ def moe_layer(comm: CommLike, plan: MoePlan, x: DLPackArray, gate_up: DLPackArra
     the tokens' owners). out: [T, hidden]. ``loom.torch.moe_buffers(comm, config,
     hidden_intermediate=I)`` allocates recv_x, hidden and expert_out. tile: 'auto', '128x256' or
     '128x128' (both GEMMs). num_ctas (0: every SM), push_ctas and arrival_ctas (0: the
-    planner's) tune the kernel."""
+    planner's) tune the kernel.
+
+    Shared expert (both or neither): shared_gate_up [2I, hidden] (interleaved as gate_up) and
+    shared_down [hidden, I]; every token of this rank also goes through that FFN, added with
+    weight 1 after the routed sum (out is still rounded once): DeepSeek-V3's and Llama 4's shared
+    expert. Its rows live in hidden and expert_out after the receive rows, so both then have
+    ``moe_layer_rows(capacity, max_tokens, True)`` rows (``moe_buffers(...,
+    shared_expert=True)``); its tiles run first in the kernel, overlapping the dispatch."""
     c = as_communicator(comm, "moe_layer")
     _C.moe_layer(c._c, _plan(plan, "moe_layer", c.rank), x, gate_up, down, recv_x, hidden, expert_out, out,
-                 _stream(stream, x, "moe_layer", c.device, c.rank), tile, num_ctas, push_ctas, arrival_ctas)
+                 _stream(stream, x, "moe_layer", c.device, c.rank), tile, num_ctas, push_ctas, arrival_ctas,
+                 shared_gate_up, shared_down)
     return out
+
+
+def moe_layer_rows(capacity: int, max_tokens: int, shared_expert: bool) -> int:
+    """The rows of moe_layer's hidden and expert_out: capacity (MoeSizes.capacity), or with a
+    shared expert the capacity rounded up to 128 plus max_tokens."""
+    return _C.moe_layer_rows(capacity, max_tokens, shared_expert)
 
 
 def moe_topk(logits: DLPackArray, topk_ids: Out, topk_weights: DLPackArray, *, top_k: int, scoring: str = "softmax",

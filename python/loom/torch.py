@@ -26,6 +26,16 @@ that allocates the staging buffers and loom's tensor-parallel workspace, neither
 allocated during capture (such a call raises ``loom.InvalidArgument``). A staging buffer a graph
 captured is kept until the communicator closes even when a larger shape later replaces it.
 
+MoE: ``torch.ops.loom.moe_topk`` (the router's top-k on one GPU; ``moe_topk`` below) and
+``torch.ops.loom.moe_layer`` (collective: loom's routing of the top-k, then the whole MoE FFN step
+in one kernel, within one node; ``moe_layer_from_topk`` below). The layer op routes into MoE
+buffers (``moe_buffers``: the plan buffer, expert_offsets, symmetric recv_x and expert_out, hidden)
+cached on the communicator, one set per (MoE config, intermediate size I), allocated by the first
+call with that config (collective) and kept until the communicator closes; token counts up to
+max_tokens share them. As for staging, that first call must be eager: during capture it raises
+``loom.InvalidArgument``. ``moe_layer(comm, plan, ...)``, ``moe_buffers`` and ``swiglu_weights``
+stay plain functions (a MoePlan or MoeConfig cannot go through an operator schema).
+
 Communicators enter the operators as an int handle, their first argument (``loom.torch.handle(comm)``;
 the functions below take the communicator and do it for you). The registry holds them weakly.
 
@@ -49,13 +59,14 @@ import torch
 from . import _C
 from . import _comm as _comm_registry
 from ._comm import CommLike, Communicator, _process_group_type, as_communicator
-from ._errors import _invalid
-from ._moe import MoeConfig, MoePlan, MoeSizes, _plan, moe_layer as _moe_layer, moe_sizes, moe_topk as _moe_topk
+from ._errors import _from_status, _invalid
+from ._moe import (MoeConfig, MoePlan, MoeSizes, _plan, moe_layer as _moe_layer, moe_routing as _moe_routing, moe_sizes,
+                   moe_topk as _moe_topk)
 
 __all__ = ["empty", "handle", "register_communicator", "set_staging_budget", "gemm", "all_gather",
            "reduce_scatter", "all_reduce", "ag_gemm", "gemm_rs", "gemm_ar", "attention", "attention_merge",
            "ring_attention", "zigzag_shard", "zigzag_unshard", "grouped_gemm", "swiglu_weights", "MoeBuffers",
-           "moe_buffers", "moe_layer", "moe_topk"]
+           "moe_buffers", "moe_layer", "moe_layer_from_topk", "moe_topk"]
 
 _HALF = (torch.bfloat16, torch.float16)
 _FLOAT = (torch.bfloat16, torch.float16, torch.float32)
@@ -196,9 +207,16 @@ _lib.define("attention_merge(Tensor partial_out, Tensor partial_lse, ScalarType?
 _lib.define("ring_attention(int comm, Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None) -> (Tensor, Tensor)")
 _lib.define("grouped_gemm(Tensor a, Tensor b, Tensor? offsets=None, Tensor? counts=None, ScalarType? out_dtype=None, "
             "str b_layout=\"nk\", str activation=\"none\") -> Tensor")
+_lib.define("moe_topk(Tensor logits, int top_k, str scoring=\"softmax\", bool renormalize=False) -> (Tensor, Tensor)")
+_lib.define("moe_layer(int comm, Tensor x, Tensor topk_ids, Tensor? topk_weights, Tensor gate_up, Tensor down, "
+            "int num_experts, int max_tokens, int capacity=0, str overflow=\"error\", Tensor? shared_gate_up=None, "
+            "Tensor? shared_down=None) -> Tensor")
 
 OPS = ("gemm", "all_gather", "reduce_scatter", "all_reduce", "ag_gemm", "gemm_rs", "gemm_ar", "attention",
        "attention_merge", "ring_attention", "grouped_gemm")
+# The MoE operators, apart: their inputs (routable top-k ids, expert weights) are not what a generic
+# op check draws; tests/python/test_opcheck.py and test_gpu_moe.py check them.
+MOE_OPS = ("moe_topk", "moe_layer")
 
 _Fn = Callable[..., torch.Tensor]
 
@@ -516,6 +534,180 @@ def _grouped_gemm_fake(a, b, offsets=None, counts=None, out_dtype=None, b_layout
     return a.new_empty(shape, dtype=dtype)
 
 
+# MoE ------------------------------------------------------------------------------------------------
+
+_MOE_MAX_EXPERTS = 1024  # moe.h: kMoeMaxExperts (moe_topk stages a token's logits in shared memory)
+_MOE_MAX_TOP_K = 32      # moe.h: kMoeMaxTopK
+_SCORINGS = ("softmax", "sigmoid")
+
+
+def _topk_rows(logits: torch.Tensor, top_k: Any, scoring: Any) -> Any:
+    """T (logits' rows), with moe_topk's shape, dtype and range rules checked (loom/moe.h)."""
+    op = "moe_topk"
+    if logits.dim() != 2:
+        raise _invalid(op, f"logits must be 2-D [T, E], got shape {list(logits.shape)}")
+    if logits.dtype not in _FLOAT:
+        raise _invalid(op, f"logits has dtype {logits.dtype}; moe_topk takes bfloat16, float16 or float32 logits")
+    if not isinstance(scoring, str) or scoring not in _SCORINGS:
+        raise _invalid(op, f"scoring {scoring!r}: expected 'softmax' (over all E logits) or 'sigmoid' (each logit on "
+                           "its own)")
+    e = logits.shape[1]
+    if not 1 <= e <= _MOE_MAX_EXPERTS:
+        raise _invalid(op, f"num_experts {e} is outside [1, {_MOE_MAX_EXPERTS}] (a token's logits are staged in shared "
+                           "memory)")
+    if isinstance(top_k, bool) or not isinstance(top_k, (int, torch.SymInt)) or not 1 <= top_k <= min(e, _MOE_MAX_TOP_K):
+        raise _invalid(op, f"top_k {top_k} is outside [1, min(E, {_MOE_MAX_TOP_K})] (E = {e})")
+    return logits.shape[0]
+
+
+@_impl("moe_topk")
+def _moe_topk_impl(logits, top_k, scoring="softmax", renormalize=False):
+    rows = _topk_rows(logits, top_k, scoring)
+    ids = logits.new_empty((rows, top_k), dtype=torch.int32)
+    weights = logits.new_empty((rows, top_k), dtype=torch.float32)
+    return _moe_topk(_without_history(logits), ids, weights, top_k=top_k, scoring=scoring, renormalize=renormalize,
+                     stream=_stream(logits.get_device()))
+
+
+@_fake("moe_topk")
+def _moe_topk_fake(logits, top_k, scoring="softmax", renormalize=False):
+    rows = _topk_rows(logits, top_k, scoring)
+    return logits.new_empty((rows, top_k), dtype=torch.int32), logits.new_empty((rows, top_k), dtype=torch.float32)
+
+
+def _unsupported(op: str, reason: str, rank: int | None = None) -> Exception:
+    return _from_status("unsupported", op, rank, reason)
+
+
+def _moe_scalars(num_experts: Any, max_tokens: Any, capacity: Any, overflow: Any, rank: int | None) -> None:
+    """The MoE config's numbers and overflow policy, as the operator's schema and MoeConfig take them."""
+    for name, value, low in (("num_experts", num_experts, 1), ("max_tokens", max_tokens, 1), ("capacity", capacity, 0)):
+        if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)) or value < low:
+            raise _invalid("moe_layer", f"{name} must be an int >= {low}, got {value!r}", rank)
+    if not isinstance(overflow, str) or overflow not in ("error", "drop"):
+        raise _invalid("moe_layer", f"overflow {overflow!r}: expected 'error' or 'drop'", rank)
+
+
+def _moe_layer_shapes(c: Any, x, topk_ids, topk_weights, gate_up, down, num_experts, max_tokens, capacity,
+                      overflow, shared_gate_up=None, shared_down=None) -> tuple:
+    """(T, hidden, top_k, I) of a moe_layer call, with the rules the host can check checked: those
+    of the MoE config loom.torch makes from the tensors, and those of loom.moe_layer (loom/moe.h)."""
+    op, rank = "moe_layer", c.rank
+    _moe_scalars(num_experts, max_tokens, capacity, overflow, rank)
+    world = _tp_world(c)
+    if world != c.local_world_size:
+        raise _unsupported(op, f"moe_layer runs within one node, but the communicator spans {world} ranks over nodes of "
+                               f"{c.local_world_size}: compose loom.moe_routing, moe_dispatch_gemm, grouped_gemm and "
+                               "moe_combine there", rank)
+    if num_experts % world != 0:
+        raise _invalid(op, f"num_experts {num_experts} is not a multiple of the world size {world}", rank)
+    if x.dim() != 2 or x.dtype not in _HALF or x.shape[1] < 1:
+        raise _invalid(op, f"x must be [T, hidden] bfloat16 or float16, got {list(x.shape)} {x.dtype}", rank)
+    tokens, hidden = x.shape
+    if (hidden * x.element_size()) % 16 != 0:
+        raise _invalid(op, f"hidden {hidden}: a token row of {hidden * x.element_size()} bytes must be a multiple of 16 "
+                           "bytes", rank)
+    if tokens > max_tokens:
+        raise _invalid(op, f"x has {tokens} tokens, more than max_tokens {max_tokens}", rank)
+    if topk_ids.dtype != torch.int32 or topk_ids.dim() != 2 or topk_ids.shape[0] != tokens:
+        raise _invalid(op, f"topk_ids must be int32 [T, top_k] with T = {tokens} (x's rows), got "
+                           f"{list(topk_ids.shape)} {topk_ids.dtype}", rank)
+    top_k = topk_ids.shape[1]
+    if not 1 <= top_k <= min(num_experts, _MOE_MAX_TOP_K):
+        raise _invalid(op, f"top_k {top_k} (topk_ids' columns) is outside [1, min(E, {_MOE_MAX_TOP_K})] "
+                           f"(E = {num_experts})", rank)
+    if topk_weights is not None and (topk_weights.dtype != torch.float32 or topk_weights.shape != topk_ids.shape):
+        raise _invalid(op, f"topk_weights must be float32 [T, top_k] like topk_ids {list(topk_ids.shape)}, got "
+                           f"{list(topk_weights.shape)} {topk_weights.dtype}", rank)
+    local = num_experts // world
+    if gate_up.dim() != 3 or down.dim() != 3:
+        raise _invalid(op, f"gate_up must be [E/W, 2I, hidden] and down [E/W, hidden, I], got {list(gate_up.shape)} "
+                           f"and {list(down.shape)}", rank)
+    inter = down.shape[2]
+    if tuple(gate_up.shape) != (local, 2 * inter, hidden) or tuple(down.shape) != (local, hidden, inter):
+        raise _invalid(op, f"gate_up must be [E/W, 2I, hidden] = [{local}, {2 * inter}, {hidden}] and down "
+                           f"[E/W, hidden, I] = [{local}, {hidden}, {inter}] ({local} local experts of {num_experts} "
+                           f"over {world} ranks, I = {inter} from down), got {list(gate_up.shape)} and "
+                           f"{list(down.shape)}", rank)
+    if gate_up.dtype != x.dtype or down.dtype != x.dtype:
+        raise _invalid(op, f"gate_up and down must have x's dtype {x.dtype}, got {gate_up.dtype} and {down.dtype}", rank)
+    if inter < 8 or inter % 8 != 0:
+        raise _unsupported(op, f"I = {inter} (down's last dimension) must be a positive multiple of 8", rank)
+    if (shared_gate_up is None) != (shared_down is None):
+        raise _invalid(op, "shared_gate_up and shared_down go together (both: a shared expert; neither: none)", rank)
+    if shared_gate_up is not None:
+        if tuple(shared_gate_up.shape) != (2 * inter, hidden) or tuple(shared_down.shape) != (hidden, inter):
+            raise _invalid(op, f"shared_gate_up must be [2I, hidden] = [{2 * inter}, {hidden}] and shared_down "
+                               f"[hidden, I] = [{hidden}, {inter}] (I = {inter}, the experts'), got "
+                               f"{list(shared_gate_up.shape)} and {list(shared_down.shape)}", rank)
+        if shared_gate_up.dtype != x.dtype or shared_down.dtype != x.dtype:
+            raise _invalid(op, f"shared_gate_up and shared_down must have x's dtype {x.dtype}, got "
+                               f"{shared_gate_up.dtype} and {shared_down.dtype}", rank)
+    return tokens, hidden, top_k, inter
+
+
+def _moe_layer_entry(c: Communicator, key: tuple) -> tuple:
+    """(MoeConfig, MoeBuffers) for `key` = (num_experts, top_k, hidden, dtype, max_tokens, capacity,
+    overflow, I, shared expert), allocated (collective) at its first call and kept on the
+    communicator (Communicator._moe_layer_buffers, dropped by close(): entries are never replaced,
+    so a CUDA graph's addresses stay valid until then)."""
+    cache = c._moe_layer_buffers
+    entry = cache.get(key)
+    if entry is not None:
+        return entry
+    num_experts, top_k, hidden, dtype, max_tokens, capacity, overflow, inter, shared = key
+    if torch.cuda.is_current_stream_capturing():
+        raise _invalid("moe_layer", f"the MoE buffers of num_experts={num_experts}, top_k={top_k}, hidden={hidden}, "
+                                    f"{dtype}, max_tokens={max_tokens}, capacity={capacity}, overflow={overflow!r}, "
+                                    f"I={inter} are not allocated yet, and cannot be during CUDA graph capture: run it "
+                                    "once eagerly first", c.rank)
+    config = MoeConfig(num_experts=num_experts, top_k=top_k, hidden=hidden, dtype=dtype, max_tokens=max_tokens,
+                       capacity=capacity, overflow=overflow)
+    entry = cache[key] = (config, moe_buffers(c, config, hidden_intermediate=inter, shared_expert=shared))
+    return entry
+
+
+@_impl("moe_layer")
+def _moe_layer_impl(comm, x, topk_ids, topk_weights, gate_up, down, num_experts, max_tokens, capacity=0,
+                    overflow="error", shared_gate_up=None, shared_down=None):
+    op = "moe_layer"
+    c = _comm(comm, op)
+    tokens, hidden, top_k, inter = _moe_layer_shapes(c, x, topk_ids, topk_weights, gate_up, down, num_experts,
+                                                     max_tokens, capacity, overflow, shared_gate_up, shared_down)
+    shared = shared_gate_up is not None
+    _check_input(x, "x", op, c, _HALF)
+    _check_input(topk_ids, "topk_ids", op, c, (torch.int32,))
+    if topk_weights is not None:
+        _check_input(topk_weights, "topk_weights", op, c, (torch.float32,))
+        topk_weights = _without_history(topk_weights)
+    _check_input(gate_up, "gate_up", op, c, _HALF)
+    _check_input(down, "down", op, c, _HALF)
+    if shared:
+        _check_input(shared_gate_up, "shared_gate_up", op, c, _HALF)
+        _check_input(shared_down, "shared_down", op, c, _HALF)
+        shared_gate_up, shared_down = _without_history(shared_gate_up), _without_history(shared_down)
+    x, gate_up, down = _without_history(x), _without_history(gate_up), _without_history(down)
+    config, bufs = _moe_layer_entry(c, (num_experts, top_k, hidden, x.dtype, max_tokens, capacity, overflow, inter,
+                                        shared))
+    stream = _raw_stream(c.device)
+    plan = _moe_routing(c, config, topk_ids, plan_buffer=bufs.plan_buffer, expert_offsets=bufs.expert_offsets,
+                        topk_weights=topk_weights, stream=stream)
+    # NaN first: a routing that fails on the device (an expert id out of range, a rank over its
+    # capacity) makes the layer write nothing, and the op cannot report it without a host wait.
+    out = torch.full((tokens, hidden), float("nan"), dtype=x.dtype, device=x.device)
+    _moe_layer(c, plan, x, gate_up, down, bufs.recv_x, bufs.hidden, bufs.expert_out, out, stream=stream,
+               shared_gate_up=shared_gate_up, shared_down=shared_down)
+    return out
+
+
+@_fake("moe_layer")
+def _moe_layer_fake(comm, x, topk_ids, topk_weights, gate_up, down, num_experts, max_tokens, capacity=0,
+                    overflow="error", shared_gate_up=None, shared_down=None):
+    tokens, hidden, _, _ = _moe_layer_shapes(_comm(comm, "moe_layer"), x, topk_ids, topk_weights, gate_up, down,
+                                             num_experts, max_tokens, capacity, overflow, shared_gate_up, shared_down)
+    return x.new_empty((tokens, hidden))
+
+
 # ---- Python entry points -----------------------------------------------------------------------
 
 def gemm(a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn", out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
@@ -610,14 +802,15 @@ def swiglu_weights(gate: torch.Tensor, up: torch.Tensor, b_layout: str = "nk") -
 
 @dataclasses.dataclass
 class MoeBuffers:
-    """The buffers of one MoE config on one rank (moe_buffers); pass the fields to loom.moe_*."""
+    """The buffers of one MoE config on one rank (moe_buffers); pass the fields to loom.moe_*. rows:
+    the capacity, or loom.moe_layer_rows(capacity, max_tokens, True) with a shared expert."""
 
     sizes: MoeSizes                       # moe_sizes(comm, config)
     plan_buffer: torch.Tensor             # uint8 [plan_bytes] on comm's GPU: moe_routing's plan_buffer
     expert_offsets: torch.Tensor          # int32 [E/W + 1] on comm's GPU: moe_routing's expert_offsets
     recv_x: torch.Tensor                  # symmetric [capacity, hidden], the config's dtype: moe_dispatch's
-    expert_out: Optional[torch.Tensor]    # symmetric [capacity, H']: moe_combine's (None when not asked for)
-    hidden: Optional[torch.Tensor] = None  # [capacity, I] on comm's GPU, the config's dtype: moe_layer's
+    expert_out: Optional[torch.Tensor]    # symmetric [rows, H']: moe_combine's (None when not asked for)
+    hidden: Optional[torch.Tensor] = None  # [rows, I] on comm's GPU, the config's dtype: moe_layer's
                                            # (None unless hidden_intermediate was given)
 
 
@@ -632,14 +825,17 @@ def _positive_int(value: Any, name: str, rank: int) -> int:
 
 def moe_buffers(comm: CommLike, config: MoeConfig, *, expert_out: bool = True, expert_out_hidden: Optional[int] = None,
                 expert_out_dtype: Optional[torch.dtype] = None,
-                hidden_intermediate: Optional[int] = None) -> MoeBuffers:
+                hidden_intermediate: Optional[int] = None, shared_expert: bool = False) -> MoeBuffers:
     """Collective (every rank, same arguments, same order: recv_x and expert_out are symmetric
     allocations): allocates what `config` needs besides the tokens. The plan buffer and
     expert_offsets are ordinary device memory; recv_x is symmetric [capacity, hidden] of the
     config's dtype; expert_out (unless expert_out=False) symmetric [capacity, expert_out_hidden or
     hidden] of expert_out_dtype or the config's dtype. hidden_intermediate=I (moe_layer's I, the
     experts' intermediate size) also allocates hidden, ordinary device memory [capacity, I] of
-    the config's dtype (None: no hidden). Contents are uninitialised (expert_offsets zero). Reuse
+    the config's dtype (None: no hidden). shared_expert=True (moe_layer with a shared expert; needs
+    hidden_intermediate) gives hidden and expert_out ``loom.moe_layer_rows(capacity, max_tokens,
+    True)`` rows instead: the shared expert's rows follow the receive rows (recv_x stays [capacity,
+    hidden]). Contents are uninitialised (expert_offsets zero). Reuse
     them for every step with this config: moe_routing rewrites the plan buffer and
     expert_offsets, and the plan it returns is valid until the next routing into them."""
     c = as_communicator(comm, "moe_buffers")
@@ -648,13 +844,17 @@ def moe_buffers(comm: CommLike, config: MoeConfig, *, expert_out: bool = True, e
                           c.rank)
     if hidden_intermediate is not None:
         _positive_int(hidden_intermediate, "hidden_intermediate", c.rank)
+    if not isinstance(shared_expert, bool) or (shared_expert and hidden_intermediate is None):
+        raise _invalid("moe_buffers", f"shared_expert must be a bool and comes with hidden_intermediate, got "
+                                      f"{shared_expert!r} with hidden_intermediate={hidden_intermediate!r}", c.rank)
     device = torch.device("cuda", c.device)
     dtype = _MOE_DTYPES[config.dtype]
+    layer_rows = _C.moe_layer_rows(sizes.capacity, config.max_tokens, shared_expert)
     recv_x = empty(c, (sizes.capacity, config.hidden), dtype)
-    out = empty(c, (sizes.capacity, width), expert_out_dtype or dtype) if expert_out else None
+    out = empty(c, (layer_rows, width), expert_out_dtype or dtype) if expert_out else None
     hidden = None
     if hidden_intermediate is not None:
-        hidden = torch.empty((sizes.capacity, hidden_intermediate), dtype=dtype, device=device)
+        hidden = torch.empty((layer_rows, hidden_intermediate), dtype=dtype, device=device)
     return MoeBuffers(sizes=sizes,
                       plan_buffer=torch.empty(sizes.plan_bytes, dtype=torch.uint8, device=device),
                       expert_offsets=torch.zeros(sizes.local_experts + 1, dtype=torch.int32, device=device),
@@ -662,13 +862,15 @@ def moe_buffers(comm: CommLike, config: MoeConfig, *, expert_out: bool = True, e
 
 
 def moe_layer(comm: CommLike, plan: MoePlan, x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
-              buffers: MoeBuffers, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+              buffers: MoeBuffers, out: Optional[torch.Tensor] = None, *, shared_gate_up: Optional[torch.Tensor] = None,
+              shared_down: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Collective: loom.moe_layer on the current torch stream with `buffers`' recv_x, hidden and
     expert_out (from ``moe_buffers(comm, config, hidden_intermediate=I)``, expert_out of the
     config's width and dtype), writing `out` or, when None, a new [T, hidden] tensor of the
-    config's dtype; returns it. A plain function, not a torch.ops operator, as every MoE call here
-    (the MoePlan is a Python object an operator schema cannot carry). See loom.moe_layer for the
-    shapes and the math."""
+    config's dtype; returns it. A plain function, not a torch.ops operator: the MoePlan is a Python
+    object an operator schema cannot carry (``moe_layer_from_topk`` is the operator, routing and
+    buffers included). A shared expert (shared_gate_up [2I, hidden], shared_down [hidden, I]) needs
+    ``moe_buffers(..., shared_expert=True)``. See loom.moe_layer for the shapes and the math."""
     c = as_communicator(comm, "moe_layer")
     if buffers.hidden is None or buffers.expert_out is None:
         missing = "hidden" if buffers.hidden is None else "expert_out"
@@ -679,18 +881,18 @@ def moe_layer(comm: CommLike, plan: MoePlan, x: torch.Tensor, gate_up: torch.Ten
         out = torch.empty((plan.num_tokens, config.hidden), dtype=_MOE_DTYPES[config.dtype],
                           device=torch.device("cuda", c.device))
     return _moe_layer(c, plan, x, gate_up, down, buffers.recv_x, buffers.hidden, buffers.expert_out, out,
-                      stream=_raw_stream(c.device))
+                      stream=_raw_stream(c.device), shared_gate_up=shared_gate_up, shared_down=shared_down)
 
 
 def moe_topk(logits: torch.Tensor, top_k: int, *, scoring: str = "softmax",
              renormalize: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """The router's top-k on logits' GPU: loom.moe_topk on the current torch stream into new
-    tensors, returning (ids int32 [T, top_k], weights float32 [T, top_k]) for logits [T, E] (bf16,
-    fp16 or fp32, contiguous). ids: the top_k largest logits of each row, largest first (ties: the
-    lower id), -1 where fewer than top_k logits are finite (-inf is never chosen); weights: their
-    softmax over all E (scoring 'softmax') or sigmoid(logit) ('sigmoid'), divided by their sum when
-    renormalize, 0 in the -1 slots. A plain function, not a torch.ops operator (as every MoE call
-    here); no communicator. See loom.moe_topk."""
+    """The router's top-k on logits' GPU (``torch.ops.loom.moe_topk``): loom.moe_topk on the current
+    torch stream into new tensors, returning (ids int32 [T, top_k], weights float32 [T, top_k]) for
+    logits [T, E] (bf16, fp16 or fp32, contiguous; E <= 1024, top_k <= min(E, 32)). ids: the top_k
+    largest logits of each row, largest first (ties: the lower id), -1 where fewer than top_k
+    logits are finite (-inf is never chosen); weights: their softmax over all E (scoring 'softmax')
+    or sigmoid(logit) ('sigmoid'), divided by their sum when renormalize, 0 in the -1 slots. No
+    communicator; capturable in a CUDA graph. See loom.moe_topk."""
     op = "moe_topk"
     if not isinstance(logits, torch.Tensor):
         raise _invalid(op, f"logits must be a torch.Tensor, got {type(logits).__module__}.{type(logits).__qualname__}")
@@ -698,10 +900,51 @@ def moe_topk(logits: torch.Tensor, top_k: int, *, scoring: str = "softmax",
         raise _invalid(op, f"logits must be 2-D [T, E], got shape {list(logits.shape)}")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise _invalid(op, f"top_k must be a positive int, got {top_k!r}")
-    ids = torch.empty((logits.shape[0], top_k), dtype=torch.int32, device=logits.device)
-    weights = torch.empty((logits.shape[0], top_k), dtype=torch.float32, device=logits.device)
-    return _moe_topk(logits, ids, weights, top_k=top_k, scoring=scoring, renormalize=renormalize,
-                     stream=_stream(logits.get_device()))
+    if not isinstance(scoring, str):
+        raise _invalid(op, f"scoring must be 'softmax' or 'sigmoid', got {type(scoring).__name__}")
+    if not isinstance(renormalize, bool):
+        raise _invalid(op, f"renormalize must be a bool, got {type(renormalize).__name__}")
+    return torch.ops.loom.moe_topk.default(logits, top_k, scoring, renormalize)
+
+
+def moe_layer_from_topk(comm: CommLike, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: Optional[torch.Tensor],
+                        gate_up: torch.Tensor, down: torch.Tensor, *, num_experts: int, max_tokens: int,
+                        capacity: int = 0, overflow: str = "error", shared_gate_up: Optional[torch.Tensor] = None,
+                        shared_down: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Collective (``torch.ops.loom.moe_layer``): the whole MoE FFN step from the router's top-k,
+    within one node, on the current torch stream: loom.moe_routing of topk_ids (and topk_weights),
+    then loom.moe_layer into a new out [T, hidden] of x's dtype, returned. out[t] = sum over token
+    t's routed slots j, in slot order, of w[t, j] * (silu(x[t] Wg_e^T) * (x[t] Wu_e^T)) Wd_e^T
+    (see loom.moe_layer for the math and the rounding).
+
+    x: [T, hidden] bf16 or fp16 (T <= max_tokens, may differ per rank and be 0). topk_ids: int32
+    [T, k], expert ids in [0, num_experts) or -1 (an unused slot), e.g. from moe_topk.
+    topk_weights: float32 [T, k] (None: every weight 1). gate_up: this rank's experts' gate and up
+    weights, [E/W, 2I, hidden] interleaved by 8 (``swiglu_weights(gate, up)``); down: [E/W,
+    hidden, I]; both x's dtype, I a multiple of 8. The MoE config is (num_experts, k, hidden, x's
+    dtype, max_tokens, capacity, overflow); see loom.MoeConfig. Every rank calls it in the same
+    order with the same config.
+
+    The routing goes into buffers cached on the communicator for (config, I) (``moe_buffers(comm,
+    config, hidden_intermediate=I)``), allocated by the first call with them (collective; kept until
+    the communicator closes). Calls sharing them are ordered by the stream, as the collective
+    contract asks. CUDA graphs: run it once eagerly with the config first; a first call during
+    capture raises ``loom.InvalidArgument``. Across nodes it raises ``loom.Unsupported``. Bad
+    shapes, dtypes or devices raise ``loom.InvalidArgument`` before anything is launched; expert
+    ids out of range or a rank over its capacity (overflow 'error') leave out all NaN (it is
+    NaN-filled first, and a failed routing makes the layer write nothing); the op cannot say why
+    without a host wait (``loom.moe_report`` needs the plan: use moe_buffers, loom.moe_routing and
+    moe_layer to see it).
+
+    Shared expert (both or neither): shared_gate_up [2I, hidden] (``swiglu_weights(gate[None],
+    up[None])[0]``) and shared_down [hidden, I], x's dtype: every token also goes through that
+    dense FFN, added with weight 1 before out's one rounding (DeepSeek-V3, Llama 4); its tiles
+    run first in the kernel, overlapping the dispatch."""
+    # The numbers before the dispatcher sees them (it would refuse a float without loom's message);
+    # the operator checks everything again, with the rank.
+    _moe_scalars(num_experts, max_tokens, capacity, overflow, None)
+    return torch.ops.loom.moe_layer.default(register_communicator(comm), x, topk_ids, topk_weights, gate_up, down,
+                                            num_experts, max_tokens, capacity, overflow, shared_gate_up, shared_down)
 
 
 def zigzag_shard(x: torch.Tensor, world: int, rank: int, dim: int = 1) -> torch.Tensor:

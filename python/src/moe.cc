@@ -352,7 +352,7 @@ struct MoeLayerCall {
   Communicator* comm = nullptr;
   int comm_rank = -1;
   MoePlan plan;
-  TensorArg x, gate_up, down, recv_x, hidden, expert_out, out;
+  TensorArg x, gate_up, down, recv_x, hidden, expert_out, out, shared_gate_up, shared_down;
   MoeLayerWeights weights;
   MoeLayerBuffers buffers;
   MoeLayerOptions options;
@@ -372,12 +372,15 @@ void require_shape3(const TensorArg& t, int64_t d0, int64_t d1, int64_t d2, cons
 }
 
 // x and recv_x as moe_dispatch; gate_up [E/W, 2I, hidden] (gate and up rows interleaved by 8,
-// loom.torch.swiglu_weights), down [E/W, hidden, I], hidden [capacity, I], expert_out [capacity,
-// hidden], out [T, hidden], all of the config's dtype. I is read from gate_up (its rows / 2) and
-// down must agree; loom checks I's own rule (a positive multiple of 8).
+// loom.torch.swiglu_weights), down [E/W, hidden, I], hidden [rows, I], expert_out [rows, hidden],
+// out [T, hidden], all of the config's dtype; a shared expert (both or neither): shared_gate_up
+// [2I, hidden], shared_down [hidden, I]. rows = moe_layer_rows(capacity, max_tokens, shared expert
+// or not). I is read from gate_up (its rows / 2) and down must agree; loom checks I's own rule (a
+// positive multiple of 8).
 MoeLayerCall prepare_moe_layer(const CommView& pc, const PyMoePlan& p, nb::handle x, nb::handle gate_up, nb::handle down,
                                nb::handle recv_x, nb::handle hidden, nb::handle expert_out, nb::handle out,
-                               uintptr_t stream, std::string_view tile, int num_ctas, int push_ctas, int arrival_ctas) {
+                               uintptr_t stream, std::string_view tile, int num_ctas, int push_ctas, int arrival_ctas,
+                               nb::handle shared_gate_up, nb::handle shared_down) {
   MoeLayerCall c;
   const std::string_view op = c.op();
   const int rank = pc.rank;
@@ -411,17 +414,41 @@ MoeLayerCall prepare_moe_layer(const CommView& pc, const PyMoePlan& p, nb::handl
   require_shape3(c.down, experts, config.hidden, inter,
                  "[E/W, hidden, I] (I = " + num(inter) + ": half of gate_up's " + num(gate_up_rows) + " rows)", op,
                  rank);
-  require_shape(c.hidden, capacity, inter, "[capacity, I]", op, rank);
-  require_shape(c.expert_out, capacity, config.hidden, "[capacity, hidden]", op, rank);
+  if (shared_gate_up.is_none() != shared_down.is_none()) {
+    invalid(op, rank, "shared_gate_up and shared_down go together (both: a shared expert; neither: none)");
+  }
+  const bool shared = !shared_gate_up.is_none();
+  if (shared) {
+    c.shared_gate_up = tensor_arg(shared_gate_up, "shared_gate_up", op, rank);
+    c.shared_down = tensor_arg(shared_down, "shared_down", op, rank);
+    require_ndim(c.shared_gate_up, 2, "[2I, hidden]", op, rank);
+    require_ndim(c.shared_down, 2, "[hidden, I]", op, rank);
+    require_shape(c.shared_gate_up, 2 * inter, config.hidden, "[2I, hidden] (I = " + num(inter) + ", gate_up's)", op,
+                  rank);
+    require_shape(c.shared_down, config.hidden, inter, "[hidden, I] (I = " + num(inter) + ", gate_up's)", op, rank);
+    require_dtype(c.shared_gate_up, config.dtype, "the config's dtype", op, rank);
+    require_dtype(c.shared_down, config.dtype, "the config's dtype", op, rank);
+  }
+  const int64_t rows = moe_layer_rows(capacity, config.max_tokens, shared);
+  const std::string rows_text = shared ? "rows (moe_layer_rows(capacity, max_tokens, True) = " + num(rows) + ")"
+                                       : "capacity";
+  require_shape(c.hidden, rows, inter, "[" + rows_text + ", I]", op, rank);
+  require_shape(c.expert_out, rows, config.hidden, "[" + rows_text + ", hidden]", op, rank);
   require_shape(c.out, p.plan.num_tokens, config.hidden, "[T, hidden] (T: the tokens given to moe_routing)", op, rank);
   for (const TensorArg* t : {&c.x, &c.gate_up, &c.down, &c.recv_x, &c.hidden, &c.expert_out, &c.out}) {
     require_device(*t, pc.device, op, rank);
+  }
+  if (shared) {
+    require_device(c.shared_gate_up, pc.device, op, rank);
+    require_device(c.shared_down, pc.device, op, rank);
   }
   require_symmetric(pc, c.recv_x, "peers write the rows routed to this rank into it", op);
   require_symmetric(pc, c.expert_out, "the tokens' owners read their rows from it", op);
   c.weights.gate_up = c.gate_up.data;
   c.weights.down = c.down.data;
   c.weights.intermediate = inter;
+  c.weights.shared_gate_up = shared ? c.shared_gate_up.data : nullptr;
+  c.weights.shared_down = shared ? c.shared_down.data : nullptr;
   c.buffers.recv_x = c.recv_x.data;
   c.buffers.hidden = c.hidden.data;
   c.buffers.expert_out = c.expert_out.data;
@@ -647,16 +674,21 @@ void bind_moe(nb::module_& m) {
       "moe_layer",
       [](PyCommunicator& pc, const PyMoePlan& plan, nb::handle x, nb::handle gate_up, nb::handle down,
          nb::handle recv_x, nb::handle hidden, nb::handle expert_out, nb::handle out, uintptr_t stream,
-         std::string_view tile, int num_ctas, int push_ctas, int arrival_ctas) {
+         std::string_view tile, int num_ctas, int push_ctas, int arrival_ctas, nb::handle shared_gate_up,
+         nb::handle shared_down) {
         require_owner(pc, plan, "moe_layer");
         run(prepare_moe_layer(view_of(pc, "moe_layer"), plan, x, gate_up, down, recv_x, hidden, expert_out, out,
-                              stream, tile, num_ctas, push_ctas, arrival_ctas));
+                              stream, tile, num_ctas, push_ctas, arrival_ctas, shared_gate_up, shared_down));
       },
       "comm"_a, "plan"_a, "x"_a.none(), "gate_up"_a.none(), "down"_a.none(), "recv_x"_a.none(), "hidden"_a.none(),
       "expert_out"_a.none(), "out"_a.none(), "stream"_a, "tile"_a = "auto", "num_ctas"_a = 0, "push_ctas"_a = 0,
-      "arrival_ctas"_a = 0,
+      "arrival_ctas"_a = 0, "shared_gate_up"_a.none() = nb::none(), "shared_down"_a.none() = nb::none(),
       "Collective: the whole MoE FFN step in one kernel: out[t] = sum_j w[t, j] * "
-      "(silu(x gate^T) * (x up^T)) down^T over t's routed experts (within one node).");
+      "(silu(x gate^T) * (x up^T)) down^T over t's routed experts (within one node), plus a shared expert's "
+      "FFN of x[t] when shared_gate_up and shared_down are given.");
+  m.def("moe_layer_rows", &moe_layer_rows, "capacity"_a, "max_tokens"_a, "shared_expert"_a,
+        "The rows of moe_layer's hidden and expert_out: capacity, or with a shared expert align_up(capacity, 128) + "
+        "max_tokens.");
 
   m.def(
       "moe_topk",
@@ -694,7 +726,7 @@ void bind_moe(nb::module_& m) {
         } else if (op == "moe_dispatch_gemm") {
           (void)prepare_moe_dispatch_gemm(fake, plan, t(0), t(1), t(2), t(3), 0, b_layout, activation, "auto", 0, 0, 0);
         } else if (op == "moe_layer") {
-          (void)prepare_moe_layer(fake, plan, t(0), t(1), t(2), t(3), t(4), t(5), t(6), 0, "auto", 0, 0, 0);
+          (void)prepare_moe_layer(fake, plan, t(0), t(1), t(2), t(3), t(4), t(5), t(6), 0, "auto", 0, 0, 0, t(7), t(8));
         } else {
           invalid("_check_moe_args", -1, "unknown op '" + op + "'");
         }

@@ -463,6 +463,12 @@ Result<MoeDispatchGemmPlan> plan_moe_dispatch_gemm(const GroupedGemmArgs& args, 
 
 }  // namespace planner
 
+int64_t moe_layer_rows(int64_t capacity, int64_t max_tokens, bool shared_expert) {
+  if (capacity < 0 || max_tokens < 0) return 0;
+  return static_cast<int64_t>(kernels::moe::layer_rows(static_cast<uint64_t>(capacity),
+                                                       static_cast<uint64_t>(max_tokens), shared_expert));
+}
+
 Status moe_topk_can_implement(const MoeTopkArgs& a) {
   const std::string op = "moe_topk: ";
   if (a.num_tokens < 0 || a.num_tokens > INT32_MAX) {

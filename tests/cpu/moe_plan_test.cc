@@ -119,11 +119,14 @@ void check_workspace(uint32_t nodes, uint32_t local) {
                                      l.ret_window,  l.partials,    l.bytes};
   const uint64_t blocks = km::arrival_blocks(cap);
   // tiles: the table of moe_dispatch_gemm and moe_layer, 16 bytes of header and 16 per tile row,
-  // Tr = ceil(C / 64) + E / W rows; moe_layer's counters: 8 bytes per tile row, its flags 8 per row
+  // Tr = ceil(C / 64) + E / W rows; moe_layer's counters: 8 bytes per tile row and per shared
+  // expert tile row (Ts = ceil(Tmax / 64)), its flags 8 per row of align_up(C, 128) + Tmax
   const uint64_t tile_rows = (cap + 63) / 64 + e / w;
+  const uint64_t layer_tile_rows = (tmax + 63) / 64 + tile_rows;
+  const uint64_t layer_rows = (cap + 127) / 128 * 128 + tmax;
   const std::vector<uint64_t> sizes{4 * w * km::count_row_ints(shape.experts, nodes), 8 * w, 4ull * nodes,
                                     8 * km::routing_chunks(tmax), 16, 8 * blocks, 8 * blocks, 4 * remote, 8 * remote,
-                                    4 * remote * q, 8 * tile_rows, 8 * tile_rows, 8 * cap, 8ull * MoeTunables::kMaxCtas, 8ull * local, 4 * remote * q, 8 * remote,
+                                    4 * remote * q, 8 * layer_tile_rows, 8 * layer_tile_rows, 8 * layer_rows, 8ull * MoeTunables::kMaxCtas, 8ull * local, 4 * remote * q, 8 * remote,
                                     16 * cap, 16 + 16 * tile_rows, nodes > 1 ? 8u : 0u,
                                     4 * tmax * remote, remote * tmax * eb, remote * tmax * eb, remote * tmax * pb,
                                     remote * tmax * pb};
@@ -140,7 +143,9 @@ void check_workspace(uint32_t nodes, uint32_t local) {
   EXPECT_EQ(l.routing_zero_begin(), 0u);
   EXPECT_EQ(l.routing_zero_end(), l.dispatch_zero_begin());
   EXPECT_EQ(l.dispatch_zero_end(), l.hidden_done);
-  EXPECT_EQ(l.out_ready + km::align_up(8 * cap, 256), l.combine_zero_begin());
+  EXPECT_EQ(l.out_ready + km::align_up(8 * layer_rows, 256), l.combine_zero_begin());
+  EXPECT_EQ(km::layer_rows(cap, tmax, true), layer_rows);
+  EXPECT_EQ(km::layer_rows(cap, tmax, false), cap);
   EXPECT_EQ(l.combine_zero_end(), l.rows);
   EXPECT_EQ(l.window_chunks, q);
   EXPECT_EQ(l.entry_bytes, eb);

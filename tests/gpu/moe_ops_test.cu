@@ -846,6 +846,9 @@ std::vector<GemmCase> gemm_cases() {
 template <class C>
 std::string routing_case_name(const ::testing::TestParamInfo<C>& info) {
   std::string n = std::to_string(info.index) + "_" + routing_name(info.param.moe.routing);
+  if constexpr (requires { info.param.shared; }) {
+    if (info.param.shared) n += "_shared_expert";
+  }
   for (char& ch : n) ch = ch == '-' ? '_' : ch;
   return n;
 }
@@ -1303,14 +1306,17 @@ TEST_F(MoeTopk, MatchesTheReference) {
 // refused (unsupported) on every rank.
 
 constexpr uint64_t kGateSalt = 0x5EED0011, kUpSalt = 0x5EED0012, kDownSalt = 0x5EED0013;
+constexpr int64_t kSharedExpert = -1;  // the shared expert's weights, as an expert id of their own
 
 struct LayerCase {
   Case moe;
   int64_t inter = 192;  // I
   GemmTile tile = GemmTile::k128x256;
+  bool shared = false;  // a shared expert (MoeLayerWeights::shared_gate_up, shared_down)
 
   std::string text(int world) const {
-    return moe.text(world) + " I=" + std::to_string(inter) + " " + std::string(gemm_tile_name(tile));
+    return moe.text(world) + " I=" + std::to_string(inter) + " " + std::string(gemm_tile_name(tile)) +
+           (shared ? " shared" : "");
   }
 };
 
@@ -1328,52 +1334,106 @@ float down_value(const LayerCase& g, int64_t e, int64_t h, int64_t i) {
   return from_bits(g.moe.dtype, to_bits(g.moe.dtype, v));
 }
 
+// The layer's buffers and weights, and the composed calls' (with a shared expert also its FFN on
+// this rank's tokens through grouped_gemm: one group of T rows).
 struct LayerBuffers {
   DeviceBuffer gate_up, down, hidden, composed_hidden, composed_out, table;
+  DeviceBuffer shared_gate_up, shared_down, shared_offsets, shared_table, composed_shared_hidden, composed_shared_y;
   void* composed_y = nullptr;  // symmetric [C, H]
+  void* layer_y = nullptr;     // symmetric [rows, H] with a shared expert (else the case's y)
+  int64_t rows = 0;            // moe_layer_rows: hidden's and expert_out's
+  int64_t shared_row = 0;      // token 0's shared rows
   size_t hidden_bytes = 0;
+  size_t composed_hidden_bytes = 0;  // [C, I]
+  size_t y_bytes = 0;
   bool ok = false;
+
+  // B rows of one expert (the gate/up interleave by 8) and the down rows, of global expert e.
+  static void expert_weights(const LayerCase& g, int64_t e, float* gu, float* dn) {
+    const int64_t hd = g.moe.hidden, in = g.inter;
+    for (int64_t r = 0; r < 2 * in; ++r) {  // B row 16j + i: gate row 8j + i; 16j + 8 + i: up row 8j + i
+      const int64_t i = r / 16 * 8 + r % 8;
+      const bool up = r % 16 >= 8;
+      for (int64_t h = 0; h < hd; ++h) gu[r * hd + h] = up ? up_value(g, e, i, h) : gate_value(g, e, i, h);
+    }
+    for (int64_t h = 0; h < hd; ++h) {
+      for (int64_t i = 0; i < in; ++i) dn[h * in + i] = down_value(g, e, h, i);
+    }
+  }
 
   // Collective (a symmetric allocation).
   LayerBuffers(const LayerCase& g, const CaseBuffers& s) {
     const int64_t el = s.layouts.local_experts, hd = g.moe.hidden, in = g.inter;
     std::vector<float> gu(static_cast<size_t>(el * 2 * in * hd)), dn(static_cast<size_t>(el * hd * in));
-    for (int64_t l = 0; l < el; ++l) {
-      const int64_t e = s.me * el + l;  // this rank's experts are [me El, (me + 1) El)
-      for (int64_t r = 0; r < 2 * in; ++r) {  // B row 16j + i: gate row 8j + i; 16j + 8 + i: up row 8j + i
-        const int64_t i = r / 16 * 8 + r % 8;
-        const bool up = r % 16 >= 8;
-        for (int64_t h = 0; h < hd; ++h) {
-          gu[static_cast<size_t>((l * 2 * in + r) * hd + h)] = up ? up_value(g, e, i, h) : gate_value(g, e, i, h);
-        }
-      }
-      for (int64_t h = 0; h < hd; ++h) {
-        for (int64_t i = 0; i < in; ++i) dn[static_cast<size_t>((l * hd + h) * in + i)] = down_value(g, e, h, i);
-      }
+    for (int64_t l = 0; l < el; ++l) {  // this rank's experts are [me El, (me + 1) El)
+      expert_weights(g, s.me * el + l, gu.data() + l * 2 * in * hd, dn.data() + l * hd * in);
     }
-    hidden_bytes = static_cast<size_t>(s.layouts.capacity * in) * dtype_size(g.moe.dtype);
-    gate_up = device_buffer(gu.size() * dtype_size(g.moe.dtype));
-    down = device_buffer(dn.size() * dtype_size(g.moe.dtype));
+    const size_t elem = dtype_size(g.moe.dtype);
+    rows = moe_layer_rows(s.layouts.capacity, s.config.max_tokens, g.shared);
+    shared_row = static_cast<int64_t>(kernels::moe::layer_shared_row_begin(static_cast<uint64_t>(s.layouts.capacity)));
+    hidden_bytes = static_cast<size_t>(rows * in) * elem;
+    y_bytes = static_cast<size_t>(rows) * s.row_bytes();
+    gate_up = device_buffer(gu.size() * elem);
+    down = device_buffer(dn.size() * elem);
     hidden = device_buffer(hidden_bytes);
-    composed_hidden = device_buffer(hidden_bytes);
+    composed_hidden_bytes = static_cast<size_t>(s.layouts.capacity * in) * elem;
+    composed_hidden = device_buffer(composed_hidden_bytes);
+    bool shared_ok = true;
+    if (g.shared) {
+      std::vector<float> sgu(static_cast<size_t>(2 * in * hd)), sdn(static_cast<size_t>(hd * in));
+      expert_weights(g, kSharedExpert, sgu.data(), sdn.data());
+      const size_t t = static_cast<size_t>(std::max<int64_t>(s.tokens, 1));
+      shared_gate_up = device_buffer(sgu.size() * elem);
+      shared_down = device_buffer(sdn.size() * elem);
+      shared_offsets = device_buffer(2 * sizeof(int32_t));
+      composed_shared_hidden = device_buffer(t * static_cast<size_t>(in) * elem);
+      composed_shared_y = device_buffer(t * s.row_bytes());
+      shared_table = device_buffer(grouped_gemm_workspace_bytes(shared_args(g, s, true)));
+      Result<void*> ly = shared_comm().alloc(y_bytes);
+      layer_y = ly.ok() ? *ly : nullptr;
+      shared_ok = shared_gate_up && shared_down && shared_offsets && composed_shared_hidden && composed_shared_y &&
+                  shared_table && layer_y != nullptr && upload(shared_gate_up.get(), pack(g.moe.dtype, sgu)) &&
+                  upload(shared_down.get(), pack(g.moe.dtype, sdn)) &&
+                  upload(shared_offsets.get(), std::vector<int32_t>{0, static_cast<int32_t>(s.tokens)});
+    }
     composed_out = device_buffer(s.out_bytes());
     MoeExpertGemm up_args = expert_gemm(g, s, nullptr);
     table = device_buffer(grouped_gemm_workspace_bytes(planner::dispatch_gemm_grouped_args(
         MoePlan{s.config, s.layouts.capacity, s.tokens, nullptr, nullptr, 0}, s.layouts, s.recv, up_args, nullptr)));
     Result<void*> y = shared_comm().alloc(s.recv_bytes());
     composed_y = y.ok() ? *y : nullptr;
-    ok = gate_up && down && hidden && composed_hidden && composed_out && table && composed_y &&
+    ok = gate_up && down && hidden && composed_hidden && composed_out && table && composed_y && shared_ok &&
          upload(gate_up.get(), pack(g.moe.dtype, gu)) && upload(down.get(), pack(g.moe.dtype, dn)) && poison(s);
   }
   ~LayerBuffers() {
     if (composed_y != nullptr) (void)shared_comm().free(composed_y);
+    if (layer_y != nullptr) (void)shared_comm().free(layer_y);
   }
+  // The shared expert's FFN through grouped_gemm: fc1 (SwiGLU) when `up`, else fc2.
+  GroupedGemmArgs shared_args(const LayerCase& g, const CaseBuffers& s, bool up) const {
+    GroupedGemmArgs a;
+    a.a = up ? s.d_x.get() : composed_shared_hidden.get();
+    a.b = up ? shared_gate_up.get() : shared_down.get();
+    a.d = up ? composed_shared_hidden.get() : composed_shared_y.get();
+    a.offsets = static_cast<const int32_t*>(shared_offsets.get());
+    a.m_total = s.tokens;
+    a.n = up ? 2 * g.inter : g.moe.hidden;
+    a.k = up ? g.moe.hidden : g.inter;
+    a.num_experts = 1;
+    a.in_dtype = a.out_dtype = g.moe.dtype;
+    a.activation = up ? GroupedActivation::kSwiGLU : GroupedActivation::kNone;
+    a.workspace = shared_table.get();
+    a.workspace_bytes = grouped_gemm_workspace_bytes(a);
+    return a;
+  }
+  void* y(const CaseBuffers& s) const { return layer_y != nullptr ? layer_y : s.y; }
   LayerBuffers(const LayerBuffers&) = delete;
   LayerBuffers& operator=(const LayerBuffers&) = delete;
 
   bool poison(const CaseBuffers& s) const {
+    if (layer_y != nullptr && cudaMemset(layer_y, 0xFF, y_bytes) != cudaSuccess) return false;
     return cudaMemset(hidden.get(), 0xFF, hidden_bytes) == cudaSuccess &&
-           cudaMemset(composed_hidden.get(), 0xFF, hidden_bytes) == cudaSuccess &&
+           cudaMemset(composed_hidden.get(), 0xFF, composed_hidden_bytes) == cudaSuccess &&
            cudaMemset(composed_out.get(), 0xFF, s.out_bytes()) == cudaSuccess &&
            cudaMemset(composed_y, 0xFF, s.recv_bytes()) == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess;
   }
@@ -1382,13 +1442,15 @@ struct LayerBuffers {
     w.gate_up = gate_up.get();
     w.down = down.get();
     w.intermediate = g.inter;
+    w.shared_gate_up = shared_gate_up.get();
+    w.shared_down = shared_down.get();
     return w;
   }
   MoeLayerBuffers buffers(const CaseBuffers& s) const {
     MoeLayerBuffers b;
     b.recv_x = s.recv;
     b.hidden = hidden.get();
-    b.expert_out = s.y;
+    b.expert_out = y(s);
     return b;
   }
   MoeExpertGemm expert_gemm(const LayerCase& g, const CaseBuffers& s, void* out) const {
@@ -1428,7 +1490,10 @@ Status run_composed(const LayerCase& g, const CaseBuffers& s, LayerBuffers& b, c
   ca.expert_out = b.composed_y;
   ca.out = b.composed_out.get();
   ca.dtype = g.moe.dtype;
-  return moe_combine(comm, plan, ca, nullptr);
+  LOOM_TRY(moe_combine(comm, plan, ca, nullptr));
+  if (!g.shared || s.tokens == 0) return {};
+  LOOM_TRY(grouped_gemm(b.shared_args(g, s, true), nullptr, go));
+  return grouped_gemm(b.shared_args(g, s, false), nullptr, go);
 }
 
 // out against the fp64 reference (above).
@@ -1446,10 +1511,11 @@ void check_layer(const LayerCase& g, const CaseBuffers& s, const std::string& wh
   for (int64_t tok = 0; tok < s.tokens; ++tok) {
     std::fill(out.begin(), out.end(), 0.0);
     for (int64_t c = 0; c < hd; ++c) x[c] = round(x_value(g.moe.seed, s.me, tok, c, hd));
-    for (int j = 0; j < k; ++j) {
+    for (int j = 0; j < k + (g.shared ? 1 : 0); ++j) {  // j == k: the shared expert, weight 1
       const size_t q = static_cast<size_t>(tok * k + j);
-      if (want.slot_dest[q] < 0) continue;  // unused or dropped
-      const int64_t e = s.ids[s.me][q];
+      if (j < k && want.slot_dest[q] < 0) continue;  // unused or dropped
+      const int64_t e = j < k ? s.ids[s.me][q] : kSharedExpert;
+      const double weight = j < k ? static_cast<double>(s.weights[s.me][q]) : 1.0;
       for (int64_t i = 0; i < in; ++i) {
         double gate = 0.0, up = 0.0;
         for (int64_t c = 0; c < hd; ++c) {
@@ -1461,7 +1527,7 @@ void check_layer(const LayerCase& g, const CaseBuffers& s, const std::string& wh
       for (int64_t c = 0; c < hd; ++c) {
         double y = 0.0;
         for (int64_t i = 0; i < in; ++i) y += h[i] * down_value(g, e, c, i);
-        out[c] += static_cast<double>(s.weights[s.me][q]) * round(y);
+        out[c] += weight * round(y);
       }
     }
     for (int64_t c = 0; c < hd; ++c) {
@@ -1512,13 +1578,21 @@ TEST_P(MoeLayer, MatchesTheReferenceAndTheComposedCalls) {
   const ref::RefRank& want = s.expected[s.me];
   const size_t kept = want.rows.size();
   const std::vector<uint8_t> hidden = download<uint8_t>(b.hidden.get(), b.hidden_bytes);
-  const std::vector<uint8_t> y = download<uint8_t>(s.y, s.recv_bytes());
+  const std::vector<uint8_t> y = download<uint8_t>(b.y(s), b.y_bytes);
   const std::vector<uint8_t> out = download<uint8_t>(s.d_out.get(), s.out_bytes());
-  // Rows past the kept ones are never written.
+  // Rows past the kept ones are never written, nor past the shared expert's (rows shared_row + t).
   const size_t hidden_row = static_cast<size_t>(g.inter) * dtype_size(g.moe.dtype);
-  EXPECT_TRUE(std::all_of(hidden.begin() + kept * hidden_row, hidden.end(), [](uint8_t v) { return v == 0xFF; }))
+  const size_t shared_first = g.shared ? static_cast<size_t>(b.shared_row) : static_cast<size_t>(b.rows);
+  const size_t shared_end = g.shared ? shared_first + static_cast<size_t>(s.tokens) : shared_first;
+  auto untouched = [](const std::vector<uint8_t>& v, size_t row_bytes, size_t first, size_t end) {
+    return std::all_of(v.begin() + first * row_bytes, v.begin() + std::max(first, end) * row_bytes,
+                       [](uint8_t byte) { return byte == 0xFF; });
+  };
+  EXPECT_TRUE(untouched(hidden, hidden_row, kept, shared_first) &&
+              untouched(hidden, hidden_row, shared_end, static_cast<size_t>(b.rows)))
       << what << ": rank " << s.me << ": hidden rows past the kept ones were written";
-  EXPECT_TRUE(std::all_of(y.begin() + kept * s.row_bytes(), y.end(), [](uint8_t v) { return v == 0xFF; }))
+  EXPECT_TRUE(untouched(y, s.row_bytes(), kept, shared_first) &&
+              untouched(y, s.row_bytes(), shared_end, static_cast<size_t>(b.rows)))
       << what << ": rank " << s.me << ": expert_out rows past the kept ones were written";
 
   // The composed calls (all collective calls before the slow host reference).
@@ -1531,8 +1605,19 @@ TEST_P(MoeLayer, MatchesTheReferenceAndTheComposedCalls) {
       << what << ": rank " << s.me << ": hidden differs from moe_dispatch_gemm's";
   EXPECT_TRUE(std::equal(y.begin(), y.begin() + kept * s.row_bytes(), download<uint8_t>(b.composed_y, kept * s.row_bytes()).begin()))
       << what << ": rank " << s.me << ": expert_out differs from grouped_gemm's";
-  EXPECT_TRUE(out == download<uint8_t>(b.composed_out.get(), s.out_bytes()))
-      << what << ": rank " << s.me << ": out differs from moe_combine's over the composed calls";
+  if (g.shared) {
+    // The shared expert's rows: grouped_gemm's bits on the tokens. out adds them before its one
+    // rounding, which the composed calls cannot: the reference checks it.
+    EXPECT_TRUE(std::equal(hidden.begin() + shared_first * hidden_row, hidden.begin() + shared_end * hidden_row,
+                           download<uint8_t>(b.composed_shared_hidden.get(), (shared_end - shared_first) * hidden_row).begin()))
+        << what << ": rank " << s.me << ": the shared expert's hidden rows differ from grouped_gemm's";
+    EXPECT_TRUE(std::equal(y.begin() + shared_first * s.row_bytes(), y.begin() + shared_end * s.row_bytes(),
+                           download<uint8_t>(b.composed_shared_y.get(), (shared_end - shared_first) * s.row_bytes()).begin()))
+        << what << ": rank " << s.me << ": the shared expert's output rows differ from grouped_gemm's";
+  } else {
+    EXPECT_TRUE(out == download<uint8_t>(b.composed_out.get(), s.out_bytes()))
+        << what << ": rank " << s.me << ": out differs from moe_combine's over the composed calls";
+  }
   check_layer(g, s, what);
   EXPECT_TRUE(agree(!::testing::Test::HasFailure())) << what << ": a peer failed";
 }
@@ -1574,6 +1659,23 @@ std::vector<LayerCase> layer_cases() {
   repeated.moe = make_case(Routing::kRepeated, 137);
   repeated.tile = GemmTile::k128x128;
   v.push_back(repeated);
+  // A shared expert: beside uniform routing; with a rank of no tokens (no shared tiles there);
+  // with dropped slots (a token may have only the shared expert), fp16, the other tile.
+  LayerCase shared = uniform;
+  shared.moe.seed = 138;
+  shared.tile = GemmTile::k128x256;
+  shared.shared = true;
+  v.push_back(shared);
+  LayerCase shared_empty = empty;
+  shared_empty.moe.seed = 139;
+  shared_empty.shared = true;
+  v.push_back(shared_empty);
+  LayerCase shared_drop = drop;
+  shared_drop.moe.seed = 140;
+  shared_drop.moe.dtype = DType::kF16;
+  shared_drop.tile = GemmTile::k128x128;
+  shared_drop.shared = true;
+  v.push_back(shared_drop);
   return v;
 }
 
@@ -1614,6 +1716,11 @@ TEST_F(MoeLayerChecks, BadInputIsRefusedAndAFailedRoutingWritesNothing) {
   bufs = b.buffers(s);
   bufs.hidden = host.data();
   refused(b.weights(g), bufs, s.d_out.get(), StatusCode::kInvalidArgument, "hidden");
+  w = b.weights(g);
+  w.shared_gate_up = b.gate_up.get();  // without shared_down
+  refused(w, b.buffers(s), s.d_out.get(), StatusCode::kInvalidArgument, "go together");
+  w.shared_down = b.down.get();  // a shared expert, but hidden holds the receive rows only
+  refused(w, b.buffers(s), s.d_out.get(), StatusCode::kInvalidArgument, "moe_layer_rows");
   MoeLayerOptions narrow;
   narrow.tile = GemmTile::k64x128;
   const Status tile = moe_layer(comm, *plan, s.d_x.get(), b.weights(g), b.buffers(s), s.d_out.get(), nullptr, narrow);
@@ -1729,13 +1836,15 @@ TEST_P(MoeGraph, RoutingDispatchCombineReplayTheReferenceBits) {
   EXPECT_TRUE(agree(!::testing::Test::HasFailure())) << what << ": a peer failed";
 }
 
-// moe_routing + moe_layer captured in a CUDA graph after one eager step, replayed three times with
-// recv_x, hidden and out poisoned before each replay: every replay writes the eager step's bits.
+// moe_routing + moe_layer (with a shared expert) captured in a CUDA graph after one eager step,
+// replayed three times with recv_x, hidden, expert_out and out poisoned before each replay: every
+// replay writes the eager step's bits.
 TEST_P(MoeGraph, LayerReplaysTheEagerBits) {
   Communicator& comm = shared_comm();
   if (comm.num_nodes() > 1) GTEST_SKIP() << "across nodes every moe_layer call is refused (MoeLayer checks it)";
   LayerCase g;
   g.moe = make_case(Routing::kSkewed, 97);  // MoeGraph's config: the pinned workspace fits it
+  g.shared = true;
   const std::string what = "moe_layer graph: " + g.text(comm.world_size());
   CaseBuffers s(g.moe);
   ASSERT_TRUE(agree(s.ok)) << what << ": setting up";

@@ -96,6 +96,10 @@ def test_moe_layer_bench_options(monkeypatch):
         with pytest.raises(SystemExit):
             module.parse_args(bad)
     assert module.MODELS["deepseek-v3"] == (7168, 2048, 32, 8) and module.MODELS["qwen3-235b"] == (4096, 1536, 16, 8)
+    # --shared-expert keeps the models that have one (DeepSeek-V3), and refuses a list of none.
+    assert module.parse_args(["--shared-expert"]).models == ["deepseek-v3"]
+    with pytest.raises(SystemExit):
+        module.parse_args(["--shared-expert", "--models", "qwen3-235b"])
 
 
 @pytest.mark.parametrize("env,says", [({"LOOM_RANKS_PER_GPU": "2"}, "LOOM_RANKS_PER_GPU=2 is the shared-GPU mode"),

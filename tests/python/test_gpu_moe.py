@@ -454,6 +454,79 @@ def test_moe_layer(comm, seed, routing, dtype, rank0_empty):
         assert rel_err(out_torch.cpu(), reference) <= LAYER_TOLERANCE[dtype]
 
 
+@pytest.mark.parametrize("rank0_empty", [False, True], ids=["every-rank", "rank0-empty"])
+def test_moe_layer_shared_expert(comm, seed, rank0_empty):
+    """A shared expert (one dense SwiGLU FFN on every token, weight 1): loom.torch.moe_layer with
+    moe_buffers(shared_expert=True) and torch.ops.loom.moe_layer (moe_layer_from_topk) against the
+    fp32 reference of the routed experts plus the shared one; both the same bits; the shared rows
+    of hidden and expert_out after align_up(capacity, 128) equal loom.grouped_gemm over the tokens
+    (one group) on the same tile; no other row past the kept ones written."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("moe_layer needs an sm_90 GPU")
+    if comm.num_nodes > 1:
+        pytest.skip("moe_layer runs within one node (test_moe_layer_across_nodes_is_refused)")
+    w, me, dtype, tile = comm.world_size, comm.rank, BF16, "128x256"
+    experts = EXPERTS_PER_RANK * w
+    salt = f"layer-shared-{rank0_empty}"
+    config = loom.MoeConfig(num_experts=experts, top_k=TOP_K, hidden=HIDDEN, dtype=dtype, max_tokens=MAX_TOKENS)
+    tokens = 0 if rank0_empty and me == 0 else 128 + 37 * (me % 3)
+    ids = make_ids("skewed", tokens, experts, TOP_K, seed, salt, me)
+    g = generator(seed, salt + "-rows", me)
+    router_weights = torch.rand(tokens, TOP_K, generator=g)
+    x = torch.randn(tokens, HIDDEN, generator=g).to(dtype)
+    gate, up, down = layer_weights(seed, salt, experts + 1, dtype)  # the last one: the shared expert
+    mine = slice(me * EXPERTS_PER_RANK, (me + 1) * EXPERTS_PER_RANK)
+    gate_up_dev = lt.swiglu_weights(gate[mine], up[mine]).to(dtype).cuda()
+    down_dev = down[mine].to(dtype).cuda()
+    shared_gate_up = lt.swiglu_weights(gate[experts:], up[experts:])[0].to(dtype).cuda()
+    shared_down = down[experts].to(dtype).cuda()
+    x_dev, ids_dev, weights_dev = x.cuda(), ids.cuda(), router_weights.cuda()
+
+    bufs = lt.moe_buffers(comm, config, hidden_intermediate=INTERMEDIATE, shared_expert=True)
+    capacity = bufs.sizes.capacity
+    rows = loom.moe_layer_rows(capacity, MAX_TOKENS, True)
+    first = (capacity + 127) // 128 * 128
+    assert rows == first + MAX_TOKENS and bufs.hidden.shape == (rows, INTERMEDIATE)
+    assert bufs.expert_out.shape == (rows, HIDDEN) and bufs.recv_x.shape == (capacity, HIDDEN)
+    bufs.hidden.fill_(NAN)
+    bufs.expert_out.fill_(NAN)
+    plan = loom.moe_routing(comm, config, ids_dev, topk_weights=weights_dev, plan_buffer=bufs.plan_buffer,
+                            expert_offsets=bufs.expert_offsets)
+    out = torch.full((tokens, HIDDEN), NAN, dtype=dtype, device="cuda")
+    loom.moe_layer(comm, plan, x_dev, gate_up_dev, down_dev, bufs.recv_x, bufs.hidden, bufs.expert_out, out, tile=tile,
+                   shared_gate_up=shared_gate_up, shared_down=shared_down)
+    kept = bufs.expert_offsets[-1].item()
+    hidden_rows, expert_rows = bufs.hidden.clone(), bufs.expert_out.clone()
+    out_plain = lt.moe_layer(comm, plan, x_dev, gate_up_dev, down_dev, bufs, shared_gate_up=shared_gate_up,
+                             shared_down=shared_down)
+    out_op = lt.moe_layer_from_topk(comm, x_dev, ids_dev, weights_dev, gate_up_dev, down_dev, num_experts=experts,
+                                    max_tokens=MAX_TOKENS, shared_gate_up=shared_gate_up, shared_down=shared_down)
+    # The shared expert alone through grouped_gemm (one group of the tokens, the same tile).
+    s_hidden = torch.full((max(tokens, 1), INTERMEDIATE), NAN, dtype=dtype, device="cuda")
+    s_out = torch.full((max(tokens, 1), HIDDEN), NAN, dtype=dtype, device="cuda")
+    if tokens:
+        offs = torch.tensor([0, tokens], dtype=torch.int32, device="cuda")
+        ws = torch.empty(loom.grouped_gemm_workspace_bytes(tokens, 1) // 4 + 1, dtype=torch.int32, device="cuda")
+        loom.grouped_gemm(x_dev, shared_gate_up.unsqueeze(0), s_hidden, workspace=ws, offsets=offs, tile=tile,
+                          activation="swiglu")
+        loom.grouped_gemm(s_hidden, shared_down.unsqueeze(0), s_out, workspace=ws, offsets=offs, tile=tile)
+    report = loom.moe_report(comm, plan)
+    comm.synchronize()
+    assert report.dropped_slots == 0
+    assert not out.isnan().any(), "moe_layer left token rows unwritten"
+    assert torch.equal(bits(out_plain), bits(out)) and torch.equal(bits(out_op), bits(out)), (
+        "loom.torch.moe_layer or torch.ops.loom.moe_layer differs from loom.moe_layer on the same tile")
+    assert torch.equal(bits(hidden_rows[first:first + tokens]), bits(s_hidden[:tokens])), "shared hidden rows differ"
+    assert torch.equal(bits(expert_rows[first:first + tokens]), bits(s_out[:tokens])), "shared output rows differ"
+    for name, buf in (("hidden", hidden_rows), ("expert_out", expert_rows)):
+        assert buf[kept:first].isnan().all() and buf[first + tokens:].isnan().all(), f"{name}: a row past the rest"
+    if tokens:
+        reference = layer_reference(x, ids, router_weights, gate, up, down, dtype)
+        reference += layer_reference(x, torch.full((tokens, 1), experts), torch.ones(tokens, 1), gate, up, down, dtype)
+        err = rel_err(out.cpu(), reference)
+        assert err <= LAYER_TOLERANCE[dtype], f"relative error {err:.2e} over {LAYER_TOLERANCE[dtype]:.2e}"
+
+
 def test_moe_layer_across_nodes_is_refused(comm, seed):
     """Across (emulated) nodes moe_layer refuses before launching (loom.Unsupported, naming the
     composed calls to use instead); the communicator stays usable."""
@@ -761,3 +834,181 @@ def test_moe_topk_refusals(comm):
         lt.moe_topk(logits, 2, scoring="tanh")
     torch.cuda.synchronize()
     assert ids.eq(7).all()
+
+
+# ---- the operators: torch.ops.loom.moe_layer (loom.torch.moe_layer_from_topk) and moe_topk ---------
+# Last in the file: test_moe_layer_op_in_a_cuda_graph captures MoE calls, which pins loom's MoE
+# workspace (it cannot grow for a larger config afterwards). Every test here uses one config per
+# dtype (E = 4 W, top_k 4, hidden 256, max_tokens 256, I = 192), so loom.torch's MoE buffer cache
+# holds at most two entries.
+
+def require_layer(comm):
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("moe_layer needs an sm_90 GPU")
+    if comm.num_nodes > 1:
+        pytest.skip("moe_layer runs within one node (test_moe_layer_across_nodes_is_refused)")
+
+
+def op_inputs(comm, seed, salt, dtype=BF16, *, weighted=True, rank0_empty=False):
+    """This rank's x, topk_ids, topk_weights (None unless weighted), gate_up and down on the GPU, as
+    test_moe_layer draws them (T = 128 + 37 (rank mod 3), 0 on rank 0 with rank0_empty)."""
+    w, me = comm.world_size, comm.rank
+    experts = EXPERTS_PER_RANK * w
+    tokens = 0 if rank0_empty and me == 0 else 128 + 37 * (me % 3)
+    ids = make_ids("skewed", tokens, experts, TOP_K, seed, salt, me)
+    g = generator(seed, salt + "-rows", me)
+    router_weights = torch.rand(tokens, TOP_K, generator=g)
+    x = torch.randn(tokens, HIDDEN, generator=g).to(dtype)
+    gate, up, down = layer_weights(seed, salt, experts, dtype)
+    mine = slice(me * EXPERTS_PER_RANK, (me + 1) * EXPERTS_PER_RANK)
+    return (x.cuda(), ids.cuda(), router_weights.cuda() if weighted else None,
+            lt.swiglu_weights(gate[mine], up[mine]).to(dtype).cuda(), down[mine].to(dtype).cuda())
+
+
+def layer_op(comm, x, ids, weights, gate_up, down):
+    return lt.moe_layer_from_topk(comm, x, ids, weights, gate_up, down, num_experts=EXPERTS_PER_RANK * comm.world_size,
+                                  max_tokens=MAX_TOKENS)
+
+
+@pytest.mark.parametrize("dtype,weighted,rank0_empty", [(BF16, True, False), (FP16, False, False), (BF16, True, True)],
+                         ids=["bf16", "fp16-unweighted", "bf16-rank0-empty"])
+def test_moe_layer_op_equals_the_plan_path(comm, seed, dtype, weighted, rank0_empty):
+    """torch.ops.loom.moe_layer gives the bits of loom.moe_routing + loom.torch.moe_layer on the
+    same inputs (both on the planner's tile); a second call reuses the cached buffers."""
+    require_layer(comm)
+    x, ids, weights, gate_up, down = op_inputs(comm, seed, f"op-{dtype}-{weighted}-{rank0_empty}", dtype,
+                                               weighted=weighted, rank0_empty=rank0_empty)
+    config = loom.MoeConfig(num_experts=EXPERTS_PER_RANK * comm.world_size, top_k=TOP_K, hidden=HIDDEN, dtype=dtype,
+                            max_tokens=MAX_TOKENS)
+    bufs = lt.moe_buffers(comm, config, hidden_intermediate=INTERMEDIATE)
+    plan = loom.moe_routing(comm, config, ids, topk_weights=weights, plan_buffer=bufs.plan_buffer,
+                            expert_offsets=bufs.expert_offsets)
+    expected = lt.moe_layer(comm, plan, x, gate_up, down, bufs)
+    got = layer_op(comm, x, ids, weights, gate_up, down)
+    entries = len(comm._moe_layer_buffers)
+    again = torch.ops.loom.moe_layer(lt.handle(comm), x, ids, weights, gate_up, down, EXPERTS_PER_RANK * comm.world_size,
+                                     MAX_TOKENS, 0, "error")
+    comm.synchronize()
+    assert len(comm._moe_layer_buffers) == entries <= 2
+    assert got.shape == (x.shape[0], HIDDEN) and got.dtype == dtype and got.device == x.device
+    assert not got.requires_grad
+    assert not got.isnan().any(), "the op left token rows unwritten"
+    assert torch.equal(bits(got), bits(expected)), "torch.ops.loom.moe_layer differs from moe_routing + moe_layer"
+    assert torch.equal(bits(again), bits(expected)), "the second call (cached buffers) differs"
+    if x.shape[0]:
+        reference = layer_reference(x.cpu(), ids.cpu(), weights.cpu() if weighted else torch.ones(x.shape[0], TOP_K),
+                                    *(t.cpu() for t in layer_weights(seed, f"op-{dtype}-{weighted}-{rank0_empty}",
+                                                                     EXPERTS_PER_RANK * comm.world_size, dtype)),
+                                    dtype)
+        assert rel_err(got.cpu(), reference) <= LAYER_TOLERANCE[dtype]
+
+
+def test_moe_layer_op_input_with_grad(comm, seed):
+    """x and the expert weights requiring grad: the same bits, an output without history."""
+    require_layer(comm)
+    x, ids, weights, gate_up, down = op_inputs(comm, seed, "op-grad")
+    expected = layer_op(comm, x, ids, weights, gate_up, down)
+    got = layer_op(comm, x.clone().requires_grad_(True), ids, weights, gate_up.clone().requires_grad_(True), down)
+    comm.synchronize()
+    assert not got.requires_grad and got.grad_fn is None
+    assert torch.equal(bits(got), bits(expected))
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["plain", "grad"])
+def test_moe_ops_opcheck(comm, seed, requires_grad):
+    """Schema, autograd registration, fake functions against the kernels, and torch.compile
+    (aot_dispatch_dynamic) for both MoE operators (every rank runs the same checks: moe_layer is
+    collective)."""
+    require_layer(comm)
+    x, ids, weights, gate_up, down = op_inputs(comm, seed, "op-opcheck")
+    torch.library.opcheck(torch.ops.loom.moe_layer.default,
+                          (lt.handle(comm), x.requires_grad_(requires_grad), ids, weights, gate_up, down,
+                           EXPERTS_PER_RANK * comm.world_size, MAX_TOKENS, 0, "error"))
+    comm.synchronize()
+    logits = topk_logits(seed, "op-opcheck-topk", comm.rank, BF16)
+    torch.library.opcheck(torch.ops.loom.moe_topk.default, (logits.requires_grad_(requires_grad), TOPK_K, "sigmoid",
+                                                            True))
+    torch.cuda.synchronize()
+
+
+def test_moe_layer_op_under_torch_compile(comm, seed):
+    """torch.compile(fullgraph=True) of a function calling the op gives the eager bits."""
+    require_layer(comm)
+    x, ids, weights, gate_up, down = op_inputs(comm, seed, "op-compile")
+    eager = layer_op(comm, x, ids, weights, gate_up, down)
+    comm.synchronize()
+    # Inductor's first compile (imports, worker pools) on every rank before the compile that ends in
+    # a collective call: the ranks then reach it about together, well within loom's op timeout.
+    torch.compile(lambda t: t * 2 + 1)(x.float())
+    torch.cuda.synchronize()
+    dist.barrier()
+
+    experts = EXPERTS_PER_RANK * comm.world_size  # outside: a loom.Communicator's properties are C++ calls
+
+    @torch.compile(fullgraph=True)
+    def step(x, ids, weights, gate_up, down):
+        return lt.moe_layer_from_topk(comm, x, ids, weights, gate_up, down, num_experts=experts, max_tokens=MAX_TOKENS)
+
+    got = step(x, ids, weights, gate_up, down)
+    comm.synchronize()
+    assert torch.equal(bits(got), bits(eager)), "torch.compile changed the op's bits"
+
+
+def test_moe_topk_op_under_torch_compile(comm, seed):
+    logits = topk_logits(seed, "op-compile-topk", comm.rank, BF16)
+    ids, weights = lt.moe_topk(logits, TOPK_K, renormalize=True)
+    got_ids, got_weights = torch.compile(lambda t: lt.moe_topk(t, TOPK_K, renormalize=True), fullgraph=True)(logits)
+    torch.cuda.synchronize()
+    assert torch.equal(got_ids, ids) and torch.equal(bits(got_weights), bits(weights))
+
+
+def test_moe_layer_op_in_a_cuda_graph(comm, seed):
+    """After one eager call, a CUDA graph captures the op; replayed with new x, topk_ids and
+    topk_weights copied into the captured inputs it gives an eager call's bits on them. A first
+    call of another config during capture is refused before anything is launched."""
+    require_layer(comm)
+    x0, ids0, weights0, gate_up, down = op_inputs(comm, seed, "op-graph-0")
+    x1, ids1, weights1, _, _ = op_inputs(comm, seed, "op-graph-1")  # the same T per rank, new contents
+    static = [x0.clone(), ids0.clone(), weights0.clone()]
+
+    def step(x, ids, weights):
+        return layer_op(comm, x, ids, weights, gate_up, down)
+
+    # The eager call first (the op's buffers for this config, loom's workspace), on a side stream
+    # as torch recommends before capture.
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        first = step(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    comm.synchronize()
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step(*static)
+    comm.synchronize()
+    captured.fill_(NAN)
+    graph.replay()
+    comm.synchronize()
+    assert torch.equal(bits(captured), bits(first)), "the replay differs from the eager call on the same inputs"
+
+    for replay in range(3):
+        for held, new in zip(static, (x1, ids1, weights1) if replay % 2 == 0 else (x0, ids0, weights0)):
+            held.copy_(new)
+        captured.fill_(NAN)
+        graph.replay()
+        expected = step(*(t.clone() for t in static))
+        comm.synchronize()
+        assert torch.equal(bits(captured), bits(expected)), f"replay {replay} differs from the eager call on its inputs"
+    assert not torch.equal(bits(layer_op(comm, x1, ids1, weights1, gate_up, down)), bits(first))  # the inputs mattered
+    comm.synchronize()
+
+    # Not run eagerly before: refused during capture (nothing launched, on every rank alike).
+    refused = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(refused):
+        with pytest.raises(loom.InvalidArgument, match="cannot be during CUDA graph capture: run it once eagerly first"):
+            lt.moe_layer_from_topk(comm, *static, gate_up, down, num_experts=EXPERTS_PER_RANK * comm.world_size,
+                                   max_tokens=MAX_TOKENS + 1)
+    del refused
+    comm.synchronize()
+    assert comm.health() is None

@@ -360,6 +360,49 @@ def test_layer_buffers_and_out_shapes():
         check("moe_layer", layer_tensors(x=t(T - 1, H)))
 
 
+SHARED_ROWS = 128 + TMAX  # moe_layer_rows(CAPACITY = 128, TMAX, True): the capacity rounded up to 128, then Tmax
+
+
+def shared_tensors(dtype=BF16, **changes):
+    """moe_layer's tensors with a shared expert: hidden and expert_out of SHARED_ROWS rows, then
+    shared_gate_up [2I, H] and shared_down [H, I]."""
+    tensors = layer_tensors(dtype, hidden=t(SHARED_ROWS, INTER, dtype=dtype), expert_out=t(SHARED_ROWS, H, dtype=dtype))
+    shared = dict(shared_gate_up=t(2 * INTER, H, dtype=dtype), shared_down=t(H, INTER, dtype=dtype))
+    names = ["x", "gate_up", "down", "recv_x", "hidden", "expert_out", "out"]
+    for name in list(changes):
+        if name in shared:
+            shared[name] = changes.pop(name)
+    base = dict(zip(names, tensors))
+    base.update(changes)
+    return list(base.values()) + list(shared.values())
+
+
+def test_layer_rows():
+    assert loom.moe_layer_rows(CAPACITY, TMAX, False) == CAPACITY
+    assert loom.moe_layer_rows(CAPACITY, TMAX, True) == SHARED_ROWS
+    assert loom.moe_layer_rows(300, 10, True) == 384 + 10
+
+
+def test_layer_shared_expert_shapes():
+    with raises(loom.InvalidArgument, "x is on cpu"):  # right shapes: only the device check fails
+        check("moe_layer", shared_tensors())
+    with raises(loom.InvalidArgument, "shared_gate_up and shared_down go together"):
+        check("moe_layer", shared_tensors()[:-1])
+    with raises(loom.InvalidArgument, "hidden must be [rows (moe_layer_rows(capacity, max_tokens, True) = 160), I] = "
+                                      "[160, 24], got [128, 24]"):
+        check("moe_layer", shared_tensors(hidden=t(CAPACITY, INTER)))
+    with raises(loom.InvalidArgument, "expert_out must be [rows (moe_layer_rows", "= [160, 64], got [128, 64]"):
+        check("moe_layer", shared_tensors(expert_out=t(CAPACITY, H)))
+    with raises(loom.InvalidArgument, "shared_gate_up must be [2I, hidden] (I = 24, gate_up's) = [48, 64], got [24, 64]"):
+        check("moe_layer", shared_tensors(shared_gate_up=t(INTER, H)))
+    with raises(loom.InvalidArgument, "shared_down must be [hidden, I] (I = 24, gate_up's) = [64, 24], got [24, 64]"):
+        check("moe_layer", shared_tensors(shared_down=t(INTER, H)))
+    with raises(loom.InvalidArgument, "shared_gate_up must be 2-D [2I, hidden], got shape [1, 48, 64]"):
+        check("moe_layer", shared_tensors(shared_gate_up=t(1, 2 * INTER, H)))
+    with raises(loom.InvalidArgument, "shared_down is fp16 but the config's dtype is bf16"):
+        check("moe_layer", shared_tensors(shared_down=t(H, INTER, dtype=FP16)))
+
+
 @pytest.mark.parametrize("name", ["x", "gate_up", "down", "recv_x", "hidden", "expert_out", "out"])
 def test_layer_every_tensor_has_the_config_s_dtype(name):
     # No per-tensor dtypes: MoeLayerWeights and MoeLayerBuffers carry none (out cannot be fp32 as

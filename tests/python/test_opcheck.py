@@ -119,13 +119,13 @@ def _like_a_kernel(reference):
 
 
 @contextlib.contextmanager
-def reference_kernels():
-    """The reference kernels in place of loom's CPU ones; loom's come back when the library
-    fragment is destroyed."""
+def reference_kernels(kernels=None):
+    """The reference kernels (default: REFERENCE_KERNELS) in place of loom's CPU ones; loom's come
+    back when the library fragment is destroyed."""
     fragment = torch.library.Library("loom", "IMPL")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "overriding a previously registered kernel" is the point
-        for name, reference in REFERENCE_KERNELS.items():
+        for name, reference in (REFERENCE_KERNELS if kernels is None else kernels).items():
             fragment.impl(name, _like_a_kernel(reference), "CPU", allow_override=True)
     try:
         yield
@@ -213,3 +213,90 @@ def test_loom_cpu_kernels_are_back_after_the_references():
         assert lt.all_reduce(COMM, torch.ones(4)).tolist() == [2.0] * 4
     with pytest.raises(ValueError, match="x is on cpu but the communicator uses cuda:0"):
         lt.all_reduce(COMM, torch.zeros(4))
+
+
+# ---- the MoE operators (lt.MOE_OPS) ----------------------------------------------------------------
+
+LOCAL_EXPERTS = 4  # per rank of the stand-in: E = LOCAL_EXPERTS * WORLD
+
+
+def _moe_topk(logits, top_k, scoring="softmax", renormalize=False):
+    """The top_k largest logits' ids and their softmax over all E (or sigmoid), renormalized on request."""
+    v = logits.float()
+    ids = v.topk(top_k, dim=1).indices
+    scores = torch.softmax(v, dim=1) if scoring == "softmax" else torch.sigmoid(v)
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / weights.sum(dim=1, keepdim=True)
+    return ids.to(torch.int32), weights.contiguous()
+
+
+def _moe_layer(comm, x, topk_ids, topk_weights, gate_up, down, num_experts, max_tokens, capacity=0, overflow="error"):
+    """The stand-in's W ranks all hold this rank's experts' weights: expert e computes with local
+    expert e % (E/W)'s. Per slot, hidden = silu(x gate^T) * (x up^T) and the expert's output rounded
+    to x's dtype; out = the fp32 sum over the slots of w * output, rounded once; -1 slots add nothing."""
+    local = gate_up.shape[0]
+    out = torch.zeros(x.shape, dtype=FP32)
+    for t in range(x.shape[0]):
+        for j in range(topk_ids.shape[1]):
+            e = int(topk_ids[t, j])
+            if e < 0:
+                continue
+            hidden = _swiglu(x[t:t + 1].float() @ gate_up[e % local].float().t()).to(x.dtype)
+            y = (hidden.float() @ down[e % local].float().t()).to(x.dtype)
+            out[t] += (1.0 if topk_weights is None else topk_weights[t, j]) * y[0].float()
+    return out.to(x.dtype)
+
+
+MOE_REFERENCE_KERNELS = {"moe_topk": _moe_topk, "moe_layer": _moe_layer}
+
+
+def moe_cases():
+    """(op name, args) for both MoE operators: dtypes, scorings, weighted or not, a token-less rank,
+    with and without grad."""
+    g = torch.Generator().manual_seed(7)
+    experts = LOCAL_EXPERTS * WORLD
+    for grad in (False, True):
+        for dtype in (BF16, FP16, FP32):
+            for scoring, renormalize in (("softmax", False), ("sigmoid", True)):
+                yield "moe_topk", (rand(12, 16, dtype=dtype, requires_grad=grad), 4, scoring, renormalize)
+        for dtype in (BF16, FP16):
+            for tokens, weighted in ((12, True), (12, False), (0, True)):
+                ids = torch.stack([torch.randperm(experts, generator=g)[:2] for _ in range(tokens)]).to(torch.int32) \
+                    if tokens else torch.empty(0, 2, dtype=torch.int32)
+                if tokens:
+                    ids[3, 1] = -1  # an unused slot
+                weights = torch.rand(tokens, 2, generator=g) if weighted else None
+                yield "moe_layer", (HANDLE, rand(tokens, 64, dtype=dtype, requires_grad=grad), ids, weights,
+                                    rand(LOCAL_EXPERTS, 32, 64, dtype=dtype) * 0.125,
+                                    rand(LOCAL_EXPERTS, 64, 16, dtype=dtype) * 0.25, experts, 16, 0, "error")
+
+
+MOE_CASES = list(moe_cases())
+
+
+def moe_case_id(case):
+    name, args = case
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    grad = "-grad" if any(t.requires_grad for t in tensors) else ""
+    extra = "-".join(str(a) for a in args if isinstance(a, (str, bool)))
+    weighted = "" if name != "moe_layer" else ("-weighted" if args[3] is not None else "-unweighted")
+    return f"{name}-{'x'.join('-'.join(map(str, t.shape)) for t in tensors[:1])}-{tensors[0].dtype}-{extra}{weighted}{grad}"
+
+
+def test_every_moe_op_is_checked():
+    assert {name for name, _ in MOE_CASES} == set(lt.MOE_OPS) == set(MOE_REFERENCE_KERNELS)
+    assert not set(lt.MOE_OPS) & set(lt.OPS)
+
+
+@pytest.mark.parametrize("case", MOE_CASES, ids=moe_case_id)
+def test_moe_opcheck(case):
+    name, args = case
+    with reference_kernels(MOE_REFERENCE_KERNELS):
+        torch.library.opcheck(getattr(torch.ops.loom, name).default, args)
+
+
+def test_moe_outputs_do_not_require_grad():
+    with reference_kernels(MOE_REFERENCE_KERNELS):
+        ids, weights = lt.moe_topk(rand(8, 16, requires_grad=True), 2)
+        assert not weights.requires_grad and weights.grad_fn is None and ids.dtype == torch.int32

@@ -254,3 +254,242 @@ def test_swiglu_weights_interleave_gate_and_up_by_8():
     assert torch.equal(wkn, w.transpose(1, 2))
     with pytest.raises(loom.InvalidArgument, match="multiple of 8"):
         lt.swiglu_weights(gate[:, :12], up[:, :12])
+
+
+# ---- MoE: torch.ops.loom.moe_topk and torch.ops.loom.moe_layer ----------------------------------
+
+I32 = torch.int32
+MOE_TOKENS, MOE_HIDDEN, MOE_K, MOE_I, MOE_MAX_TOKENS = 100, 256, 4, 192, 256
+LOCAL_EXPERTS = 4
+
+
+def moe_layer_args(world, device="cuda", dtype=BF16, **changes):
+    """moe_layer's arguments after the communicator, for `world` ranks of LOCAL_EXPERTS experts each;
+    `changes` replaces any of them (None: topk_weights absent)."""
+    def tensor(*shape, dtype=dtype):
+        return torch.empty(shape, dtype=dtype, device=device)
+
+    args = dict(x=tensor(MOE_TOKENS, MOE_HIDDEN), topk_ids=tensor(MOE_TOKENS, MOE_K, dtype=I32),
+                topk_weights=tensor(MOE_TOKENS, MOE_K, dtype=FP32),
+                gate_up=tensor(LOCAL_EXPERTS, 2 * MOE_I, MOE_HIDDEN), down=tensor(LOCAL_EXPERTS, MOE_HIDDEN, MOE_I),
+                num_experts=LOCAL_EXPERTS * world, max_tokens=MOE_MAX_TOKENS, capacity=0, overflow="error")
+    args.update(changes)
+    return args
+
+
+def call_moe_layer(h, args):
+    return torch.ops.loom.moe_layer(h, args["x"], args["topk_ids"], args["topk_weights"], args["gate_up"],
+                                    args["down"], args["num_experts"], args["max_tokens"], args["capacity"],
+                                    args["overflow"])
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP16, FP32])
+def test_moe_topk_shapes(dtype):
+    with FakeTensorMode():
+        logits = fake(300, 64, dtype=dtype)
+        ids, weights = torch.ops.loom.moe_topk(logits, 8, "softmax", False)
+        assert ids.shape == weights.shape == (300, 8)
+        assert ids.dtype == I32 and weights.dtype == FP32 and ids.device.type == weights.device.type == "cuda"
+        ids, weights = lt.moe_topk(fake(0, 1024, dtype=dtype), 32, scoring="sigmoid", renormalize=True)
+        assert ids.shape == weights.shape == (0, 32) and ids.dtype == I32 and weights.dtype == FP32
+
+
+def test_moe_topk_shape_errors():
+    with FakeTensorMode():
+        with pytest.raises(loom.InvalidArgument, match=r"moe_topk: top_k 9 is outside \[1, min\(E, 32\)\] \(E = 8\)"):
+            torch.ops.loom.moe_topk(fake(16, 8), 9)
+        with pytest.raises(loom.InvalidArgument, match="top_k 33 is outside"):
+            torch.ops.loom.moe_topk(fake(16, 64), 33)
+        with pytest.raises(loom.InvalidArgument, match="num_experts 1025 is outside"):
+            torch.ops.loom.moe_topk(fake(16, 1025), 2)
+        with pytest.raises(loom.InvalidArgument, match="moe_topk: scoring 'tanh'"):
+            torch.ops.loom.moe_topk(fake(16, 64), 2, "tanh")
+        with pytest.raises(loom.InvalidArgument, match=r"logits must be 2-D \[T, E\], got shape \[16, 64, 1\]"):
+            torch.ops.loom.moe_topk(fake(16, 64, 1), 2)
+        with pytest.raises(loom.InvalidArgument, match="logits has dtype torch.int32"):
+            torch.ops.loom.moe_topk(fake(16, 64, dtype=I32), 2)
+        with pytest.raises(loom.InvalidArgument, match="renormalize must be a bool, got int"):
+            lt.moe_topk(fake(16, 64), 2, renormalize=1)
+        with pytest.raises(loom.InvalidArgument, match="scoring must be 'softmax' or 'sigmoid', got NoneType"):
+            lt.moe_topk(fake(16, 64), 2, scoring=None)
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+def test_moe_layer_shapes(comm, dtype):
+    h = lt.register_communicator(comm)
+    w = comm.local_world_size
+    with FakeTensorMode():
+        args = moe_layer_args(w, dtype=dtype)
+        out = call_moe_layer(h, args)
+        assert out.shape == (MOE_TOKENS, MOE_HIDDEN) and out.dtype == dtype and out.device.type == "cuda"
+        # The function: the communicator itself, unweighted, no tokens on this rank, overflow 'drop'.
+        args = moe_layer_args(w, dtype=dtype, x=fake(0, MOE_HIDDEN, dtype=dtype), topk_ids=fake(0, MOE_K, dtype=I32),
+                              topk_weights=None, capacity=64, overflow="drop")
+        out = lt.moe_layer_from_topk(comm, **args)
+        assert out.shape == (0, MOE_HIDDEN) and out.dtype == dtype
+
+
+def _moe_layer_refusals(world):
+    """(changes to moe_layer_args, the refusal's class, a fragment of its message)."""
+    def t(*shape, dtype=BF16):
+        return dict(shape=shape, dtype=dtype)
+
+    e = LOCAL_EXPERTS * world
+    return [
+        (dict(x=t(MOE_TOKENS, MOE_HIDDEN, dtype=FP32)), "x must be [T, hidden] bfloat16 or float16, got [100, 256] "
+                                                          "torch.float32"),
+        (dict(x=t(MOE_TOKENS, MOE_HIDDEN, 1)), "x must be [T, hidden]"),
+        (dict(x=t(MOE_TOKENS, 12), gate_up=t(LOCAL_EXPERTS, 2 * MOE_I, 12), down=t(LOCAL_EXPERTS, 12, MOE_I)),
+         "hidden 12: a token row of 24 bytes must be a multiple of 16 bytes"),
+        (dict(max_tokens=MOE_TOKENS - 1), f"x has {MOE_TOKENS} tokens, more than max_tokens {MOE_TOKENS - 1}"),
+        (dict(topk_ids=t(MOE_TOKENS, MOE_K, dtype=torch.int64)), "topk_ids must be int32 [T, top_k] with T = 100"),
+        (dict(topk_ids=t(MOE_TOKENS - 1, MOE_K, dtype=I32)), "topk_ids must be int32 [T, top_k] with T = 100 (x's "
+                                                             "rows), got [99, 4]"),
+        (dict(topk_ids=t(MOE_TOKENS, dtype=I32)), "topk_ids must be int32 [T, top_k]"),
+        (dict(topk_weights=t(MOE_TOKENS, MOE_K + 1, dtype=FP32)), "topk_weights must be float32 [T, top_k] like "
+                                                                  "topk_ids [100, 4], got [100, 5]"),
+        (dict(topk_weights=t(MOE_TOKENS, MOE_K, dtype=BF16)), "topk_weights must be float32"),
+        (dict(topk_ids=t(MOE_TOKENS, 0, dtype=I32), topk_weights=None), "top_k 0 (topk_ids' columns) is outside"),
+        (dict(topk_ids=t(MOE_TOKENS, 33, dtype=I32), topk_weights=None, num_experts=64 * world),
+         r"top_k 33 (topk_ids' columns) is outside [1, min(E, 32)]"),
+        (dict(num_experts=e + 1), f"num_experts {e + 1} is not a multiple of the world size {world}"),
+        (dict(num_experts=2 * e), f"gate_up must be [E/W, 2I, hidden] = [{2 * LOCAL_EXPERTS}, {2 * MOE_I}, 256]"),
+        (dict(gate_up=t(LOCAL_EXPERTS, MOE_I, MOE_HIDDEN)), "I = 192 from down), got [4, 192, 256]"),
+        (dict(down=t(LOCAL_EXPERTS, MOE_I, MOE_HIDDEN)), "and down [E/W, hidden, I]"),
+        (dict(down=t(MOE_HIDDEN, MOE_I)), "gate_up must be [E/W, 2I, hidden] and down [E/W, hidden, I], got"),
+        (dict(gate_up=t(LOCAL_EXPERTS, 2 * MOE_I, MOE_HIDDEN, dtype=FP16)), "gate_up and down must have x's dtype "
+                                                                           "torch.bfloat16, got torch.float16"),
+        (dict(num_experts=0), "num_experts must be an int >= 1, got 0"),
+        (dict(max_tokens=0), "max_tokens must be an int >= 1, got 0"),
+        (dict(capacity=-1), "capacity must be an int >= 0, got -1"),
+        (dict(overflow="wrap"), "overflow 'wrap': expected 'error' or 'drop'"),
+    ]
+
+
+def _materialise(changes, device):
+    return {k: torch.empty(v["shape"], dtype=v["dtype"], device=device) if isinstance(v, dict) else v
+            for k, v in changes.items()}
+
+
+@pytest.mark.parametrize("case", range(len(_moe_layer_refusals(2))))
+def test_moe_layer_refusals(comm, case):
+    """Each bad argument is refused with loom.InvalidArgument: by the fake function (tracing) and
+    by the real operator on CPU tensors, before anything is allocated or launched (the stand-in
+    communicator has no staging cache and no GPU: reaching either would fail otherwise)."""
+    h = lt.register_communicator(comm)
+    w = comm.local_world_size
+    changes, fragment = _moe_layer_refusals(w)[case]
+    with FakeTensorMode():
+        with pytest.raises(loom.InvalidArgument) as info:
+            call_moe_layer(h, moe_layer_args(w, **_materialise(changes, "cuda")))
+        assert fragment in str(info.value) and info.value.op == "moe_layer", str(info.value)
+    with pytest.raises(loom.InvalidArgument) as info:
+        lt.moe_layer_from_topk(comm, **moe_layer_args(w, device="cpu", **_materialise(changes, "cpu")))
+    assert fragment in str(info.value) and info.value.op == "moe_layer", str(info.value)
+
+
+def test_moe_layer_on_cpu_tensors_is_refused_after_every_shape_rule():
+    """Right shapes on the CPU: the device check refuses them (every shape rule passed), nothing
+    allocated."""
+    comm = StandInComm(2)
+    with pytest.raises(loom.InvalidArgument, match="loom rank 0: moe_layer: x is on cpu but the communicator uses cuda:0"):
+        lt.moe_layer_from_topk(comm, **moe_layer_args(2, device="cpu"))
+
+
+def test_moe_layer_function_checks_the_numbers_before_the_dispatcher():
+    comm = StandInComm(2)
+    args = moe_layer_args(2, device="cpu")
+    for name, value, fragment in (("num_experts", 8.0, "num_experts must be an int >= 1, got 8.0"),
+                                  ("max_tokens", True, "max_tokens must be an int >= 1, got True"),
+                                  ("capacity", "0", "capacity must be an int >= 0, got '0'"),
+                                  ("overflow", None, "overflow None: expected 'error' or 'drop'")):
+        with pytest.raises(loom.InvalidArgument, match="moe_layer: " + fragment.replace("(", r"\(").replace(")", r"\)")):
+            lt.moe_layer_from_topk(comm, **{**args, name: value})
+
+
+def test_moe_layer_across_nodes_is_unsupported():
+    comm = StandInComm(2)
+    comm.world_size = 4  # two nodes of two ranks
+    h = lt.register_communicator(comm)
+    with FakeTensorMode(), pytest.raises(loom.Unsupported, match="moe_layer runs within one node"):
+        call_moe_layer(h, moe_layer_args(4))
+
+
+def test_moe_layer_odd_intermediate_is_unsupported():
+    comm = StandInComm(2)
+    h = lt.register_communicator(comm)
+    with FakeTensorMode(), pytest.raises(loom.Unsupported, match=r"I = 12 \(down's last dimension\) must be a positive "
+                                                                 "multiple of 8"):
+        call_moe_layer(h, moe_layer_args(2, gate_up=fake(LOCAL_EXPERTS, 24, MOE_HIDDEN),
+                                         down=fake(LOCAL_EXPERTS, MOE_HIDDEN, 12)))
+
+
+def test_torch_compile_traces_an_moe_block():
+    """torch.compile (fullgraph) puts moe_topk and moe_layer in its graph, using the fake functions."""
+    comm = StandInComm(2)
+    lt.register_communicator(comm)
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        outputs = next(node for node in gm.graph.nodes if node.op == "output").args[0]
+        shapes = [(o.meta["example_value"].shape, o.meta["example_value"].dtype) for o in outputs]
+        return lambda *args: [torch.zeros(shape, dtype=dtype) for shape, dtype in shapes]
+
+    def moe_block(x, router, gate_up, down):
+        ids, weights = lt.moe_topk(lt.gemm(x, router, b_layout="nk"), MOE_K, renormalize=True)
+        y = lt.moe_layer_from_topk(comm, x, ids, weights, gate_up, down, num_experts=2 * LOCAL_EXPERTS,
+                                   max_tokens=MOE_MAX_TOKENS)
+        return y + x
+
+    compiled = torch.compile(moe_block, backend=record, fullgraph=True)
+    args = moe_layer_args(2, device="cpu")
+    out = compiled(args["x"], torch.randn(2 * LOCAL_EXPERTS, MOE_HIDDEN, dtype=BF16), args["gate_up"], args["down"])
+    assert len(graphs) == 1
+    assert out.shape == (MOE_TOKENS, MOE_HIDDEN) and out.dtype == BF16
+    targets = {str(node.target) for node in graphs[0].graph.nodes if node.op == "call_function"}
+    for op in ("moe_topk", "moe_layer", "gemm"):
+        assert f"loom.{op}.default" in targets, (op, targets)
+
+
+class CacheComm(StandInComm):
+    """A stand-in with what moe_layer's buffer cache reads of a loom.Communicator."""
+
+    def __init__(self, world):
+        super().__init__(world)
+        self._moe_layer_buffers = {}  # as loom.Communicator's
+
+
+def test_moe_layer_buffers_are_cached_per_config_and_refused_during_capture(monkeypatch):
+    """The buffer cache's policy with moe_buffers stubbed out: one entry per (config, I), made by
+    the first call (never during CUDA graph capture: 'run it once eagerly first'), found by the
+    next ones (capturing too), and kept on the communicator (Communicator.close drops them)."""
+    made = []
+
+    def moe_buffers(comm, config, *, hidden_intermediate=None, shared_expert=False):
+        made.append((config.num_experts, config.top_k, config.hidden, config.dtype, config.max_tokens, config.capacity,
+                     config.overflow, hidden_intermediate, shared_expert))
+        return object()
+
+    monkeypatch.setattr(lt, "moe_buffers", moe_buffers)
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    comm = CacheComm(2)
+    key = (8, 4, 256, BF16, 256, 0, "error", 192, False)
+    capturing[0] = True
+    with pytest.raises(loom.InvalidArgument, match="cannot be during CUDA graph capture: run it once eagerly first"):
+        lt._moe_layer_entry(comm, key)
+    assert made == []
+    capturing[0] = False
+    config, buffers = lt._moe_layer_entry(comm, key)
+    assert (config.num_experts, config.top_k, config.hidden, config.dtype, config.max_tokens) == (8, 4, 256, "bf16", 256)
+    assert made == [(8, 4, 256, "bf16", 256, 0, "error", 192, False)]
+    capturing[0] = True
+    assert lt._moe_layer_entry(comm, key)[1] is buffers  # cached: capturing is fine
+    capturing[0] = False
+    other = key[:-2] + (384, False)  # another I: another entry
+    assert lt._moe_layer_entry(comm, other)[1] is not buffers
+    shared = key[:-1] + (True,)  # a shared expert: buffers of more rows, another entry
+    assert lt._moe_layer_entry(comm, shared)[1] is not buffers and made[-1][-1] is True
+    assert lt._moe_layer_entry(comm, key)[1] is buffers and len(made) == 3
+    assert len(comm._moe_layer_buffers) == 3

@@ -172,6 +172,8 @@ class ComputeRole {
     if constexpr (kPaired) {
       sm90::prefetch_tensormap(ops.second->a);
       sm90::prefetch_tensormap(ops.second->b);
+      if (ops.b_local != nullptr) sm90::prefetch_tensormap(ops.b_local);
+      if (ops.second->b_local != nullptr) sm90::prefetch_tensormap(ops.second->b_local);
     }
     const uint32_t own_k_blocks = (ops.k + kBlockK - 1) / kBlockK;
 
@@ -194,14 +196,22 @@ class ComputeRole {
       const int32_t m0 = static_cast<int32_t>(tile_rows<BM, kRowRanges>(item, o.m).first);
       const int32_t n0 = static_cast<int32_t>(item.n_block * BN);
       const sm90::TmaDescriptor* a_map = o.a;
+      const sm90::TmaDescriptor* b_map = o.b;
       int32_t a_row = m0;
-      if (o.a_local != nullptr && static_cast<uint32_t>(m0) >= o.local_row_begin &&
-          static_cast<uint32_t>(m0) < o.local_row_end) {
+      int32_t group = static_cast<int32_t>(item.group);
+      const bool local = static_cast<uint32_t>(m0) >= o.local_row_begin && static_cast<uint32_t>(m0) < o.local_row_end;
+      if (o.a_local != nullptr && local) {
         a_map = o.a_local;
         a_row = m0 - static_cast<int32_t>(o.local_row_begin);
       }
+      if constexpr (kPaired) {  // b_local is a paired role's (operands.cuh): the others keep their registers
+        if (o.b_local != nullptr && local) {
+          b_map = o.b_local;
+          group = 0;
+        }
+      }
       auto load_k_block = [&](uint32_t kb) -> bool {
-        return Loads::load_k_block(sm, stages, a_map, a_row, o.b, n0, kb, ctx, static_cast<int32_t>(item.group));
+        return Loads::load_k_block(sm, stages, a_map, a_row, b_map, n0, kb, ctx, group);
       };
       const KRange range = k_range_of(item, k_blocks);
       const bool fold_tile = Fold::kEnabled && item.kind == static_cast<uint32_t>(WorkKind::kTileFold);

@@ -27,17 +27,23 @@ struct GemmOperands {
                                  // (grouped: one such matrix per group, see above)
   uint32_t m, n, k;
   // Optional second source of A (a fused AllGather+GEMM reads this rank's own rows where they
-  // already are, not from the gathered copy): tiles whose first row r lies in
-  // [local_row_begin, local_row_end) load row r - local_row_begin of a_local (same box). The
-  // range must be a multiple of BLOCK_M rows so no tile straddles it.
+  // already are, not from the gathered copy; moe_layer's shared expert reads the tokens): tiles
+  // whose first row r lies in [local_row_begin, local_row_end) load row r - local_row_begin of
+  // a_local (same box). The range must be a multiple of BLOCK_M rows so no tile straddles it.
   const sm90::TmaDescriptor* a_local = nullptr;
   uint32_t local_row_begin = 0;
   uint32_t local_row_end = 0;
   // Optional per-tile timeline (diagnostics; loom/diagnostics.h), indexed by WorkItem::tile.
   TileTimelineRecord* timeline = nullptr;
-  // A paired role's second GEMM (its own maps and shape; no a_local, no timeline): the operands of
-  // every kTileSecond item. Used only with a paired epilogue (paired_epilogue() below).
+  // A paired role's second GEMM (its own maps, shape and local row range; no timeline): the
+  // operands of every kTileSecond item. Used only with a paired epilogue (paired_epilogue() below).
   const GemmOperands* second = nullptr;
+  // Optional second source of B (moe_layer's shared expert: its own weights beside the routed
+  // experts'): tiles of the local row range above load B from b_local (same layout and box as b;
+  // a grouped GEMM's b_local has one group, loaded at group 0). a_local and b_local are
+  // independent: either may be null. Read by paired roles only (paired_epilogue() below); every
+  // other role ignores it, keeping its producer's registers as they were.
+  const sm90::TmaDescriptor* b_local = nullptr;
 };
 
 // Does epilogue policy E pair two epilogues, one per GEMM of a paired role (static constexpr bool

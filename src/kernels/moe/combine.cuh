@@ -58,6 +58,8 @@ struct CombineParams : LaunchCommon {
   uint64_t y_offset;             // heap offset of the expert outputs [C, H']
   uint64_t row_bytes;            // H' * element size (a multiple of 16)
   char* out;                     // [T, H'] local
+  const char* addend;            // [T, H'] local rows added to the token sums in fp32 last (moe_layer's
+                                 // shared expert); null: none
   uint32_t num_tokens;
   uint32_t top_k;
   uint32_t capacity;
@@ -95,8 +97,13 @@ __device__ __forceinline__ bool enter_owners(const CombineParams& p, const JobRa
 // local rank `owner`'s expert outputs); true once every such row may be read, false after a failed
 // wait (recorded). moe_combine's EntryGate waits for each owner's entry word (the owner's stream
 // reached the combine, so its outputs are complete); moe_layer's gate waits per row
-// (kernels/moe/layer.cuh).
+// (kernels/moe/layer.cuh). With an addend (CombineParams::addend), also
+//   bool admit_addend(const CombineParams&, uint32_t token, uint64_t epoch, const WaitContext&) const;
+// (all lanes) says when the token's addend row may be read.
 struct EntryGate {
+  __device__ bool admit_addend(const CombineParams&, uint32_t, uint64_t, const WaitContext&) const {
+    return true;  // moe_combine's addend (none today) would come from its own stream, before it
+  }
   __device__ bool admit(const CombineParams& p, const JobRanks& r, bool here, uint32_t owner, uint32_t /*row*/,
                         uint32_t& entered, uint64_t epoch, const WaitContext& ctx) const {
     return enter_owners(p, r, here, owner, entered, epoch, ctx);
@@ -170,6 +177,9 @@ __device__ __forceinline__ bool reduce_tokens(const CombineParams& p, uint32_t f
     const uint64_t row_addr =
         here ? c.peer_heap_bases[r.local_of(owner)] + p.y_offset + static_cast<uint64_t>(row) * p.row_bytes : 0;
     if (!gate.admit(p, r, here, owner, row, entered, epoch, ctx)) return false;
+    if (p.addend != nullptr && !gate.admit_addend(p, t, epoch, ctx)) return false;
+    const uint4* addend =
+        p.addend != nullptr ? reinterpret_cast<const uint4*>(p.addend + static_cast<uint64_t>(t) * p.row_bytes) : nullptr;
     // Several nodes: lane n < N holds node n's partial row (0: none, or this node).
     const uint64_t nodes = p.token_nodes != nullptr ? p.token_nodes[t] & ~(1ull << r.node) : 0;
     const float* partial = nullptr;
@@ -218,6 +228,7 @@ __device__ __forceinline__ bool reduce_tokens(const CombineParams& p, uint32_t f
 #pragma unroll
         for (int i = 0; i < V::kElems; ++i) acc[i] = total[i];
       }
+      if (addend != nullptr && live) V::add(acc, __ldcg(addend + v));  // written in this launch: not from L1
       if (live) out[v] = V::pack(acc);
     }
   }

@@ -23,9 +23,20 @@
 // GEMM's plan kernel just before, in stream order, so fc2 tile row r covers exactly the rows of
 // fc1 tile row r.
 //
+// Shared expert (optional): a dense SwiGLU FFN of the same intermediate size on this rank's own
+// tokens, added with weight 1 to each token's routed sum. Its rows are rows of their own in hidden
+// and expert_out, after the receive rows (token t: row Cs + t, Cs = layer_shared_row_begin(C),
+// kernels/moe/layout.h), so both GEMMs take its tiles as more tile rows: "virtual" tile rows
+// [0, S) are the shared expert's (S = ceil(T / BLOCK_M), rows Cs + v * BLOCK_M on), [S, S + Tt)
+// the tile table's rows. The engine's local row range (GemmOperands::a_local, b_local) makes those
+// tiles read the tokens x instead of recv_x (fc1) and the shared weights instead of an expert's
+// (both). They come first in the queue: fc1's shared tiles wait for nothing, so the compute CTAs
+// start on them while the dispatch roles still move tokens.
+//
 // Gates and signals (the engine's signaler thread signals a tile after its stores have landed):
 //   fc1 tile (r, n)  waits for ready[] of the receive blocks its rows cover (moe_dispatch_gemm's
-//                    gate); signal: hidden_done[r] += 1, a release at GPU scope (h stays on this GPU).
+//                    gate; a shared tile waits for nothing); signal: hidden_done[r] += 1, a release
+//                    at GPU scope (h stays on this GPU). r: the virtual tile row.
 //   fc2 tile (r, n)  waits until hidden_done[r] counts every fc1 tile of row r (acquire, then a
 //                    generic-to-async proxy fence: TMA reads h next); signal: system fence,
 //                    out_done[r] += 1; the tile that completes the row fences again and stores the
@@ -43,8 +54,10 @@
 // zeroed before the launch; recv_x, rows, arrival, ready as moe_dispatch):
 //   gate_up     [El, 2I, H]  this rank's experts, gate and up interleaved by 8 (moe.h)
 //   down        [El, H, I]
-//   hidden      [C, I]       silu(gate) * up of every kept receive row (this GPU)
-//   expert_out  [C, H]       symmetric: the fc2 output of every kept receive row
+//   shared_gate_up [2I, H], shared_down [H, I]   the shared expert's (optional)
+//   hidden      [Cl, I]      silu(gate) * up of every kept receive row (this GPU); Cl = C, or
+//                            layer_rows(C, Tmax, true) with a shared expert (its rows after Cs)
+//   expert_out  [Cl, H]      symmetric: the fc2 output of every kept receive row (and shared row)
 //   out         [T, H]       this rank's tokens
 #pragma once
 
@@ -78,20 +91,28 @@ struct LayerParams {
                                  // b = gate_up [El, 2I, H], d = hidden [C, I] (SwiGLU); header / table:
                                  // the tile table (both GEMMs')
   GroupedGemmKernelParams down;  // a = hidden [C, I], b = down [El, H, I], d = expert_out [C, H]
+  // The shared expert's maps (used when shared_tile_rows > 0): the tokens x [T, H] (fc1's A for
+  // shared tiles, the GEMMs' A box), its weights as one-group B maps [1, 2I, H] and [1, H, I].
+  sm90::TmaDescriptor tokens;
+  sm90::TmaDescriptor shared_gate_up;
+  sm90::TmaDescriptor shared_down;
   DispatchParams dispatch;       // its `roles` is unused (the table below assigns them)
   CombineParams combine;         // y_offset: expert_out's; weights: the routing's; its `roles` unused
   // This rank's layer regions of the MoE workspace (kernels/moe/layout.h), local addresses.
   uint64_t* hidden_done;         // [Tr]
   uint64_t* out_done;            // [Tr]
-  uint64_t* out_ready;           // [C]
+  uint64_t* out_ready;           // [Cl]
+  uint32_t shared_tile_rows;     // S = ceil(T / BLOCK_M) with a shared expert, else 0
+  uint32_t shared_row_begin;     // Cs: hidden's and expert_out's row of token 0's shared rows
   LayerRoleTable roles;
 };
 static_assert(sizeof(LayerParams) <= 4096, "moe_layer's parameters must fit the classic 4 KiB limit");
 
 // The layer's scheduler (the engine's Scheduler interface, kernels/gemm/scheduler.cuh): queue
-// positions [0, T n1) are fc1's tiles, [T n1, T (n1 + n2)) fc2's (T the tile table's rows, n1 and
-// n2 the GEMMs' column blocks), each GEMM in the engine's grouped raster (group_m tile rows at a
-// time, n fastest); fc2's items are kTileSecond.
+// positions [0, V n1) are fc1's tiles, [V n1, V (n1 + n2)) fc2's (V = S + Tt virtual tile rows:
+// the shared expert's S, then the tile table's Tt; n1 and n2 the GEMMs' column blocks), each GEMM
+// in the engine's grouped raster (group_m tile rows at a time, n fastest); fc2's items are
+// kTileSecond. An item's m_block is its virtual row (the layer's counters are indexed by it).
 template <int kBlockM>
 class LayerScheduler {
  public:
@@ -103,7 +124,7 @@ class LayerScheduler {
   // It runs on the producer's scheduling thread, which has few registers: it keeps the launch's
   // parameters (in the constant bank), the epoch and the tile count.
   __device__ LayerScheduler(const LayerParams& p, uint64_t epoch)
-      : p_(&p), epoch_(epoch), tile_rows_(p.up.header->tile_rows) {}
+      : p_(&p), epoch_(epoch), tile_rows_(p.shared_tile_rows + p.up.header->tile_rows) {}
 
   __device__ gemm::WorkItem next(uint32_t /*compute_index*/, uint32_t /*num_compute*/, const WaitContext& ctx) {
     const uint32_t up_n = p_->up.sched.n_blocks;
@@ -127,20 +148,27 @@ class LayerScheduler {
                       kHiddenDoneFlag, m_block);
       // h was written by TMA stores (and generic stores at an expert's end) and is read by TMA next.
       if (ok) cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
-    } else {
+    } else if (m_block >= p_->shared_tile_rows) {  // a shared tile's input is the caller's x
       ArrivedGroupedTiles<kBlockM> arrived;
       arrived.table = p_->up.table;
       arrived.dispatch = &p_->dispatch;
       arrived.epoch = epoch_;
-      ok = arrived.gate(m_block, sp, ctx);
+      ok = arrived.gate(m_block - p_->shared_tile_rows, sp, ctx);
     }
     if (!ok) return gemm::WorkItem{static_cast<uint32_t>(gemm::WorkKind::kFailed), 0, 0, 0};
     gemm::WorkItem item{static_cast<uint32_t>(down ? gemm::WorkKind::kTileSecond : gemm::WorkKind::kTile), m_block,
                         n_block, m_block * sp.n_blocks + n_block};
-    const uint4 row = *reinterpret_cast<const uint4*>(p_->up.table + m_block);  // expert, first row, row limit
-    item.group = row.x;
-    item.row_first = row.y;
-    item.row_limit = row.z;
+    if (m_block < p_->shared_tile_rows) {  // B: the operands' b_local (group 0)
+      item.group = 0;
+      item.row_first = p_->shared_row_begin + m_block * kBlockM;
+      item.row_limit = p_->shared_row_begin + p_->combine.num_tokens;
+    } else {
+      // expert, first row, row limit
+      const uint4 row = *reinterpret_cast<const uint4*>(p_->up.table + (m_block - p_->shared_tile_rows));
+      item.group = row.x;
+      item.row_first = row.y;
+      item.row_limit = row.z;
+    }
     return item;
   }
 
@@ -195,7 +223,20 @@ class ExpertOutEpilogue : public GroupedEpilogue<kBlockM, false> {
 // The combine's Gate (combine.cuh): lane j waits until its slot's row is final on its rank. The
 // owner's entry word first (once per owner and warp): out_ready is zeroed in the owner's stream
 // before its launch, and until then may hold anything an earlier layout of the workspace left.
+// The addend (the shared expert's row of the token, this rank's) waits for its out_ready too.
 struct FinishedRowGate {
+  uint32_t shared_row_begin;  // Cs
+  __device__ bool admit_addend(const CombineParams& p, uint32_t token, uint64_t epoch, const WaitContext& ctx) const {
+    const DeviceComm& c = p.comm;
+    bool ok = true;
+    if (lane_id() == 0) {
+      const uint32_t row = shared_row_begin + token;
+      ok = wait_flag(p.ws.at<uint64_t>(c, c.local_rank, p.ws.layout.out_ready, row), epoch, ctx, -1, kOutReadyFlag, row);
+    }
+    ok = __shfl_sync(0xffffffffu, ok, 0);
+    __syncwarp();  // the lanes read the row next: ordered after lane 0's acquire
+    return ok;
+  }
   __device__ bool admit(const CombineParams& p, const JobRanks& r, bool here, uint32_t owner, uint32_t row,
                         uint32_t& entered, uint64_t epoch, const WaitContext& ctx) const {
     if (!enter_owners(p, r, here, owner, entered, epoch, ctx)) return false;
@@ -219,6 +260,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_layer_kernel(const __gri
   using T = typename std::conditional<kBF16, __nv_bfloat16, __half>::type;
   static_assert(Role::kPaired, "moe_layer runs both expert GEMMs through one compute role");
   static_assert(Cfg::kThreads % 32 == 0, "the dispatch and combine roles work in whole warps");
+  static_assert(kLayerSharedRowAlign % Cfg::kBlockM == 0,
+                "the shared expert's first row must start a tile row (no tile may straddle routed and shared rows)");
   constexpr uint32_t kWarps = Cfg::kThreads / 32;
   const DispatchParams& d = p.dispatch;
   const DeviceComm& c = d.comm;
@@ -231,8 +274,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_layer_kernel(const __gri
     Scheduler scheduler(p, f.epoch);
     Epilogue epi(HiddenEpilogue<Cfg::kBlockM>(p.up, p.hidden_done),
                  ExpertOutEpilogue<Cfg::kBlockM>(p.down, p.out_done, p.out_ready, f.epoch));
-    const gemm::GemmOperands down{&p.down.a, &p.down.b, p.down.m, p.down.n, p.down.k};
+    // The shared expert's tile rows are the local row range of both GEMMs (empty without one).
+    const uint32_t shared_end = p.shared_row_begin + p.shared_tile_rows * Cfg::kBlockM;
+    const bool shared = p.shared_tile_rows > 0;
+    gemm::GemmOperands down{&p.down.a, &p.down.b, p.down.m, p.down.n, p.down.k};
+    down.local_row_begin = p.shared_row_begin;
+    down.local_row_end = shared_end;
+    down.b_local = shared ? &p.shared_down : nullptr;
     gemm::GemmOperands up{&p.up.a, &p.up.b, p.up.m, p.up.n, p.up.k};
+    up.a_local = shared ? &p.tokens : nullptr;
+    up.local_row_begin = p.shared_row_begin;
+    up.local_row_end = shared_end;
+    up.b_local = shared ? &p.shared_gate_up : nullptr;
     up.second = &down;
     ok = Role::run(smem, up, scheduler, epi, roles.rest_index(blockIdx.x, gridDim.x), gridDim.x, f.ctx).kind ==
          static_cast<uint32_t>(gemm::WorkKind::kDone);
@@ -240,7 +293,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_layer_kernel(const __gri
   // Combine: when the routing failed nothing is read or written (the handshake still runs).
   if (ok && p.combine.plan.status->code == 0) {
     ok = cta_all(reduce_tokens<T>(p.combine, blockIdx.x * kWarps + warp_id(), gridDim.x * kWarps, f.epoch, f.ctx,
-                                  FinishedRowGate{}));
+                                  FinishedRowGate{p.shared_row_begin}));
   }
   if (cta_all(ok)) {
     if (threadIdx.x == 0) {

@@ -179,6 +179,23 @@ LOOM_HOST_DEVICE constexpr uint64_t tile_table_bytes(uint64_t capacity, uint64_t
   return kGroupedWorkspaceHeaderBytes + sizeof(GroupedTileRow) * max_tile_rows(capacity, local_experts);
 }
 
+// moe_layer's shared expert (kernels/moe/layer.cuh) computes on rows of its own after the receive
+// rows, in the same `hidden` and `expert_out` buffers: token t's rows are row
+// layer_shared_row_begin(C) + t, the first a multiple of every BLOCK_M (no tile straddles the
+// routed and shared rows). Its tile rows follow the routed ones in the layer's counters: at most
+// layer_shared_tile_rows(Tmax) of them (the smallest BLOCK_M).
+inline constexpr uint64_t kLayerSharedRowAlign = 128;
+LOOM_HOST_DEVICE constexpr uint64_t layer_shared_row_begin(uint64_t capacity) {
+  return align_up(capacity, kLayerSharedRowAlign);
+}
+// Rows of moe_layer's hidden and expert_out: C, or with a shared expert align_up(C, 128) + Tmax.
+LOOM_HOST_DEVICE constexpr uint64_t layer_rows(uint64_t capacity, uint64_t max_tokens, bool shared_expert) {
+  return shared_expert ? layer_shared_row_begin(capacity) + max_tokens : capacity;
+}
+LOOM_HOST_DEVICE constexpr uint64_t layer_shared_tile_rows(uint64_t max_tokens) {
+  return (max_tokens + GroupedGemmTunables::kMinBlockM - 1) / GroupedGemmTunables::kMinBlockM;
+}
+
 // The shape the MoE workspace is laid out for (every rank computes the same layout).
 struct MoeShape {
   uint32_t world = 1;       // W = N * L
@@ -211,9 +228,11 @@ struct MoeShape {
 //   send_fill    u32   [Nr]  (N > 1)            positions taken in the send window of each remote node  dispatch
 //   sent_chunks  u64   [Nr]  (N > 1)            chunks of each window handed to the proxy (a counter)  dispatch
 //   send_count   u32   [Nr][Q]  (N > 1)         entries written into each chunk of a window     dispatch
-//   hidden_done  u64   [Tr]                     moe_layer: fc1 tiles of tile row r finished (local counters)  layer
-//   out_done     u64   [Tr]                     moe_layer: fc2 tiles of tile row r finished (local counters)  layer
-//   out_ready    u64   [C]                      moe_layer: epoch: "expert output row j is final" (peers read)  layer
+//   hidden_done  u64   [Ts + Tr]                moe_layer: fc1 tiles of tile row r finished (local counters)  layer
+//   out_done     u64   [Ts + Tr]                moe_layer: fc2 tiles of tile row r finished (local counters)  layer
+//   out_ready    u64   [Cl]                     moe_layer: epoch: "expert output row j is final" (peers read)  layer
+//                (Ts = layer_shared_tile_rows(Tmax), the shared expert's tile rows; Cl =
+//                 layer_rows(C, Tmax, true): room for a shared expert whether or not a call has one)
 //   read_done    u64   [kMaxCtas]               epoch: CTA i of combine has read (local)  combine
 //   done         u64   [L]                      epoch: "local rank l has read my expert outputs"  combine
 //   ret_count    u32   [Nr][Q]  (N > 1)         partial rows written into each chunk of a return window  combine
@@ -262,10 +281,11 @@ struct WorkspaceLayout {
     l.sent_chunks = l.send_fill + align_up(4 * remote, 256);
     l.send_count = l.sent_chunks + align_up(8 * remote, 256);
     const uint64_t tile_rows = max_tile_rows(s.capacity, s.experts / s.world);
+    const uint64_t layer_tile_rows = layer_shared_tile_rows(s.max_tokens) + tile_rows;
     l.hidden_done = l.send_count + align_up(4 * remote * q, 256);
-    l.out_done = l.hidden_done + align_up(8 * tile_rows, 256);
-    l.out_ready = l.out_done + align_up(8 * tile_rows, 256);
-    l.read_done = l.out_ready + align_up(8 * s.capacity, 256);
+    l.out_done = l.hidden_done + align_up(8 * layer_tile_rows, 256);
+    l.out_ready = l.out_done + align_up(8 * layer_tile_rows, 256);
+    l.read_done = l.out_ready + align_up(8 * layer_rows(s.capacity, s.max_tokens, true), 256);
     l.done = l.read_done + align_up(8ull * MoeTunables::kMaxCtas, 256);
     l.ret_count = l.done + align_up(8ull * s.local_world(), 256);
     l.ret_sent = l.ret_count + align_up(4 * remote * q, 256);

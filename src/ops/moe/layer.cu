@@ -8,7 +8,9 @@
 // intermediate not a positive multiple of 8 (unsupported, the GEMMs' rule); buffers not 16-byte
 // aligned, hidden not device memory of this GPU, recv_x or expert_out not symmetric; any written
 // buffer (recv_x, hidden, expert_out, out) overlapping another buffer; a capacity of 0 rows; a
-// tile other than k128x256 / k128x128 (unsupported); CTA counts that leave no room.
+// tile other than k128x256 / k128x128 (unsupported); CTA counts that leave no room; one shared
+// weight without the other. With a shared expert, hidden and expert_out hold moe_layer_rows rows
+// (the shared rows after the receive rows) and the launcher encodes their maps over all of them.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -40,6 +42,37 @@ Status launch_tile(GemmTile tile, const km::LayerParams& p, bool bf16, int grid,
   return Status::internal("moe_layer: planner returned a tile the fused kernel is not built for");
 }
 
+// The shared expert's maps (kernels/moe/layer.cuh, LayerParams): the tokens as fc1's A for its
+// tiles, its weights as one-group B maps, and hidden's and expert_out's maps re-encoded over all
+// `rows` rows (the planner's grouped arguments cover the receive rows only).
+Status encode_shared_expert(const MoePlan& plan, const planner::MoeLayouts& l, const void* x,
+                            const MoeLayerWeights& weights, const MoeLayerBuffers& buffers, const planner::MoeLayerPlan& fused, int64_t rows,
+                            km::LayerParams& p) {
+  const DType dt = plan.config.dtype;
+  const int64_t h = plan.config.hidden;
+  const int64_t inter = weights.intermediate;
+  const GemmTileInfo info = gemm_tile_info(fused.up.tile);
+  LOOM_TRY(ops::encode_gemm_rows_map(buffers.hidden, rows, inter, inter, dt, info.block_m, &p.down.a));
+  LOOM_TRY(ops::encode_gemm_output_map(buffers.hidden, rows, inter, inter, dt, &p.up.d));
+  LOOM_TRY(ops::encode_gemm_output_map(buffers.expert_out, rows, h, h, dt, &p.down.d));
+  LOOM_TRY(ops::encode_gemm_rows_map(x, plan.num_tokens, h, h, dt, info.block_m, &p.tokens));
+  GemmArgs b;  // one expert's B, as the engine's B encoder reads it
+  b.in_dtype = dt;
+  b.b_layout = BLayout::kNK;
+  b.b = weights.shared_gate_up;
+  b.m = rows;
+  b.n = 2 * inter;
+  b.k = h;
+  LOOM_TRY(ops::encode_gemm_grouped_b_map(b, 1, fused.up.tile, &p.shared_gate_up));
+  b.b = weights.shared_down;
+  b.n = h;
+  b.k = inter;
+  LOOM_TRY(ops::encode_gemm_grouped_b_map(b, 1, fused.down.tile, &p.shared_down));
+  p.shared_row_begin = static_cast<uint32_t>(km::layer_shared_row_begin(static_cast<uint64_t>(l.capacity)));
+  p.shared_tile_rows = static_cast<uint32_t>((plan.num_tokens + info.block_m - 1) / info.block_m);
+  return {};
+}
+
 }  // namespace
 
 Status moe_layer(Communicator& comm, const MoePlan& plan, const void* x, const MoeLayerWeights& weights,
@@ -61,6 +94,11 @@ Status moe_layer(Communicator& comm, const MoePlan& plan, const void* x, const M
   if (buffers.hidden == nullptr || buffers.expert_out == nullptr) {
     return Status::invalid_argument(std::string(kOp) + ": buffers.hidden and buffers.expert_out must not be null");
   }
+  if ((weights.shared_gate_up == nullptr) != (weights.shared_down == nullptr)) {
+    return Status::invalid_argument(std::string(kOp) + ": weights.shared_gate_up and weights.shared_down go together "
+                                    "(both: a shared expert; neither: none)");
+  }
+  const bool shared = weights.shared_gate_up != nullptr;
   if (weights.intermediate <= 0 || weights.intermediate % 8 != 0) {
     return Status::unsupported(std::string(kOp) + ": intermediate " + num(weights.intermediate) +
                                " must be a positive multiple of 8 (the down GEMM's K rows are 16-byte aligned)");
@@ -80,25 +118,37 @@ Status moe_layer(Communicator& comm, const MoePlan& plan, const void* x, const M
   const size_t experts = static_cast<size_t>(l.local_experts);
   const size_t gate_up_bytes = experts * 2 * inter * hidden_elems * elem;
   const size_t down_bytes = experts * hidden_elems * inter * elem;
-  const size_t rows = static_cast<size_t>(l.capacity);
+  const int64_t layer_rows = moe_layer_rows(l.capacity, plan.config.max_tokens, shared);
+  const size_t rows = static_cast<size_t>(layer_rows);
   const size_t hidden_bytes = rows * inter * elem;
-  const size_t y_bytes = receive_bytes(l);
+  const size_t y_bytes = rows * static_cast<size_t>(l.row_bytes);
   const size_t out_bytes = token_bytes(plan, l);
+  const size_t shared_gate_up_bytes = shared ? gate_up_bytes / experts : 0;
+  const size_t shared_down_bytes = shared ? down_bytes / experts : 0;
+  const char* rows_name = shared ? "moe_layer_rows(capacity, max_tokens, true)" : "capacity";
   LOOM_TRY_CTX(check_device(impl, weights.gate_up, gate_up_bytes, 16, "weights.gate_up ([E/W, 2I, H])"), kOp);
   LOOM_TRY_CTX(check_device(impl, weights.down, down_bytes, 16, "weights.down ([E/W, H, I])"), kOp);
-  LOOM_TRY_CTX(check_device(impl, buffers.hidden, hidden_bytes, 16, "buffers.hidden ([capacity, I])"), kOp);
-  LOOM_ASSIGN_OR_RETURN(const uint64_t y_offset,
-                        check_symmetric(impl, buffers.expert_out, y_bytes,
-                                        "moe_layer: buffers.expert_out ([capacity, H], symmetric)"));
+  if (shared) {
+    LOOM_TRY_CTX(check_device(impl, weights.shared_gate_up, shared_gate_up_bytes, 16, "weights.shared_gate_up ([2I, H])"),
+                 kOp);
+    LOOM_TRY_CTX(check_device(impl, weights.shared_down, shared_down_bytes, 16, "weights.shared_down ([H, I])"), kOp);
+  }
+  const std::string hidden_what = "buffers.hidden ([" + std::string(rows_name) + " = " + num(layer_rows) + ", I])";
+  const std::string y_what =
+      "moe_layer: buffers.expert_out ([" + std::string(rows_name) + " = " + num(layer_rows) + ", H], symmetric)";
+  LOOM_TRY_CTX(check_device(impl, buffers.hidden, hidden_bytes, 16, hidden_what.c_str()), kOp);
+  LOOM_ASSIGN_OR_RETURN(const uint64_t y_offset, check_symmetric(impl, buffers.expert_out, y_bytes, y_what.c_str()));
   if (plan.num_tokens > 0 && out == nullptr) return Status::invalid_argument(std::string(kOp) + ": out is null");
   LOOM_TRY_CTX(check_device(impl, out, out_bytes, 16, "out ([T, H])"), kOp);
-  LOOM_TRY_CTX(check_disjoint({{buffers.recv_x, y_bytes, "buffers.recv_x", true},
+  LOOM_TRY_CTX(check_disjoint({{buffers.recv_x, receive_bytes(l), "buffers.recv_x", true},
                               {buffers.hidden, hidden_bytes, "buffers.hidden", true},
                               {buffers.expert_out, y_bytes, "buffers.expert_out", true},
                               {out, out_bytes, "out", true},
                               {x, out_bytes, "x", false},
                               {weights.gate_up, gate_up_bytes, "weights.gate_up", false},
                               {weights.down, down_bytes, "weights.down", false},
+                              {weights.shared_gate_up, shared_gate_up_bytes, "weights.shared_gate_up", false},
+                              {weights.shared_down, shared_down_bytes, "weights.shared_down", false},
                               {plan.plan, static_cast<size_t>(l.plan.bytes), "the plan", false}}),
                kOp);
   LOOM_ASSIGN_OR_RETURN(planner::GemmDeviceLimits limits, ops::gemm_device_limits());
@@ -114,12 +164,13 @@ Status moe_layer(Communicator& comm, const MoePlan& plan, const void* x, const M
                                                       static_cast<int64_t>(l.row_bytes), plan.config.max_tokens,
                                                       job_shape(impl), static_cast<int64_t>(d.ws.offset),
                                                       static_cast<int64_t>(recv_offset), weights.intermediate,
-                                                      static_cast<int64_t>(y_offset)});
+                                                      static_cast<int64_t>(y_offset), shared ? 1 : 0});
   void* table = static_cast<char*>(impl.heap->local_base()) + d.ws.offset + wl.tiles;  // both GEMMs' tile table
   up.workspace = table;
   down.workspace = table;
   LOOM_TRY_CTX(ops::prepare_grouped_gemm(up, fused.up, stream, p.up), kOp);
   LOOM_TRY_CTX(ops::encode_grouped_gemm(down, fused.down, p.down), kOp);
+  if (shared && plan.num_tokens > 0) LOOM_TRY_CTX(encode_shared_expert(plan, l, x, weights, buffers, fused, layer_rows, p), kOp);
   char* ws = static_cast<char*>(impl.heap->local_base()) + d.ws.offset;  // this rank's layer regions
   p.hidden_done = reinterpret_cast<uint64_t*>(ws + wl.hidden_done);
   p.out_done = reinterpret_cast<uint64_t*>(ws + wl.out_done);
@@ -129,6 +180,9 @@ Status moe_layer(Communicator& comm, const MoePlan& plan, const void* x, const M
   static_cast<km::LaunchCommon&>(cp) = static_cast<const km::LaunchCommon&>(d);
   fill_combine(impl, plan, l, nullptr, y_offset, l.row_bytes, out, cp);  // the routing's weights
   cp.signature = d.signature;
+  if (p.shared_tile_rows > 0) {  // this rank's expert_out rows of its tokens' shared expert
+    cp.addend = static_cast<const char*>(buffers.expert_out) + static_cast<uint64_t>(p.shared_row_begin) * l.row_bytes;
+  }
 
   p.roles.set(km::LayerRole::kArrival, static_cast<uint32_t>(fused.arrival_ctas));
   p.roles.set(km::LayerRole::kPush, static_cast<uint32_t>(fused.push_ctas));

@@ -212,6 +212,7 @@ inline void fill_combine(const Communicator::Impl& impl, const MoePlan& plan, co
   p.y_offset = y_offset;
   p.row_bytes = row_bytes;
   p.out = static_cast<char*>(out);
+  p.addend = nullptr;
   p.num_tokens = static_cast<uint32_t>(plan.num_tokens);
   p.top_k = static_cast<uint32_t>(plan.config.top_k);
   p.capacity = static_cast<uint32_t>(l.capacity);
