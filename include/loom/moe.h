@@ -345,8 +345,8 @@ Status moe_topk(const MoeTopkArgs& args, cudaStream_t stream);
 //   out[t] = (sum over slots j of w[t,j] * FFN_e(x[t])) + FFN_shared(x[t]).
 // Its rows live in hidden and expert_out after the receive rows, so those two buffers need
 // moe_layer_rows(capacity, max_tokens, true) rows; its tiles run first in the kernel's queue,
-// overlapping the dispatch. (A wider shared FFN, Is = s * I, is not taken: split it into s FFNs
-// of width I and sum them as the caller.)
+// overlapping the dispatch. (A wider shared FFN, Is = s * I as DeepSeek-V2's two shared experts,
+// is not taken: shared_gate_up must be [2I, H]; run the rest of it beside the layer.)
 struct MoeLayerWeights {
   const void* gate_up = nullptr;  // this rank's E/W experts: [E/W, 2I, H], gate and up rows
                                   // interleaved by 8 as MoeExpertGemm's kSwiGLU (loom.torch.swiglu_weights)
