@@ -131,18 +131,23 @@ def test_handles_are_stable_and_weak():
         torch.ops.loom.all_reduce(h, fake(4))
 
 
+def recording_backend(graphs):
+    """A torch.compile backend that keeps each traced graph in `graphs` and, traced only (no GPU to
+    run it on), returns a callable giving zeros shaped like the outputs."""
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        outputs = next(node for node in gm.graph.nodes if node.op == "output").args[0]
+        shapes = [(o.meta["example_value"].shape, o.meta["example_value"].dtype) for o in outputs]
+        return lambda *args: [torch.zeros(shape, dtype=dtype) for shape, dtype in shapes]
+    return record
+
+
 def test_torch_compile_traces_a_tp_block():
     """torch.compile (fullgraph) puts the loom operators in its graph, using the fake functions."""
     comm = StandInComm(2)
     lt.register_communicator(comm)  # loom.Communicator objects have a handle from creation
     graphs = []
-
-    def record(gm, example_inputs):
-        graphs.append(gm)
-        # Traced only (no GPU to run it on): the callable returns zeros shaped like the outputs.
-        outputs = next(node for node in gm.graph.nodes if node.op == "output").args[0]
-        shapes = [(o.meta["example_value"].shape, o.meta["example_value"].dtype) for o in outputs]
-        return lambda *args: [torch.zeros(shape, dtype=dtype) for shape, dtype in shapes]
+    record = recording_backend(graphs)
 
     def tp_mlp(x, w1, w2, w3):
         h = torch.nn.functional.gelu(lt.ag_gemm(comm, x, w1, b_layout="nk"))  # [128, 48]
@@ -429,12 +434,7 @@ def test_torch_compile_traces_an_moe_block():
     comm = StandInComm(2)
     lt.register_communicator(comm)
     graphs = []
-
-    def record(gm, example_inputs):
-        graphs.append(gm)
-        outputs = next(node for node in gm.graph.nodes if node.op == "output").args[0]
-        shapes = [(o.meta["example_value"].shape, o.meta["example_value"].dtype) for o in outputs]
-        return lambda *args: [torch.zeros(shape, dtype=dtype) for shape, dtype in shapes]
+    record = recording_backend(graphs)
 
     def moe_block(x, router, gate_up, down):
         ids, weights = lt.moe_topk(lt.gemm(x, router, b_layout="nk"), MOE_K, renormalize=True)
