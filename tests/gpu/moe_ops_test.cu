@@ -1690,6 +1690,7 @@ TEST_F(MoeLayerChecks, BadInputIsRefusedAndAFailedRoutingWritesNothing) {
   if (comm.num_nodes() > 1) GTEST_SKIP() << "across nodes every moe_layer call is refused (MoeLayer checks it)";
   LayerCase g;
   g.moe = make_case(Routing::kUniform, 141);
+  g.shared = true;  // a failed routing must not run the shared expert either
   const std::string what = "moe_layer bad input: " + g.text(comm.world_size());
   CaseBuffers s(g.moe);
   ASSERT_TRUE(agree(s.ok)) << what << ": setting up";
@@ -1717,10 +1718,11 @@ TEST_F(MoeLayerChecks, BadInputIsRefusedAndAFailedRoutingWritesNothing) {
   bufs.hidden = host.data();
   refused(b.weights(g), bufs, s.d_out.get(), StatusCode::kInvalidArgument, "hidden");
   w = b.weights(g);
-  w.shared_gate_up = b.gate_up.get();  // without shared_down
+  w.shared_down = nullptr;  // shared_gate_up without shared_down
   refused(w, b.buffers(s), s.d_out.get(), StatusCode::kInvalidArgument, "go together");
-  w.shared_down = b.down.get();  // a shared expert, but hidden holds the receive rows only
-  refused(w, b.buffers(s), s.d_out.get(), StatusCode::kInvalidArgument, "moe_layer_rows");
+  bufs = b.buffers(s);
+  bufs.hidden = b.composed_hidden.get();  // a shared expert, but hidden holds the receive rows only
+  refused(b.weights(g), bufs, s.d_out.get(), StatusCode::kInvalidArgument, "moe_layer_rows");
   MoeLayerOptions narrow;
   narrow.tile = GemmTile::k64x128;
   const Status tile = moe_layer(comm, *plan, s.d_x.get(), b.weights(g), b.buffers(s), s.d_out.get(), nullptr, narrow);
@@ -1739,6 +1741,7 @@ TEST_F(MoeLayerChecks, BadInputIsRefusedAndAFailedRoutingWritesNothing) {
   EXPECT_EQ(report->status.code(), StatusCode::kInvalidArgument) << report->status.to_string();
   EXPECT_TRUE(all_bytes(s.d_out.get(), s.out_bytes(), 0xFF)) << what << ": out was written after a failed routing";
   EXPECT_TRUE(all_bytes(b.hidden.get(), b.hidden_bytes, 0xFF)) << what << ": hidden was written after a failed routing";
+  EXPECT_TRUE(all_bytes(b.y(s), b.y_bytes, 0xFF)) << what << ": expert_out was written after a failed routing";
   EXPECT_TRUE(agree(!::testing::Test::HasFailure())) << what << ": a peer failed";
 }
 

@@ -88,9 +88,9 @@ using LayerRoleTable = frame::RoleTable<LayerRole, LayerRole::kCompute>;
 
 struct LayerParams {
   GroupedGemmKernelParams up;    // first: tensor maps need 64-byte alignment. a = recv_x [C, H],
-                                 // b = gate_up [El, 2I, H], d = hidden [C, I] (SwiGLU); header / table:
+                                 // b = gate_up [El, 2I, H], d = hidden [Cl, I] (SwiGLU); header / table:
                                  // the tile table (both GEMMs')
-  GroupedGemmKernelParams down;  // a = hidden [C, I], b = down [El, H, I], d = expert_out [C, H]
+  GroupedGemmKernelParams down;  // a = hidden [Cl, I], b = down [El, H, I], d = expert_out [Cl, H]
   // The shared expert's maps (used when shared_tile_rows > 0): the tokens x [T, H] (fc1's A for
   // shared tiles, the GEMMs' A box), its weights as one-group B maps [1, 2I, H] and [1, H, I].
   sm90::TmaDescriptor tokens;
@@ -99,8 +99,8 @@ struct LayerParams {
   DispatchParams dispatch;       // its `roles` is unused (the table below assigns them)
   CombineParams combine;         // y_offset: expert_out's; weights: the routing's; its `roles` unused
   // This rank's layer regions of the MoE workspace (kernels/moe/layout.h), local addresses.
-  uint64_t* hidden_done;         // [Tr]
-  uint64_t* out_done;            // [Tr]
+  uint64_t* hidden_done;         // [Ts + Tr], by virtual tile row
+  uint64_t* out_done;            // [Ts + Tr]
   uint64_t* out_ready;           // [Cl]
   uint32_t shared_tile_rows;     // S = ceil(T / BLOCK_M) with a shared expert, else 0
   uint32_t shared_row_begin;     // Cs: hidden's and expert_out's row of token 0's shared rows
@@ -123,8 +123,13 @@ class LayerScheduler {
 
   // It runs on the producer's scheduling thread, which has few registers: it keeps the launch's
   // parameters (in the constant bank), the epoch and the tile count.
+  // A failed routing (its status, written before this launch in stream order) leaves no routed
+  // tile row (the plan kernel's table is empty) and no shared one: nothing is written.
   __device__ LayerScheduler(const LayerParams& p, uint64_t epoch)
-      : p_(&p), epoch_(epoch), tile_rows_(p.shared_tile_rows + p.up.header->tile_rows) {}
+      : p_(&p),
+        epoch_(epoch),
+        shared_rows_(p.combine.plan.status->code == 0 ? p.shared_tile_rows : 0),
+        tile_rows_(shared_rows_ + p.up.header->tile_rows) {}
 
   __device__ gemm::WorkItem next(uint32_t /*compute_index*/, uint32_t /*num_compute*/, const WaitContext& ctx) {
     const uint32_t up_n = p_->up.sched.n_blocks;
@@ -148,23 +153,23 @@ class LayerScheduler {
                       kHiddenDoneFlag, m_block);
       // h was written by TMA stores (and generic stores at an expert's end) and is read by TMA next.
       if (ok) cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
-    } else if (m_block >= p_->shared_tile_rows) {  // a shared tile's input is the caller's x
+    } else if (m_block >= shared_rows_) {  // a shared tile's input is the caller's x
       ArrivedGroupedTiles<kBlockM> arrived;
       arrived.table = p_->up.table;
       arrived.dispatch = &p_->dispatch;
       arrived.epoch = epoch_;
-      ok = arrived.gate(m_block - p_->shared_tile_rows, sp, ctx);
+      ok = arrived.gate(m_block - shared_rows_, sp, ctx);
     }
     if (!ok) return gemm::WorkItem{static_cast<uint32_t>(gemm::WorkKind::kFailed), 0, 0, 0};
     gemm::WorkItem item{static_cast<uint32_t>(down ? gemm::WorkKind::kTileSecond : gemm::WorkKind::kTile), m_block,
                         n_block, m_block * sp.n_blocks + n_block};
-    if (m_block < p_->shared_tile_rows) {  // B: the operands' b_local (group 0)
+    if (m_block < shared_rows_) {  // B: the operands' b_local (group 0)
       item.group = 0;
       item.row_first = p_->shared_row_begin + m_block * kBlockM;
       item.row_limit = p_->shared_row_begin + p_->combine.num_tokens;
     } else {
       // expert, first row, row limit
-      const uint4 row = *reinterpret_cast<const uint4*>(p_->up.table + (m_block - p_->shared_tile_rows));
+      const uint4 row = *reinterpret_cast<const uint4*>(p_->up.table + (m_block - shared_rows_));
       item.group = row.x;
       item.row_first = row.y;
       item.row_limit = row.z;
@@ -175,7 +180,8 @@ class LayerScheduler {
  private:
   const LayerParams* p_;
   uint64_t epoch_;
-  uint32_t tile_rows_;
+  uint32_t shared_rows_;  // S, or 0 after a failed routing
+  uint32_t tile_rows_;    // S + Tt
 };
 
 // fc1's epilogue: the grouped SwiGLU epilogue, and one count per stored tile.
