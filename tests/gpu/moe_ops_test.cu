@@ -1608,11 +1608,12 @@ TEST_P(MoeLayer, MatchesTheReferenceAndTheComposedCalls) {
   if (g.shared) {
     // The shared expert's rows: grouped_gemm's bits on the tokens. out adds them before its one
     // rounding, which the composed calls cannot: the reference checks it.
+    const size_t shared_rows = shared_end - shared_first;
     EXPECT_TRUE(std::equal(hidden.begin() + shared_first * hidden_row, hidden.begin() + shared_end * hidden_row,
-                           download<uint8_t>(b.composed_shared_hidden.get(), (shared_end - shared_first) * hidden_row).begin()))
+                           download<uint8_t>(b.composed_shared_hidden.get(), shared_rows * hidden_row).begin()))
         << what << ": rank " << s.me << ": the shared expert's hidden rows differ from grouped_gemm's";
     EXPECT_TRUE(std::equal(y.begin() + shared_first * s.row_bytes(), y.begin() + shared_end * s.row_bytes(),
-                           download<uint8_t>(b.composed_shared_y.get(), (shared_end - shared_first) * s.row_bytes()).begin()))
+                           download<uint8_t>(b.composed_shared_y.get(), shared_rows * s.row_bytes()).begin()))
         << what << ": rank " << s.me << ": the shared expert's output rows differ from grouped_gemm's";
   } else {
     EXPECT_TRUE(out == download<uint8_t>(b.composed_out.get(), s.out_bytes()))

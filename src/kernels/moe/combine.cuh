@@ -178,8 +178,9 @@ __device__ __forceinline__ bool reduce_tokens(const CombineParams& p, uint32_t f
         here ? c.peer_heap_bases[r.local_of(owner)] + p.y_offset + static_cast<uint64_t>(row) * p.row_bytes : 0;
     if (!gate.admit(p, r, here, owner, row, entered, epoch, ctx)) return false;
     if (p.addend != nullptr && !gate.admit_addend(p, t, epoch, ctx)) return false;
-    const uint4* addend =
-        p.addend != nullptr ? reinterpret_cast<const uint4*>(p.addend + static_cast<uint64_t>(t) * p.row_bytes) : nullptr;
+    const uint4* addend = p.addend != nullptr
+                              ? reinterpret_cast<const uint4*>(p.addend + static_cast<uint64_t>(t) * p.row_bytes)
+                              : nullptr;
     // Several nodes: lane n < N holds node n's partial row (0: none, or this node).
     const uint64_t nodes = p.token_nodes != nullptr ? p.token_nodes[t] & ~(1ull << r.node) : 0;
     const float* partial = nullptr;

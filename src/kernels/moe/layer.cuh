@@ -237,7 +237,8 @@ struct FinishedRowGate {
     bool ok = true;
     if (lane_id() == 0) {
       const uint32_t row = shared_row_begin + token;
-      ok = wait_flag(p.ws.at<uint64_t>(c, c.local_rank, p.ws.layout.out_ready, row), epoch, ctx, -1, kOutReadyFlag, row);
+      const uint64_t* ready = p.ws.at<uint64_t>(c, c.local_rank, p.ws.layout.out_ready, row);
+      ok = wait_flag(ready, epoch, ctx, -1, kOutReadyFlag, row);
     }
     ok = __shfl_sync(0xffffffffu, ok, 0);
     __syncwarp();  // the lanes read the row next: ordered after lane 0's acquire

@@ -46,8 +46,8 @@ Status launch_tile(GemmTile tile, const km::LayerParams& p, bool bf16, int grid,
 // tiles, its weights as one-group B maps, and hidden's and expert_out's maps re-encoded over all
 // `rows` rows (the planner's grouped arguments cover the receive rows only).
 Status encode_shared_expert(const MoePlan& plan, const planner::MoeLayouts& l, const void* x,
-                            const MoeLayerWeights& weights, const MoeLayerBuffers& buffers, const planner::MoeLayerPlan& fused, int64_t rows,
-                            km::LayerParams& p) {
+                            const MoeLayerWeights& weights, const MoeLayerBuffers& buffers,
+                            const planner::MoeLayerPlan& fused, int64_t rows, km::LayerParams& p) {
   const DType dt = plan.config.dtype;
   const int64_t h = plan.config.hidden;
   const int64_t inter = weights.intermediate;
@@ -129,8 +129,8 @@ Status moe_layer(Communicator& comm, const MoePlan& plan, const void* x, const M
   LOOM_TRY_CTX(check_device(impl, weights.gate_up, gate_up_bytes, 16, "weights.gate_up ([E/W, 2I, H])"), kOp);
   LOOM_TRY_CTX(check_device(impl, weights.down, down_bytes, 16, "weights.down ([E/W, H, I])"), kOp);
   if (shared) {
-    LOOM_TRY_CTX(check_device(impl, weights.shared_gate_up, shared_gate_up_bytes, 16, "weights.shared_gate_up ([2I, H])"),
-                 kOp);
+    LOOM_TRY_CTX(
+        check_device(impl, weights.shared_gate_up, shared_gate_up_bytes, 16, "weights.shared_gate_up ([2I, H])"), kOp);
     LOOM_TRY_CTX(check_device(impl, weights.shared_down, shared_down_bytes, 16, "weights.shared_down ([H, I])"), kOp);
   }
   const std::string hidden_what = "buffers.hidden ([" + std::string(rows_name) + " = " + num(layer_rows) + ", I])";
@@ -170,7 +170,9 @@ Status moe_layer(Communicator& comm, const MoePlan& plan, const void* x, const M
   down.workspace = table;
   LOOM_TRY_CTX(ops::prepare_grouped_gemm(up, fused.up, stream, p.up), kOp);
   LOOM_TRY_CTX(ops::encode_grouped_gemm(down, fused.down, p.down), kOp);
-  if (shared && plan.num_tokens > 0) LOOM_TRY_CTX(encode_shared_expert(plan, l, x, weights, buffers, fused, layer_rows, p), kOp);
+  if (shared && plan.num_tokens > 0) {
+    LOOM_TRY_CTX(encode_shared_expert(plan, l, x, weights, buffers, fused, layer_rows, p), kOp);
+  }
   char* ws = static_cast<char*>(impl.heap->local_base()) + d.ws.offset;  // this rank's layer regions
   p.hidden_done = reinterpret_cast<uint64_t*>(ws + wl.hidden_done);
   p.out_done = reinterpret_cast<uint64_t*>(ws + wl.out_done);
