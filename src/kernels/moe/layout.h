@@ -182,8 +182,8 @@ LOOM_HOST_DEVICE constexpr uint64_t tile_table_bytes(uint64_t capacity, uint64_t
 // moe_layer's shared expert (kernels/moe/layer.cuh) computes on rows of its own after the receive
 // rows, in the same `hidden` and `expert_out` buffers: token t's rows are row
 // layer_shared_row_begin(C) + t, the first a multiple of every BLOCK_M (no tile straddles the
-// routed and shared rows). Its tile rows follow the routed ones in the layer's counters: at most
-// layer_shared_tile_rows(Tmax) of them (the smallest BLOCK_M).
+// routed and shared rows). Its tile rows come before the routed ones in the layer's counters
+// (virtual tile rows [0, S)): at most layer_shared_tile_rows(Tmax) of them (the smallest BLOCK_M).
 inline constexpr uint64_t kLayerSharedRowAlign = 128;
 LOOM_HOST_DEVICE constexpr uint64_t layer_shared_row_begin(uint64_t capacity) {
   return align_up(capacity, kLayerSharedRowAlign);
