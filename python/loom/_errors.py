@@ -100,3 +100,8 @@ def _from_status(code: str, op: str, rank: int | None, reason: str) -> LoomError
 def _invalid(op: str, reason: str, rank: int | None = None) -> InvalidArgument:
     """An InvalidArgument raised by the Python layer, formatted like the extension's."""
     return InvalidArgument(_message(op, rank, reason), op=op, rank=rank, reason=reason)
+
+
+def _unsupported(op: str, reason: str, rank: int | None = None) -> Unsupported:
+    """An Unsupported raised by the Python layer, formatted like the extension's."""
+    return Unsupported(_message(op, rank, reason), op=op, rank=rank, reason=reason)

@@ -59,7 +59,7 @@ import torch
 from . import _C
 from . import _comm as _comm_registry
 from ._comm import CommLike, Communicator, _process_group_type, as_communicator
-from ._errors import _from_status, _invalid
+from ._errors import _invalid, _unsupported
 from ._moe import (MoeConfig, MoePlan, MoeSizes, _plan, moe_layer as _moe_layer, moe_routing as _moe_routing, moe_sizes,
                    moe_topk as _moe_topk)
 
@@ -573,10 +573,6 @@ def _moe_topk_impl(logits, top_k, scoring="softmax", renormalize=False):
 def _moe_topk_fake(logits, top_k, scoring="softmax", renormalize=False):
     rows = _topk_rows(logits, top_k, scoring)
     return logits.new_empty((rows, top_k), dtype=torch.int32), logits.new_empty((rows, top_k), dtype=torch.float32)
-
-
-def _unsupported(op: str, reason: str, rank: int | None = None) -> Exception:
-    return _from_status("unsupported", op, rank, reason)
 
 
 def _moe_scalars(num_experts: Any, max_tokens: Any, capacity: Any, overflow: Any, rank: int | None) -> None:

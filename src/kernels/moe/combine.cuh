@@ -102,7 +102,7 @@ __device__ __forceinline__ bool enter_owners(const CombineParams& p, const JobRa
 // (all lanes) says when the token's addend row may be read.
 struct EntryGate {
   __device__ bool admit_addend(const CombineParams&, uint32_t, uint64_t, const WaitContext&) const {
-    return true;  // moe_combine's addend (none today) would come from its own stream, before it
+    return true;  // moe_combine passes no addend
   }
   __device__ bool admit(const CombineParams& p, const JobRanks& r, bool here, uint32_t owner, uint32_t /*row*/,
                         uint32_t& entered, uint64_t epoch, const WaitContext& ctx) const {
