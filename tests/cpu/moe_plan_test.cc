@@ -3,6 +3,7 @@
 // reference the GPU tests compare the kernels with, on cases computed by hand.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <set>
@@ -178,6 +179,30 @@ TEST(MoePlan, RemoteSlotsAreABijection) {
       EXPECT_EQ(slots.size(), nodes - 1);
     }
   }
+}
+
+// The push order's buckets: in row order, never split an arrival block (a bucket is a whole number
+// of them), all in range, and a token with no destination (first row >= C) goes last.
+TEST(MoePlan, PushSortBucketsFollowTheReceiveRows) {
+  constexpr uint32_t kBuckets = km::MoeTunables::kPushSortBuckets;
+  constexpr uint32_t kRows = km::MoeTunables::kArrivalRows;
+  for (const uint32_t capacity : {1u, 63u, 64u, 1000u, kBuckets * kRows, kBuckets * kRows + 1, 3'000'000u, 0xffffffffu}) {
+    uint32_t previous = 0;
+    for (uint64_t row = 0; row < capacity; row += std::max<uint64_t>(1, capacity / 4099)) {
+      const uint32_t b = km::push_sort_bucket(static_cast<uint32_t>(row), capacity);
+      EXPECT_LT(b, kBuckets) << "C " << capacity << " row " << row;
+      EXPECT_GE(b, previous) << "C " << capacity << " row " << row << ": buckets must follow the rows";
+      EXPECT_EQ(b, km::push_sort_bucket(static_cast<uint32_t>(row / kRows * kRows), capacity))
+          << "C " << capacity << " row " << row << ": an arrival block's rows must share a bucket";
+      previous = b;
+    }
+    EXPECT_EQ(km::push_sort_bucket(capacity, capacity), kBuckets - 1) << "C " << capacity;
+    EXPECT_EQ(km::push_sort_bucket(0xffffffffu, capacity), kBuckets - 1) << "C " << capacity;
+  }
+  // Up to kBuckets arrival blocks, each block has a bucket of its own.
+  EXPECT_EQ(km::push_sort_bucket(kRows, kBuckets * kRows), 1u);
+  EXPECT_EQ(km::push_sort_bucket(kBuckets * kRows - 1, kBuckets * kRows), kBuckets - 1);
+  EXPECT_EQ(km::push_sort_bucket(kRows - 1, 1000), 0u);
 }
 
 TEST(MoePlan, HostCheckableInputIsRefusedWithItsCode) {

@@ -646,12 +646,13 @@ struct GemmCase {
   GroupedActivation activation = GroupedActivation::kNone;
   DType out_dtype = DType::kBF16;
   GemmTile tile = GemmTile::k128x128;
+  int push_ctas = 0;  // moe_dispatch_gemm's (0: the planner's)
 
   int64_t out_cols() const { return activation == GroupedActivation::kSwiGLU ? n / 2 : n; }
   std::string text(int world) const {
     return moe.text(world) + " N=" + std::to_string(n) + (b_layout == BLayout::kKN ? " B[E,K,N]" : " B[E,N,K]") +
            (activation == GroupedActivation::kSwiGLU ? " swiglu" : "") + " out " + std::string(dtype_name(out_dtype)) +
-           " " + std::string(gemm_tile_name(tile));
+           " " + std::string(gemm_tile_name(tile)) + (push_ctas != 0 ? " push_ctas=" + std::to_string(push_ctas) : "");
   }
 };
 
@@ -768,6 +769,7 @@ TEST_P(MoeDispatchGemm, MatchesTheReferenceAndDispatchThenGroupedGemm) {
   ASSERT_TRUE(agree(plan.ok())) << what << ": moe_routing: " << plan.status().to_string();
   MoeDispatchGemmOptions options;
   options.tile = g.tile;
+  options.push_ctas = g.push_ctas;
   const Status fused = moe_dispatch_gemm(comm, *plan, s.d_x.get(), s.recv, b.args(g, b.out.get()), nullptr, options);
   ASSERT_TRUE(agree(fused.ok())) << what << ": rank " << process().rank << ": moe_dispatch_gemm: " << fused.to_string();
   Result<MoeReport> report = moe_report(comm, *plan, nullptr);  // synchronizes the stream
@@ -839,6 +841,13 @@ std::vector<GemmCase> gemm_cases() {
   repeated.moe = make_case(Routing::kRepeated, 37);
   repeated.b_layout = BLayout::kKN;
   v.push_back(repeated);
+  GemmCase batches;  // one pushing CTA sorts its tokens in three batches (kPushSortTokens each)
+  batches.moe = make_case(Routing::kSkewed, 38);
+  batches.moe.tokens = 2 * static_cast<int64_t>(kernels::moe::MoeTunables::kPushSortTokens) + 500;
+  batches.moe.hidden = 128;
+  batches.n = 128;
+  batches.push_ctas = 1;
+  v.push_back(batches);
   return v;
 }
 

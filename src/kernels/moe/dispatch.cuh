@@ -4,7 +4,9 @@
 //
 // Roles (DispatchRoleTable): CTAs [0, arrival_ctas) receive, on several nodes the next
 // forward_ctas forward, the rest push.
-//   push     warp w of the pushing CTAs takes tokens w, w + warps, ...; for each destination rank
+//   push     CTA i of the P pushing CTAs takes tokens i, i + P, ..., in the order of their first
+//            receive rows (push_role: a counting sort per CTA, so the first experts' receive
+//            blocks complete first), one warp per token; for each destination rank
 //            d among the token's routed slots (once per rank, whatever the number of its experts
 //            there): waits (bounded, once per warp and rank) for d's entry word of this launch,
 //            copies the row with 16-byte vector stores into its FIRST row on d (the primary: the
@@ -200,32 +202,114 @@ __device__ __forceinline__ bool send_to_node(const DispatchParams& p, const JobR
   return __shfl_sync(0xffffffffu, ok, 0);
 }
 
-// One pushing warp: every destination of tokens t = first, first + stride, ...: the ranks of this
-// node directly, each other node holding one of the token's experts once, through the window
-// toward it (its same-index GPU there forwards). False after a failed wait (recorded).
-__device__ __forceinline__ bool push_tokens(const DispatchParams& p, uint32_t first, uint32_t stride, uint64_t epoch,
-                                            const WaitContext& ctx) {
-  const DeviceComm& c = p.comm;
-  const JobRanks r(c);
+// One warp: every destination of token t: the ranks of this node directly, each other node holding
+// one of its experts once, through the window toward it (its same-index GPU there forwards).
+// `net`: several nodes and a routing that did not fail. False after a failed wait (recorded).
+__device__ __forceinline__ bool push_token(const DispatchParams& p, const JobRanks& r, uint32_t t, bool net,
+                                           PushState& s, uint64_t epoch, const WaitContext& ctx) {
   const uint32_t lane = lane_id();
-  const bool net = p.token_nodes != nullptr && p.plan.status->code == 0;  // a failed routing moves nothing
-  PushState s{1u << c.local_rank, 0};
-  for (uint32_t t = first; t < p.num_tokens; t += stride) {
-    const uint64_t q = static_cast<uint64_t>(t) * p.top_k + lane;
-    const int32_t dest = lane < p.top_k ? valid_slot(p.plan.slot_dest[q], r.world(), p.capacity) : kNoSlot;
-    const float weight = lane < p.top_k ? p.plan.slot_weight[q] : 0.0f;
-    const char* row = p.x + static_cast<uint64_t>(t) * p.row_bytes;
-    if (!push_local_slots(p, r, dest, weight, static_cast<int32_t>(t), static_cast<int32_t>(r.position()), row, s, epoch, ctx)) {
+  const uint64_t q = static_cast<uint64_t>(t) * p.top_k + lane;
+  const int32_t dest = lane < p.top_k ? valid_slot(p.plan.slot_dest[q], r.world(), p.capacity) : kNoSlot;
+  const float weight = lane < p.top_k ? p.plan.slot_weight[q] : 0.0f;
+  const char* row = p.x + static_cast<uint64_t>(t) * p.row_bytes;
+  if (!push_local_slots(p, r, dest, weight, static_cast<int32_t>(t), static_cast<int32_t>(r.position()), row, s, epoch, ctx)) {
+    return false;
+  }
+  if (!net) return true;
+  // Every node holding one of the token's experts gets its entry, even one whose slots were all
+  // dropped (kDrop): the windows' sizes come from the routing's counts.
+  for (uint64_t m = p.token_nodes[t] & ~(1ull << r.node); m != 0; m &= m - 1) {
+    if (!send_to_node(p, r, t, static_cast<uint32_t>(__ffsll(static_cast<long long>(m)) - 1), dest, weight, s, ctx)) {
       return false;
     }
-    if (!net) continue;
-    // Every node holding one of the token's experts gets its entry, even one whose slots were all
-    // dropped (kDrop): the windows' sizes come from the routing's counts.
-    for (uint64_t m = p.token_nodes[t] & ~(1ull << r.node); m != 0; m &= m - 1) {
-      if (!send_to_node(p, r, t, static_cast<uint32_t>(__ffsll(static_cast<long long>(m)) - 1), dest, weight, s, ctx)) {
-        return false;
+  }
+  return true;
+}
+
+// A pushing CTA's counting sort of one batch of its tokens (shared memory; B = kPushSortBuckets,
+// S = kPushSortTokens; 4 B + 6 S bytes, 16 KiB):
+//   bucket_start  B x 4 B   tokens per bucket, then (scanned) each bucket's first position
+//   bucket        S x 2 B   batch token j's bucket (push_sort_bucket)
+//   rank          S x 2 B   its position among the batch's tokens of that bucket
+//   order         S x 2 B   the batch's tokens j, bucket by bucket
+struct PushOrderSmem {
+  uint32_t bucket_start[MoeTunables::kPushSortBuckets];
+  uint16_t bucket[MoeTunables::kPushSortTokens];
+  uint16_t rank[MoeTunables::kPushSortTokens];
+  uint16_t order[MoeTunables::kPushSortTokens];
+};
+
+// Token t's push bucket: its smallest receive row over its destinations.
+__device__ __forceinline__ uint32_t token_push_bucket(const DispatchParams& p, uint32_t world, uint32_t t) {
+  uint32_t first_row = 0xffffffffu;
+  for (uint32_t j = 0; j < p.top_k; ++j) {
+    const int32_t dest = valid_slot(p.plan.slot_dest[static_cast<uint64_t>(t) * p.top_k + j], world, p.capacity);
+    if (dest != kNoSlot) first_row = min(first_row, static_cast<uint32_t>(dest) % p.capacity);
+  }
+  return push_sort_bucket(first_row, p.capacity);
+}
+
+// One warp: `v[0, n)` (n a multiple of 32) replaced by its exclusive prefix sums.
+__device__ __forceinline__ void warp_exclusive_scan(uint32_t* v, uint32_t n) {
+  const uint32_t lane = lane_id();
+  const uint32_t per = n / 32;
+  uint32_t* mine = v + lane * per;
+  uint32_t sum = 0;
+  for (uint32_t i = 0; i < per; ++i) sum += mine[i];
+  uint32_t inclusive = sum;
+  for (uint32_t offset = 1; offset < 32; offset <<= 1) {
+    const uint32_t below = __shfl_up_sync(0xffffffffu, inclusive, offset);
+    if (lane >= offset) inclusive += below;
+  }
+  uint32_t running = inclusive - sum;
+  for (uint32_t i = 0; i < per; ++i) {
+    const uint32_t count = mine[i];
+    mine[i] = running;
+    running += count;
+  }
+}
+
+// The pushing role of CTA `index` of `ctas` (all threads, any whole number of warps): tokens
+// index, index + ctas, ..., kPushSortTokens at a time; a batch with more tokens than the CTA has
+// warps is pushed in push_sort_bucket order (a counting sort in `sort`; within a bucket in any
+// order: the receive layout, not the push order, decides every row), each token by one warp
+// (push_token). The result is the same whatever the order; the order decides how early each
+// receive block completes. False after a failed wait (recorded).
+__device__ __forceinline__ bool push_role(const DispatchParams& p, uint32_t index, uint32_t ctas, PushOrderSmem& sort,
+                                          uint64_t epoch, const WaitContext& ctx) {
+  constexpr uint32_t kBatch = MoeTunables::kPushSortTokens;
+  constexpr uint32_t kBuckets = MoeTunables::kPushSortBuckets;
+  const DeviceComm& c = p.comm;
+  const JobRanks r(c);
+  const uint32_t warps = blockDim.x / 32;
+  const uint32_t mine = index < p.num_tokens ? (p.num_tokens - index + ctas - 1) / ctas : 0;
+  const bool net = p.token_nodes != nullptr && p.plan.status->code == 0;  // a failed routing moves nothing
+  PushState s{1u << c.local_rank, 0};
+  for (uint32_t begin = 0; begin < mine; begin += kBatch) {
+    const uint32_t count = min(kBatch, mine - begin);
+    const bool sorted = count > warps;
+    if (sorted) {
+      for (uint32_t b = threadIdx.x; b < kBuckets; b += blockDim.x) sort.bucket_start[b] = 0;
+      __syncthreads();
+      for (uint32_t j = threadIdx.x; j < count; j += blockDim.x) {
+        const uint32_t b = token_push_bucket(p, r.world(), index + (begin + j) * ctas);
+        sort.bucket[j] = static_cast<uint16_t>(b);
+        sort.rank[j] = static_cast<uint16_t>(atomicAdd(&sort.bucket_start[b], 1u));
       }
+      __syncthreads();
+      if (warp_id() == 0) warp_exclusive_scan(sort.bucket_start, kBuckets);
+      __syncthreads();
+      for (uint32_t j = threadIdx.x; j < count; j += blockDim.x) {
+        sort.order[sort.bucket_start[sort.bucket[j]] + sort.rank[j]] = static_cast<uint16_t>(j);
+      }
+      __syncthreads();
     }
+    bool ok = true;
+    for (uint32_t i = warp_id(); ok && i < count; i += warps) {
+      const uint32_t j = sorted ? sort.order[i] : i;
+      ok = push_token(p, r, index + (begin + j) * ctas, net, s, epoch, ctx);
+    }
+    if (!cta_all(ok)) return false;  // also: every warp has read `order` before the next batch rewrites it
   }
   return true;
 }

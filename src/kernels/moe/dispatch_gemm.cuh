@@ -88,9 +88,10 @@ struct ArrivedGroupedTiles : GroupedTiles {
 // The dispatch roles of a fused kernel whose CTAs all compute afterwards (moe_dispatch_gemm,
 // moe_layer), all threads of the CTA: a CTA of the table's kArrival role completes receive
 // blocks, kForward (a table that has it; several nodes) forwards the entries other nodes sent,
-// kPush pushes tokens with its kWarps warps; any other role has nothing to do here. False after a
-// failed wait (recorded): the CTA must not compute.
-template <uint32_t kWarps, class Role, Role kLast>
+// kPush pushes tokens (push_role); any other role has nothing to do here. kFreeBytes: the compute
+// role's stage buffers from the aligned base of `smem`, which the roles use until the CTA
+// computes. False after a failed wait (recorded): the CTA must not compute.
+template <uint32_t kFreeBytes, class Role, Role kLast>
 __device__ __forceinline__ bool run_dispatch_roles(const DispatchParams& d, const frame::RoleTable<Role, kLast>& roles,
                                                    const frame::LaunchFrame& f, uint8_t* smem) {
   const uint32_t index = roles.index_in_role(blockIdx.x);
@@ -107,8 +108,13 @@ __device__ __forceinline__ bool run_dispatch_roles(const DispatchParams& d, cons
     if (role == Role::kForward) return forward_role(d, index, roles.count(Role::kForward), f);
   }
   if (role == Role::kPush) {
-    const uint32_t warps = roles.count(Role::kPush) * kWarps;
-    return cta_all(push_tokens(d, index * kWarps + warp_id(), warps, f.epoch, f.ctx));
+    // push_role's sort: the start of the GEMM's stage buffers, free until this CTA computes.
+    static_assert(sizeof(PushOrderSmem) <= kFreeBytes,
+                  "the push role's sort must fit in the compute role's stage buffers, which are free until it runs");
+    auto* sort = reinterpret_cast<PushOrderSmem*>(frame::aligned_smem(smem));
+    const bool ok = push_role(d, index, roles.count(Role::kPush), *sort, f.epoch, f.ctx);
+    cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);  // the TMA loads that reuse it come after
+    return cta_all(ok);
   }
   return true;
 }
@@ -130,7 +136,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   Role::init(smem);
 
   const DispatchGemmRoleTable& roles = p.roles;
-  const bool compute = run_dispatch_roles<Cfg::kThreads / 32>(d, roles, f, smem);
+  const bool compute = run_dispatch_roles<Cfg::kControlOffset>(d, roles, f, smem);
   if (compute) {
     gemm::SchedulerParams sched = p.gemm.sched;
     sched.m_blocks = p.gemm.header->tile_rows;  // written by the plan kernel just before, in stream order

@@ -24,8 +24,8 @@ __global__ void __launch_bounds__(MoeTunables::kThreads, 1) moe_dispatch_kernel(
       (void)forward_role(p, index, roles.count(DispatchRole::kForward), f);
       break;
     case DispatchRole::kPush: {
-      const uint32_t warps = roles.count(DispatchRole::kPush, gridDim.x) * MoeTunables::kWarps;
-      (void)push_tokens(p, index * MoeTunables::kWarps + warp_id(), warps, f.epoch, f.ctx);
+      __shared__ PushOrderSmem sort;
+      (void)push_role(p, index, roles.count(DispatchRole::kPush, gridDim.x), sort, f.epoch, f.ctx);
       break;
     }
   }

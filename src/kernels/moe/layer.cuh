@@ -276,7 +276,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_layer_kernel(const __gri
   Role::init(smem);
 
   const LayerRoleTable& roles = p.roles;
-  bool ok = run_dispatch_roles<kWarps>(d, roles, f, smem);
+  bool ok = run_dispatch_roles<Cfg::kControlOffset>(d, roles, f, smem);
   if (ok) {
     Scheduler scheduler(p, f.epoch);
     Epilogue epi(HiddenEpilogue<Cfg::kBlockM>(p.up, p.hidden_done),

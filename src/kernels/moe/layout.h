@@ -38,6 +38,11 @@ struct MoeTunables {
   // (a bit mask of one thread).
   static constexpr uint32_t kArrivalWindow = 32;
   static constexpr int kCopyUnroll = 4;
+  // A pushing CTA sorts its tokens by their first receive row before pushing them,
+  // kPushSortTokens at a time, into kPushSortBuckets buckets of at least kArrivalRows rows
+  // (push_sort_bucket; the sort's shared memory: PushOrderSmem in dispatch.cuh).
+  static constexpr uint32_t kPushSortTokens = 2048;
+  static constexpr uint32_t kPushSortBuckets = 1024;
   // moe_dispatch_gemm: the CTAs that push (1 / kFusedPushShareDen of the grid) and complete
   // receive blocks (1 / kFusedArrivalShareDen) before they join the expert GEMM.
   static constexpr int kFusedPushShareDen = 4;
@@ -61,6 +66,23 @@ static_assert(MoeTunables::kMaxLocalWorld <= 32, "destination sets are 32-bit ma
 static_assert(MoeTunables::kMaxLocalWorld <= MoeTunables::kMaxWorld && MoeTunables::kMaxWorld <= MoeTunables::kThreads,
               "the routing's coordinator gives each rank of the job one thread: kThreads must cover kMaxWorld");
 static_assert(MoeTunables::kMaxNodes <= 32, "combine gives each node one lane of a warp: at most 32 nodes");
+static_assert(MoeTunables::kPushSortTokens <= 65536 && MoeTunables::kPushSortBuckets <= 65536,
+              "the push sort keeps token positions and buckets in 16 bits");
+static_assert(MoeTunables::kPushSortBuckets % 32 == 0, "one warp scans the push sort's buckets, the same number per lane");
+
+// The push order's bucket of a token whose smallest receive row (over its destinations: d * C +
+// row, the row taken) is `first_row`, or of a token with no destination (first_row >= C): the
+// last. Receive rows are expert-major and the expert GEMM takes its tiles in row order, so
+// pushing the tokens bucket by bucket completes the first experts' receive blocks after a part
+// of the dispatch (in token order, each expert's last block completes only at its end).
+LOOM_HOST_DEVICE constexpr uint32_t push_sort_bucket(uint32_t first_row, uint32_t capacity) {
+  constexpr uint32_t kBuckets = MoeTunables::kPushSortBuckets;
+  constexpr uint64_t kRows = MoeTunables::kArrivalRows;
+  const uint64_t blocks = (uint64_t{capacity} + kRows - 1) / kRows;
+  const uint64_t width = (blocks + kBuckets - 1) / kBuckets * kRows;  // whole arrival blocks
+  const uint64_t bucket = width == 0 ? 0 : first_row / width;
+  return first_row >= capacity || bucket >= kBuckets ? kBuckets - 1 : static_cast<uint32_t>(bucket);
+}
 
 // What the routing found wrong with its input (MoeStatusWords::code).
 enum class MoeError : int32_t {
