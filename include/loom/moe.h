@@ -39,7 +39,7 @@
 // The grouped GEMM for the experts' rows is below (loom::grouped_gemm, one GPU);
 // moe_dispatch_gemm fuses the dispatch with the first expert GEMM (one persistent kernel: an
 // expert's tiles start as their rows land); moe_layer is the whole FFN step in one kernel
-// (dispatch, gate/up + SwiGLU, down, weighted combine; one node); moe_topk turns router logits
+// (dispatch, gate/up + SwiGLU, down, weighted combine); moe_topk turns router logits
 // into the ids and weights moe_routing takes.
 #pragma once
 
@@ -336,8 +336,10 @@ Status moe_topk(const MoeTopkArgs& args, cudaStream_t stream);
 //
 // Equal, bit for bit, to moe_dispatch_gemm (kSwiGLU, gate_up, out = hidden) -> grouped_gemm
 // (hidden, down, expert_out; offsets = expert_offsets, M_total = capacity) -> moe_combine with the
-// same tile; recv_x is written exactly as moe_dispatch writes it. Within one node: a job of
-// several nodes is refused (unsupported; compose those three calls there).
+// same tile; recv_x is written exactly as moe_dispatch writes it. Across nodes as those calls
+// (docs/MOE.md, "The full layer across nodes"): each token row crosses the network once per node
+// and each node's partial sum once back; unsupported when the network flag window cannot hold
+// both the dispatch's and the combine's flags of one call.
 //
 // Shared expert (optional: both shared weights given): every token of this rank also goes through
 // one dense SwiGLU FFN of the same intermediate size I (DeepSeek-V3's, Llama 4's), added with

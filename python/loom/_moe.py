@@ -244,7 +244,7 @@ def moe_layer(comm: CommLike, plan: MoePlan, x: DLPackArray, gate_up: DLPackArra
               stream: StreamArg = None, tile: str = "auto", num_ctas: int = 0, push_ctas: int = 0,
               arrival_ctas: int = 0, shared_gate_up: Optional[DLPackArray] = None,
               shared_down: Optional[DLPackArray] = None) -> Out:
-    """Collective: the whole MoE FFN step in one persistent kernel, within one node:
+    """Collective: the whole MoE FFN step in one persistent kernel (across nodes too):
     out[t] = sum over token t's routed slots j, in slot order, of w[t, j] * (silu(x[t] Wg_e^T) *
     (x[t] Wu_e^T)) Wd_e^T, e the slot's expert and w the routing's weights (moe_routing's
     topk_weights, 1 when none were given). The dispatch, the gate/up GEMM with the SwiGLU
@@ -252,8 +252,8 @@ def moe_layer(comm: CommLike, plan: MoePlan, x: DLPackArray, gate_up: DLPackArra
     inputs are there. fp32 accumulation in both GEMMs and in the sum; hidden, expert_out and out
     are each rounded once. Bit-identical to moe_dispatch_gemm(activation='swiglu', out=hidden) ->
     grouped_gemm(hidden, down, expert_out, offsets=plan.expert_offsets) -> moe_combine(expert_out)
-    on the same tile; recv_x is written exactly as moe_dispatch writes it. A job of several nodes
-    raises ``loom.Unsupported`` (compose those three calls there).
+    on the same tile; recv_x is written exactly as moe_dispatch writes it. Across nodes as those
+    calls (each token row crosses the network once per node, each node's partial sum once back).
 
     Every tensor has the config's dtype, bf16 or fp16 (fp32 raises ``loom.Unsupported``).
     x: [T, hidden] (T: the tokens given to moe_routing). gate_up: this rank's experts' gate and

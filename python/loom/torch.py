@@ -28,7 +28,7 @@ captured is kept until the communicator closes even when a larger shape later re
 
 MoE: ``torch.ops.loom.moe_topk`` (the router's top-k on one GPU; ``moe_topk`` below) and
 ``torch.ops.loom.moe_layer`` (collective: loom's routing of the top-k, then the whole MoE FFN step
-in one kernel, within one node; ``moe_layer_from_topk`` below). The layer op routes into MoE
+in one kernel; ``moe_layer_from_topk`` below). The layer op routes into MoE
 buffers (``moe_buffers``: the plan buffer, expert_offsets, symmetric recv_x and expert_out, hidden)
 cached on the communicator, one set per (MoE config, intermediate size I), allocated by the first
 call with that config (collective) and kept until the communicator closes; token counts up to
@@ -590,11 +590,7 @@ def _moe_layer_shapes(c: Any, x, topk_ids, topk_weights, gate_up, down, num_expe
     of the MoE config loom.torch makes from the tensors, and those of loom.moe_layer (loom/moe.h)."""
     op, rank = "moe_layer", c.rank
     _moe_scalars(num_experts, max_tokens, capacity, overflow, rank)
-    world = _tp_world(c)
-    if world != c.local_world_size:
-        raise _unsupported(op, f"moe_layer runs within one node, but the communicator spans {world} ranks over nodes of "
-                               f"{c.local_world_size}: compose loom.moe_routing, moe_dispatch_gemm, grouped_gemm and "
-                               "moe_combine there", rank)
+    world = _tp_world(c)  # every rank of the job, over all nodes
     if num_experts % world != 0:
         raise _invalid(op, f"num_experts {num_experts} is not a multiple of the world size {world}", rank)
     if x.dim() != 2 or x.dtype not in _HALF or x.shape[1] < 1:
@@ -686,11 +682,13 @@ def _moe_layer_impl(comm, x, topk_ids, topk_weights, gate_up, down, num_experts,
     config, bufs = _moe_layer_entry(c, (num_experts, top_k, hidden, x.dtype, max_tokens, capacity, overflow, inter,
                                         shared))
     stream = _raw_stream(c.device)
-    plan = _moe_routing(c, config, topk_ids, plan_buffer=bufs.plan_buffer, expert_offsets=bufs.expert_offsets,
-                        topk_weights=topk_weights, stream=stream)
     # NaN first: a routing that fails on the device (an expert id out of range, a rank over its
     # capacity) makes the layer write nothing, and the op cannot report it without a host wait.
+    # Filled before the routing: across nodes no kernel may load for the first time while an MoE
+    # call waits on the proxy (docs/MOE.md, "Loading").
     out = torch.full((tokens, hidden), float("nan"), dtype=x.dtype, device=x.device)
+    plan = _moe_routing(c, config, topk_ids, plan_buffer=bufs.plan_buffer, expert_offsets=bufs.expert_offsets,
+                        topk_weights=topk_weights, stream=stream)
     _moe_layer(c, plan, x, gate_up, down, bufs.recv_x, bufs.hidden, bufs.expert_out, out, stream=stream,
                shared_gate_up=shared_gate_up, shared_down=shared_down)
     return out
@@ -908,7 +906,7 @@ def moe_layer_from_topk(comm: CommLike, x: torch.Tensor, topk_ids: torch.Tensor,
                         capacity: int = 0, overflow: str = "error", shared_gate_up: Optional[torch.Tensor] = None,
                         shared_down: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Collective (``torch.ops.loom.moe_layer``): the whole MoE FFN step from the router's top-k,
-    within one node, on the current torch stream: loom.moe_routing of topk_ids (and topk_weights),
+    on the current torch stream: loom.moe_routing of topk_ids (and topk_weights),
     then loom.moe_layer into a new out [T, hidden] of x's dtype, returned. out[t] = sum over token
     t's routed slots j, in slot order, of w[t, j] * (silu(x[t] Wg_e^T) * (x[t] Wu_e^T)) Wd_e^T
     (see loom.moe_layer for the math and the rounding).
@@ -925,7 +923,7 @@ def moe_layer_from_topk(comm: CommLike, x: torch.Tensor, topk_ids: torch.Tensor,
     config, hidden_intermediate=I)``), allocated by the first call with them (collective; kept until
     the communicator closes). Calls sharing them are ordered by the stream, as the collective
     contract asks. CUDA graphs: run it once eagerly with the config first; a first call during
-    capture raises ``loom.InvalidArgument``. Across nodes it raises ``loom.Unsupported``. Bad
+    capture raises ``loom.InvalidArgument``. Bad
     shapes, dtypes or devices raise ``loom.InvalidArgument`` before anything is launched; expert
     ids out of range or a rank over its capacity (overflow 'error') leave out all NaN (it is
     NaN-filled first, and a failed routing makes the layer write nothing); the op cannot say why

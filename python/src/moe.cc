@@ -684,7 +684,7 @@ void bind_moe(nb::module_& m) {
       "expert_out"_a.none(), "out"_a.none(), "stream"_a, "tile"_a = "auto", "num_ctas"_a = 0, "push_ctas"_a = 0,
       "arrival_ctas"_a = 0, "shared_gate_up"_a.none() = nb::none(), "shared_down"_a.none() = nb::none(),
       "Collective: the whole MoE FFN step in one kernel: out[t] = sum_j w[t, j] * "
-      "(silu(x gate^T) * (x up^T)) down^T over t's routed experts (within one node), plus a shared expert's "
+      "(silu(x gate^T) * (x up^T)) down^T over t's routed experts, plus a shared expert's "
       "FFN of x[t] when shared_gate_up and shared_down are given.");
   m.def("moe_layer_rows", &moe_layer_rows, "capacity"_a, "max_tokens"_a, "shared_expert"_a,
         "The rows of moe_layer's hidden and expert_out: capacity, or with a shared expert align_up(capacity, 128) + "

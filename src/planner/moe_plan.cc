@@ -534,19 +534,20 @@ GroupedGemmArgs layer_down_args(const MoePlan& plan, const MoeLayouts& layouts, 
 }
 
 Result<MoeLayerPlan> plan_moe_layer(const GroupedGemmArgs& up, const GroupedGemmArgs& down, const MoeLayerOptions& options,
-                                    const GemmDeviceLimits& device) {
+                                    const GemmDeviceLimits& device, int num_nodes) {
   MoeDispatchGemmOptions fused;
   fused.tile = options.tile;
   fused.num_ctas = options.num_ctas;
   fused.push_ctas = options.push_ctas;
   fused.arrival_ctas = options.arrival_ctas;
-  Result<MoeDispatchGemmPlan> first = plan_moe_dispatch_gemm(up, fused, device);
+  Result<MoeDispatchGemmPlan> first = plan_moe_dispatch_gemm(up, fused, device, num_nodes);
   if (!first.ok()) return std::move(first).take_status().with_context("moe_layer (gate/up GEMM)");
   MoeLayerPlan plan;
   plan.up = first->gemm;
   plan.grid = first->grid;
   plan.push_ctas = first->push_ctas;
   plan.arrival_ctas = first->arrival_ctas;
+  plan.forward_ctas = first->forward_ctas;
   GroupedGemmOptions second;
   second.tile = plan.up.tile;  // one tile table for both GEMMs: the same BLOCK_M
   second.num_ctas = plan.grid;

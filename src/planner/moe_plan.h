@@ -141,9 +141,11 @@ struct MoeLayerPlan {
   int grid = 0;
   int push_ctas = 0;
   int arrival_ctas = 0;
+  int forward_ctas = 0;  // several nodes: the dispatch's network arrivals (then compute)
 };
-// moe_dispatch_gemm's plan for up (tile, grid, roles), then down on the same tile and grid.
+// moe_dispatch_gemm's plan for up (tile, grid, roles) on a job of num_nodes nodes, then down on
+// the same tile and grid.
 Result<MoeLayerPlan> plan_moe_layer(const GroupedGemmArgs& up, const GroupedGemmArgs& down, const MoeLayerOptions& options,
-                                    const GemmDeviceLimits& device);
+                                    const GemmDeviceLimits& device, int num_nodes = 1);
 
 }  // namespace loom::planner

@@ -114,7 +114,7 @@ void check_workspace(uint32_t nodes, uint32_t local) {
   const uint64_t pb = nodes > 1 ? 4 * shape.hidden : 0;
   const std::vector<uint64_t> starts{l.count_table, l.count_flags, l.node_tokens, l.chunk_flags, l.routing_words,
                                      l.arrival,     l.ready,       l.send_fill,   l.sent_chunks, l.send_count,
-                                     l.hidden_done, l.out_done,    l.out_ready,
+                                     l.pushes_done, l.hidden_done, l.out_done,    l.out_ready,
                                      l.read_done,   l.done,        l.ret_count,   l.ret_sent,    l.rows,
                                      l.tiles,       l.staged_epoch, l.token_pos,  l.send_window, l.staging,
                                      l.ret_window,  l.partials,    l.bytes};
@@ -127,7 +127,7 @@ void check_workspace(uint32_t nodes, uint32_t local) {
   const uint64_t layer_rows = (cap + 127) / 128 * 128 + tmax;
   const std::vector<uint64_t> sizes{4 * w * km::count_row_ints(shape.experts, nodes), 8 * w, 4ull * nodes,
                                     8 * km::routing_chunks(tmax), 16, 8 * blocks, 8 * blocks, 4 * remote, 8 * remote,
-                                    4 * remote * q, 8 * layer_tile_rows, 8 * layer_tile_rows, 8 * layer_rows,
+                                    4 * remote * q, 8, 8 * layer_tile_rows, 8 * layer_tile_rows, 8 * layer_rows,
                                     8ull * MoeTunables::kMaxCtas, 8ull * local, 4 * remote * q, 8 * remote,
                                     16 * cap, 16 + 16 * tile_rows, nodes > 1 ? 8u : 0u,
                                     4 * tmax * remote, remote * tmax * eb, remote * tmax * eb, remote * tmax * pb,

@@ -633,7 +633,8 @@ INSTANTIATE_TEST_SUITE_P(Fault, FaultKill,
                                            KillCase{"moe", 2, 1, 1}, KillCase{"moe", 3, 1, 2},
                                            KillCase{"moe_dispatch_gemm", 2, 1, 1}, KillCase{"moe", 2, 2, 1},
                                            KillCase{"moe_dispatch_gemm", 2, 2, 0}, KillCase{"ring_attention", 2, 2, 1},
-                                           KillCase{"moe_layer", 2, 1, 1}, KillCase{"moe_layer", 3, 1, 0}),
+                                           KillCase{"moe_layer", 2, 1, 1}, KillCase{"moe_layer", 3, 1, 0},
+                                           KillCase{"moe_layer", 2, 2, 1}),
                          [](const ::testing::TestParamInfo<KillCase>& info) {
                            return std::string(info.param.op) + "_" + std::to_string(info.param.ranks) + "ranks_" +
                                   std::to_string(info.param.nodes) + "nodes_kill" + std::to_string(info.param.victim);

@@ -1311,8 +1311,8 @@ TEST_F(MoeTopk, MatchesTheReference) {
 // rounded intermediates whose fp32 and fp64 sums straddle a rounding boundary; a wrong expert,
 // weight or slot costs O(1/k)); every output finite (out is NaN-filled first); (b) the composed
 // calls on the same tile, moe_dispatch_gemm (SwiGLU) -> grouped_gemm -> moe_combine: the same bits
-// in hidden, expert_out and out; (c) recv_x as moe_dispatch writes it. Across nodes the call is
-// refused (unsupported) on every rank.
+// in hidden, expert_out and out (across nodes too: both sum each node's slots in slot order, then
+// the node sums in node order); (c) recv_x as moe_dispatch writes it.
 
 constexpr uint64_t kGateSalt = 0x5EED0011, kUpSalt = 0x5EED0012, kDownSalt = 0x5EED0013;
 constexpr int64_t kSharedExpert = -1;  // the shared expert's weights, as an expert id of their own
@@ -1568,16 +1568,6 @@ TEST_P(MoeLayer, MatchesTheReferenceAndTheComposedCalls) {
   MoeLayerOptions options;
   options.tile = g.tile;
   const Status layer = moe_layer(comm, *plan, s.d_x.get(), b.weights(g), b.buffers(s), s.d_out.get(), nullptr, options);
-  if (comm.num_nodes() > 1) {
-    EXPECT_EQ(layer.code(), StatusCode::kUnsupported) << what << ": " << layer.to_string();
-    EXPECT_NE(layer.message().find("within one node"), std::string::npos) << layer.message();
-    // The routing may still be running (across nodes it waits on the proxy): finish it before the
-    // buffers are read or freed (cudaFree would wait for it while holding what the proxy's copies need).
-    const Status synced = comm.synchronize(nullptr);
-    EXPECT_TRUE(agree(synced.ok())) << what << ": " << synced.to_string();
-    EXPECT_TRUE(all_bytes(s.d_out.get(), s.out_bytes(), 0xFF)) << what << ": out was written";
-    return;
-  }
   ASSERT_TRUE(agree(layer.ok())) << what << ": rank " << process().rank << ": moe_layer: " << layer.to_string();
   Result<MoeReport> report = moe_report(comm, *plan, nullptr);  // synchronizes the stream
   ASSERT_TRUE(agree(report.ok())) << what << ": " << report.status().to_string();
@@ -1697,7 +1687,6 @@ class MoeLayerChecks : public MoeTest {};
 // failed on the device leaves out untouched; the next call works.
 TEST_F(MoeLayerChecks, BadInputIsRefusedAndAFailedRoutingWritesNothing) {
   Communicator& comm = shared_comm();
-  if (comm.num_nodes() > 1) GTEST_SKIP() << "across nodes every moe_layer call is refused (MoeLayer checks it)";
   LayerCase g;
   g.moe = make_case(Routing::kUniform, 141);
   g.shared = true;  // a failed routing must not run the shared expert either
@@ -1759,7 +1748,6 @@ TEST_F(MoeLayerChecks, BadInputIsRefusedAndAFailedRoutingWritesNothing) {
 // and the last one the reference's.
 TEST_F(MoeLayerChecks, BackToBackLaunchesAreBitIdentical) {
   Communicator& comm = shared_comm();
-  if (comm.num_nodes() > 1) GTEST_SKIP() << "across nodes every moe_layer call is refused (MoeLayer checks it)";
   LayerCase g;
   g.moe = make_case(Routing::kSkewed, 142);
   const std::string what = "moe_layer " + g.text(comm.world_size()) + ", back-to-back launches";
@@ -1854,7 +1842,6 @@ TEST_P(MoeGraph, RoutingDispatchCombineReplayTheReferenceBits) {
 // replay writes the eager step's bits.
 TEST_P(MoeGraph, LayerReplaysTheEagerBits) {
   Communicator& comm = shared_comm();
-  if (comm.num_nodes() > 1) GTEST_SKIP() << "across nodes every moe_layer call is refused (MoeLayer checks it)";
   LayerCase g;
   g.moe = make_case(Routing::kSkewed, 97);  // MoeGraph's config: the pinned workspace fits it
   g.shared = true;

@@ -387,8 +387,6 @@ def test_moe_layer(comm, seed, routing, dtype, rank0_empty):
     no token."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("moe_layer needs an sm_90 GPU")
-    if comm.num_nodes > 1:
-        pytest.skip("moe_layer runs within one node (test_moe_layer_across_nodes_is_refused)")
     w, me = comm.world_size, comm.rank
     experts, tile = EXPERTS_PER_RANK * w, "128x256"
     salt = f"layer-{routing}-{dtype}-{rank0_empty}"
@@ -463,8 +461,6 @@ def test_moe_layer_shared_expert(comm, seed, rank0_empty):
     (one group) on the same tile; no other row past the kept ones written."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("moe_layer needs an sm_90 GPU")
-    if comm.num_nodes > 1:
-        pytest.skip("moe_layer runs within one node (test_moe_layer_across_nodes_is_refused)")
     w, me, dtype, tile = comm.world_size, comm.rank, BF16, "128x256"
     experts = EXPERTS_PER_RANK * w
     salt = f"layer-shared-{rank0_empty}"
@@ -527,34 +523,11 @@ def test_moe_layer_shared_expert(comm, seed, rank0_empty):
         assert err <= LAYER_TOLERANCE[dtype], f"relative error {err:.2e} over {LAYER_TOLERANCE[dtype]:.2e}"
 
 
-def test_moe_layer_across_nodes_is_refused(comm, seed):
-    """Across (emulated) nodes moe_layer refuses before launching (loom.Unsupported, naming the
-    composed calls to use instead); the communicator stays usable."""
-    if comm.num_nodes == 1:
-        pytest.skip("one node: moe_layer runs (test_moe_layer)")
-    config = small_config(comm)
-    ids = make_ids("uniform", 32, config.num_experts, config.top_k, seed, "layer-nodes", comm.rank).cuda()
-    bufs = lt.moe_buffers(comm, config, hidden_intermediate=INTERMEDIATE)
-    gate_up = torch.zeros(EXPERTS_PER_RANK, 2 * INTERMEDIATE, HIDDEN, dtype=BF16, device="cuda")
-    down = torch.zeros(EXPERTS_PER_RANK, HIDDEN, INTERMEDIATE, dtype=BF16, device="cuda")
-    x = torch.zeros(32, HIDDEN, dtype=BF16, device="cuda")
-    out = torch.empty(32, HIDDEN, dtype=BF16, device="cuda")
-    plan = loom.moe_routing(comm, config, ids, plan_buffer=bufs.plan_buffer, expert_offsets=bufs.expert_offsets)
-    # No torch call between the routing and the synchronize: across nodes no kernel may load for
-    # the first time while an MoE call waits on the proxy (test_bad_tensors_are_refused_before_launch).
-    with pytest.raises(loom.Unsupported, match="runs within one node"):
-        loom.moe_layer(comm, plan, x, gate_up, down, bufs.recv_x, bufs.hidden, bufs.expert_out, out)
-    comm.synchronize()
-    assert comm.health() is None
-
-
 def test_moe_layer_bad_buffers_are_refused_before_launch(comm, seed):
     """What the host sees is refused before the launch (non-symmetric recv_x or expert_out, hidden
     overlapping expert_out, an I that is not a multiple of 8); then the same plan runs."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("moe_layer needs an sm_90 GPU")
-    if comm.num_nodes > 1:
-        pytest.skip("moe_layer runs within one node (test_moe_layer_across_nodes_is_refused)")
     config = small_config(comm)
     ids = make_ids("uniform", 32, config.num_experts, config.top_k, seed, "layer-refused", comm.rank).cuda()
     bufs = lt.moe_buffers(comm, config, hidden_intermediate=INTERMEDIATE)
@@ -845,8 +818,6 @@ def test_moe_topk_refusals(comm):
 def require_layer(comm):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("moe_layer needs an sm_90 GPU")
-    if comm.num_nodes > 1:
-        pytest.skip("moe_layer runs within one node (test_moe_layer_across_nodes_is_refused)")
 
 
 def op_inputs(comm, seed, salt, dtype=BF16, *, weighted=True, rank0_empty=False):

@@ -236,14 +236,20 @@ __device__ __forceinline__ bool reduce_tokens(const CombineParams& p, uint32_t f
   return true;
 }
 
+// No staging flags to wait for: the entries were staged before the launch (moe_combine).
+inline constexpr uint32_t kStagedBeforeLaunch = 0xffffffffu;
+
 // One forwarding warp (several nodes): entries first, first + stride, ... of the token entries
 // this rank's same-index GPUs on other nodes staged here in the dispatch of this plan: each one's
 // slots on this node summed in slot order in fp32 (sum_slots), written into the return window
-// toward its source and handed to the proxy by chunk (net_window_written). False after a failed
-// wait (recorded).
-template <typename T>
+// toward its source and handed to the proxy by chunk (net_window_written). The Gate says when the
+// slots' rows may be read (as in reduce_tokens). staged_flag_base: kStagedBeforeLaunch, or the
+// dispatch's first network flag word of this launch (moe_layer: the entries arrive during it, and
+// an entry's header is read only after its chunk's flag). False after a failed wait (recorded).
+template <typename T, class Gate = EntryGate>
 __device__ __forceinline__ bool return_partials(const CombineParams& p, uint32_t first, uint32_t stride, uint64_t epoch,
-                                                const WaitContext& ctx) {
+                                                const WaitContext& ctx, const Gate& gate = {},
+                                                uint32_t staged_flag_base = kStagedBeforeLaunch) {
   using V = Vec16<T>;
   const DeviceComm& c = p.comm;
   const WorkspaceLayout& l = p.ws.layout;
@@ -272,8 +278,16 @@ __device__ __forceinline__ bool return_partials(const CombineParams& p, uint32_t
     const char* staged = p.ws.base(c, c.local_rank) + l.staging + static_cast<uint64_t>(i) * p.max_tokens * l.entry_bytes;
     char* ret = p.ws.base(c, c.local_rank) + l.ret_window + static_cast<uint64_t>(i) * p.max_tokens * l.partial_bytes;
     const uint32_t start = first >= entry0 ? first : entry0 + (stride - (entry0 - first) % stride) % stride;
+    uint32_t arrived_chunk = ~0u;  // the last staged chunk this warp waited for (lane-uniform)
     for (uint32_t e = start; e < entry0 + win.entries; e += stride) {
       const uint32_t pos = e - entry0;
+      if (staged_flag_base != kStagedBeforeLaunch && pos / MoeTunables::kNetChunkTokens != arrived_chunk) {
+        arrived_chunk = pos / MoeTunables::kNetChunkTokens;
+        bool ok = true;
+        if (lane == 0) ok = net_wait(c, staged_flag_base + i * l.window_chunks + arrived_chunk, win.peer, ctx);
+        if (!__shfl_sync(0xffffffffu, ok, 0)) return false;
+        __syncwarp();  // the lanes read the entry next: ordered after lane 0's wait
+      }
       const int32_t* header = reinterpret_cast<const int32_t*>(staged + static_cast<uint64_t>(pos) * l.entry_bytes);
       const int32_t dest = lane < k ? valid_slot(header[kNetHeaderFixedInts + lane], r.world(), cap) : kNoSlot;
       const uint32_t owner = dest != kNoSlot ? static_cast<uint32_t>(dest) / cap : 0;
@@ -282,7 +296,7 @@ __device__ __forceinline__ bool return_partials(const CombineParams& p, uint32_t
       const uint64_t row_addr = here ? c.peer_heap_bases[r.local_of(owner)] + p.y_offset +
                                            static_cast<uint64_t>(static_cast<uint32_t>(dest) - owner * cap) * p.row_bytes
                                      : 0;
-      if (!enter_owners(p, r, here, owner, entered, epoch, ctx)) return false;
+      if (!gate.admit(p, r, here, owner, static_cast<uint32_t>(dest) - owner * cap, entered, epoch, ctx)) return false;
       float4* out = reinterpret_cast<float4*>(ret + static_cast<uint64_t>(pos) * l.partial_bytes);
       for (uint64_t base = 0; base < vectors; base += 32) {
         const uint64_t v = base + lane;
@@ -305,6 +319,19 @@ __device__ __forceinline__ bool return_partials(const CombineParams& p, uint32_t
   return true;
 }
 
+// One thread, several nodes: waits until every chunk of this rank's return windows was handed to
+// the proxy and sent. False after a failed wait (recorded).
+__device__ __forceinline__ bool return_windows_drained(const CombineParams& p, const WaitContext& ctx) {
+  const DeviceComm& c = p.comm;
+  const JobRanks r(c);
+  return net_windows_drained(
+      c, p.ws.at<uint64_t>(c, c.local_rank, p.ws.layout.ret_sent), r.nodes - 1,
+      [&](uint32_t i) {
+        return window_chunks(tokens_to_node(p, p.num_experts, r.nodes, r.peer_on(remote_node(r.node, i, r.nodes)), r.node));
+      },
+      kSentFlag, ctx);
+}
+
 // The forwarding role of CTA `index` of `ctas` (all threads; several nodes): CTA 0 announces this
 // rank's network entry first; every CTA checks that the staged entries are this plan's
 // (kMismatch otherwise: another plan's dispatch ran since), returns its partials, and CTA 0 then
@@ -314,7 +341,6 @@ __device__ __forceinline__ bool forward_partials(const CombineParams& p, uint32_
                                                  const frame::LaunchFrame& f) {
   const DeviceComm& c = p.comm;
   const WorkspaceLayout& l = p.ws.layout;
-  const JobRanks r(c);
   bool ok = true;
   if (threadIdx.x == 0) {
     if (index == 0) ok = announce_network_entry(c, EntryPeers::kAll, p.signature, f.ctx);
@@ -328,14 +354,7 @@ __device__ __forceinline__ bool forward_partials(const CombineParams& p, uint32_
   if (p.plan.status->code == 0) {
     ok = cta_all(return_partials<T>(p, index * MoeTunables::kWarps + warp_id(), ctas * MoeTunables::kWarps, f.epoch, f.ctx));
   }
-  if (ok && p.plan.status->code == 0 && index == 0 && threadIdx.x == 0) {
-    ok = net_windows_drained(
-        c, p.ws.at<uint64_t>(c, c.local_rank, l.ret_sent), r.nodes - 1,
-        [&](uint32_t i) {
-          return window_chunks(tokens_to_node(p, p.num_experts, r.nodes, r.peer_on(remote_node(r.node, i, r.nodes)), r.node));
-        },
-        kSentFlag, f.ctx);
-  }
+  if (ok && p.plan.status->code == 0 && index == 0 && threadIdx.x == 0) ok = return_windows_drained(p, f.ctx);
   return cta_all(ok);
 }
 

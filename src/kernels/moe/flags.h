@@ -40,5 +40,7 @@ inline constexpr FlagKind kStagedFlag = family_flag(kFamily, 8);
 inline constexpr FlagKind kHiddenDoneFlag = family_flag(kFamily, 9);
 // "my expert output row `index` is final" (moe_layer's combine reads it from any local rank)
 inline constexpr FlagKind kOutReadyFlag = family_flag(kFamily, 10);
+// "every push CTA of my launch is done" (local counter; moe_layer's reducers then read token_pos)
+inline constexpr FlagKind kPushesDoneFlag = family_flag(kFamily, 11);
 
 }  // namespace loom::kernels::moe

@@ -16,9 +16,15 @@
 //            SwiGLU epilogue, fc2 tiles as kTileSecond with the plain one), fed by LayerScheduler:
 //            one launch-wide queue (LaunchState::tile_queue, reset when the launch ends) over
 //            every fc1 tile, then every fc2 tile, each gated on its inputs (below).
+//   forward  several nodes: moe_dispatch's forwarding role (the entries other nodes send), then compute.
 // Then every CTA reduces tokens (moe_combine's reduce_tokens with FinishedRowGate: a slot's row is
 // read from its rank once out_ready[row] there holds this launch's epoch), and the last CTA runs
 // moe_combine's done handshake (no rank leaves while another still reads its expert outputs).
+// Several nodes (docs/MOE.md, "The full layer across nodes"): before reducing, every warp returns
+// the partial sums of the entries other nodes staged here (return_partials, gated per row like the
+// reducers, each entry read after its chunk's dispatch flag); the reducers read token_pos once
+// every push CTA has counted itself in pushes_done; the combine's network flags follow the
+// dispatch's in the launch's window; the last CTA waits for the return windows to drain.
 // Both GEMMs run on the same tile table (same rows, experts and BLOCK_M), written by the grouped
 // GEMM's plan kernel just before, in stream order, so fc2 tile row r covers exactly the rows of
 // fc1 tile row r.
@@ -81,8 +87,9 @@ namespace loom::kernels::moe {
 
 enum class LayerRole : uint32_t {
   kArrival = 0,  // moe_dispatch's arrival role, then compute
-  kPush = 1,     // moe_dispatch's push role, then compute
-  kCompute = 2,  // fc1 then fc2 tiles whose inputs are ready; every role then reduces tokens
+  kForward = 1,  // several nodes: moe_dispatch's forwarding role (entries from other nodes), then compute
+  kPush = 2,     // moe_dispatch's push role, then compute
+  kCompute = 3,  // fc1 then fc2 tiles whose inputs are ready; every role then does the combine's work
 };
 using LayerRoleTable = frame::RoleTable<LayerRole, LayerRole::kCompute>;
 
@@ -102,6 +109,7 @@ struct LayerParams {
   uint64_t* hidden_done;         // [Ts + Tr], by virtual tile row
   uint64_t* out_done;            // [Ts + Tr]
   uint64_t* out_ready;           // [Cl]
+  uint64_t* pushes_done;         // push CTAs done (several nodes: the reducers then read token_pos)
   uint32_t shared_tile_rows;     // S = ceil(T / BLOCK_M) with a shared expert, else 0
   uint32_t shared_row_begin;     // Cs: hidden's and expert_out's row of token 0's shared rows
   LayerRoleTable roles;
@@ -277,6 +285,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_layer_kernel(const __gri
 
   const LayerRoleTable& roles = p.roles;
   bool ok = run_dispatch_roles<Cfg::kControlOffset>(d, roles, f, smem);
+  // Several nodes: the reducers read token_pos (where the push warps put each token's entry for
+  // every other node), written in this launch: each push CTA counts itself done.
+  const bool nodes = c.net.num_nodes > 1;
+  if (nodes && ok && roles.role_of(blockIdx.x) == LayerRole::kPush && threadIdx.x == 0) {
+    __threadfence();  // every warp's token_pos stores (run_dispatch_roles ended with a CTA barrier)
+    asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(p.pushes_done) : "memory");
+  }
   if (ok) {
     Scheduler scheduler(p, f.epoch);
     Epilogue epi(HiddenEpilogue<Cfg::kBlockM>(p.up, p.hidden_done),
@@ -297,16 +312,33 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_layer_kernel(const __gri
     ok = Role::run(smem, up, scheduler, epi, roles.rest_index(blockIdx.x, gridDim.x), gridDim.x, f.ctx).kind ==
          static_cast<uint32_t>(gemm::WorkKind::kDone);
   }
-  // Combine: when the routing failed nothing is read or written (the handshake still runs).
+  // The combine, when the routing did not fail (else nothing is read or written; the handshake
+  // still runs). Several nodes: every warp first returns the partial sums of the entries other
+  // nodes staged here (they wait only for rows of this node), then reduces its own tokens (which
+  // wait for the other nodes' partials): reducing first could leave two nodes waiting for each other.
+  const uint32_t warp = blockIdx.x * kWarps + warp_id(), warps = gridDim.x * kWarps;
+  const FinishedRowGate gate{p.shared_row_begin};
   if (ok && p.combine.plan.status->code == 0) {
-    ok = cta_all(reduce_tokens<T>(p.combine, blockIdx.x * kWarps + warp_id(), gridDim.x * kWarps, f.epoch, f.ctx,
-                                  FinishedRowGate{p.shared_row_begin}));
+    if (nodes) {
+      ok = cta_all(return_partials<T>(p.combine, warp, warps, f.epoch, f.ctx, gate, d.net_flag_base));
+      if (ok && threadIdx.x == 0) {
+        const uint64_t pushers = roles.count(LayerRole::kPush);
+        ok = wait_until(p.pushes_done, [pushers](uint64_t seen) { return seen >= pushers; }, f.ctx, -1,
+                        kPushesDoneFlag, 0);
+      }
+      ok = cta_all(ok);
+    }
+    if (ok) ok = cta_all(reduce_tokens<T>(p.combine, warp, warps, f.epoch, f.ctx, gate));
   }
   if (cta_all(ok)) {
     if (threadIdx.x == 0) {
       flag_store_release(d.ws.at<uint64_t>(c, c.local_rank, d.ws.layout.read_done, blockIdx.x), f.epoch);
     }
-    if (blockIdx.x == gridDim.x - 1) (void)finish_reads(p.combine, f.epoch, f.ctx);
+    if (blockIdx.x == gridDim.x - 1) {
+      bool drained = true;
+      if (nodes && threadIdx.x == 0 && p.combine.plan.status->code == 0) drained = return_windows_drained(p.combine, f.ctx);
+      if (cta_all(drained)) (void)finish_reads(p.combine, f.epoch, f.ctx);
+    }
   }
   f.mark(LaunchPhase::kRolesDone);
   f.finish(d.state, c);

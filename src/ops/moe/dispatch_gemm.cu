@@ -18,6 +18,7 @@
 #include "ops/launch/kernel_launch.h"
 #include "ops/launch/queued_work.h"
 #include "ops/moe/dispatch_gemm_launch.cuh"
+#include "ops/moe/layer_launch.cuh"  // the layer's loaders
 #include "ops/moe/moe_launch.h"
 #include "planner/moe_plan.h"
 
@@ -47,7 +48,9 @@ Status load_moe_kernels() {
     LOOM_TRY(load_moe_comm_kernels());
     LOOM_TRY(load_grouped_gemm_kernels());
     LOOM_TRY(detail::load_sm90_moe_dispatch_gemm_128x256());
-    return detail::load_sm90_moe_dispatch_gemm_128x128();
+    LOOM_TRY(detail::load_sm90_moe_dispatch_gemm_128x128());
+    LOOM_TRY(detail::load_sm90_moe_layer_128x256());
+    return detail::load_sm90_moe_layer_128x128();
   });
 }
 

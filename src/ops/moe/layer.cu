@@ -3,8 +3,9 @@
 // kernel (the routing's expert_offsets -> this rank's tile table, shared by both GEMMs), the fused
 // kernel (kernels/moe/layer.cuh).
 //
-// Rules beyond moe_dispatch's (invalid_argument unless said): a job of several nodes
-// (unsupported); config.dtype other than bf16 / fp16 (unsupported); null weights or buffers;
+// Rules beyond moe_dispatch's (invalid_argument unless said): several nodes whose network flag
+// window cannot hold both the dispatch's and the combine's flags of one launch (unsupported);
+// config.dtype other than bf16 / fp16 (unsupported); null weights or buffers;
 // intermediate not a positive multiple of 8 (unsupported, the GEMMs' rule); buffers not 16-byte
 // aligned, hidden not device memory of this GPU, recv_x or expert_out not symmetric; any written
 // buffer (recv_x, hidden, expert_out, out) overlapping another buffer; a capacity of 0 rows; a
@@ -25,6 +26,7 @@
 #include "ops/moe/layer_launch.cuh"
 #include "ops/moe/moe_launch.h"
 #include "planner/moe_plan.h"
+#include "runtime/network_layout.h"
 
 namespace loom {
 
@@ -80,10 +82,15 @@ Status moe_layer(Communicator& comm, const MoePlan& plan, const void* x, const M
   constexpr const char* kOp = "moe_layer";
   Communicator::Impl& impl = internal(comm);
   LOOM_ASSIGN_OR_RETURN(planner::MoeLayouts l, check_plan(impl, plan, kOp));
-  if (l.num_nodes > 1) {
-    return Status::unsupported(std::string(kOp) + ": runs within one node in this build (the job has " +
-                               num(l.num_nodes) +
-                               " nodes); across nodes compose moe_dispatch_gemm, grouped_gemm and moe_combine");
+  // Across nodes one launch holds the dispatch's network flags and, after them, the combine's.
+  const runtime::net::NetWindowLayout window{static_cast<uint32_t>(l.num_nodes),
+                                             static_cast<uint32_t>(impl.topology.local_world_size)};
+  if (2 * l.net_flag_words > window.launch_capacity()) {
+    return Status::unsupported(std::string(kOp) + ": max_tokens " + num(plan.config.max_tokens) + " on " +
+                               num(l.num_nodes) + " nodes needs " + num(static_cast<int64_t>(2 * l.net_flag_words)) +
+                               " network flags per call (the dispatch's and the combine's); the network flag window "
+                               "holds " + num(window.launch_capacity()) +
+                               " (lower max_tokens, or compose moe_dispatch_gemm, grouped_gemm and moe_combine)");
   }
   if (plan.config.dtype != DType::kBF16 && plan.config.dtype != DType::kF16) {
     return Status::unsupported(std::string(kOp) + ": config.dtype must be bf16 or fp16 (the GEMMs' inputs)");
@@ -153,7 +160,9 @@ Status moe_layer(Communicator& comm, const MoePlan& plan, const void* x, const M
                kOp);
   LOOM_ASSIGN_OR_RETURN(planner::GemmDeviceLimits limits, ops::gemm_device_limits());
   limits.sm_count = impl.sm_count;
-  LOOM_ASSIGN_OR_RETURN(const planner::MoeLayerPlan fused, planner::plan_moe_layer(up, down, options, limits));
+  LOOM_ASSIGN_OR_RETURN(const planner::MoeLayerPlan fused,
+                        planner::plan_moe_layer(up, down, options, limits, l.num_nodes));
+  LOOM_TRY_CTX(load_for_nodes(l), kOp);
 
   const km::WorkspaceLayout& wl = l.workspace;
   km::LayerParams p{};
@@ -177,18 +186,22 @@ Status moe_layer(Communicator& comm, const MoePlan& plan, const void* x, const M
   p.hidden_done = reinterpret_cast<uint64_t*>(ws + wl.hidden_done);
   p.out_done = reinterpret_cast<uint64_t*>(ws + wl.out_done);
   p.out_ready = reinterpret_cast<uint64_t*>(ws + wl.out_ready);
+  p.pushes_done = reinterpret_cast<uint64_t*>(ws + wl.pushes_done);
 
   km::CombineParams& cp = p.combine;
   static_cast<km::LaunchCommon&>(cp) = static_cast<const km::LaunchCommon&>(d);
   fill_combine(impl, plan, l, nullptr, y_offset, l.row_bytes, out, cp);  // the routing's weights
   cp.signature = d.signature;
+  cp.net_flag_base = d.net_flag_base + static_cast<uint32_t>(l.net_flag_words);  // after the dispatch's
   if (p.shared_tile_rows > 0) {  // this rank's expert_out rows of its tokens' shared expert
     cp.addend = static_cast<const char*>(buffers.expert_out) + static_cast<uint64_t>(p.shared_row_begin) * l.row_bytes;
   }
 
   p.roles.set(km::LayerRole::kArrival, static_cast<uint32_t>(fused.arrival_ctas));
+  p.roles.set(km::LayerRole::kForward, static_cast<uint32_t>(fused.forward_ctas));
   p.roles.set(km::LayerRole::kPush, static_cast<uint32_t>(fused.push_ctas));
   const Status queued = launch_tile(fused.up.tile, p, plan.config.dtype == DType::kBF16, fused.grid, stream);
+  if (queued.ok()) LOOM_TRY(note_staged(impl, plan));  // its dispatch staged this plan's entries
   return ops::noted(comm, queued, stream);
 }
 

@@ -96,7 +96,7 @@ Status prepare_launch(Communicator::Impl& impl, const km::WorkspaceLayout& l, ui
 // it, until its deadline (ops/tp/multinode/multinode.h tells the same of the TP kernels). So on a
 // job of several nodes every MoE call first loads every kernel of the family, once per process
 // and device, while none of them runs: routing, dispatch and combine (load_moe_comm_kernels,
-// moe.cu), moe_dispatch_gemm's variants and the grouped GEMM's plan and tile kernels (which run
+// moe.cu), moe_dispatch_gemm's and moe_layer's variants and the grouped GEMM's plan and tile kernels (which run
 // between the communication calls). load_moe_kernels is in dispatch_gemm.cu.
 Status load_moe_comm_kernels();
 Status load_moe_kernels();
