@@ -3,11 +3,11 @@
 process on one GPU (issue 22).
 
     python3 bench/moe_layer.py --json moe_layer.json
-    python3 bench/moe_layer.py --tokens 1024,4096,16384 --models deepseek-v3 --tile 128x256
+    python3 bench/moe_layer.py --tokens 4096 --models deepseek-v3 --tile 128x256
 
 The per-GPU slices of expert-parallel MoE layers, as bench/grouped_gemm.py: DeepSeek-V3 (H 7168,
-I 2048, 32 experts per GPU, top-8) and Qwen3-235B (H 4096, I 1536, 16 per GPU, top-8); 1K and 4K
-tokens per GPU by default (16K too: --tokens 1024,4096,16384). At W = 1 every expert is local: all
+I 2048, 32 experts per GPU, top-8) and Qwen3-235B (H 4096, I 1536, 16 per GPU, top-8); 1K, 4K
+and 16K tokens per GPU by default (--tokens). At W = 1 every expert is local: all
 T k routed rows land on this GPU (capacity T k, none dropped). Routing: uniform (each token's k
 distinct experts drawn uniformly) or skewed (k distinct draws, one after another, from one
 Categorical(p) over the experts, p ~ U(0, 1) drawn once: tools/loom-bench/moe_bench.cu's
@@ -69,7 +69,7 @@ COLUMNS = ("loom", "compute_bound", "loom_composed", "torch")
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default=",".join(MODELS))
-    p.add_argument("--tokens", default="1024,4096", help="tokens per GPU (16K too: 1024,4096,16384)")
+    p.add_argument("--tokens", default="1024,4096,16384", help="tokens per GPU, comma-separated")
     p.add_argument("--routing", default="uniform,skewed")
     p.add_argument("--tile", default="auto", choices=TILES, help="every loom call's tile (auto: each call's planner)")
     p.add_argument("--push-ctas", type=int, default=0, help="moe_layer's and moe_dispatch_gemm's push CTAs (0: planner)")

@@ -35,7 +35,7 @@ for step in "${steps[@]}"; do
     layer-bench)
       if WORK="$WORK" scripts/device/build_python_ext.sh "$LOG"; then
         LD_LIBRARY_PATH="$PWD/$BIN:${LD_LIBRARY_PATH:-}" PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}" \
-          timeout --kill-after=10 "${LAYER_BENCH_LIMIT_S:-300}" python3 bench/moe_layer.py --json "$OUT/moe_layer_w1.json" "$@" \
+          timeout --kill-after=10 "${LAYER_BENCH_LIMIT_S:-420}" python3 bench/moe_layer.py --json "$OUT/moe_layer_w1.json" "$@" \
           > "$OUT/moe_layer_w1.txt" 2>&1 || rc=1
       else
         log "extension build failed"; rc=1
