@@ -40,7 +40,8 @@ group size is taken, 0 included.
 
 Rows: {"op": "moe_layer", "model", "tokens", "routing", "E" (experts on the GPU), "top_k", "H",
 "I", "rows" (T k), "max_over_mean" (the busiest expert's rows over the mean), "tile", "ms":
-{"loom", "compute_bound", "loom_composed", "torch"}, "rel_err", "composed_bits_equal", "shared_expert"}; the
+{"loom", "compute_bound", "loom_composed", "torch"}, "rel_err", "composed_bits_equal", "shared_expert",
+"phases" (with --phases: summarize_phases of one more launch)}; the
 document adds "world" (1), "git_sha", "date", "gpu", "host", "torch", "loom", "command". The
 table is printed last, with the ratios compute_bound/loom, loom_composed/loom and torch/loom
 (above 1: loom's one kernel is faster). Refused in the shared-GPU mode (LOOM_RANKS_PER_GPU > 1)
@@ -76,6 +77,9 @@ def parse_args(argv=None):
     p.add_argument("--arrival-ctas", type=int, default=0, help="their arrival CTAs (0: planner)")
     p.add_argument("--shared-expert", action="store_true",
                    help="add the model's shared expert to every column (models without one are skipped)")
+    p.add_argument("--phases", action="store_true",
+                   help="after the timing, one more moe_layer launch records where each CTA's time went "
+                        "(MoeLayerPhaseRecord); each row gains 'phases' and a second table follows")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=20, help="timed rounds per shape (median; at least 20)")
     p.add_argument("--seed", type=int, default=7)
@@ -259,12 +263,59 @@ def run_case(torch, loom, lt, comm, args, model, weights, tokens, routing):
     ms = time_shuffled({"loom": run_loom, "compute_bound": run_compute_bound, "loom_composed": run_composed,
                         "torch": run_torch}, args.warmup, args.iters)
     comm.synchronize()  # raises a device-side failure of the timed loom calls
+    phases = None
+    if args.phases:
+        records = torch.zeros(64 * comm.sm_count, device=dev, dtype=torch.uint8)
+        loom.moe_layer(comm, plan, x, gate_up, down, bufs.recv_x, bufs.hidden, bufs.expert_out, out_loom, tile=tile,
+                       push_ctas=args.push_ctas, arrival_ctas=args.arrival_ctas, shared_gate_up=shared_gate_up,
+                       shared_down=shared_down, phases=records)
+        comm.synchronize()
+        phases = summarize_phases(loom.moe_layer_phases(records.cpu().numpy().tobytes()))
     return {"op": "moe_layer", "model": model, "tokens": tokens, "routing": routing, "E": experts, "top_k": top_k,
             "H": hidden, "I": inter, "rows": tokens * top_k,
             "max_over_mean": float(counts.max()) / (tokens * top_k / experts), "tile": tile,
             "push_ctas": args.push_ctas, "arrival_ctas": args.arrival_ctas,
             "ms": {name: ms[name] for name in COLUMNS}, "rel_err": rel_err, "composed_bits_equal": bits_equal,
-            "shared_expert": bool(shared)}
+            "shared_expert": bool(shared), **({"phases": phases} if phases else {})}
+
+
+def summarize_phases(records):
+    """One launch's phase records (loom.moe_layer_phases) as milliseconds from its first CTA's entry:
+    when the dispatch roles were done (the last of them), when the CTAs' first tiles were claimed
+    (median, last), when their queues ran dry (first, last) and their combine shares ended (last);
+    and per CTA, on average, how long its claims waited for inputs (fc1 for receive blocks, fc2 for
+    fc1 rows)."""
+    t0 = min(r["entered_ns"] for r in records)
+
+    def ms(ns):
+        return (ns - t0) / 1e6
+
+    dispatch = [r["roles_done_ns"] for r in records if r["role"] != "compute"]
+    first = sorted(r["first_tile_ns"] for r in records if r["tiles"] > 0)
+    done = [r["tiles_done_ns"] for r in records]
+    reduced = [r["reduced_ns"] for r in records if r["reduced_ns"] > 0]
+    n = len(records)
+    return {"ctas": n, "dispatch_done": ms(max(dispatch)) if dispatch else 0.0,
+            "first_tile_median": ms(first[len(first) // 2]) if first else 0.0,
+            "first_tile_last": ms(first[-1]) if first else 0.0,
+            "queue_dry_first": ms(min(done)), "queue_dry_last": ms(max(done)),
+            "combine_done": ms(max(reduced)) if reduced else 0.0,
+            "up_wait_per_cta": sum(r["up_wait_ns"] for r in records) / n / 1e6,
+            "down_wait_per_cta": sum(r["down_wait_ns"] for r in records) / n / 1e6,
+            "tiles": sum(r["tiles"] for r in records)}
+
+
+PHASE_COLUMNS = ("dispatch_done", "first_tile_median", "first_tile_last", "queue_dry_first", "queue_dry_last",
+                 "combine_done", "up_wait_per_cta", "down_wait_per_cta")
+
+
+def print_phases(rows):
+    print("\nwhere moe_layer's time went (one launch; ms from its first CTA's entry; waits: per CTA, summed "
+          "over its claims)")
+    print(f"{'model':<13}{'tokens':>7} {'routing':<9}" + "".join(f"{c:>19}" for c in PHASE_COLUMNS))
+    for r in rows:
+        ph = r["phases"]
+        print(f"{r['model']:<13}{r['tokens']:>7} {r['routing']:<9}" + "".join(f"{ph[c]:>19.3f}" for c in PHASE_COLUMNS))
 
 
 def model_weights(torch, lt, model, dev, shared_expert=False):
@@ -342,6 +393,8 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
+    if args.phases:
+        print_phases(rows)
     print_table(rows)
     comm.close()  # every symmetric buffer went with its case
     dist.destroy_process_group()

@@ -38,4 +38,23 @@ static_assert(sizeof(TileTimelineRecord) == 64, "a timeline record is one 64-byt
 // the tiles' records by its own tile grid (and the pieces' after them, within this capacity).
 constexpr int64_t tile_timeline_capacity(int64_t m, int64_t n) { return ((m + 63) / 64) * ((n + 63) / 64); }
 
+// Where one CTA's time went in one moe_layer launch (MoeLayerOptions::phases). The caller passes
+// device memory for at least as many records as the GPU has SMs (the layer's grid never has more
+// CTAs); moe_layer zeroes the grid's records on its stream, and CTA i then fills record i. _ns
+// fields are %globaltimer nanoseconds (one time base for the GPU's SMs, updated about every
+// microsecond); _wait_ns fields sum, over the CTA's claims, the time a claimed tile waited for its
+// inputs (an fc1 tile for its receive blocks, an fc2 tile for its fc1 tile row).
+struct MoeLayerPhaseRecord {
+  uint64_t entered_ns;     // the launch's entry handshake passed
+  uint64_t roles_done_ns;  // its dispatch role (arrival, forward, push) finished; compute CTAs: at once
+  uint64_t first_tile_ns;  // its first tile claimed with its inputs ready (0: it computed none)
+  uint64_t tiles_done_ns;  // the task queue ran dry for it (its compute role returned)
+  uint64_t reduced_ns;     // its share of the combine done (0: none ran, e.g. a failed routing)
+  uint64_t up_wait_ns;     // fc1 claims waiting for their receive blocks, summed
+  uint64_t down_wait_ns;   // fc2 claims waiting for their fc1 tile rows, summed
+  uint32_t role;           // the CTA's first role: 0 arrival, 1 forward, 2 push, 3 compute only
+  uint32_t tiles;          // tiles it computed, both GEMMs (the shared expert's included)
+};
+static_assert(sizeof(MoeLayerPhaseRecord) == 64, "a phase record is one 64-byte line");
+
 }  // namespace loom

@@ -50,6 +50,7 @@
 #include <string_view>
 
 #include "loom/communicator.h"
+#include "loom/diagnostics.h"
 #include "loom/gemm.h"
 #include "loom/status.h"
 #include "loom/types.h"
@@ -371,6 +372,9 @@ struct MoeLayerOptions {
   int num_ctas = 0;                 // persistent CTAs, one per SM; 0: every SM
   int push_ctas = 0;                // CTAs that push rows first (then compute); 0: planner
   int arrival_ctas = 0;             // CTAs that complete receive blocks first (then compute); 0: planner
+  // Diagnostics (loom/diagnostics.h): device memory for one MoeLayerPhaseRecord per SM of the GPU,
+  // 8-byte aligned; each CTA of the launch fills its own record. null: none (nothing measured).
+  MoeLayerPhaseRecord* phases = nullptr;
 };
 // x: [T, H], out: [T, H], both device memory of this GPU in config.dtype (bf16 or fp16); the
 // weights in config.dtype, 16-byte aligned. Everything moe_dispatch_gemm checks, for both GEMMs,

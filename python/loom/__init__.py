@@ -28,8 +28,8 @@ except ImportError as error:  # pragma: no cover - only when the package was not
 
 from ._comm import Communicator, discard_unique_id, make_unique_id
 from ._moe import (MoeConfig, MoePlan, MoeReport, MoeSizes, moe_can_implement, moe_combine, moe_dispatch,
-                   moe_dispatch_gemm, moe_layer, moe_layer_rows, moe_report, moe_reserve_workspace, moe_routing,
-                   moe_sizes, moe_topk)
+                   moe_dispatch_gemm, moe_layer, moe_layer_phases, moe_layer_rows, moe_report, moe_reserve_workspace,
+                   moe_routing, moe_sizes, moe_topk)
 from ._ops import (ag_gemm, all_gather, all_reduce, attention, attention_merge, gemm, gemm_ar, gemm_rs,
                    grouped_gemm, grouped_gemm_workspace_bytes, reduce_scatter, ring_attention,
                    synchronize_standalone)
@@ -42,8 +42,8 @@ __all__ = [
     "attention", "attention_merge", "ring_attention", "synchronize_standalone", "grouped_gemm",
     "grouped_gemm_workspace_bytes",
     "MoeConfig", "MoePlan", "MoeSizes", "MoeReport", "moe_can_implement", "moe_sizes", "moe_reserve_workspace",
-    "moe_routing", "moe_dispatch", "moe_combine", "moe_report", "moe_dispatch_gemm", "moe_layer", "moe_layer_rows",
-    "moe_topk",
+    "moe_routing", "moe_dispatch", "moe_combine", "moe_report", "moe_dispatch_gemm", "moe_layer", "moe_layer_phases",
+    "moe_layer_rows", "moe_topk",
     "LoomError", "InvalidArgument", "Unsupported", "Timeout", "PeerFailure", "CudaError",
     "SystemCallError", "Aborted", "InternalError",
     "__version__",

@@ -53,7 +53,8 @@ Rules every call here follows:
 
 from __future__ import annotations
 
-from typing import Optional, Tuple, TypeVar
+import struct
+from typing import List, Optional, Tuple, TypeVar
 
 from . import _C
 from ._comm import CommLike, as_communicator, dtype_name
@@ -243,7 +244,7 @@ def moe_layer(comm: CommLike, plan: MoePlan, x: DLPackArray, gate_up: DLPackArra
               recv_x: DLPackArray, hidden: DLPackArray, expert_out: DLPackArray, out: Out, *,
               stream: StreamArg = None, tile: str = "auto", num_ctas: int = 0, push_ctas: int = 0,
               arrival_ctas: int = 0, shared_gate_up: Optional[DLPackArray] = None,
-              shared_down: Optional[DLPackArray] = None) -> Out:
+              shared_down: Optional[DLPackArray] = None, phases: Optional[DLPackArray] = None) -> Out:
     """Collective: the whole MoE FFN step in one persistent kernel (across nodes too):
     out[t] = sum over token t's routed slots j, in slot order, of w[t, j] * (silu(x[t] Wg_e^T) *
     (x[t] Wu_e^T)) Wd_e^T, e the slot's expert and w the routing's weights (moe_routing's
@@ -273,12 +274,39 @@ def moe_layer(comm: CommLike, plan: MoePlan, x: DLPackArray, gate_up: DLPackArra
     weight 1 after the routed sum (out is still rounded once): DeepSeek-V3's and Llama 4's shared
     expert. Its rows live in hidden and expert_out after the receive rows, so both then have
     ``moe_layer_rows(capacity, max_tokens, True)`` rows (``moe_buffers(...,
-    shared_expert=True)``); its tiles run first in the kernel, overlapping the dispatch."""
+    shared_expert=True)``); its tiles run first in the kernel, overlapping the dispatch.
+
+    phases (diagnostics, optional): uint8 or int32 device memory of at least ``64 * comm.sm_count``
+    bytes; each CTA of the launch writes where its time went into its 64-byte record
+    (``moe_layer_phases`` reads a copy)."""
     c = as_communicator(comm, "moe_layer")
     _C.moe_layer(c._c, _plan(plan, "moe_layer", c.rank), x, gate_up, down, recv_x, hidden, expert_out, out,
                  _stream(stream, x, "moe_layer", c.device, c.rank), tile, num_ctas, push_ctas, arrival_ctas,
-                 shared_gate_up, shared_down)
+                 shared_gate_up, shared_down, phases)
     return out
+
+
+_PHASE_RECORD = struct.Struct("<7Q2I")  # loom::MoeLayerPhaseRecord (loom/diagnostics.h)
+_PHASE_FIELDS = ("entered_ns", "roles_done_ns", "first_tile_ns", "tiles_done_ns", "reduced_ns", "up_wait_ns",
+                 "down_wait_ns", "role", "tiles")
+_LAYER_ROLES = ("arrival", "forward", "push", "compute")
+
+
+def moe_layer_phases(data: bytes) -> List[dict]:
+    """moe_layer's phase records (its ``phases`` buffer, copied to the host as bytes) as one dict
+    per CTA of the launch, in CTA order: the fields of loom::MoeLayerPhaseRecord (%globaltimer
+    nanoseconds; ``up_wait_ns`` and ``down_wait_ns`` summed over the CTA's claims), ``role`` as a
+    name, and ``cta``. Records past the launch's grid (never entered) are left out."""
+    size = _PHASE_RECORD.size
+    records = []
+    for cta in range(len(data) // size):
+        r = dict(zip(_PHASE_FIELDS, _PHASE_RECORD.unpack_from(data, cta * size)))
+        if r["entered_ns"] == 0:
+            continue
+        r["role"] = _LAYER_ROLES[r["role"]] if r["role"] < len(_LAYER_ROLES) else str(r["role"])
+        r["cta"] = cta
+        records.append(r)
+    return records
 
 
 def moe_layer_rows(capacity: int, max_tokens: int, shared_expert: bool) -> int:

@@ -352,7 +352,7 @@ struct MoeLayerCall {
   Communicator* comm = nullptr;
   int comm_rank = -1;
   MoePlan plan;
-  TensorArg x, gate_up, down, recv_x, hidden, expert_out, out, shared_gate_up, shared_down;
+  TensorArg x, gate_up, down, recv_x, hidden, expert_out, out, shared_gate_up, shared_down, phases;
   MoeLayerWeights weights;
   MoeLayerBuffers buffers;
   MoeLayerOptions options;
@@ -376,11 +376,12 @@ void require_shape3(const TensorArg& t, int64_t d0, int64_t d1, int64_t d2, cons
 // out [T, hidden], all of the config's dtype; a shared expert (both or neither): shared_gate_up
 // [2I, hidden], shared_down [hidden, I]. rows = moe_layer_rows(capacity, max_tokens, shared expert
 // or not). I is read from gate_up (its rows / 2) and down must agree; loom checks I's own rule (a
-// positive multiple of 8).
+// positive multiple of 8). phases (diagnostics, optional): uint8 or int32 device memory of at least
+// sm_count MoeLayerPhaseRecords (64 bytes each).
 MoeLayerCall prepare_moe_layer(const CommView& pc, const PyMoePlan& p, nb::handle x, nb::handle gate_up, nb::handle down,
                                nb::handle recv_x, nb::handle hidden, nb::handle expert_out, nb::handle out,
                                uintptr_t stream, std::string_view tile, int num_ctas, int push_ctas, int arrival_ctas,
-                               nb::handle shared_gate_up, nb::handle shared_down) {
+                               nb::handle shared_gate_up, nb::handle shared_down, nb::handle phases, int sm_count) {
   MoeLayerCall c;
   const std::string_view op = c.op();
   const int rank = pc.rank;
@@ -435,6 +436,15 @@ MoeLayerCall prepare_moe_layer(const CommView& pc, const PyMoePlan& p, nb::handl
   require_shape(c.hidden, rows, inter, "[" + rows_text + ", I]", op, rank);
   require_shape(c.expert_out, rows, config.hidden, "[" + rows_text + ", hidden]", op, rank);
   require_shape(c.out, p.plan.num_tokens, config.hidden, "[T, hidden] (T: the tokens given to moe_routing)", op, rank);
+  if (!phases.is_none()) {  // diagnostics: one MoeLayerPhaseRecord per SM
+    c.phases = tensor_arg(phases, "phases", op, rank, Elements::kBytes);
+    const size_t need = static_cast<size_t>(sm_count) * sizeof(MoeLayerPhaseRecord);
+    if (c.phases.bytes() < need) {
+      invalid(op, rank, "phases must hold one 64-byte record per SM: at least " + num(static_cast<int64_t>(need)) +
+                            " bytes for " + num(sm_count) + " SMs, got " + num(static_cast<int64_t>(c.phases.bytes())) +
+                            " (" + c.phases.shape_text() + ")");
+    }
+  }
   for (const TensorArg* t : {&c.x, &c.gate_up, &c.down, &c.recv_x, &c.hidden, &c.expert_out, &c.out}) {
     require_device(*t, pc.device, op, rank);
   }
@@ -442,6 +452,7 @@ MoeLayerCall prepare_moe_layer(const CommView& pc, const PyMoePlan& p, nb::handl
     require_device(c.shared_gate_up, pc.device, op, rank);
     require_device(c.shared_down, pc.device, op, rank);
   }
+  if (!phases.is_none()) require_device(c.phases, pc.device, op, rank);
   require_symmetric(pc, c.recv_x, "peers write the rows routed to this rank into it", op);
   require_symmetric(pc, c.expert_out, "the tokens' owners read their rows from it", op);
   c.weights.gate_up = c.gate_up.data;
@@ -453,6 +464,7 @@ MoeLayerCall prepare_moe_layer(const CommView& pc, const PyMoePlan& p, nb::handl
   c.buffers.hidden = c.hidden.data;
   c.buffers.expert_out = c.expert_out.data;
   c.options = fused_options<decltype(c.options)>(tile, num_ctas, push_ctas, arrival_ctas, op, rank);
+  c.options.phases = static_cast<MoeLayerPhaseRecord*>(c.phases.data);  // null without phases
   c.stream = as_stream(stream);
   return c;
 }
@@ -675,17 +687,20 @@ void bind_moe(nb::module_& m) {
       [](PyCommunicator& pc, const PyMoePlan& plan, nb::handle x, nb::handle gate_up, nb::handle down,
          nb::handle recv_x, nb::handle hidden, nb::handle expert_out, nb::handle out, uintptr_t stream,
          std::string_view tile, int num_ctas, int push_ctas, int arrival_ctas, nb::handle shared_gate_up,
-         nb::handle shared_down) {
+         nb::handle shared_down, nb::handle phases) {
         require_owner(pc, plan, "moe_layer");
         run(prepare_moe_layer(view_of(pc, "moe_layer"), plan, x, gate_up, down, recv_x, hidden, expert_out, out,
-                              stream, tile, num_ctas, push_ctas, arrival_ctas, shared_gate_up, shared_down));
+                              stream, tile, num_ctas, push_ctas, arrival_ctas, shared_gate_up, shared_down, phases,
+                              pc.sm_count));
       },
       "comm"_a, "plan"_a, "x"_a.none(), "gate_up"_a.none(), "down"_a.none(), "recv_x"_a.none(), "hidden"_a.none(),
       "expert_out"_a.none(), "out"_a.none(), "stream"_a, "tile"_a = "auto", "num_ctas"_a = 0, "push_ctas"_a = 0,
       "arrival_ctas"_a = 0, "shared_gate_up"_a.none() = nb::none(), "shared_down"_a.none() = nb::none(),
+      "phases"_a.none() = nb::none(),
       "Collective: the whole MoE FFN step in one kernel: out[t] = sum_j w[t, j] * "
       "(silu(x gate^T) * (x up^T)) down^T over t's routed experts, plus a shared expert's "
-      "FFN of x[t] when shared_gate_up and shared_down are given.");
+      "FFN of x[t] when shared_gate_up and shared_down are given. phases: diagnostics, one 64-byte "
+      "record per SM (loom.moe_layer_phases reads them).");
   m.def("moe_layer_rows", &moe_layer_rows, "capacity"_a, "max_tokens"_a, "shared_expert"_a,
         "The rows of moe_layer's hidden and expert_out: capacity, or with a shared expert align_up(capacity, 128) + "
         "max_tokens.");
@@ -726,7 +741,9 @@ void bind_moe(nb::module_& m) {
         } else if (op == "moe_dispatch_gemm") {
           (void)prepare_moe_dispatch_gemm(fake, plan, t(0), t(1), t(2), t(3), 0, b_layout, activation, "auto", 0, 0, 0);
         } else if (op == "moe_layer") {
-          (void)prepare_moe_layer(fake, plan, t(0), t(1), t(2), t(3), t(4), t(5), t(6), 0, "auto", 0, 0, 0, t(7), t(8));
+          // phases (t(9)): its type, and its size against one SM (the fake has no GPU).
+          (void)prepare_moe_layer(fake, plan, t(0), t(1), t(2), t(3), t(4), t(5), t(6), 0, "auto", 0, 0, 0, t(7), t(8),
+                                  t(9), 1);
         } else {
           invalid("_check_moe_args", -1, "unknown op '" + op + "'");
         }

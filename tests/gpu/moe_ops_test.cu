@@ -1772,6 +1772,73 @@ TEST_F(MoeLayerChecks, BackToBackLaunchesAreBitIdentical) {
   EXPECT_TRUE(agree(!::testing::Test::HasFailure())) << what << ": a peer failed";
 }
 
+// MoeLayerOptions::phases: every CTA of the grid fills its record (in order: entered, its dispatch
+// role done, its first tile, its queue dry, its combine share done), the records past the grid are
+// untouched, and the CTAs' tiles add up to both GEMMs' tiles: sum over local experts of
+// ceil(rows / 128) tile rows (plus the shared expert's ceil(T / 128)), times N / 128 of each GEMM
+// (tile 128x128: 2I / 128 for gate/up, H / 128 for down). The layer's bits are unchanged.
+TEST_F(MoeLayerChecks, PhasesRecordEveryCtaAndEveryTile) {
+  Communicator& comm = shared_comm();
+  LayerCase g;
+  g.moe = make_case(Routing::kSkewed, 143);
+  g.tile = GemmTile::k128x128;
+  g.shared = true;
+  const std::string what = "moe_layer " + g.text(comm.world_size()) + ", phases";
+  CaseBuffers s(g.moe);
+  ASSERT_TRUE(agree(s.ok)) << what << ": setting up";
+  LayerBuffers b(g, s);
+  ASSERT_TRUE(agree(b.ok)) << what << ": setting up the layer";
+  const int sms = comm.sm_count();
+  const size_t record_bytes = sizeof(MoeLayerPhaseRecord);
+  const DeviceBuffer records = device_buffer(static_cast<size_t>(sms) * record_bytes);
+  ASSERT_TRUE(records && cudaMemset(records.get(), 0xFF, static_cast<size_t>(sms) * record_bytes) == cudaSuccess);
+  Result<MoePlan> plan = moe_routing(comm, s.config, s.routing_args(), nullptr);
+  ASSERT_TRUE(agree(plan.ok())) << what << ": " << plan.status().to_string();
+  MoeLayerOptions options;
+  options.tile = g.tile;
+  options.phases = static_cast<MoeLayerPhaseRecord*>(records.get());
+  const Status st = moe_layer(comm, *plan, s.d_x.get(), b.weights(g), b.buffers(s), s.d_out.get(), nullptr, options);
+  ASSERT_TRUE(agree(st.ok())) << what << ": " << st.to_string();
+  const Status synced = comm.synchronize(nullptr);
+  ASSERT_TRUE(agree(synced.ok())) << what << ": " << synced.to_string();
+  check_layer(g, s, what);
+
+  const std::vector<MoeLayerPhaseRecord> got = download<MoeLayerPhaseRecord>(records.get(), static_cast<size_t>(sms));
+  ASSERT_EQ(got.size(), static_cast<size_t>(sms));
+  auto untouched = [](const MoeLayerPhaseRecord& r) { return r.entered_ns == ~uint64_t{0}; };
+  int grid = 0;
+  while (grid < sms && !untouched(got[static_cast<size_t>(grid)])) ++grid;
+  EXPECT_GE(grid, 1) << what << ": no CTA wrote its record";
+  int64_t tiles = 0;
+  for (int i = 0; i < sms; ++i) {
+    const MoeLayerPhaseRecord& r = got[static_cast<size_t>(i)];
+    if (i >= grid) {
+      EXPECT_TRUE(untouched(r)) << what << ": record " << i << " past the grid of " << grid << " was written";
+      continue;
+    }
+    EXPECT_GT(r.entered_ns, 0u) << what << ": CTA " << i;
+    EXPECT_LE(r.entered_ns, r.roles_done_ns) << what << ": CTA " << i;
+    EXPECT_LE(r.roles_done_ns, r.tiles_done_ns) << what << ": CTA " << i;
+    EXPECT_LE(r.tiles_done_ns, r.reduced_ns) << what << ": CTA " << i;
+    if (r.tiles > 0) {
+      EXPECT_LE(r.roles_done_ns, r.first_tile_ns) << what << ": CTA " << i;
+      EXPECT_LE(r.first_tile_ns, r.tiles_done_ns) << what << ": CTA " << i;
+    } else {
+      EXPECT_EQ(r.first_tile_ns, 0u) << what << ": CTA " << i << " computed no tile";
+    }
+    EXPECT_LE(r.role, 3u) << what << ": CTA " << i;
+    tiles += r.tiles;
+  }
+  const ref::RefRank& want = s.expected[s.me];
+  int64_t tile_rows = (s.tokens + 127) / 128;  // the shared expert's
+  for (size_t e = 0; e + 1 < want.expert_offsets.size(); ++e) {
+    tile_rows += (want.expert_offsets[e + 1] - want.expert_offsets[e] + 127) / 128;
+  }
+  const int64_t expected_tiles = tile_rows * ((2 * g.inter + 127) / 128 + (g.moe.hidden + 127) / 128);
+  EXPECT_EQ(tiles, expected_tiles) << what << ": rank " << s.me << ": the CTAs' tiles";
+  EXPECT_TRUE(agree(!::testing::Test::HasFailure())) << what << ": a peer failed";
+}
+
 // MoE calls captured into a CUDA graph on `stream` (step() returns the plan), instantiated; the
 // graph is destroyed with the object.
 struct CapturedSteps {

@@ -88,10 +88,10 @@ def test_moe_layer_bench_options(monkeypatch):
     module = load_moe_layer_bench(monkeypatch)
     args = module.parse_args([])
     assert (args.models, args.tokens, args.routing, args.tile) == (
-        ["deepseek-v3", "qwen3-235b"], [1024, 4096], ["uniform", "skewed"], "auto")
-    assert args.iters >= 20 and args.json == ""
-    args = module.parse_args(["--tokens", "1024,4096,16384", "--models", "qwen3-235b", "--tile", "128x256"])
-    assert (args.tokens, args.models, args.tile) == ([1024, 4096, 16384], ["qwen3-235b"], "128x256")
+        ["deepseek-v3", "qwen3-235b"], [1024, 4096, 16384], ["uniform", "skewed"], "auto")
+    assert args.iters >= 20 and args.json == "" and not args.phases
+    args = module.parse_args(["--tokens", "4096", "--models", "qwen3-235b", "--tile", "128x256", "--phases"])
+    assert (args.tokens, args.models, args.tile, args.phases) == ([4096], ["qwen3-235b"], "128x256", True)
     for bad in (["--iters", "19"], ["--models", "mixtral"], ["--routing", "all-to-one"], ["--tile", "64x64"]):
         with pytest.raises(SystemExit):
             module.parse_args(bad)
@@ -100,6 +100,24 @@ def test_moe_layer_bench_options(monkeypatch):
     assert module.parse_args(["--shared-expert"]).models == ["deepseek-v3"]
     with pytest.raises(SystemExit):
         module.parse_args(["--shared-expert", "--models", "qwen3-235b"])
+
+
+def test_moe_layer_bench_phase_summary(monkeypatch):
+    # Two CTAs entered at 1 and 2 us: a push CTA done with its dispatch at 101 us, a compute CTA;
+    # first tiles at 150 and 120 us, queues dry at 900 and 950 us, combine shares done at 1000
+    # and 990 us; waits of 10 / 30 us (fc1) and 4 / 6 us (fc2).
+    module = load_moe_layer_bench(monkeypatch)
+    us = 1000
+    records = [dict(entered_ns=1 * us, roles_done_ns=101 * us, first_tile_ns=150 * us, tiles_done_ns=900 * us,
+                    reduced_ns=1000 * us, up_wait_ns=10 * us, down_wait_ns=4 * us, role="push", tiles=5, cta=0),
+               dict(entered_ns=2 * us, roles_done_ns=2 * us, first_tile_ns=120 * us, tiles_done_ns=950 * us,
+                    reduced_ns=990 * us, up_wait_ns=30 * us, down_wait_ns=6 * us, role="compute", tiles=7, cta=1)]
+    got = module.summarize_phases(records)
+    want = {"ctas": 2, "dispatch_done": 0.1, "first_tile_median": 0.149, "first_tile_last": 0.149,
+            "queue_dry_first": 0.899, "queue_dry_last": 0.949, "combine_done": 0.999, "up_wait_per_cta": 0.02,
+            "down_wait_per_cta": 0.005, "tiles": 12}
+    assert got.keys() == want.keys()
+    assert all(abs(got[k] - want[k]) < 1e-9 for k in want), got
 
 
 @pytest.mark.parametrize("env,says", [({"LOOM_RANKS_PER_GPU": "2"}, "LOOM_RANKS_PER_GPU=2 is the shared-GPU mode"),

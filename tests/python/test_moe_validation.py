@@ -10,6 +10,7 @@ that every shape rule passed. What needs a communicator (loom's own config check
 symmetric memory, the plan's owner) is in test_gpu_moe.py."""
 
 import contextlib
+import struct
 
 import pytest
 
@@ -601,3 +602,28 @@ def test_topk_torch_helper():
         lt.moe_topk(np.zeros((T, TE), np.float32), TK)
     with raises(loom.InvalidArgument, "moe_topk: scoring 'tanh'"):
         lt.moe_topk(t(T, TE), TK, scoring="tanh")
+
+
+def test_layer_phases_are_checked_before_the_launch():
+    # The diagnostics buffer: uint8 or int32, one 64-byte record per SM (the check's fake GPU has
+    # one SM), then on the device like every other tensor.
+    base = layer_tensors() + [None, None]
+    with raises(loom.InvalidArgument, "phases has dtype torch.bfloat16; it must be uint8 or int32"):
+        check("moe_layer", base + [t(64)])
+    with raises(loom.InvalidArgument, "phases must hold one 64-byte record per SM: at least 64 bytes for 1 SMs, "
+                                      "got 32 ([32])"):
+        check("moe_layer", base + [t(32, dtype=torch.uint8)])
+    with raises(loom.InvalidArgument, "moe_layer: x is on cpu"):
+        check("moe_layer", base + [t(16, dtype=I32)])
+
+
+def test_layer_phase_records_are_read_in_cta_order():
+    # Two records of loom::MoeLayerPhaseRecord (7 x u64, 2 x u32) and one that no CTA entered.
+    fields = (1000, 2000, 2500, 9000, 9500, 300, 700)
+    data = (struct.pack("<7Q2I", *fields, 2, 12) + struct.pack("<7Q2I", *([0] * 7), 0, 0)
+            + struct.pack("<7Q2I", 1100, 1100, 1200, 9100, 9600, 100, 800, 3, 14))
+    records = loom.moe_layer_phases(data)
+    assert [r["cta"] for r in records] == [0, 2]
+    assert records[0]["role"] == "push" and records[1]["role"] == "compute"
+    assert (records[0]["entered_ns"], records[0]["reduced_ns"], records[0]["tiles"]) == (1000, 9500, 12)
+    assert (records[1]["up_wait_ns"], records[1]["down_wait_ns"]) == (100, 800)

@@ -112,6 +112,7 @@ struct LayerParams {
   uint64_t* pushes_done;         // push CTAs done (several nodes: the reducers then read token_pos)
   uint32_t shared_tile_rows;     // S = ceil(T / BLOCK_M) with a shared expert, else 0
   uint32_t shared_row_begin;     // Cs: hidden's and expert_out's row of token 0's shared rows
+  MoeLayerPhaseRecord* phases;   // diagnostics: one record per CTA (zeroed before the launch), or null
   LayerRoleTable roles;
 };
 static_assert(sizeof(LayerParams) <= 4096, "moe_layer's parameters must fit the classic 4 KiB limit");
@@ -155,7 +156,8 @@ class LayerScheduler {
     const uint32_t local = t - first_m * sp.n_blocks;
     const uint32_t m_block = first_m + local % rows;
     const uint32_t n_block = local / rows;
-    bool ok;
+    const uint64_t claimed_ns = p_->phases != nullptr ? global_timer_ns() : 0;
+    bool ok = true;
     if (down) {
       ok = wait_until(p_->hidden_done + m_block, [up_n](uint64_t seen) { return seen >= up_n; }, ctx, -1,
                       kHiddenDoneFlag, m_block);
@@ -169,6 +171,7 @@ class LayerScheduler {
       ok = arrived.gate(m_block - shared_rows_, sp, ctx);
     }
     if (!ok) return gemm::WorkItem{static_cast<uint32_t>(gemm::WorkKind::kFailed), 0, 0, 0};
+    if (p_->phases != nullptr) note_claim(down, claimed_ns);
     gemm::WorkItem item{static_cast<uint32_t>(down ? gemm::WorkKind::kTileSecond : gemm::WorkKind::kTile), m_block,
                         n_block, m_block * sp.n_blocks + n_block};
     if (m_block < shared_rows_) {  // B: the operands' b_local (group 0)
@@ -186,6 +189,14 @@ class LayerScheduler {
   }
 
  private:
+  // Diagnostics (LayerParams::phases): this CTA's claim, after `claimed_ns`, passed its gate now.
+  __device__ void note_claim(bool down, uint64_t claimed_ns) const {
+    MoeLayerPhaseRecord& r = p_->phases[blockIdx.x];
+    const uint64_t now = global_timer_ns();
+    (down ? r.down_wait_ns : r.up_wait_ns) += now - claimed_ns;
+    if (r.tiles++ == 0) r.first_tile_ns = now;
+  }
+
   const LayerParams* p_;
   uint64_t epoch_;
   uint32_t shared_rows_;  // S, or 0 after a failed routing
@@ -284,7 +295,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_layer_kernel(const __gri
   Role::init(smem);
 
   const LayerRoleTable& roles = p.roles;
+  // Diagnostics: thread 0 stamps this CTA's steps (the scheduling thread adds its claims).
+  MoeLayerPhaseRecord* const phase = p.phases != nullptr && threadIdx.x == 0 ? p.phases + blockIdx.x : nullptr;
+  if (phase != nullptr) {
+    phase->entered_ns = global_timer_ns();
+    phase->role = static_cast<uint32_t>(roles.role_of(blockIdx.x));
+  }
   bool ok = run_dispatch_roles<Cfg::kControlOffset>(d, roles, f, smem);
+  if (phase != nullptr) phase->roles_done_ns = global_timer_ns();
   // Several nodes: the reducers read token_pos (where the push warps put each token's entry for
   // every other node), written in this launch: each push CTA counts itself done.
   const bool nodes = c.net.num_nodes > 1;
@@ -311,6 +329,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_layer_kernel(const __gri
     up.second = &down;
     ok = Role::run(smem, up, scheduler, epi, roles.rest_index(blockIdx.x, gridDim.x), gridDim.x, f.ctx).kind ==
          static_cast<uint32_t>(gemm::WorkKind::kDone);
+    if (phase != nullptr) phase->tiles_done_ns = global_timer_ns();
   }
   // The combine, when the routing did not fail (else nothing is read or written; the handshake
   // still runs). Several nodes: every warp first returns the partial sums of the entries other
@@ -329,6 +348,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_layer_kernel(const __gri
       ok = cta_all(ok);
     }
     if (ok) ok = cta_all(reduce_tokens<T>(p.combine, warp, warps, f.epoch, f.ctx, gate));
+    if (ok && phase != nullptr) phase->reduced_ns = global_timer_ns();
   }
   if (cta_all(ok)) {
     if (threadIdx.x == 0) {

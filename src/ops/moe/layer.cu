@@ -7,8 +7,9 @@
 // window cannot hold both the dispatch's and the combine's flags of one launch (unsupported);
 // config.dtype other than bf16 / fp16 (unsupported); null weights or buffers;
 // intermediate not a positive multiple of 8 (unsupported, the GEMMs' rule); buffers not 16-byte
-// aligned, hidden not device memory of this GPU, recv_x or expert_out not symmetric; any written
-// buffer (recv_x, hidden, expert_out, out) overlapping another buffer; a capacity of 0 rows; a
+// aligned, hidden not device memory of this GPU, recv_x or expert_out not symmetric; options.phases
+// not device memory of this GPU (one record per SM) or not 8-byte aligned; any written buffer
+// (recv_x, hidden, expert_out, out, options.phases) overlapping another buffer; a capacity of 0 rows; a
 // tile other than k128x256 / k128x128 (unsupported); CTA counts that leave no room; one shared
 // weight without the other. With a shared expert, hidden and expert_out hold moe_layer_rows rows
 // (the shared rows after the receive rows) and the launcher encodes their maps over all of them.
@@ -147,10 +148,17 @@ Status moe_layer(Communicator& comm, const MoePlan& plan, const void* x, const M
   LOOM_ASSIGN_OR_RETURN(const uint64_t y_offset, check_symmetric(impl, buffers.expert_out, y_bytes, y_what.c_str()));
   if (plan.num_tokens > 0 && out == nullptr) return Status::invalid_argument(std::string(kOp) + ": out is null");
   LOOM_TRY_CTX(check_device(impl, out, out_bytes, 16, "out ([T, H])"), kOp);
+  // Diagnostics: one record per SM is always enough (the grid never has more CTAs).
+  const size_t phases_bytes = options.phases != nullptr ? static_cast<size_t>(impl.sm_count) * sizeof(MoeLayerPhaseRecord) : 0;
+  if (options.phases != nullptr) {
+    const std::string what = "options.phases (" + num(impl.sm_count) + " MoeLayerPhaseRecord, one per SM)";
+    LOOM_TRY_CTX(check_device(impl, options.phases, phases_bytes, 8, what.c_str()), kOp);
+  }
   LOOM_TRY_CTX(check_disjoint({{buffers.recv_x, receive_bytes(l), "buffers.recv_x", true},
                               {buffers.hidden, hidden_bytes, "buffers.hidden", true},
                               {buffers.expert_out, y_bytes, "buffers.expert_out", true},
                               {out, out_bytes, "out", true},
+                              {options.phases, phases_bytes, "options.phases", true},
                               {x, out_bytes, "x", false},
                               {weights.gate_up, gate_up_bytes, "weights.gate_up", false},
                               {weights.down, down_bytes, "weights.down", false},
@@ -187,6 +195,10 @@ Status moe_layer(Communicator& comm, const MoePlan& plan, const void* x, const M
   p.out_done = reinterpret_cast<uint64_t*>(ws + wl.out_done);
   p.out_ready = reinterpret_cast<uint64_t*>(ws + wl.out_ready);
   p.pushes_done = reinterpret_cast<uint64_t*>(ws + wl.pushes_done);
+  p.phases = options.phases;
+  if (p.phases != nullptr) {
+    LOOM_CUDA_TRY(cudaMemsetAsync(p.phases, 0, static_cast<size_t>(fused.grid) * sizeof(MoeLayerPhaseRecord), stream));
+  }
 
   km::CombineParams& cp = p.combine;
   static_cast<km::LaunchCommon&>(cp) = static_cast<const km::LaunchCommon&>(d);
