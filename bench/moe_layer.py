@@ -270,7 +270,7 @@ def run_case(torch, loom, lt, comm, args, model, weights, tokens, routing):
                        push_ctas=args.push_ctas, arrival_ctas=args.arrival_ctas, shared_gate_up=shared_gate_up,
                        shared_down=shared_down, phases=records)
         comm.synchronize()
-        phases = summarize_phases(loom.moe_layer_phases(records.cpu().numpy().tobytes()))
+        phases = summarize_phases(loom.moe_layer_phases(records))
     return {"op": "moe_layer", "model": model, "tokens": tokens, "routing": routing, "E": experts, "top_k": top_k,
             "H": hidden, "I": inter, "rows": tokens * top_k,
             "max_over_mean": float(counts.max()) / (tokens * top_k / experts), "tile": tile,

@@ -54,7 +54,7 @@ Rules every call here follows:
 from __future__ import annotations
 
 import struct
-from typing import List, Optional, Tuple, TypeVar
+from typing import Any, List, Optional, Tuple, TypeVar
 
 from . import _C
 from ._comm import CommLike, as_communicator, dtype_name
@@ -292,11 +292,17 @@ _PHASE_FIELDS = ("entered_ns", "roles_done_ns", "first_tile_ns", "tiles_done_ns"
 _LAYER_ROLES = ("arrival", "forward", "push", "compute")
 
 
-def moe_layer_phases(data: bytes) -> List[dict]:
-    """moe_layer's phase records (its ``phases`` buffer, copied to the host as bytes) as one dict
-    per CTA of the launch, in CTA order: the fields of loom::MoeLayerPhaseRecord (%globaltimer
-    nanoseconds; ``up_wait_ns`` and ``down_wait_ns`` summed over the CTA's claims), ``role`` as a
-    name, and ``cta``. Records past the launch's grid (never entered) are left out."""
+def moe_layer_phases(data: Any) -> List[dict]:
+    """moe_layer's phase records as one dict per CTA of the launch, in CTA order: the fields of
+    loom::MoeLayerPhaseRecord (%globaltimer nanoseconds; ``up_wait_ns`` and ``down_wait_ns`` summed
+    over the CTA's claims), ``role`` as a name, and ``cta``. Records past the launch's grid (never
+    entered) are left out. data: the ``phases`` buffer after the launch completed, as a torch
+    tensor (on any device: it is copied to the host), an array with ``tobytes()``, or bytes."""
+    if hasattr(data, "cpu"):  # a torch tensor
+        data = data.detach().cpu().contiguous().numpy()
+    if hasattr(data, "tobytes"):
+        data = data.tobytes()
+    data = bytes(data)
     size = _PHASE_RECORD.size
     records = []
     for cta in range(len(data) // size):

@@ -627,3 +627,7 @@ def test_layer_phase_records_are_read_in_cta_order():
     assert records[0]["role"] == "push" and records[1]["role"] == "compute"
     assert (records[0]["entered_ns"], records[0]["reduced_ns"], records[0]["tiles"]) == (1000, 9500, 12)
     assert (records[1]["up_wait_ns"], records[1]["down_wait_ns"]) == (100, 800)
+    # The same records from a tensor (copied to the host first) or a numpy array.
+    as_tensor = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    assert loom.moe_layer_phases(as_tensor) == records
+    assert loom.moe_layer_phases(as_tensor.numpy()) == records
