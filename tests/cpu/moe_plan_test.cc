@@ -373,6 +373,17 @@ TEST(MoePlan, DispatchGemmGridAndTiles) {
   EXPECT_EQ(layer->grid, 132);
   EXPECT_EQ(layer->down.num_ctas, 132);
   EXPECT_EQ(layer->up.n_blocks, 4096 / gemm_tile_info(layer->up.tile).block_n);
+  EXPECT_EQ(layer->forward_ctas, 0);
+  // Several nodes: the layer's forwarding CTAs are moe_dispatch_gemm's (then they compute).
+  layer = plan_moe_layer(up, down, {}, h200, 2);
+  ASSERT_TRUE(layer.ok()) << layer.status().to_string();
+  EXPECT_EQ(layer->forward_ctas, 132 / MoeTunables::kFusedForwardShareDen);
+  EXPECT_LE(layer->push_ctas + layer->arrival_ctas + layer->forward_ctas, layer->grid);
+  MoeLayerOptions two_ctas;
+  two_ctas.num_ctas = 2;  // three roles
+  EXPECT_EQ(plan_moe_layer(up, down, two_ctas, h200, 2).status().code(), StatusCode::kInvalidArgument);
+  layer = plan_moe_layer(up, down, {}, h200);
+  ASSERT_TRUE(layer.ok()) << layer.status().to_string();
   MoeLayerOptions lo;
   lo.tile = GemmTile::k64x128;
   EXPECT_EQ(plan_moe_layer(up, down, lo, h200).status().code(), StatusCode::kUnsupported);
