@@ -110,40 +110,51 @@ struct EntryGate {
   }
 };
 
-// One warp, vector v of a row (all lanes call it; `live`: lane has vector v): the fp32 sum in slot
-// order of w_j * y_j over the lanes' row addresses (0: no row), into acc. The slots are taken
-// kSlotBatch at a time, their loads issued together before the fused multiply-adds (a warp
-// otherwise has one 16-byte load in flight per lane: at one GPU's rates the sum was latency-bound);
-// the adds keep slot order, so the bits do not change.
-template <typename T>
-__device__ __forceinline__ void sum_slots(float (&acc)[Vec16<T>::kElems], uint64_t row_addr, float w, uint32_t k,
-                                          uint64_t v, bool live) {
+// One warp, vectors v + 32 i (i < kShape.vectors) of a row, all lanes (a lane's vector exists when
+// it is below `vectors`): the fp32 sum in slot order of w_j * y_j over the lanes' row addresses (0:
+// no row), into acc[i]. The slots are taken kShape.slots at a time, the loads of all of a batch's
+// slots and vectors issued before the fused multiply-adds; the adds keep slot order, so the bits
+// do not depend on the shape.
+template <typename T, SumShape kShape>
+__device__ __forceinline__ void sum_slots(float (&acc)[kShape.vectors][Vec16<T>::kElems], uint64_t row_addr, float w,
+                                          uint32_t k, uint64_t v, uint64_t vectors) {
   using V = Vec16<T>;
-  constexpr uint32_t kSlotBatch = 4;
-  static_assert(MoeTunables::kMaxTopK % kSlotBatch == 0, "slot batches must not run past the warp's lanes");
+  constexpr int kSumVectors = kShape.vectors;
+  constexpr uint32_t kSlotBatch = kShape.slots;
 #pragma unroll
-  for (int i = 0; i < V::kElems; ++i) acc[i] = 0.0f;
+  for (int i = 0; i < kSumVectors; ++i) {
+#pragma unroll
+    for (int e = 0; e < V::kElems; ++e) acc[i][e] = 0.0f;
+  }
   for (uint32_t j0 = 0; j0 < k; j0 += kSlotBatch) {
-    uint4 raw[kSlotBatch];
+    uint4 raw[kSlotBatch][kSumVectors];
     float wj[kSlotBatch];
-    bool has[kSlotBatch];
+    bool routed[kSlotBatch];
 #pragma unroll
     for (uint32_t u = 0; u < kSlotBatch; ++u) {
       const uint32_t j = j0 + u;  // < kMaxTopK: lanes at or past k hold no row
       const uint64_t addr = __shfl_sync(0xffffffffu, row_addr, j);
       wj[u] = __shfl_sync(0xffffffffu, w, j);
-      has[u] = addr != 0 && live;  // slot j is routed here (warp-uniform) and this lane has vector v
-      raw[u] = has[u] ? load_peer_vector(reinterpret_cast<const uint4*>(addr) + v) : make_uint4(0, 0, 0, 0);
+      routed[u] = addr != 0;  // slot j is routed here (warp-uniform)
+#pragma unroll
+      for (int i = 0; i < kSumVectors; ++i) {
+        const uint64_t vi = v + 32 * static_cast<uint64_t>(i);
+        raw[u][i] = routed[u] && vi < vectors ? load_peer_vector(reinterpret_cast<const uint4*>(addr) + vi)
+                                              : make_uint4(0, 0, 0, 0);
+      }
     }
 #pragma unroll
     for (uint32_t u = 0; u < kSlotBatch; ++u) {
-      if (!has[u]) continue;
-      float y[V::kElems];
+      if (!routed[u]) continue;
 #pragma unroll
-      for (int i = 0; i < V::kElems; ++i) y[i] = 0.0f;
-      V::add(y, raw[u]);  // 0 + y: exact
+      for (int i = 0; i < kSumVectors; ++i) {
+        float y[V::kElems];
 #pragma unroll
-      for (int i = 0; i < V::kElems; ++i) acc[i] = __fmaf_rn(wj[u], y[i], acc[i]);
+        for (int e = 0; e < V::kElems; ++e) y[e] = 0.0f;
+        V::add(y, raw[u][i]);  // 0 + y: exact
+#pragma unroll
+        for (int e = 0; e < V::kElems; ++e) acc[i][e] = __fmaf_rn(wj[u], y[e], acc[i][e]);
+      }
     }
   }
 }
@@ -152,7 +163,7 @@ __device__ __forceinline__ void sum_slots(float (&acc)[Vec16<T>::kElems], uint64
 // read over NVLink; on several nodes, each other node holding one of its experts returns one
 // fp32 partial (its slots' sum in slot order) into `partials`, and the node sums are added in
 // node order (this node's own in its place). False after a failed wait (recorded).
-template <typename T, class Gate = EntryGate>
+template <typename T, SumShape kShape = MoeTunables::kCombineSum, class Gate = EntryGate>
 __device__ __forceinline__ bool reduce_tokens(const CombineParams& p, uint32_t first, uint32_t stride, uint64_t epoch,
                                               const WaitContext& ctx, const Gate& gate = {}) {
   using V = Vec16<T>;
@@ -196,41 +207,45 @@ __device__ __forceinline__ bool reduce_tokens(const CombineParams& p, uint32_t f
     if (!__all_sync(0xffffffffu, arrived)) return false;
     uint4* out = reinterpret_cast<uint4*>(p.out + static_cast<uint64_t>(t) * p.row_bytes);
     // All 32 lanes run every pass of this loop (warp-uniform bounds), so the full-mask shuffles
-    // below always meet the whole warp; lane `lane` handles vector base + lane when it exists.
-    // (Iterating v = lane, lane + 32, ... instead hangs the warp whenever the row's vector count is
-    // not a multiple of 32: the lanes with one more vector shuffle alone, waiting for lanes that
-    // already left the loop.)
-    for (uint64_t base = 0; base < vectors; base += 32) {
-      const uint64_t v = base + lane;
-      const bool live = v < vectors;
-      float acc[V::kElems];
-      sum_slots<T>(acc, row_addr, w, k, v, live);
-      if (nodes != 0) {
-        float total[V::kElems];
+    // below always meet the whole warp; lane `lane` handles vectors base + lane + 32 i when they
+    // exist. (Iterating v = lane, lane + 32, ... instead hangs the warp whenever the row's vector
+    // count is not a multiple of 32: the lanes with one more vector shuffle alone, waiting for
+    // lanes that already left the loop.)
+    for (uint64_t base = 0; base < vectors; base += 32 * kShape.vectors) {
+      float acc[kShape.vectors][V::kElems];
+      sum_slots<T, kShape>(acc, row_addr, w, k, base + lane, vectors);
 #pragma unroll
-        for (int i = 0; i < V::kElems; ++i) total[i] = 0.0f;
-        for (uint32_t n = 0; n < r.nodes; ++n) {
-          const float* row = reinterpret_cast<const float*>(__shfl_sync(0xffffffffu, reinterpret_cast<uint64_t>(partial), n));
-          if (n == r.node) {
+      for (int s = 0; s < kShape.vectors; ++s) {
+        const uint64_t v = base + lane + 32 * static_cast<uint64_t>(s);
+        const bool live = v < vectors;
+        if (nodes != 0) {
+          float total[V::kElems];
 #pragma unroll
-            for (int i = 0; i < V::kElems; ++i) total[i] += acc[i];
-          } else if (row != nullptr && live) {
-            const float4* f4 = reinterpret_cast<const float4*>(row + v * V::kElems);
+          for (int i = 0; i < V::kElems; ++i) total[i] = 0.0f;
+          for (uint32_t n = 0; n < r.nodes; ++n) {
+            const float* row =
+                reinterpret_cast<const float*>(__shfl_sync(0xffffffffu, reinterpret_cast<uint64_t>(partial), n));
+            if (n == r.node) {
 #pragma unroll
-            for (int i = 0; i < V::kElems / 4; ++i) {
-              const float4 x = __ldcg(f4 + i);
-              total[4 * i] += x.x;
-              total[4 * i + 1] += x.y;
-              total[4 * i + 2] += x.z;
-              total[4 * i + 3] += x.w;
+              for (int i = 0; i < V::kElems; ++i) total[i] += acc[s][i];
+            } else if (row != nullptr && live) {
+              const float4* f4 = reinterpret_cast<const float4*>(row + v * V::kElems);
+#pragma unroll
+              for (int i = 0; i < V::kElems / 4; ++i) {
+                const float4 x = __ldcg(f4 + i);
+                total[4 * i] += x.x;
+                total[4 * i + 1] += x.y;
+                total[4 * i + 2] += x.z;
+                total[4 * i + 3] += x.w;
+              }
             }
           }
-        }
 #pragma unroll
-        for (int i = 0; i < V::kElems; ++i) acc[i] = total[i];
+          for (int i = 0; i < V::kElems; ++i) acc[s][i] = total[i];
+        }
+        if (addend != nullptr && live) V::add(acc[s], __ldcg(addend + v));  // written in this launch: not from L1
+        if (live) out[v] = V::pack(acc[s]);
       }
-      if (addend != nullptr && live) V::add(acc, __ldcg(addend + v));  // written in this launch: not from L1
-      if (live) out[v] = V::pack(acc);
     }
   }
   return true;
@@ -246,7 +261,7 @@ inline constexpr uint32_t kStagedBeforeLaunch = 0xffffffffu;
 // slots' rows may be read (as in reduce_tokens). staged_flag_base: kStagedBeforeLaunch, or the
 // dispatch's first network flag word of this launch (moe_layer: the entries arrive during it, and
 // an entry's header is read only after its chunk's flag). False after a failed wait (recorded).
-template <typename T, class Gate = EntryGate>
+template <typename T, SumShape kShape = MoeTunables::kCombineSum, class Gate = EntryGate>
 __device__ __forceinline__ bool return_partials(const CombineParams& p, uint32_t first, uint32_t stride, uint64_t epoch,
                                                 const WaitContext& ctx, const Gate& gate = {},
                                                 uint32_t staged_flag_base = kStagedBeforeLaunch) {
@@ -298,14 +313,17 @@ __device__ __forceinline__ bool return_partials(const CombineParams& p, uint32_t
                                      : 0;
       if (!gate.admit(p, r, here, owner, static_cast<uint32_t>(dest) - owner * cap, entered, epoch, ctx)) return false;
       float4* out = reinterpret_cast<float4*>(ret + static_cast<uint64_t>(pos) * l.partial_bytes);
-      for (uint64_t base = 0; base < vectors; base += 32) {
-        const uint64_t v = base + lane;
-        const bool live = v < vectors;
-        float acc[V::kElems];
-        sum_slots<T>(acc, row_addr, w, k, v, live);
-        if (live) {
+      for (uint64_t base = 0; base < vectors; base += 32 * kShape.vectors) {
+        float acc[kShape.vectors][V::kElems];
+        sum_slots<T, kShape>(acc, row_addr, w, k, base + lane, vectors);
 #pragma unroll
-          for (int j = 0; j < V::kElems / 4; ++j) out[v * (V::kElems / 4) + j] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+        for (int s = 0; s < kShape.vectors; ++s) {
+          const uint64_t v = base + lane + 32 * static_cast<uint64_t>(s);
+          if (v >= vectors) continue;
+#pragma unroll
+          for (int j = 0; j < V::kElems / 4; ++j) {
+            out[v * (V::kElems / 4) + j] = make_float4(acc[s][4 * j], acc[s][4 * j + 1], acc[s][4 * j + 2], acc[s][4 * j + 3]);
+          }
         }
       }
       __threadfence_system();
