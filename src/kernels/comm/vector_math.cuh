@@ -73,4 +73,7 @@ struct Vec16<float> {
 // Loads from peers bypass L1: the data was written by another GPU and is read once.
 __device__ __forceinline__ uint4 load_peer_vector(const uint4* p) { return __ldcg(p); }
 
+// A hint: bring the line holding *p (this GPU's global memory) into L2; takes no register.
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 }  // namespace loom::kernels

@@ -114,10 +114,12 @@ struct EntryGate {
 // it is below `vectors`): the fp32 sum in slot order of w_j * y_j over the lanes' row addresses (0:
 // no row), into acc[i]. The slots are taken kShape.slots at a time, the loads of all of a batch's
 // slots and vectors issued before the fused multiply-adds; the adds keep slot order, so the bits
-// do not depend on the shape.
+// do not depend on the shape. `local_slots` (bit j: slot j's row is on this GPU, warp-uniform):
+// those rows' vectors kShape.ahead passes on are prefetched into L2 (rows already final: the
+// caller's gate admitted them).
 template <typename T, SumShape kShape>
 __device__ __forceinline__ void sum_slots(float (&acc)[kShape.vectors][Vec16<T>::kElems], uint64_t row_addr, float w,
-                                          uint32_t k, uint64_t v, uint64_t vectors) {
+                                          uint32_t k, uint64_t v, uint64_t vectors, uint32_t local_slots) {
   using V = Vec16<T>;
   constexpr int kSumVectors = kShape.vectors;
   constexpr uint32_t kSlotBatch = kShape.slots;
@@ -136,6 +138,15 @@ __device__ __forceinline__ void sum_slots(float (&acc)[kShape.vectors][Vec16<T>:
       const uint64_t addr = __shfl_sync(0xffffffffu, row_addr, j);
       wj[u] = __shfl_sync(0xffffffffu, w, j);
       routed[u] = addr != 0;  // slot j is routed here (warp-uniform)
+      if constexpr (kShape.ahead > 0) {
+        if (((local_slots >> j) & 1u) != 0) {
+#pragma unroll
+          for (int i = 0; i < kSumVectors; ++i) {
+            const uint64_t later = v + 32 * static_cast<uint64_t>(i + kSumVectors * kShape.ahead);
+            if (later < vectors) prefetch_l2(reinterpret_cast<const uint4*>(addr) + later);
+          }
+        }
+      }
 #pragma unroll
       for (int i = 0; i < kSumVectors; ++i) {
         const uint64_t vi = v + 32 * static_cast<uint64_t>(i);
@@ -189,6 +200,7 @@ __device__ __forceinline__ bool reduce_tokens(const CombineParams& p, uint32_t f
         here ? c.peer_heap_bases[r.local_of(owner)] + p.y_offset + static_cast<uint64_t>(row) * p.row_bytes : 0;
     if (!gate.admit(p, r, here, owner, row, entered, epoch, ctx)) return false;
     if (p.addend != nullptr && !gate.admit_addend(p, t, epoch, ctx)) return false;
+    const uint32_t local_slots = __ballot_sync(0xffffffffu, here && r.local_of(owner) == static_cast<uint32_t>(c.local_rank));
     const uint4* addend = p.addend != nullptr
                               ? reinterpret_cast<const uint4*>(p.addend + static_cast<uint64_t>(t) * p.row_bytes)
                               : nullptr;
@@ -213,7 +225,7 @@ __device__ __forceinline__ bool reduce_tokens(const CombineParams& p, uint32_t f
     // lanes that already left the loop.)
     for (uint64_t base = 0; base < vectors; base += 32 * kShape.vectors) {
       float acc[kShape.vectors][V::kElems];
-      sum_slots<T, kShape>(acc, row_addr, w, k, base + lane, vectors);
+      sum_slots<T, kShape>(acc, row_addr, w, k, base + lane, vectors, local_slots);
 #pragma unroll
       for (int s = 0; s < kShape.vectors; ++s) {
         const uint64_t v = base + lane + 32 * static_cast<uint64_t>(s);
@@ -312,10 +324,11 @@ __device__ __forceinline__ bool return_partials(const CombineParams& p, uint32_t
                                            static_cast<uint64_t>(static_cast<uint32_t>(dest) - owner * cap) * p.row_bytes
                                      : 0;
       if (!gate.admit(p, r, here, owner, static_cast<uint32_t>(dest) - owner * cap, entered, epoch, ctx)) return false;
+      const uint32_t local_slots = __ballot_sync(0xffffffffu, here && r.local_of(owner) == static_cast<uint32_t>(c.local_rank));
       float4* out = reinterpret_cast<float4*>(ret + static_cast<uint64_t>(pos) * l.partial_bytes);
       for (uint64_t base = 0; base < vectors; base += 32 * kShape.vectors) {
         float acc[kShape.vectors][V::kElems];
-        sum_slots<T, kShape>(acc, row_addr, w, k, base + lane, vectors);
+        sum_slots<T, kShape>(acc, row_addr, w, k, base + lane, vectors, local_slots);
 #pragma unroll
         for (int s = 0; s < kShape.vectors; ++s) {
           const uint64_t v = base + lane + 32 * static_cast<uint64_t>(s);

@@ -18,12 +18,14 @@
 
 namespace loom::kernels::moe {
 
-// How many 16-byte vectors of a row a reducing lane sums at once (v, v + 32, ...) and of how many
-// slots it issues the loads before the first fused multiply-add: the bytes a warp keeps in flight
-// (the combine's sum is latency-bound), against the registers they take.
+// How many 16-byte vectors of a row a reducing lane sums at once (v, v + 32, ...), of how many
+// slots it issues the loads before the first fused multiply-add, and how many passes ahead it
+// prefetches the rows on its own GPU into L2 (0: none): the bytes a warp keeps in flight (the
+// combine's sum is latency-bound) against the registers they take (prefetches take none).
 struct SumShape {
   int vectors;
   uint32_t slots;
+  int ahead;
 };
 
 // Every tunable of the MoE kernels (host launchers and the planner read them too).
@@ -58,10 +60,11 @@ struct MoeTunables {
   // Combine: the most CTAs (one "read done" flag each). The shape of a reducing warp's sum
   // (SumShape): moe_combine's kernel has the registers for two vectors of eight slots in flight
   // per lane (about 180); moe_layer's reducers share the GEMM role's kernel, 168 registers a
-  // thread at its entry budget, and spill with more than one vector of four.
+  // thread at its entry budget, and spill with more than one vector of four, so they prefetch
+  // further ahead instead.
   static constexpr int kMaxCtas = 1024;
-  static constexpr SumShape kCombineSum{2, 8};
-  static constexpr SumShape kLayerSum{1, 4};
+  static constexpr SumShape kCombineSum{2, 8, 2};
+  static constexpr SumShape kLayerSum{1, 4, 4};
   // Across nodes: the most ranks of a job (the routing's coordinator gives each rank one thread)
   // and nodes (combine gives each node one lane of a warp); token entries per network
   // write (one flag each); the CTAs of the forwarding role (1 / kForwardShareDen of the grid).
