@@ -170,6 +170,26 @@ __device__ __forceinline__ void sum_slots(float (&acc)[kShape.vectors][Vec16<T>:
   }
 }
 
+// One warp: walks a row in passes of 32 kShape.vectors vectors that every lane takes part in, also
+// when the row's last pass has fewer (the full-mask shuffles inside then always meet the whole
+// warp; a loop bounded per lane, v = lane, lane + 32, ..., hangs the warp whenever the vector
+// count is not a multiple of 32: the lanes with one more vector shuffle alone). For each of a
+// lane's vectors v of a pass: use(v, live, acc), acc its slot-order sum (sum_slots), live when the
+// row has vector v; every lane calls it, so it may shuffle too.
+template <typename T, SumShape kShape, class Use>
+__device__ __forceinline__ void sum_row(uint64_t row_addr, float w, uint32_t k, uint64_t vectors, uint32_t local_slots,
+                                        Use&& use) {
+  for (uint64_t base = 0; base < vectors; base += 32 * kShape.vectors) {
+    float acc[kShape.vectors][Vec16<T>::kElems];
+    sum_slots<T, kShape>(acc, row_addr, w, k, base + lane_id(), vectors, local_slots);
+#pragma unroll
+    for (int s = 0; s < kShape.vectors; ++s) {
+      const uint64_t v = base + lane_id() + 32 * static_cast<uint64_t>(s);
+      use(v, v < vectors, acc[s]);
+    }
+  }
+}
+
 // One warp: tokens first, first + stride, ... of this rank. A token's slots on this node are
 // read over NVLink; on several nodes, each other node holding one of its experts returns one
 // fp32 partial (its slots' sum in slot order) into `partials`, and the node sums are added in
@@ -218,47 +238,34 @@ __device__ __forceinline__ bool reduce_tokens(const CombineParams& p, uint32_t f
     }
     if (!__all_sync(0xffffffffu, arrived)) return false;
     uint4* out = reinterpret_cast<uint4*>(p.out + static_cast<uint64_t>(t) * p.row_bytes);
-    // All 32 lanes run every pass of this loop (warp-uniform bounds), so the full-mask shuffles
-    // below always meet the whole warp; lane `lane` handles vectors base + lane + 32 i when they
-    // exist. (Iterating v = lane, lane + 32, ... instead hangs the warp whenever the row's vector
-    // count is not a multiple of 32: the lanes with one more vector shuffle alone, waiting for
-    // lanes that already left the loop.)
-    for (uint64_t base = 0; base < vectors; base += 32 * kShape.vectors) {
-      float acc[kShape.vectors][V::kElems];
-      sum_slots<T, kShape>(acc, row_addr, w, k, base + lane, vectors, local_slots);
+    sum_row<T, kShape>(row_addr, w, k, vectors, local_slots, [&](uint64_t v, bool live, float (&acc)[V::kElems]) {
+      if (nodes != 0) {
+        float total[V::kElems];
 #pragma unroll
-      for (int s = 0; s < kShape.vectors; ++s) {
-        const uint64_t v = base + lane + 32 * static_cast<uint64_t>(s);
-        const bool live = v < vectors;
-        if (nodes != 0) {
-          float total[V::kElems];
+        for (int i = 0; i < V::kElems; ++i) total[i] = 0.0f;
+        for (uint32_t n = 0; n < r.nodes; ++n) {
+          const float* row = reinterpret_cast<const float*>(__shfl_sync(0xffffffffu, reinterpret_cast<uint64_t>(partial), n));
+          if (n == r.node) {
 #pragma unroll
-          for (int i = 0; i < V::kElems; ++i) total[i] = 0.0f;
-          for (uint32_t n = 0; n < r.nodes; ++n) {
-            const float* row =
-                reinterpret_cast<const float*>(__shfl_sync(0xffffffffu, reinterpret_cast<uint64_t>(partial), n));
-            if (n == r.node) {
+            for (int i = 0; i < V::kElems; ++i) total[i] += acc[i];
+          } else if (row != nullptr && live) {
+            const float4* f4 = reinterpret_cast<const float4*>(row + v * V::kElems);
 #pragma unroll
-              for (int i = 0; i < V::kElems; ++i) total[i] += acc[s][i];
-            } else if (row != nullptr && live) {
-              const float4* f4 = reinterpret_cast<const float4*>(row + v * V::kElems);
-#pragma unroll
-              for (int i = 0; i < V::kElems / 4; ++i) {
-                const float4 x = __ldcg(f4 + i);
-                total[4 * i] += x.x;
-                total[4 * i + 1] += x.y;
-                total[4 * i + 2] += x.z;
-                total[4 * i + 3] += x.w;
-              }
+            for (int i = 0; i < V::kElems / 4; ++i) {
+              const float4 x = __ldcg(f4 + i);
+              total[4 * i] += x.x;
+              total[4 * i + 1] += x.y;
+              total[4 * i + 2] += x.z;
+              total[4 * i + 3] += x.w;
             }
           }
-#pragma unroll
-          for (int i = 0; i < V::kElems; ++i) acc[s][i] = total[i];
         }
-        if (addend != nullptr && live) V::add(acc[s], __ldcg(addend + v));  // written in this launch: not from L1
-        if (live) out[v] = V::pack(acc[s]);
+#pragma unroll
+        for (int i = 0; i < V::kElems; ++i) acc[i] = total[i];
       }
-    }
+      if (addend != nullptr && live) V::add(acc, __ldcg(addend + v));  // written in this launch: not from L1
+      if (live) out[v] = V::pack(acc);
+    });
   }
   return true;
 }
@@ -326,19 +333,13 @@ __device__ __forceinline__ bool return_partials(const CombineParams& p, uint32_t
       if (!gate.admit(p, r, here, owner, static_cast<uint32_t>(dest) - owner * cap, entered, epoch, ctx)) return false;
       const uint32_t local_slots = __ballot_sync(0xffffffffu, here && r.local_of(owner) == static_cast<uint32_t>(c.local_rank));
       float4* out = reinterpret_cast<float4*>(ret + static_cast<uint64_t>(pos) * l.partial_bytes);
-      for (uint64_t base = 0; base < vectors; base += 32 * kShape.vectors) {
-        float acc[kShape.vectors][V::kElems];
-        sum_slots<T, kShape>(acc, row_addr, w, k, base + lane, vectors, local_slots);
+      sum_row<T, kShape>(row_addr, w, k, vectors, local_slots, [&](uint64_t v, bool live, float (&acc)[V::kElems]) {
+        if (!live) return;
 #pragma unroll
-        for (int s = 0; s < kShape.vectors; ++s) {
-          const uint64_t v = base + lane + 32 * static_cast<uint64_t>(s);
-          if (v >= vectors) continue;
-#pragma unroll
-          for (int j = 0; j < V::kElems / 4; ++j) {
-            out[v * (V::kElems / 4) + j] = make_float4(acc[s][4 * j], acc[s][4 * j + 1], acc[s][4 * j + 2], acc[s][4 * j + 3]);
-          }
+        for (int j = 0; j < V::kElems / 4; ++j) {
+          out[v * (V::kElems / 4) + j] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
         }
-      }
+      });
       __threadfence_system();
       __syncwarp();
       bool ok = true;
