@@ -123,6 +123,15 @@ class ComputeRole {
     const Smem sm(smem_raw);
     const uint32_t warpgroup = threadIdx.x / kWarpGroupThreads;
     const WarpGroupRole role = warp_group_role(warpgroup);
+    // Each branch ends at kEntryRegs, after the same CTA barrier (one barrier instruction in each
+    // branch), so that ptxas allocates the caller's code after run() at kEntryRegs: with the
+    // producer's increase in an `if` after the branches joined, ptxas took the join as possibly
+    // still at kProducerRegs and compiled moe_layer's combine at 40 registers (most of its loads
+    // spilled to local memory at once). The producer takes its registers back only after the
+    // barrier: the CTA's pool is exactly the consumers' kConsumerRegs plus the producer's
+    // kProducerRegs, so had it done so right after a quick producer loop (a CTA that got no tile),
+    // before the consumers' increase was granted, the consumers' setmaxnreg.inc would wait forever
+    // (a hang no abort reaches).
     if (role == WarpGroupRole::kProducer) {
       if constexpr (kManageRegisters) sm90::setmaxnreg_dec<Cfg::kProducerRegs>();
       if (threadIdx.x == elected_thread(ProducerWarpRole::kMainloop)) {
@@ -131,18 +140,13 @@ class ComputeRole {
       if (threadIdx.x == elected_thread(ProducerWarpRole::kSignaler) && epi.signals()) {
         Signals::signaler(sm, ops, epi, ctx);
       }
+      sm90::cta_barrier();
+      if constexpr (kManageRegisters) sm90::setmaxnreg_inc<Cfg::kEntryRegs>();
     } else {
       if constexpr (kManageRegisters) sm90::setmaxnreg_inc<Cfg::kConsumerRegs>();
       consumer(sm, ops, epi, fold, consumer_index(warpgroup), ctx);
       if constexpr (kManageRegisters) sm90::setmaxnreg_dec<Cfg::kEntryRegs>();
-    }
-    // The producer warpgroup takes its registers back only after this barrier: the CTA's pool is
-    // exactly the consumers' kConsumerRegs plus the producer's kProducerRegs, so had it done so
-    // right after a quick producer loop (a CTA that got no tile), before the consumers' increase
-    // was granted, the consumers' setmaxnreg.inc would wait forever (a hang no abort reaches).
-    __syncthreads();
-    if constexpr (kManageRegisters) {
-      if (role == WarpGroupRole::kProducer) sm90::setmaxnreg_inc<Cfg::kEntryRegs>();
+      sm90::cta_barrier();
     }
     const WorkItem exit = sm.state()->exit;
     __syncthreads();  // the next run() may overwrite it
