@@ -110,19 +110,22 @@ struct EntryGate {
   }
 };
 
-// One warp, vectors v + 32 i (i < kShape.vectors) of a row, all lanes (a lane's vector exists when
+// The reducing warps' sum shape (MoeTunables::kCombineSum).
+inline constexpr SumShape kSumShape = MoeTunables::kCombineSum;
+
+// One warp, vectors v + 32 i (i < kSumShape.vectors) of a row, all lanes (a lane's vector exists when
 // it is below `vectors`): the fp32 sum in slot order of w_j * y_j over the lanes' row addresses (0:
-// no row), into acc[i]. The slots are taken kShape.slots at a time, the loads of all of a batch's
+// no row), into acc[i]. The slots are taken kSumShape.slots at a time, the loads of all of a batch's
 // slots and vectors issued before the fused multiply-adds; the adds keep slot order, so the bits
 // do not depend on the shape. `local_slots` (bit j: slot j's row is on this GPU, warp-uniform):
-// those rows' vectors kShape.ahead passes on are prefetched into L2 (rows already final: the
+// those rows' vectors kSumShape.ahead passes on are prefetched into L2 (rows already final: the
 // caller's gate admitted them).
-template <typename T, SumShape kShape>
-__device__ __forceinline__ void sum_slots(float (&acc)[kShape.vectors][Vec16<T>::kElems], uint64_t row_addr, float w,
+template <typename T>
+__device__ __forceinline__ void sum_slots(float (&acc)[kSumShape.vectors][Vec16<T>::kElems], uint64_t row_addr, float w,
                                           uint32_t k, uint64_t v, uint64_t vectors, uint32_t local_slots) {
   using V = Vec16<T>;
-  constexpr int kSumVectors = kShape.vectors;
-  constexpr uint32_t kSlotBatch = kShape.slots;
+  constexpr int kSumVectors = kSumShape.vectors;
+  constexpr uint32_t kSlotBatch = kSumShape.slots;
 #pragma unroll
   for (int i = 0; i < kSumVectors; ++i) {
 #pragma unroll
@@ -138,11 +141,11 @@ __device__ __forceinline__ void sum_slots(float (&acc)[kShape.vectors][Vec16<T>:
       const uint64_t addr = __shfl_sync(0xffffffffu, row_addr, j);
       wj[u] = __shfl_sync(0xffffffffu, w, j);
       routed[u] = addr != 0;  // slot j is routed here (warp-uniform)
-      if constexpr (kShape.ahead > 0) {
+      if constexpr (kSumShape.ahead > 0) {
         if (((local_slots >> j) & 1u) != 0) {
 #pragma unroll
           for (int i = 0; i < kSumVectors; ++i) {
-            const uint64_t later = v + 32 * static_cast<uint64_t>(i + kSumVectors * kShape.ahead);
+            const uint64_t later = v + 32 * static_cast<uint64_t>(i + kSumVectors * kSumShape.ahead);
             if (later < vectors) prefetch_l2(reinterpret_cast<const uint4*>(addr) + later);
           }
         }
@@ -170,20 +173,20 @@ __device__ __forceinline__ void sum_slots(float (&acc)[kShape.vectors][Vec16<T>:
   }
 }
 
-// One warp: walks a row in passes of 32 kShape.vectors vectors that every lane takes part in, also
+// One warp: walks a row in passes of 32 kSumShape.vectors vectors that every lane takes part in, also
 // when the row's last pass has fewer (the full-mask shuffles inside then always meet the whole
 // warp; a loop bounded per lane, v = lane, lane + 32, ..., hangs the warp whenever the vector
 // count is not a multiple of 32: the lanes with one more vector shuffle alone). For each of a
 // lane's vectors v of a pass: use(v, live, acc), acc its slot-order sum (sum_slots), live when the
 // row has vector v; every lane calls it, so it may shuffle too.
-template <typename T, SumShape kShape, class Use>
+template <typename T, class Use>
 __device__ __forceinline__ void sum_row(uint64_t row_addr, float w, uint32_t k, uint64_t vectors, uint32_t local_slots,
                                         Use&& use) {
-  for (uint64_t base = 0; base < vectors; base += 32 * kShape.vectors) {
-    float acc[kShape.vectors][Vec16<T>::kElems];
-    sum_slots<T, kShape>(acc, row_addr, w, k, base + lane_id(), vectors, local_slots);
+  for (uint64_t base = 0; base < vectors; base += 32 * kSumShape.vectors) {
+    float acc[kSumShape.vectors][Vec16<T>::kElems];
+    sum_slots<T>(acc, row_addr, w, k, base + lane_id(), vectors, local_slots);
 #pragma unroll
-    for (int s = 0; s < kShape.vectors; ++s) {
+    for (int s = 0; s < kSumShape.vectors; ++s) {
       const uint64_t v = base + lane_id() + 32 * static_cast<uint64_t>(s);
       use(v, v < vectors, acc[s]);
     }
@@ -194,7 +197,7 @@ __device__ __forceinline__ void sum_row(uint64_t row_addr, float w, uint32_t k, 
 // read over NVLink; on several nodes, each other node holding one of its experts returns one
 // fp32 partial (its slots' sum in slot order) into `partials`, and the node sums are added in
 // node order (this node's own in its place). False after a failed wait (recorded).
-template <typename T, SumShape kShape = MoeTunables::kCombineSum, class Gate = EntryGate>
+template <typename T, class Gate = EntryGate>
 __device__ __forceinline__ bool reduce_tokens(const CombineParams& p, uint32_t first, uint32_t stride, uint64_t epoch,
                                               const WaitContext& ctx, const Gate& gate = {}) {
   using V = Vec16<T>;
@@ -238,7 +241,7 @@ __device__ __forceinline__ bool reduce_tokens(const CombineParams& p, uint32_t f
     }
     if (!__all_sync(0xffffffffu, arrived)) return false;
     uint4* out = reinterpret_cast<uint4*>(p.out + static_cast<uint64_t>(t) * p.row_bytes);
-    sum_row<T, kShape>(row_addr, w, k, vectors, local_slots, [&](uint64_t v, bool live, float (&acc)[V::kElems]) {
+    sum_row<T>(row_addr, w, k, vectors, local_slots, [&](uint64_t v, bool live, float (&acc)[V::kElems]) {
       if (nodes != 0) {
         float total[V::kElems];
 #pragma unroll
@@ -280,7 +283,7 @@ inline constexpr uint32_t kStagedBeforeLaunch = 0xffffffffu;
 // slots' rows may be read (as in reduce_tokens). staged_flag_base: kStagedBeforeLaunch, or the
 // dispatch's first network flag word of this launch (moe_layer: the entries arrive during it, and
 // an entry's header is read only after its chunk's flag). False after a failed wait (recorded).
-template <typename T, SumShape kShape = MoeTunables::kCombineSum, class Gate = EntryGate>
+template <typename T, class Gate = EntryGate>
 __device__ __forceinline__ bool return_partials(const CombineParams& p, uint32_t first, uint32_t stride, uint64_t epoch,
                                                 const WaitContext& ctx, const Gate& gate = {},
                                                 uint32_t staged_flag_base = kStagedBeforeLaunch) {
@@ -333,7 +336,7 @@ __device__ __forceinline__ bool return_partials(const CombineParams& p, uint32_t
       if (!gate.admit(p, r, here, owner, static_cast<uint32_t>(dest) - owner * cap, entered, epoch, ctx)) return false;
       const uint32_t local_slots = __ballot_sync(0xffffffffu, here && r.local_of(owner) == static_cast<uint32_t>(c.local_rank));
       float4* out = reinterpret_cast<float4*>(ret + static_cast<uint64_t>(pos) * l.partial_bytes);
-      sum_row<T, kShape>(row_addr, w, k, vectors, local_slots, [&](uint64_t v, bool live, float (&acc)[V::kElems]) {
+      sum_row<T>(row_addr, w, k, vectors, local_slots, [&](uint64_t v, bool live, float (&acc)[V::kElems]) {
         if (!live) return;
 #pragma unroll
         for (int j = 0; j < V::kElems / 4; ++j) {

@@ -339,7 +339,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_layer_kernel(const __gri
   const FinishedRowGate gate{p.shared_row_begin};
   if (ok && p.combine.plan.status->code == 0) {
     if (nodes) {
-      ok = cta_all(return_partials<T, MoeTunables::kLayerSum>(p.combine, warp, warps, f.epoch, f.ctx, gate, d.net_flag_base));
+      ok = cta_all(return_partials<T>(p.combine, warp, warps, f.epoch, f.ctx, gate, d.net_flag_base));
       if (ok && threadIdx.x == 0) {
         const uint64_t pushers = roles.count(LayerRole::kPush);
         ok = wait_until(p.pushes_done, [pushers](uint64_t seen) { return seen >= pushers; }, f.ctx, -1,
@@ -347,7 +347,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_layer_kernel(const __gri
       }
       ok = cta_all(ok);
     }
-    if (ok) ok = cta_all(reduce_tokens<T, MoeTunables::kLayerSum>(p.combine, warp, warps, f.epoch, f.ctx, gate));
+    if (ok) ok = cta_all(reduce_tokens<T>(p.combine, warp, warps, f.epoch, f.ctx, gate));
     if (ok && phase != nullptr) phase->reduced_ns = global_timer_ns();
   }
   if (cta_all(ok)) {

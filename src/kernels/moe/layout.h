@@ -57,14 +57,12 @@ struct MoeTunables {
   // receive blocks (1 / kFusedArrivalShareDen) before they join the expert GEMM.
   static constexpr int kFusedPushShareDen = 4;
   static constexpr int kFusedArrivalShareDen = 4;
-  // Combine: the most CTAs (one "read done" flag each). The shape of a reducing warp's sum
-  // (SumShape): moe_combine's kernel has the registers for two vectors of eight slots in flight
-  // per lane (about 180); moe_layer's reducers share the GEMM role's kernel, 168 registers a
-  // thread at its entry budget, and spill with more than one vector of four, so they prefetch
-  // further ahead instead.
+  // Combine: the most CTAs (one "read done" flag each), and the shape of a reducing warp's sum
+  // (SumShape: two vectors of eight slots in flight per lane, their own GPU's rows prefetched two
+  // passes ahead; about 150-190 registers, in moe_combine's kernel and in moe_layer's at its entry
+  // budget of 168).
   static constexpr int kMaxCtas = 1024;
   static constexpr SumShape kCombineSum{2, 8, 2};
-  static constexpr SumShape kLayerSum{1, 4, 4};
   // Across nodes: the most ranks of a job (the routing's coordinator gives each rank one thread)
   // and nodes (combine gives each node one lane of a warp); token entries per network
   // write (one flag each); the CTAs of the forwarding role (1 / kForwardShareDen of the grid).
@@ -84,8 +82,7 @@ static_assert(MoeTunables::kMaxLocalWorld <= MoeTunables::kMaxWorld && MoeTunabl
 static_assert(MoeTunables::kMaxNodes <= 32, "combine gives each node one lane of a warp: at most 32 nodes");
 static_assert(MoeTunables::kPushSortTokens <= 65536 && MoeTunables::kPushSortBuckets <= 65536,
               "the push sort keeps token positions and buckets in 16 bits");
-static_assert(MoeTunables::kMaxTopK % MoeTunables::kCombineSum.slots == 0 &&
-                  MoeTunables::kMaxTopK % MoeTunables::kLayerSum.slots == 0,
+static_assert(MoeTunables::kMaxTopK % MoeTunables::kCombineSum.slots == 0,
               "the combine's slot batches must not run past the warp's lanes");
 static_assert(MoeTunables::kPushSortBuckets % 32 == 0, "one warp scans the push sort's buckets, the same number per lane");
 
