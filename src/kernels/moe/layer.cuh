@@ -156,7 +156,7 @@ class LayerScheduler {
     const uint32_t local = t - first_m * sp.n_blocks;
     const uint32_t m_block = first_m + local % rows;
     const uint32_t n_block = local / rows;
-    const uint64_t claimed_ns = p_->phases != nullptr ? global_timer_ns() : 0;
+    if (p_->phases != nullptr) note_gate(down, false);
     bool ok = true;
     if (down) {
       ok = wait_until(p_->hidden_done + m_block, [up_n](uint64_t seen) { return seen >= up_n; }, ctx, -1,
@@ -171,7 +171,7 @@ class LayerScheduler {
       ok = arrived.gate(m_block - shared_rows_, sp, ctx);
     }
     if (!ok) return gemm::WorkItem{static_cast<uint32_t>(gemm::WorkKind::kFailed), 0, 0, 0};
-    if (p_->phases != nullptr) note_claim(down, claimed_ns);
+    if (p_->phases != nullptr) note_gate(down, true);
     gemm::WorkItem item{static_cast<uint32_t>(down ? gemm::WorkKind::kTileSecond : gemm::WorkKind::kTile), m_block,
                         n_block, m_block * sp.n_blocks + n_block};
     if (m_block < shared_rows_) {  // B: the operands' b_local (group 0)
@@ -189,11 +189,18 @@ class LayerScheduler {
   }
 
  private:
-  // Diagnostics (LayerParams::phases): this CTA's claim, after `claimed_ns`, passed its gate now.
-  __device__ void note_claim(bool down, uint64_t claimed_ns) const {
+  // Diagnostics (LayerParams::phases): a claim reaching its gate (passed = false: the time is
+  // subtracted from the wait sum) and passing it (added, and the tile counted). Nothing stays in
+  // a register across the wait: the scheduling thread runs at the producer's few registers.
+  __device__ void note_gate(bool down, bool passed) const {
     MoeLayerPhaseRecord& r = p_->phases[blockIdx.x];
     const uint64_t now = global_timer_ns();
-    (down ? r.down_wait_ns : r.up_wait_ns) += now - claimed_ns;
+    uint64_t& wait = down ? r.down_wait_ns : r.up_wait_ns;
+    if (!passed) {
+      wait -= now;  // modulo 2^64: the sum of (passed - reached) comes out right
+      return;
+    }
+    wait += now;
     if (r.tiles++ == 0) r.first_tile_ns = now;
   }
 
