@@ -95,11 +95,6 @@ __device__ __forceinline__ void wgmma_m64k16_rs(float (&d)[kN / 2], const uint32
   wgmma_rs<kBF16, kTransB>(d, a, desc_b, scale_d);
 }
 
-// The CTA barrier (barrier 0, all threads, as __syncthreads) as an instruction of its own, for
-// warp-specialized code whose warpgroups meet it at different places in the program (each warp
-// executes one such instruction; __syncthreads there would be divergent).
-__device__ __forceinline__ void cta_barrier() { asm volatile("bar.sync 0;" ::: "memory"); }
-
 // Named barriers (bar.sync ids 1..15; 0 is __syncthreads) between some warps of a CTA: `threads`
 // threads take part, some syncing (waiting), some only arriving.
 __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {

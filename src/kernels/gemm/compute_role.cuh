@@ -123,8 +123,8 @@ class ComputeRole {
     const Smem sm(smem_raw);
     const uint32_t warpgroup = threadIdx.x / kWarpGroupThreads;
     const WarpGroupRole role = warp_group_role(warpgroup);
-    // Each branch ends at kEntryRegs, after the same CTA barrier (one barrier instruction in each
-    // branch), so that ptxas allocates the caller's code after run() at kEntryRegs: with the
+    // Each branch ends at kEntryRegs, after the same CTA barrier (barrier 0, one instruction in
+    // each branch), so that ptxas allocates the caller's code after run() at kEntryRegs: with the
     // producer's increase in an `if` after the branches joined, ptxas took the join as possibly
     // still at kProducerRegs and compiled moe_layer's combine at 40 registers (most of its loads
     // spilled to local memory at once). The producer takes its registers back only after the
@@ -140,13 +140,13 @@ class ComputeRole {
       if (threadIdx.x == elected_thread(ProducerWarpRole::kSignaler) && epi.signals()) {
         Signals::signaler(sm, ops, epi, ctx);
       }
-      sm90::cta_barrier();
+      sm90::named_barrier_sync(0, Cfg::kThreads);  // barrier 0 with every thread: __syncthreads
       if constexpr (kManageRegisters) sm90::setmaxnreg_inc<Cfg::kEntryRegs>();
     } else {
       if constexpr (kManageRegisters) sm90::setmaxnreg_inc<Cfg::kConsumerRegs>();
       consumer(sm, ops, epi, fold, consumer_index(warpgroup), ctx);
       if constexpr (kManageRegisters) sm90::setmaxnreg_dec<Cfg::kEntryRegs>();
-      sm90::cta_barrier();
+      sm90::named_barrier_sync(0, Cfg::kThreads);  // barrier 0 with every thread: __syncthreads
     }
     const WorkItem exit = sm.state()->exit;
     __syncthreads();  // the next run() may overwrite it

@@ -4,9 +4,9 @@
 //
 // Roles (DispatchRoleTable): CTAs [0, arrival_ctas) receive, on several nodes the next
 // forward_ctas forward, the rest push.
-//   push     CTA i of the P pushing CTAs takes tokens i, i + P, ..., in the order of their first
-//            receive rows (push_role: a counting sort per CTA, so the first experts' receive
-//            blocks complete first), one warp per token; for each destination rank
+//   push     CTA i of the P pushing CTAs takes tokens i, i + P, ..., one warp per token; in the
+//            fused kernels in the order of their first receive rows (push_role: a counting sort
+//            per CTA, so the first experts' receive blocks complete first); for each destination rank
 //            d among the token's routed slots (once per rank, whatever the number of its experts
 //            there): waits (bounded, once per warp and rank) for d's entry word of this launch,
 //            copies the row with 16-byte vector stores into its FIRST row on d (the primary: the
@@ -51,6 +51,7 @@
 #include "kernels/comm/entry.cuh"
 #include "kernels/comm/signals.cuh"
 #include "kernels/comm/wait.cuh"
+#include "kernels/common/warp_scan.cuh"
 #include "kernels/frame/persistent.cuh"
 #include "kernels/frame/role_table.h"
 #include "kernels/moe/common.cuh"
@@ -256,12 +257,7 @@ __device__ __forceinline__ void warp_exclusive_scan(uint32_t* v, uint32_t n) {
   uint32_t* mine = v + lane * per;
   uint32_t sum = 0;
   for (uint32_t i = 0; i < per; ++i) sum += mine[i];
-  uint32_t inclusive = sum;
-  for (uint32_t offset = 1; offset < 32; offset <<= 1) {
-    const uint32_t below = __shfl_up_sync(0xffffffffu, inclusive, offset);
-    if (lane >= offset) inclusive += below;
-  }
-  uint32_t running = inclusive - sum;
+  uint32_t running = warp_inclusive_sum(sum) - sum;
   for (uint32_t i = 0; i < per; ++i) {
     const uint32_t count = mine[i];
     mine[i] = running;
@@ -270,12 +266,14 @@ __device__ __forceinline__ void warp_exclusive_scan(uint32_t* v, uint32_t n) {
 }
 
 // The pushing role of CTA `index` of `ctas` (all threads, any whole number of warps): tokens
-// index, index + ctas, ..., kPushSortTokens at a time; a batch with more tokens than the CTA has
-// warps is pushed in push_sort_bucket order (a counting sort in `sort`; within a bucket in any
-// order: the receive layout, not the push order, decides every row), each token by one warp
-// (push_token). The result is the same whatever the order; the order decides how early each
-// receive block completes. False after a failed wait (recorded).
-__device__ __forceinline__ bool push_role(const DispatchParams& p, uint32_t index, uint32_t ctas, PushOrderSmem& sort,
+// index, index + ctas, ..., kPushSortTokens at a time, each token by one warp (push_token). With
+// `sort` (the fused kernels, whose GEMM takes receive blocks in row order as they complete), a
+// batch with more tokens than the CTA has warps is pushed in push_sort_bucket order (a counting
+// sort in `sort`; within a bucket in any order: the receive layout, not the push order, decides
+// every row); without (moe_dispatch, whose rows are read only after the launch) in index order.
+// The result is the same either way; the order decides how early each receive block completes.
+// False after a failed wait (recorded).
+__device__ __forceinline__ bool push_role(const DispatchParams& p, uint32_t index, uint32_t ctas, PushOrderSmem* sort,
                                           uint64_t epoch, const WaitContext& ctx) {
   constexpr uint32_t kBatch = MoeTunables::kPushSortTokens;
   constexpr uint32_t kBuckets = MoeTunables::kPushSortBuckets;
@@ -287,26 +285,26 @@ __device__ __forceinline__ bool push_role(const DispatchParams& p, uint32_t inde
   PushState s{1u << c.local_rank, 0};
   for (uint32_t begin = 0; begin < mine; begin += kBatch) {
     const uint32_t count = min(kBatch, mine - begin);
-    const bool sorted = count > warps;
+    const bool sorted = sort != nullptr && count > warps;
     if (sorted) {
-      for (uint32_t b = threadIdx.x; b < kBuckets; b += blockDim.x) sort.bucket_start[b] = 0;
+      for (uint32_t b = threadIdx.x; b < kBuckets; b += blockDim.x) sort->bucket_start[b] = 0;
       __syncthreads();
       for (uint32_t j = threadIdx.x; j < count; j += blockDim.x) {
         const uint32_t b = token_push_bucket(p, r.world(), index + (begin + j) * ctas);
-        sort.bucket[j] = static_cast<uint16_t>(b);
-        sort.rank[j] = static_cast<uint16_t>(atomicAdd(&sort.bucket_start[b], 1u));
+        sort->bucket[j] = static_cast<uint16_t>(b);
+        sort->rank[j] = static_cast<uint16_t>(atomicAdd(&sort->bucket_start[b], 1u));
       }
       __syncthreads();
-      if (warp_id() == 0) warp_exclusive_scan(sort.bucket_start, kBuckets);
+      if (warp_id() == 0) warp_exclusive_scan(sort->bucket_start, kBuckets);
       __syncthreads();
       for (uint32_t j = threadIdx.x; j < count; j += blockDim.x) {
-        sort.order[sort.bucket_start[sort.bucket[j]] + sort.rank[j]] = static_cast<uint16_t>(j);
+        sort->order[sort->bucket_start[sort->bucket[j]] + sort->rank[j]] = static_cast<uint16_t>(j);
       }
       __syncthreads();
     }
     bool ok = true;
     for (uint32_t i = warp_id(); ok && i < count; i += warps) {
-      const uint32_t j = sorted ? sort.order[i] : i;
+      const uint32_t j = sorted ? sort->order[i] : i;
       ok = push_token(p, r, index + (begin + j) * ctas, net, s, epoch, ctx);
     }
     if (!cta_all(ok)) return false;  // also: every warp has read `order` before the next batch rewrites it

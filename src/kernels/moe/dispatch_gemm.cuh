@@ -112,7 +112,7 @@ __device__ __forceinline__ bool run_dispatch_roles(const DispatchParams& d, cons
     static_assert(sizeof(PushOrderSmem) <= kFreeBytes,
                   "the push role's sort must fit in the compute role's stage buffers, which are free until it runs");
     auto* sort = reinterpret_cast<PushOrderSmem*>(frame::aligned_smem(smem));
-    const bool ok = push_role(d, index, roles.count(Role::kPush), *sort, f.epoch, f.ctx);
+    const bool ok = push_role(d, index, roles.count(Role::kPush), sort, f.epoch, f.ctx);
     cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);  // the TMA loads that reuse it come after
     return cta_all(ok);
   }

@@ -23,11 +23,9 @@ __global__ void __launch_bounds__(MoeTunables::kThreads, 1) moe_dispatch_kernel(
     case DispatchRole::kForward:
       (void)forward_role(p, index, roles.count(DispatchRole::kForward), f);
       break;
-    case DispatchRole::kPush: {
-      __shared__ PushOrderSmem sort;
-      (void)push_role(p, index, roles.count(DispatchRole::kPush, gridDim.x), sort, f.epoch, f.ctx);
+    case DispatchRole::kPush:  // in token order: nothing reads the rows before the launch ends
+      (void)push_role(p, index, roles.count(DispatchRole::kPush, gridDim.x), nullptr, f.epoch, f.ctx);
       break;
-    }
   }
   f.mark(LaunchPhase::kRolesDone);
   f.finish(p.state, c);

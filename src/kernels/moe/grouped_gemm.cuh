@@ -26,6 +26,7 @@
 
 #include "kernels/comm/wait.cuh"
 #include "kernels/common/sm90.cuh"
+#include "kernels/common/warp_scan.cuh"
 #include "kernels/gemm/compute_role.cuh"
 #include "kernels/gemm/epilogue.cuh"
 #include "kernels/gemm/params.h"
@@ -79,21 +80,11 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_plan_kernel(const Group
     const uint64_t blocks = (count + p.block_m - 1) / p.block_m;
 
     // Inclusive scan of `blocks` within the warp, then over the warps' sums.
-    uint64_t incl = blocks;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const uint64_t y = __shfl_up_sync(0xffffffffu, incl, o);
-      if (lane >= static_cast<uint32_t>(o)) incl += y;
-    }
+    uint64_t incl = warp_inclusive_sum(blocks);
     if (lane == 31) warp_sums[warp] = incl;
     __syncthreads();
     if (warp == 0) {
-      uint64_t s = lane < static_cast<uint32_t>(kWarps) ? warp_sums[lane] : 0;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const uint64_t y = __shfl_up_sync(0xffffffffu, s, o);
-        if (lane >= static_cast<uint32_t>(o)) s += y;
-      }
+      const uint64_t s = warp_inclusive_sum(lane < static_cast<uint32_t>(kWarps) ? warp_sums[lane] : uint64_t{0});
       if (lane < static_cast<uint32_t>(kWarps)) warp_sums[lane] = s;
     }
     __syncthreads();
