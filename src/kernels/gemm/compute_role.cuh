@@ -301,6 +301,12 @@ class ComputeRole {
       const uint32_t fold_at = Fold::kEnabled && item.kind == static_cast<uint32_t>(WorkKind::kTileFold)
                                    ? Folding::fold_position(range)
                                    : ~0u;
+      // A warpgroup whose 64 rows all lie past the tile's row limit (the last partial tile row
+      // of M, or of a group with row ranges) issues no wgmma: it still waits for every stage and
+      // frees it, and its stores skip those rows, so the other warpgroup has the tensor cores to
+      // itself and such a tile takes about half the MMA time. Folded tiles read every row.
+      const TileRows rows = tile_rows<BM, kRowRanges>(item, o.m);
+      const bool mma_rows = Fold::kEnabled || rows.first + g * 64 < rows.limit;
       bool ok = true;
       bool in_flight = false;  // the previous k-block's wgmma may still read its stage
       uint32_t prev_stage = 0;
@@ -335,8 +341,10 @@ class ComputeRole {
           ok = false;
           break;
         }
-        Mma::mma_k_block(acc, sm90::smem_u32(sm.a(stages.index)) + g * 64 * 128, sm90::smem_u32(sm.b(stages.index)),
-                         kb > range.begin);
+        if (mma_rows) {
+          Mma::mma_k_block(acc, sm90::smem_u32(sm.a(stages.index)) + g * 64 * 128, sm90::smem_u32(sm.b(stages.index)),
+                           kb > range.begin);
+        }
         if (in_flight) {
           sm90::wgmma_wait<1>();  // the previous k-block's wgmma are done: its stage is free
           sm90::fence_operands(acc);
