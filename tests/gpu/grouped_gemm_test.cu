@@ -385,6 +385,41 @@ TEST(GroupedGemmSwiGLU, EveryTileBothBLayouts) {
   run_case(masked);
 }
 
+// Every length 1..127 of an expert's last tile row, after 0, 1 or 2 full tile rows, in each output
+// type, plain and SwiGLU: the row-range stores, and the second consumer warpgroup's skipped wgmma
+// when the row holds at most 64 rows (kernels/gemm/compute_role.cuh).
+TEST(GroupedGemmContiguous, EveryTailLength) {
+  REQUIRE_HOPPER();
+  std::vector<int32_t> counts;
+  for (int32_t r = 1; r < 128; ++r) counts.push_back(r + 128 * (r % 3));
+  struct Variant {
+    GemmTile tile;
+    DType in, out;
+    GroupedActivation activation;
+    int64_t n;
+  };
+  const Variant variants[] = {
+      {GemmTile::k128x256, DType::kBF16, DType::kBF16, GroupedActivation::kNone, 264},
+      {GemmTile::k128x128, DType::kF16, DType::kF32, GroupedActivation::kNone, 264},
+      {GemmTile::k128x256, DType::kF16, DType::kF16, GroupedActivation::kSwiGLU, 400},
+      {GemmTile::k128x128, DType::kBF16, DType::kF32, GroupedActivation::kSwiGLU, 400},
+  };
+  uint64_t seed = 1900;
+  for (const Variant& v : variants) {
+    GroupedCase c;
+    c.name = "every tail length";
+    c.counts = counts;
+    c.tile = v.tile;
+    c.in = v.in;
+    c.out = v.out;
+    c.activation = v.activation;
+    c.n = v.n;
+    c.k = 200;
+    c.seed = ++seed;
+    run_case(c);
+  }
+}
+
 TEST(GroupedGemmContiguous, NAndKTails) {
   REQUIRE_HOPPER();
   // N = 200 ends inside a staged box; K = 200 ends inside a k-block (TMA zero-fills the rest).
