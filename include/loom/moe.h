@@ -246,6 +246,11 @@ struct GroupedGemmOptions {
   GemmTile tile = GemmTile::kAuto;  // force a configuration
   int num_ctas = 0;                 // persistent CTAs; 0: the SM count (or fewer when there are
                                     // fewer tiles, whatever the counts turn out to be)
+  // An expert's last partial tile row computed swapped (its rows as wgmma's N in steps of 16, so
+  // it costs about its own rows, not a whole tile row; 128-row tiles with [E, N, K] weights).
+  // false: padded to the tile like the other rows (same results up to summation order; for A/B
+  // comparisons).
+  bool swap_tails = true;
 };
 
 // ---- plan and workspace, before a call (e.g. before CUDA-graph capture) ------------------------

@@ -160,7 +160,7 @@ def ring_attention(comm: CommLike, q: DLPackArray, k: DLPackArray, v: DLPackArra
 def grouped_gemm(a: DLPackArray, b: DLPackArray, d: Out, *, workspace: DLPackArray,
                  offsets: Optional[DLPackArray] = None, counts: Optional[DLPackArray] = None,
                  stream: StreamArg = None, tile: str = "auto", num_ctas: int = 0, b_layout: str = "nk",
-                 activation: str = "none") -> Out:
+                 activation: str = "none", swap_tails: bool = True) -> Out:
     """d_e = a_e @ b_e^T for every expert e in one kernel (MoE expert GEMM on one GPU); b [E, N, K]
     (one nn.Linear weight per expert; b_layout 'kn': b [E, K, N] and d_e = a_e @ b_e), bf16 or
     fp16; d bf16, fp16 or fp32; fp32 accumulation.
@@ -171,10 +171,12 @@ def grouped_gemm(a: DLPackArray, b: DLPackArray, d: Out, *, workspace: DLPackArr
     expert are not written. workspace: int32 on the GPU with at least
     grouped_gemm_workspace_bytes(M or C, E, masked) / 4 elements, one call at a time. The counts
     stay on the GPU: no host synchronization. activation 'swiglu': b's N = 2I hold gate and up
-    interleaved by 8 (loom.torch.swiglu_weights), d = silu(a @ gate^T) * (a @ up^T) with I columns."""
+    interleaved by 8 (loom.torch.swiglu_weights), d = silu(a @ gate^T) * (a @ up^T) with I columns.
+    swap_tails (default): each expert's last partial tile row is computed with its rows as wgmma's N
+    (about its own rows' cost, not a whole tile's); False pads it like the others (A/B timing)."""
     device = _device_of(a) if stream is not None else None
     _C.grouped_gemm(a, b, d, offsets, counts, workspace, _stream(stream, a, "grouped_gemm", device), tile, num_ctas,
-                    b_layout, activation)
+                    b_layout, activation, swap_tails)
     return d
 
 

@@ -95,6 +95,7 @@ struct GroupedCase {
   uint32_t expect_clamped = 0;
   BLayout b_layout = BLayout::kNK;  // B [E, N, K], or kKN [E, K, N]
   GroupedActivation activation = GroupedActivation::kNone;  // kSwiGLU: D [rows, N / 2]
+  bool swap_tails = true;   // GroupedGemmOptions::swap_tails
 };
 
 std::string describe(const GroupedCase& c) {
@@ -102,7 +103,7 @@ std::string describe(const GroupedCase& c) {
   s << c.name << " [" << grouped_layout_name(c.layout) << ", " << dtype_name(c.in) << "->" << dtype_name(c.out)
     << ", B " << (c.b_layout == BLayout::kKN ? "[E, K, N]" : "[E, N, K]") << ", N " << c.n << ", K " << c.k
     << ", tile " << gemm_tile_name(c.tile) << ", E " << c.counts.size()
-    << (c.activation == GroupedActivation::kSwiGLU ? ", SwiGLU" : "");
+    << (c.activation == GroupedActivation::kSwiGLU ? ", SwiGLU" : "") << (c.swap_tails ? "" : ", tails padded");
   if (c.layout == GroupedLayout::kMasked) s << ", capacity " << c.capacity;
   s << ", counts";
   for (size_t e = 0; e < c.counts.size() && e < 24; ++e) s << ' ' << c.counts[e];
@@ -181,6 +182,7 @@ void run_case(const GroupedCase& c) {
   GroupedGemmOptions options;
   options.tile = c.tile;
   options.num_ctas = c.num_ctas;
+  options.swap_tails = c.swap_tails;
   const Status s = grouped_gemm(args, nullptr, options);
   ASSERT_TRUE(s.ok()) << s.to_string();
   GG_CUDA(cudaGetLastError());
@@ -386,8 +388,9 @@ TEST(GroupedGemmSwiGLU, EveryTileBothBLayouts) {
 }
 
 // Every length 1..127 of an expert's last tile row, after 0, 1 or 2 full tile rows, in each output
-// type, plain and SwiGLU: the row-range stores, and the second consumer warpgroup's skipped wgmma
-// when the row holds at most 64 rows (kernels/gemm/compute_role.cuh).
+// type, plain and SwiGLU, swapped (kernels/gemm/swap_tail.cuh: every N from 16 to 128) and padded
+// (the row-range stores, and the second consumer warpgroup's skipped wgmma when the row holds at
+// most 64 rows).
 TEST(GroupedGemmContiguous, EveryTailLength) {
   REQUIRE_HOPPER();
   std::vector<int32_t> counts;
@@ -406,17 +409,20 @@ TEST(GroupedGemmContiguous, EveryTailLength) {
   };
   uint64_t seed = 1900;
   for (const Variant& v : variants) {
-    GroupedCase c;
-    c.name = "every tail length";
-    c.counts = counts;
-    c.tile = v.tile;
-    c.in = v.in;
-    c.out = v.out;
-    c.activation = v.activation;
-    c.n = v.n;
-    c.k = 200;
-    c.seed = ++seed;
-    run_case(c);
+    for (bool swap : {true, false}) {
+      GroupedCase c;
+      c.name = "every tail length";
+      c.counts = counts;
+      c.tile = v.tile;
+      c.in = v.in;
+      c.out = v.out;
+      c.activation = v.activation;
+      c.n = v.n;
+      c.k = 200;
+      c.seed = ++seed;
+      c.swap_tails = swap;
+      run_case(c);
+    }
   }
 }
 

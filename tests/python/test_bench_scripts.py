@@ -84,6 +84,17 @@ def load_moe_layer_bench(monkeypatch):
     return module
 
 
+def test_grouped_gemm_bench_skew_ratio_per_shape(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    spec = importlib.util.spec_from_file_location("grouped_gemm_bench", REPO / "bench/grouped_gemm.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # imports no torch or loom: that happens in main()
+    rows = [{"model": "m", "gemm": "fc1", "tokens": 1024, "routing": "uniform", "ms": {"loom": 2.0}},
+            {"model": "m", "gemm": "fc1", "tokens": 1024, "routing": "skewed", "ms": {"loom": 2.1}},
+            {"model": "m", "gemm": "fc2", "tokens": 1024, "routing": "skewed", "ms": {"loom": 1.0}}]
+    assert module.skew_ratios(rows) == {("m", "fc1", 1024): pytest.approx(1.05)}  # fc2 has no uniform row
+
+
 def test_moe_layer_bench_options(monkeypatch):
     module = load_moe_layer_bench(monkeypatch)
     args = module.parse_args([])

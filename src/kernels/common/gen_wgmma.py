@@ -10,7 +10,7 @@ Two operand forms:
 Run from this folder: python3 gen_wgmma.py > wgmma_generated.cuh
 """
 
-SS_NS = (64, 80, 128, 176, 192, 256)  # GEMM tiles 64/128/256; attention's K blocks 80, 176, 192
+SS_NS = (16, 32, 48, 64, 80, 96, 112, 128, 176, 192, 256)  # GEMM tiles 64/128/256 and swapped tails 16..128; attention K blocks 80, 176, 192
 RS_NS = (64, 128, 256)           # attention's head dims (N of P V)
 TYPES = (("bf16", "bf16"), ("f16", "f16"))
 

@@ -79,7 +79,7 @@ __device__ __forceinline__ void fence_operands(uint32_t (&r)[kCount]) {
 }
 
 // One m64nNk16 wgmma with A and B in shared memory, for the N that gen_wgmma.py generates
-// (64, 80, 128, 176, 192, 256).
+// (SS_NS there).
 template <int kN, bool kBF16, int kTransB>
 __device__ __forceinline__ void wgmma_m64k16(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
   static_assert(wgmma_ss_generated(kN), "wgmma_m64k16: gen_wgmma.py does not generate this N (SS_NS)");

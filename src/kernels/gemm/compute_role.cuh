@@ -61,6 +61,7 @@
 #include "kernels/gemm/pipeline.cuh"
 #include "kernels/gemm/role_smem.cuh"
 #include "kernels/gemm/signaler.cuh"
+#include "kernels/gemm/swap_tail.cuh"
 #include "kernels/gemm/timeline.cuh"
 #include "kernels/gemm/warp_roles.cuh"
 
@@ -111,15 +112,16 @@ class ComputeRole {
     __syncthreads();
   }
 
-  __device__ static WorkItem run(uint8_t* smem_raw, const GemmOperands& ops, Scheduler& sched, Epilogue& epi,
-                                 uint32_t compute_index, uint32_t num_compute, const WaitContext& ctx) {
+  __device__ __forceinline__ static WorkItem run(uint8_t* smem_raw, const GemmOperands& ops, Scheduler& sched,
+                                                 Epilogue& epi, uint32_t compute_index, uint32_t num_compute,
+                                                 const WaitContext& ctx) {
     static_assert(!Fold::kEnabled, "a role that folds partial tiles must be given its Fold policy");
     return run(smem_raw, ops, sched, epi, compute_index, num_compute, ctx, Fold{});
   }
 
-  __device__ static WorkItem run(uint8_t* smem_raw, const GemmOperands& ops, Scheduler& sched, Epilogue& epi,
-                                 uint32_t compute_index, uint32_t num_compute, const WaitContext& ctx,
-                                 const Fold& fold) {
+  __device__ __forceinline__ static WorkItem run(uint8_t* smem_raw, const GemmOperands& ops, Scheduler& sched,
+                                                 Epilogue& epi, uint32_t compute_index, uint32_t num_compute,
+                                                 const WaitContext& ctx, const Fold& fold) {
     const Smem sm(smem_raw);
     const uint32_t warpgroup = threadIdx.x / kWarpGroupThreads;
     const WarpGroupRole role = warp_group_role(warpgroup);
@@ -160,7 +162,11 @@ class ComputeRole {
   using Signals = TileSignaler<Cfg, Epilogue>;
   using Staging = EpilogueStage<BM, BN>;
   using Loads = Sm90Loads<Cfg, kBNMajor, groups_tiles<Scheduler>()>;
-  using Mma = Sm90Mma<BN, kBF16, kBNMajor>;
+  using Swap = SwapTail<Cfg, kBF16, kBNMajor, kRowRanges>;
+  // With swapped tiles the normal tile's wgmma write the same m64n128 accumulator blocks as the
+  // swapped ones (ptxas serializes every wgmma of the kernel, C7511, when one m64n256 block and
+  // the swapped m64 blocks share registers).
+  using Mma = Sm90Mma<BN, kBF16, kBNMajor, Swap::kEnabled ? Swap::kSliceN : BN>;
   using Pair = typename std::conditional<kBF16, __nv_bfloat162, __half2>::type;  // two input elements
 
   // ---- producer (one thread) -----------------------------------------------------------------
@@ -251,8 +257,59 @@ class ComputeRole {
     }
   }
 
-  __device__ static void consumer(const Smem& sm, const GemmOperands& ops, Epilogue& epi, const Fold& fold, uint32_t g,
-                                  const WaitContext& ctx) {
+  // A swapped tile's mainloop (swap_tail.cuh), a loop of its own per N: with the swapped and the
+  // normal wgmma in one loop, ptxas serializes every wgmma of the kernel (C7511). Waits for,
+  // consumes and frees every stage of the range like the normal loop; false after a failed wait.
+  __device__ __forceinline__ static bool swapped_mainloop(const Smem& sm, float (&acc)[kAcc],
+                                                          PipelineState<kStages>& stages, const KRange& range,
+                                                          uint32_t g, uint32_t lane, uint32_t swap_rows,
+                                                          const WaitContext& ctx) {
+    bool ok = true;
+    Swap::with_n(swap_rows, [&](auto n) {
+      bool in_flight = false;
+      uint32_t prev_stage = 0;
+      for (uint32_t kb = range.begin; kb < range.end; ++kb) {
+        if (!stages.wait_filled(sm.full(stages.index), ctx, sm90::BarrierWhat::kStageFull)) {
+          ok = false;
+          break;
+        }
+        Swap::template mma_k_block<decltype(n)::value>(acc, sm90::smem_u32(sm.a(stages.index)),
+                                                       sm90::smem_u32(sm.b(stages.index)), g, kb > range.begin);
+        if (in_flight) {
+          sm90::wgmma_wait<1>();
+          sm90::fence_operands(acc);
+          if (lane == 0) cuda::ptx::mbarrier_arrive(sm.empty(prev_stage));
+        }
+        in_flight = true;
+        prev_stage = stages.index;
+        stages.advance();
+      }
+      sm90::wgmma_wait<0>();
+      sm90::fence_operands(acc);
+      if (ok && lane == 0 && in_flight) cuda::ptx::mbarrier_arrive(sm.empty(prev_stage));
+    });
+    return ok;
+  }
+
+  // A tile's accumulators through one epilogue policy: swapped (swap_rows != 0, swap_tail.cuh) or
+  // staged.
+  template <class E>
+  __device__ __forceinline__ static void finish_tile(const Smem& sm, float (&acc)[kAcc], const WorkItem& item,
+                                                     const E& e, const GemmOperands& o, uint32_t g, uint32_t warp,
+                                                     uint32_t lane, uint32_t& parity, uint32_t swap_rows) {
+    if (swap_rows != 0) {
+      Swap::with_n(swap_rows, [&](auto n) {
+        Swap::template store<decltype(n)::value>(sm, acc, item, e, o, g, warp, lane, swap_rows);
+      });
+    } else {
+      store_tile(sm, acc, item, e, o, g, warp, lane, parity);
+    }
+  }
+
+  // Inlined like run(), also when the kernel around it is large (moe_layer): a wgmma pipeline
+  // that crosses a call is serialized (ptxas C7510).
+  __device__ __forceinline__ static void consumer(const Smem& sm, const GemmOperands& ops, Epilogue& epi,
+                                                  const Fold& fold, uint32_t g, const WaitContext& ctx) {
     const uint32_t t = threadIdx.x % 128;
     const uint32_t warp = t / 32;
     const uint32_t lane = t % 32;
@@ -297,19 +354,25 @@ class ComputeRole {
       const bool timed = ops.timeline != nullptr && g == 0 && t == 0 && Timeline::record_index(ops, item) != Timeline::kNoRecord;
       TileTimelineRecord* const record = timed ? &ops.timeline[Timeline::record_index(ops, item)] : nullptr;
       const auto& o = operands_of<kPaired>(ops, item);
-      const KRange range = k_range_of(item, kPaired ? (o.k + kBlockK - 1) / kBlockK : own_k_blocks);
+      KRange range = k_range_of(item, kPaired ? (o.k + kBlockK - 1) / kBlockK : own_k_blocks);
       const uint32_t fold_at = Fold::kEnabled && item.kind == static_cast<uint32_t>(WorkKind::kTileFold)
                                    ? Folding::fold_position(range)
                                    : ~0u;
-      // A warpgroup whose 64 rows all lie past the tile's row limit (the last partial tile row
-      // of M, or of a group with row ranges) issues no wgmma: it still waits for every stage and
-      // frees it, and its stores skip those rows, so the other warpgroup has the tensor cores to
-      // itself and such a tile takes about half the MMA time. Folded tiles read every row.
+      // A group's last partial tile row runs swapped (swap_tail.cuh: its rows as wgmma's N).
+      // Otherwise a warpgroup whose 64 rows all lie past the tile's row limit (the last partial
+      // tile row of M) issues no wgmma: it still waits for every stage and frees it, and its
+      // stores skip those rows, so the other warpgroup has the tensor cores to itself. Folded
+      // tiles read every row.
       const TileRows rows = tile_rows<BM, kRowRanges>(item, o.m);
+      const uint32_t swap_rows = o.swap_tails ? Swap::rows(rows) : 0u;
       const bool mma_rows = Fold::kEnabled || rows.first + g * 64 < rows.limit;
       bool ok = true;
       bool in_flight = false;  // the previous k-block's wgmma may still read its stage
       uint32_t prev_stage = 0;
+      if (swap_rows != 0) {
+        ok = swapped_mainloop(sm, acc, stages, range, g, lane, swap_rows, ctx);
+        range.end = range.begin;  // the loop below only ends the tile
+      }
       for (uint32_t kb = range.begin; kb <= range.end; ++kb) {  // kb == end: only a fold after the last
         if constexpr (Fold::kEnabled) {
           if (kb == fold_at) {
@@ -365,12 +428,12 @@ class ComputeRole {
       }
       if constexpr (kPaired) {
         if (item.kind == static_cast<uint32_t>(WorkKind::kTileSecond)) {
-          store_tile(sm, acc, item, epi.second(), o, g, warp, lane, parity);
+          finish_tile(sm, acc, item, epi.second(), o, g, warp, lane, parity, swap_rows);
         } else {
-          store_tile(sm, acc, item, epi.first(), o, g, warp, lane, parity);
+          finish_tile(sm, acc, item, epi.first(), o, g, warp, lane, parity, swap_rows);
         }
       } else {
-        store_tile(sm, acc, item, epi, o, g, warp, lane, parity);
+        finish_tile(sm, acc, item, epi, o, g, warp, lane, parity, swap_rows);
       }
       if (timed) Timeline::record_stored(*record);
       if (epi.signals()) {

@@ -64,10 +64,14 @@ struct Sm90Loads {
   }
 };
 
-// The consumer side: one warpgroup's m64nBNk16 wgmma over a stage, bf16 (kBF16) or fp16.
-template <int BN, bool kBF16, bool kBNMajor>
+// The consumer side: one warpgroup's m64nBNk16 wgmma over a stage, bf16 (kBF16) or fp16; with
+// kChunkN < BN, as BN / kChunkN wgmma of m64nkChunkNk16 per k16 (accumulator block c at
+// acc[c * kChunkN / 2], B's rows from c * kChunkN: the same sums), for a role whose other wgmma
+// write those blocks separately (swap_tail.cuh).
+template <int BN, bool kBF16, bool kBNMajor, int kChunkN = BN>
 struct Sm90Mma {
   static constexpr int kAcc = BN / 2;  // fp32 accumulators per consumer thread
+  static_assert(BN % kChunkN == 0 && (kChunkN == BN || !kBNMajor), "chunks of N split a K-major B's rows evenly");
 
   // Issues and commits the 4 wgmma of one k-block: A is the warpgroup's 64 rows x 128 bytes at
   // a_smem (K-major, 128B swizzle), B the stage at b_smem (K-major: BN rows x 128 bytes; N-major:
@@ -84,7 +88,16 @@ struct Sm90Mma {
       // N-major B: the next 16 K-rows are 16 * 128 bytes further.
       const uint64_t a_k = desc_a + static_cast<uint64_t>((k * 32) >> 4);
       const uint64_t b_k = desc_b + static_cast<uint64_t>(kBNMajor ? (k * 16 * 128) >> 4 : (k * 32) >> 4);
-      sm90::wgmma_m64k16<BN, kBF16, kBNMajor ? 1 : 0>(acc, a_k, b_k, (accumulate || k > 0) ? 1u : 0u);
+      if constexpr (kChunkN == BN) {
+        sm90::wgmma_m64k16<BN, kBF16, kBNMajor ? 1 : 0>(acc, a_k, b_k, (accumulate || k > 0) ? 1u : 0u);
+      } else {
+#pragma unroll
+        for (int c = 0; c < BN / kChunkN; ++c) {
+          sm90::wgmma_m64k16<kChunkN, kBF16, 0>(*reinterpret_cast<float(*)[kChunkN / 2]>(acc + c * (kChunkN / 2)), a_k,
+                                               b_k + static_cast<uint64_t>((c * kChunkN * 128) >> 4),
+                                               (accumulate || k > 0) ? 1u : 0u);
+        }
+      }
     }
     sm90::wgmma_commit();
     sm90::fence_operands(acc);

@@ -44,6 +44,9 @@ struct GemmOperands {
   // independent: either may be null. Read by paired roles only (paired_epilogue() below); every
   // other role ignores it, keeping its producer's registers as they were.
   const sm90::TmaDescriptor* b_local = nullptr;
+  // Schedulers with row ranges: a group's last partial tile row runs swapped (swap_tail.cuh) where
+  // the role's configuration allows; false: padded like the others.
+  bool swap_tails = true;
 };
 
 // Does epilogue policy E pair two epilogues, one per GEMM of a paired role (static constexpr bool

@@ -182,6 +182,7 @@ struct GroupedGemmKernelParams {
   const GroupedTileRow* table;
   uint8_t* d_ptr;         // D itself, for the rows written without TMA
   uint64_t ldd_bytes;
+  uint32_t swap_tails;    // GroupedGemmOptions::swap_tails
 };
 
 // kBNMajor: B is [E, K, N] (each expert's B N-major) rather than [E, N, K]. kGated: the SwiGLU
@@ -203,7 +204,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   sched.m_blocks = p.header->tile_rows;  // written by the plan kernel just before, in stream order
   gemm::TileScheduler<GroupedTiles> scheduler(sched, GroupedTiles{p.table});
   GroupedEpilogue<Cfg::kBlockM, kGated> epi(p.epi, &p.d, p.d_ptr, p.ldd_bytes);
-  const gemm::GemmOperands ops{&p.a, &p.b, p.m, p.n, p.k};
+  gemm::GemmOperands ops{&p.a, &p.b, p.m, p.n, p.k};
+  ops.swap_tails = p.swap_tails != 0;
   (void)Role::run(smem, ops, scheduler, epi, blockIdx.x, gridDim.x, ctx);
 }
 
