@@ -257,6 +257,22 @@ class ComputeRole {
     }
   }
 
+  // After a k-block's wgmma were issued (one commit group): the previous k-block's group is done
+  // (one may stay in flight), so its stage goes back to the producer; this one's becomes the
+  // previous.
+  __device__ __forceinline__ static void issued_k_block(const Smem& sm, float (&acc)[kAcc], uint32_t lane,
+                                                        PipelineState<kStages>& stages, bool& in_flight,
+                                                        uint32_t& prev_stage) {
+    if (in_flight) {
+      sm90::wgmma_wait<1>();
+      sm90::fence_operands(acc);
+      if (lane == 0) cuda::ptx::mbarrier_arrive(sm.empty(prev_stage));
+    }
+    in_flight = true;
+    prev_stage = stages.index;
+    stages.advance();
+  }
+
   // A swapped tile's mainloop (swap_tail.cuh), a loop of its own per N: with the swapped and the
   // normal wgmma in one loop, ptxas serializes every wgmma of the kernel (C7511). Waits for,
   // consumes and frees every stage of the range like the normal loop; false after a failed wait.
@@ -275,14 +291,7 @@ class ComputeRole {
         }
         Swap::template mma_k_block<decltype(n)::value>(acc, sm90::smem_u32(sm.a(stages.index)),
                                                        sm90::smem_u32(sm.b(stages.index)), g, kb > range.begin);
-        if (in_flight) {
-          sm90::wgmma_wait<1>();
-          sm90::fence_operands(acc);
-          if (lane == 0) cuda::ptx::mbarrier_arrive(sm.empty(prev_stage));
-        }
-        in_flight = true;
-        prev_stage = stages.index;
-        stages.advance();
+        issued_k_block(sm, acc, lane, stages, in_flight, prev_stage);
       }
       sm90::wgmma_wait<0>();
       sm90::fence_operands(acc);
@@ -408,14 +417,7 @@ class ComputeRole {
           Mma::mma_k_block(acc, sm90::smem_u32(sm.a(stages.index)) + g * 64 * 128, sm90::smem_u32(sm.b(stages.index)),
                            kb > range.begin);
         }
-        if (in_flight) {
-          sm90::wgmma_wait<1>();  // the previous k-block's wgmma are done: its stage is free
-          sm90::fence_operands(acc);
-          if (lane == 0) cuda::ptx::mbarrier_arrive(sm.empty(prev_stage));
-        }
-        in_flight = true;
-        prev_stage = stages.index;
-        stages.advance();
+        issued_k_block(sm, acc, lane, stages, in_flight, prev_stage);
       }
       sm90::wgmma_wait<0>();
       sm90::fence_operands(acc);
