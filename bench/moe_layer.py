@@ -40,8 +40,9 @@ group size is taken, 0 included.
 
 Rows: {"op": "moe_layer", "model", "tokens", "routing", "E" (experts on the GPU), "top_k", "H",
 "I", "rows" (T k), "max_over_mean" (the busiest expert's rows over the mean), "tile", "ms":
-{"loom", "compute_bound", "loom_composed", "torch"}, "rel_err", "composed_bits_equal", "shared_expert",
-"phases" (with --phases: summarize_phases of one more launch)}; the
+{"loom", "compute_bound", "loom_composed", "torch"; with --padded also "loom_padded" and
+"bound_padded": both with swap_tails=False, each expert's last tile row padded}, "rel_err",
+"composed_bits_equal", "shared_expert", "phases" (with --phases: summarize_phases of one more launch)}; the
 document adds "world" (1), "git_sha", "date", "gpu", "host", "torch", "loom", "command". The
 table is printed last, with the ratios compute_bound/loom, loom_composed/loom and torch/loom
 (above 1: loom's one kernel is faster). Refused in the shared-GPU mode (LOOM_RANKS_PER_GPU > 1)
@@ -65,6 +66,7 @@ MODELS = {  # name: (H, I, experts per GPU, top-k)
 SHARED_EXPERTS = {"deepseek-v3": 1, "qwen3-235b": 0}  # shared experts of width I
 TILES = ("auto", "128x256", "128x128")
 COLUMNS = ("loom", "compute_bound", "loom_composed", "torch")
+PADDED_COLUMNS = ("loom_padded", "bound_padded")  # --padded
 
 
 def parse_args(argv=None):
@@ -80,6 +82,9 @@ def parse_args(argv=None):
     p.add_argument("--phases", action="store_true",
                    help="after the timing, one more moe_layer launch records where each CTA's time went "
                         "(MoeLayerPhaseRecord); each row gains 'phases' and a second table follows")
+    p.add_argument("--padded", action="store_true",
+                   help="also time moe_layer and the compute bound with swap_tails=False (each expert's last tile "
+                        "row padded to the tile) in the same rounds: ms.loom_padded, ms.bound_padded")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=20, help="timed rounds per shape (median; at least 20)")
     p.add_argument("--seed", type=int, default=7)
@@ -219,16 +224,16 @@ def run_case(torch, loom, lt, comm, args, model, weights, tokens, routing):
         loom.grouped_gemm(shared_hidden, shared_down.unsqueeze(0), shared_y, workspace=shared_workspace,
                           offsets=shared_offsets, tile=tile)
 
-    def run_loom():
+    def run_loom(swap_tails=True):
         loom.moe_layer(comm, plan, x, gate_up, down, bufs.recv_x, bufs.hidden, bufs.expert_out, out_loom, tile=tile,
                        push_ctas=args.push_ctas, arrival_ctas=args.arrival_ctas, shared_gate_up=shared_gate_up,
-                       shared_down=shared_down)
+                       shared_down=shared_down, swap_tails=swap_tails)
 
-    def run_compute_bound():
+    def run_compute_bound(swap_tails=True):
         loom.grouped_gemm(bufs.recv_x, gate_up, bufs.hidden[:routed_rows], workspace=workspace,
-                          offsets=bufs.expert_offsets, tile=tile, activation="swiglu")
+                          offsets=bufs.expert_offsets, tile=tile, activation="swiglu", swap_tails=swap_tails)
         loom.grouped_gemm(bufs.hidden[:routed_rows], down, bufs.expert_out[:routed_rows], workspace=workspace,
-                          offsets=bufs.expert_offsets, tile=tile)
+                          offsets=bufs.expert_offsets, tile=tile, swap_tails=swap_tails)
         if shared:
             run_shared_expert()
 
@@ -260,8 +265,11 @@ def run_case(torch, loom, lt, comm, args, model, weights, tokens, routing):
     comm.synchronize()
     rel_err = float((out_loom.float() - out_torch.float()).norm() / out_torch.float().norm())
     bits_equal = None if shared else bool(torch.equal(out_loom.view(torch.int16), out_composed.view(torch.int16)))
-    ms = time_shuffled({"loom": run_loom, "compute_bound": run_compute_bound, "loom_composed": run_composed,
-                        "torch": run_torch}, args.warmup, args.iters)
+    candidates = {"loom": run_loom, "compute_bound": run_compute_bound, "loom_composed": run_composed,
+                  "torch": run_torch}
+    if args.padded:
+        candidates.update(loom_padded=lambda: run_loom(False), bound_padded=lambda: run_compute_bound(False))
+    ms = time_shuffled(candidates, args.warmup, args.iters)
     comm.synchronize()  # raises a device-side failure of the timed loom calls
     phases = None
     if args.phases:
@@ -275,7 +283,7 @@ def run_case(torch, loom, lt, comm, args, model, weights, tokens, routing):
             "H": hidden, "I": inter, "rows": tokens * top_k,
             "max_over_mean": float(counts.max()) / (tokens * top_k / experts), "tile": tile,
             "push_ctas": args.push_ctas, "arrival_ctas": args.arrival_ctas,
-            "ms": {name: ms[name] for name in COLUMNS}, "rel_err": rel_err, "composed_bits_equal": bits_equal,
+            "ms": {name: ms[name] for name in COLUMNS + (PADDED_COLUMNS if args.padded else ())}, "rel_err": rel_err, "composed_bits_equal": bits_equal,
             "shared_expert": bool(shared), **({"phases": phases} if phases else {})}
 
 
@@ -350,6 +358,15 @@ def print_table(rows):
               + "".join(f"{ms[c]:>15.3f}" for c in COLUMNS)
               + f"{ms['compute_bound'] / ms['loom']:>12.3f}{ms['loom_composed'] / ms['loom']:>15.3f}"
               f"{ms['torch'] / ms['loom']:>12.3f}{r['rel_err']:>10.2e}{same_bits_text(r['composed_bits_equal']):>10}")
+    padded = [r for r in rows if "loom_padded" in r["ms"]]
+    if padded:
+        print("\nswap_tails=False (each expert's last tile row padded); ratios: padded / swapped time")
+        print(f"{'model':<13}{'tokens':>7} {'routing':<9}" + "".join(f"{c:>15}" for c in PADDED_COLUMNS)
+              + f"{'layer':>8}{'bound':>8}")
+        for r in padded:
+            ms = r["ms"]
+            print(f"{r['model']:<13}{r['tokens']:>7} {r['routing']:<9}" + "".join(f"{ms[c]:>15.3f}" for c in PADDED_COLUMNS)
+                  + f"{ms['loom_padded'] / ms['loom']:>8.3f}{ms['bound_padded'] / ms['compute_bound']:>8.3f}")
 
 
 def same_bits_text(equal):

@@ -377,6 +377,7 @@ struct MoeLayerOptions {
   int num_ctas = 0;                 // persistent CTAs, one per SM; 0: every SM
   int push_ctas = 0;                // CTAs that push rows first (then compute); 0: planner
   int arrival_ctas = 0;             // CTAs that complete receive blocks first (then compute); 0: planner
+  bool swap_tails = true;           // as GroupedGemmOptions::swap_tails, both GEMMs (false: A/B timing)
   // Diagnostics (loom/diagnostics.h): device memory for one MoeLayerPhaseRecord per SM of the GPU,
   // 8-byte aligned; each CTA of the launch fills its own record. null: none (nothing measured).
   MoeLayerPhaseRecord* phases = nullptr;

@@ -244,7 +244,8 @@ def moe_layer(comm: CommLike, plan: MoePlan, x: DLPackArray, gate_up: DLPackArra
               recv_x: DLPackArray, hidden: DLPackArray, expert_out: DLPackArray, out: Out, *,
               stream: StreamArg = None, tile: str = "auto", num_ctas: int = 0, push_ctas: int = 0,
               arrival_ctas: int = 0, shared_gate_up: Optional[DLPackArray] = None,
-              shared_down: Optional[DLPackArray] = None, phases: Optional[DLPackArray] = None) -> Out:
+              shared_down: Optional[DLPackArray] = None, phases: Optional[DLPackArray] = None,
+              swap_tails: bool = True) -> Out:
     """Collective: the whole MoE FFN step in one persistent kernel (across nodes too):
     out[t] = sum over token t's routed slots j, in slot order, of w[t, j] * (silu(x[t] Wg_e^T) *
     (x[t] Wu_e^T)) Wd_e^T, e the slot's expert and w the routing's weights (moe_routing's
@@ -278,11 +279,12 @@ def moe_layer(comm: CommLike, plan: MoePlan, x: DLPackArray, gate_up: DLPackArra
 
     phases (diagnostics, optional): uint8 or int32 device memory of at least ``64 * comm.sm_count``
     bytes; each CTA of the launch writes where its time went into its 64-byte record
-    (``moe_layer_phases`` reads a copy)."""
+    (``moe_layer_phases`` reads a copy). swap_tails: as ``grouped_gemm``'s, both GEMMs (False pads
+    each expert's last tile row; for A/B timing)."""
     c = as_communicator(comm, "moe_layer")
     _C.moe_layer(c._c, _plan(plan, "moe_layer", c.rank), x, gate_up, down, recv_x, hidden, expert_out, out,
                  _stream(stream, x, "moe_layer", c.device, c.rank), tile, num_ctas, push_ctas, arrival_ctas,
-                 shared_gate_up, shared_down, phases)
+                 shared_gate_up, shared_down, phases, swap_tails)
     return out
 
 

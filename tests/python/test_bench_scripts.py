@@ -100,9 +100,10 @@ def test_moe_layer_bench_options(monkeypatch):
     args = module.parse_args([])
     assert (args.models, args.tokens, args.routing, args.tile) == (
         ["deepseek-v3", "qwen3-235b"], [1024, 4096, 16384], ["uniform", "skewed"], "auto")
-    assert args.iters >= 20 and args.json == "" and not args.phases
+    assert args.iters >= 20 and args.json == "" and not args.phases and not args.padded
     args = module.parse_args(["--tokens", "4096", "--models", "qwen3-235b", "--tile", "128x256", "--phases"])
     assert (args.tokens, args.models, args.tile, args.phases) == ([4096], ["qwen3-235b"], "128x256", True)
+    assert module.parse_args(["--padded"]).padded
     for bad in (["--iters", "19"], ["--models", "mixtral"], ["--routing", "all-to-one"], ["--tile", "64x64"]):
         with pytest.raises(SystemExit):
             module.parse_args(bad)
