@@ -155,7 +155,7 @@ Status moe_layer(Communicator& comm, const MoePlan& plan, const void* x, const M
     LOOM_TRY_CTX(check_device(impl, options.phases, phases_bytes, 8, what.c_str()), kOp);
   }
   LOOM_TRY_CTX(check_disjoint({{buffers.recv_x, receive_bytes(l), "buffers.recv_x", true},
-                              {buffers.hidden, hidden_bytes, "buffers.hidden", true},
+                              {buffers.hidden, hidden_bytes, hidden_what.c_str(), true},  // names its row count
                               {buffers.expert_out, y_bytes, "buffers.expert_out", true},
                               {out, out_bytes, "out", true},
                               {options.phases, phases_bytes, "options.phases", true},
