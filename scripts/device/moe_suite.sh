@@ -8,6 +8,8 @@
 #     layer-bench  bench/moe_layer.py through the Python package (built here against the carried
 #             libloom.so; W = 1: moe_layer vs its compute-only bound, the composed loom calls and
 #             torch), JSON in $OUT/moe_layer_w1.json
+#     skew-probe  bench/probes/grouped_skew.py (the grouped GEMM under count patterns that separate
+#             tails, alignment, order and padding), JSON in $OUT/grouped_skew.json
 #     tests   loom_gpu_tests 'Moe*:GroupedGemm*' on one rank, log in $OUT/one_rank_moe.log
 #     shared  scripts/device/shared_gpu_suite.sh $MOE_STEPS (default: moe-2 moe-8 moe-2x2 moe-4x2),
 #             ranks sharing the GPU, emulated nodes included; summaries in $OUT/suites.jsonl
@@ -41,6 +43,15 @@ for step in "${steps[@]}"; do
         log "extension build failed"; rc=1
       fi
       log "layer-bench: exit $rc"; tail -n 16 "$OUT/moe_layer_w1.txt" ;;
+    skew-probe)
+      if WORK="$WORK" scripts/device/build_python_ext.sh "$LOG"; then
+        LD_LIBRARY_PATH="$PWD/$BIN:${LD_LIBRARY_PATH:-}" PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}" \
+          timeout --kill-after=10 "${PROBE_LIMIT_S:-150}" python3 bench/probes/grouped_skew.py --tiles auto,128x128 \
+          --json "$OUT/grouped_skew.json" > "$OUT/grouped_skew.txt" 2>&1 || rc=1
+      else
+        log "extension build failed"; rc=1
+      fi
+      log "skew-probe: exit $rc"; tail -n 20 "$OUT/grouped_skew.txt" ;;
     tests)
       LD_LIBRARY_PATH="$PWD/$BIN:${LD_LIBRARY_PATH:-}" timeout --kill-after=10 "${TESTS_LIMIT_S:-180}" \
         $BIN/loom-run -n 1 -- $BIN/loom_gpu_tests --gtest_filter='Moe*:GroupedGemm*' --gtest_brief=1 \
