@@ -10,8 +10,10 @@ tails and padded tails) and torch._grouped_mm time the same rows under several c
   skewed_sorted  those counts, largest expert first
   skewed_pad     the skewed counts rounded up to 128 (no partial tile row; more rows)
 
-Prints ms per pattern and candidate, and the tile rows each pattern has (the work a padded
-schedule does). Through the Python package on one GPU:
+Candidates: torch._grouped_mm, and loom per tile (--tiles) and variant (--variants): words joined
+by '+', 'padded' (swap_tails=False), 'queue' (tile_queue=True), 'g<N>' (group_m=N); 'swap' alone is
+the defaults. Prints ms per pattern and candidate, and the tile rows each pattern has (the work a
+padded schedule does). Through the Python package on one GPU:
   python3 bench/probes/grouped_skew.py [--shapes fc1:1024,fc1:4096,fc2:1024] [--json FILE]
 """
 
@@ -41,10 +43,25 @@ def patterns(rows, gen):
             "skewed_sorted": skewed.sort(descending=True).values, "skewed_pad": (skewed + 127) // 128 * 128}
 
 
+def variant_options(variant):
+    kw = {}
+    for word in variant.split("+"):
+        if word == "padded":
+            kw["swap_tails"] = False
+        elif word == "queue":
+            kw["tile_queue"] = True
+        elif word.startswith("g") and word[1:].isdigit():
+            kw["group_m"] = int(word[1:])
+        elif word != "swap":
+            raise SystemExit(f"grouped_skew.py: unknown variant word {word!r} (swap, padded, queue, g<N>)")
+    return kw
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="fc1:1024,fc1:4096,fc2:1024")
     ap.add_argument("--tiles", default="auto")
+    ap.add_argument("--variants", default="swap,padded,queue,padded+queue,g4,g64")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--json", default="")
     args = ap.parse_args()
@@ -54,6 +71,7 @@ def main():
     dev = torch.device("cuda", 0)
     random.seed(0)
     rows_out = []
+    failures = 0
     for shape in args.shapes.split(","):
         gemm, tokens = shape.split(":")
         tokens = int(tokens)
@@ -71,23 +89,36 @@ def main():
             ws = torch.empty(-(-loom.grouped_gemm_workspace_bytes(rows, EXPERTS) // 4), device=dev, dtype=torch.int32)
             cands = {"torch": lambda: torch._grouped_mm(a, wt, offs=offs)}
             for tile in args.tiles.split(","):
-                for swap in (True, False):
-                    label = f"{tile}{'' if swap else '_padded'}"
-                    cands[label] = (lambda t=tile, s=swap:
-                                    loom.grouped_gemm(a, w, d, offsets=offsets, workspace=ws, tile=t, swap_tails=s))
+                for variant in args.variants.split(","):
+                    kw = variant_options(variant)
+                    cands[f"{tile}:{variant}"] = (lambda t=tile, kw=kw: loom.grouped_gemm(
+                        a, w, d, offsets=offsets, workspace=ws, tile=t, **kw))
             ms = time_shuffled(cands, 3, args.iters)
+            ref = torch._grouped_mm(a, wt, offs=offs).float()
+            rel_err = {}
+            for label, call in cands.items():  # every variant computes the same rows (NaN: unwritten)
+                if label != "torch":
+                    d.fill_(float("nan"))
+                    call()
+                    rel_err[label] = float((d.float() - ref).norm() / ref.norm())
+            bad = {label: e for label, e in rel_err.items() if not e <= 1e-2}
+            if bad:
+                print(f"grouped_skew.py: {gemm} T{tokens} {name}: wrong results {bad}", file=sys.stderr)
+                failures += 1
             tile_rows = int(((counts + 127) // 128).sum())
             row = {"gemm": gemm, "tokens": tokens, "pattern": name, "rows": rows, "tile_rows_128": tile_rows,
-                   "max_over_mean": float(counts.max()) / (rows / EXPERTS), "ms": ms}
+                   "max_over_mean": float(counts.max()) / (rows / EXPERTS), "ms": ms,
+                   "max_rel_err": max(rel_err.values())}
             rows_out.append(row)
             print(f"{gemm} T{tokens:<6} {name:<14} rows {rows:6} tile_rows {tile_rows:4} " +
                   " ".join(f"{c} {t:.3f}" for c, t in ms.items()), flush=True)
-            del a, d, ws
+            del a, d, ws, ref
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"git_sha": git_sha(), "gpu": torch.cuda.get_device_name(), "command": " ".join(sys.argv),
                        "rows": rows_out}, f, indent=1)
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -251,6 +251,12 @@ struct GroupedGemmOptions {
   // false: padded to the tile like the other rows (same results up to summation order; for A/B
   // comparisons).
   bool swap_tails = true;
+  int group_m = 0;          // raster group height in tile rows (a few experts' rows share each B
+                            // tile while it is in L2); 0: the planner's sqrt(num_ctas * BN / BM)
+  // Tiles claimed first come, first served from a counter in the workspace (the plan kernel zeroes
+  // it) instead of round-robin: a CTA whose tiles cost less (swapped tails) or wait longer (B from
+  // HBM) takes more of them.
+  bool tile_queue = false;
 };
 
 // ---- plan and workspace, before a call (e.g. before CUDA-graph capture) ------------------------

@@ -160,7 +160,8 @@ def ring_attention(comm: CommLike, q: DLPackArray, k: DLPackArray, v: DLPackArra
 def grouped_gemm(a: DLPackArray, b: DLPackArray, d: Out, *, workspace: DLPackArray,
                  offsets: Optional[DLPackArray] = None, counts: Optional[DLPackArray] = None,
                  stream: StreamArg = None, tile: str = "auto", num_ctas: int = 0, b_layout: str = "nk",
-                 activation: str = "none", swap_tails: bool = True) -> Out:
+                 activation: str = "none", swap_tails: bool = True, group_m: int = 0,
+                 tile_queue: bool = False) -> Out:
     """d_e = a_e @ b_e^T for every expert e in one kernel (MoE expert GEMM on one GPU); b [E, N, K]
     (one nn.Linear weight per expert; b_layout 'kn': b [E, K, N] and d_e = a_e @ b_e), bf16 or
     fp16; d bf16, fp16 or fp32; fp32 accumulation.
@@ -173,10 +174,12 @@ def grouped_gemm(a: DLPackArray, b: DLPackArray, d: Out, *, workspace: DLPackArr
     stay on the GPU: no host synchronization. activation 'swiglu': b's N = 2I hold gate and up
     interleaved by 8 (loom.torch.swiglu_weights), d = silu(a @ gate^T) * (a @ up^T) with I columns.
     swap_tails (default): each expert's last partial tile row is computed with its rows as wgmma's N
-    (about its own rows' cost, not a whole tile's); False pads it like the others (A/B timing)."""
+    (about its own rows' cost, not a whole tile's); False pads it like the others (A/B timing).
+    group_m: the raster's group height in tile rows (0: the planner's). tile_queue: tiles claimed
+    first come, first served from a counter in the workspace instead of round-robin."""
     device = _device_of(a) if stream is not None else None
     _C.grouped_gemm(a, b, d, offsets, counts, workspace, _stream(stream, a, "grouped_gemm", device), tile, num_ctas,
-                    b_layout, activation, swap_tails)
+                    b_layout, activation, swap_tails, group_m, tile_queue)
     return d
 
 

@@ -623,7 +623,8 @@ struct GroupedGemmCall {
 // workspace int32 of at least grouped_gemm_workspace_bytes / 4 elements.
 GroupedGemmCall prepare_grouped_gemm(nb::handle a, nb::handle b, nb::handle d, nb::handle offsets, nb::handle counts,
                                      nb::handle workspace, uintptr_t stream, std::string_view tile, int num_ctas,
-                                     std::string_view b_layout, std::string_view activation, bool swap_tails) {
+                                     std::string_view b_layout, std::string_view activation, bool swap_tails,
+                                     int group_m, bool tile_queue) {
   const char* op = "grouped_gemm";
   const int rank = -1;
   GroupedGemmCall c;
@@ -690,6 +691,8 @@ GroupedGemmCall prepare_grouped_gemm(nb::handle a, nb::handle b, nb::handle d, n
   c.options.tile = tile_of(tile, op, rank);
   c.options.num_ctas = num_ctas;
   c.options.swap_tails = swap_tails;
+  c.options.group_m = group_m;
+  c.options.tile_queue = tile_queue;
   require_device(c.a, -1, op, rank);
   for (const TensorArg* t : {&c.b, &c.d, &c.rows, &c.workspace}) require_device(*t, c.a.device, op, rank);
   c.stream = as_stream(stream);
@@ -922,13 +925,13 @@ NB_MODULE(_C, m) {
       "grouped_gemm",
       [](nb::handle a, nb::handle b, nb::handle d, nb::handle offsets, nb::handle counts, nb::handle workspace,
          uintptr_t stream, std::string_view tile, int num_ctas, std::string_view b_layout, std::string_view activation,
-         bool swap_tails) {
+         bool swap_tails, int group_m, bool tile_queue) {
         run(prepare_grouped_gemm(a, b, d, offsets, counts, workspace, stream, tile, num_ctas, b_layout, activation,
-                                 swap_tails));
+                                 swap_tails, group_m, tile_queue));
       },
       "a"_a.none(), "b"_a.none(), "d"_a.none(), "offsets"_a.none(), "counts"_a.none(), "workspace"_a.none(),
       "stream"_a, "tile"_a = "auto", "num_ctas"_a = 0, "b_layout"_a = "nk", "activation"_a = "none",
-      "swap_tails"_a = true,
+      "swap_tails"_a = true, "group_m"_a = 0, "tile_queue"_a = false,
       "d_e = a_e @ b_e^T (b [E, N, K], b_layout 'nk') or a_e @ b_e (b [E, K, N], 'kn') for every expert e (MoE "
       "grouped GEMM on one GPU); offsets: contiguous rows, counts: masked; activation 'swiglu': silu(gate) * up "
       "over N interleaved by 8 (d has N / 2 columns).");

@@ -264,6 +264,10 @@ Status grouped_gemm_can_implement(const GroupedGemmArgs& args, const GroupedGemm
     return Status::invalid_argument("grouped_gemm: unknown GemmTile value");
   }
   if (options.num_ctas < 0) return Status::invalid_argument("grouped_gemm: num_ctas must be >= 0 (0: planner)");
+  if (options.group_m < 0 || options.group_m > planner::kMaxGroupedGroupM) {
+    return Status::invalid_argument("grouped_gemm: group_m " + std::to_string(options.group_m) + " is outside [0, " +
+                                    std::to_string(planner::kMaxGroupedGroupM) + "] (0: planner)");
+  }
   if (!aligned(args.a, 16)) return Status::invalid_argument("grouped_gemm: a is not 16-byte aligned");
   if (!aligned(args.b, 16)) return Status::invalid_argument("grouped_gemm: b is not 16-byte aligned");
   if (!aligned(args.d, 16)) return Status::invalid_argument("grouped_gemm: d is not 16-byte aligned");
@@ -388,7 +392,8 @@ Result<GroupedGemmPlan> plan_grouped_gemm(const GroupedGemmArgs& args, const Gro
   // As plan_gemm: a wave of num_ctas tiles loads the fewest bytes near g = sqrt(num_ctas * BN / BM)
   // tile rows (the rows of a few experts; each expert's B is shared by its tile rows).
   const double g = std::sqrt(static_cast<double>(plan.num_ctas) * info.block_n / info.block_m);
-  plan.group_m = static_cast<int>(std::clamp<double>(std::round(g), 1.0, 64.0));
+  plan.group_m = options.group_m > 0 ? options.group_m
+                                     : static_cast<int>(std::clamp<double>(std::round(g), 1.0, kMaxGroupedGroupM));
   return plan;
 }
 

@@ -89,6 +89,10 @@ int64_t grouped_gemm_out_cols(const GroupedGemmArgs& args);
 // on the host).
 GemmTile choose_grouped_gemm_tile(const GroupedGemmArgs& args, int sm_count, const GemmCostModel& model = {});
 
+// The largest raster group a grouped GEMM takes (GroupedGemmOptions::group_m; the planner's choice
+// is clamped to it too).
+inline constexpr int kMaxGroupedGroupM = 64;
+
 struct GroupedGemmPlan {
   GemmTile tile = GemmTile::k128x128;
   int num_ctas = 0;

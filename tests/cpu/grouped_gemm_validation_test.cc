@@ -207,6 +207,16 @@ TEST(GroupedGemmValidation, Options) {
   o = GroupedGemmOptions{};
   o.tile = static_cast<GemmTile>(42);
   EXPECT_EQ(grouped_gemm_can_implement(contiguous_args(), o).code(), StatusCode::kInvalidArgument);
+  o = GroupedGemmOptions{};
+  o.group_m = -1;
+  EXPECT_EQ(grouped_gemm_can_implement(contiguous_args(), o).code(), StatusCode::kInvalidArgument);
+  o.group_m = planner::kMaxGroupedGroupM + 1;
+  const Status too_tall = grouped_gemm_can_implement(contiguous_args(), o);
+  EXPECT_EQ(too_tall.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(too_tall.message().find("group_m"), std::string::npos) << too_tall.to_string();
+  o.group_m = planner::kMaxGroupedGroupM;
+  o.tile_queue = true;
+  EXPECT_TRUE(grouped_gemm_can_implement(contiguous_args(), o).ok());
 }
 
 TEST(GroupedGemmValidation, LayoutNames) {
@@ -269,6 +279,9 @@ TEST(GroupedGemmPlan, SizesTheTableAndTheGrid) {
   EXPECT_EQ(p->n_blocks, 2);
   EXPECT_EQ(p->num_ctas, 32);  // at most T_max * n_blocks tiles
   EXPECT_GE(p->group_m, 1);
+  o.group_m = 3;  // the caller's raster group height replaces the planner's
+  EXPECT_EQ(planner::plan_grouped_gemm(contiguous_args(), o, h200)->group_m, 3);
+  o.group_m = 0;
 
   Result<planner::GroupedGemmPlan> m = planner::plan_grouped_gemm(masked_args(), o, h200);
   ASSERT_TRUE(m.ok()) << m.status().to_string();

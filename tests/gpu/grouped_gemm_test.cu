@@ -96,6 +96,8 @@ struct GroupedCase {
   BLayout b_layout = BLayout::kNK;  // B [E, N, K], or kKN [E, K, N]
   GroupedActivation activation = GroupedActivation::kNone;  // kSwiGLU: D [rows, N / 2]
   bool swap_tails = true;   // GroupedGemmOptions::swap_tails
+  bool tile_queue = false;  // GroupedGemmOptions::tile_queue (run twice: the plan kernel rezeroes the counter)
+  int group_m = 0;          // GroupedGemmOptions::group_m
 };
 
 std::string describe(const GroupedCase& c) {
@@ -103,7 +105,8 @@ std::string describe(const GroupedCase& c) {
   s << c.name << " [" << grouped_layout_name(c.layout) << ", " << dtype_name(c.in) << "->" << dtype_name(c.out)
     << ", B " << (c.b_layout == BLayout::kKN ? "[E, K, N]" : "[E, N, K]") << ", N " << c.n << ", K " << c.k
     << ", tile " << gemm_tile_name(c.tile) << ", E " << c.counts.size()
-    << (c.activation == GroupedActivation::kSwiGLU ? ", SwiGLU" : "") << (c.swap_tails ? "" : ", tails padded");
+    << (c.activation == GroupedActivation::kSwiGLU ? ", SwiGLU" : "") << (c.swap_tails ? "" : ", tails padded")
+    << (c.tile_queue ? ", tile queue" : "") << (c.group_m > 0 ? ", group_m " + std::to_string(c.group_m) : "");
   if (c.layout == GroupedLayout::kMasked) s << ", capacity " << c.capacity;
   s << ", counts";
   for (size_t e = 0; e < c.counts.size() && e < 24; ++e) s << ' ' << c.counts[e];
@@ -183,9 +186,17 @@ void run_case(const GroupedCase& c) {
   options.tile = c.tile;
   options.num_ctas = c.num_ctas;
   options.swap_tails = c.swap_tails;
+  options.tile_queue = c.tile_queue;
+  options.group_m = c.group_m;
   const Status s = grouped_gemm(args, nullptr, options);
   ASSERT_TRUE(s.ok()) << s.to_string();
   GG_CUDA(cudaGetLastError());
+  if (c.tile_queue) {  // a second launch claims from a counter the first one left at its end
+    GG_CUDA(cudaMemset(d.p, 0xFF, static_cast<size_t>(rows * n_out) * out_size));
+    const Status again = grouped_gemm(args, nullptr, options);
+    ASSERT_TRUE(again.ok()) << again.to_string();
+    GG_CUDA(cudaGetLastError());
+  }
 
   for (int64_t e = 0; e < experts; ++e) {
     if (valid[e] == 0) continue;
@@ -408,8 +419,12 @@ TEST(GroupedGemmContiguous, EveryTailLength) {
       {GemmTile::k128x128, DType::kBF16, DType::kF32, GroupedActivation::kSwiGLU, 400},
   };
   uint64_t seed = 1900;
+  struct Schedule {
+    bool swap, queue;
+    int group_m;
+  };
   for (const Variant& v : variants) {
-    for (bool swap : {true, false}) {
+    for (const Schedule sched : {Schedule{true, false, 0}, Schedule{false, false, 0}, Schedule{true, true, 3}}) {
       GroupedCase c;
       c.name = "every tail length";
       c.counts = counts;
@@ -420,7 +435,9 @@ TEST(GroupedGemmContiguous, EveryTailLength) {
       c.n = v.n;
       c.k = 200;
       c.seed = ++seed;
-      c.swap_tails = swap;
+      c.swap_tails = sched.swap;
+      c.tile_queue = sched.queue;
+      c.group_m = sched.group_m;
       run_case(c);
     }
   }

@@ -120,6 +120,7 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_plan_kernel(const Group
   if (tid == 0) {
     p.header->tile_rows = static_cast<uint32_t>(carry < p.max_tile_rows ? carry : p.max_tile_rows);
     p.header->clamped_experts = clamped;
+    p.header->tile_queue = 0;
   }
 }
 
@@ -178,11 +179,12 @@ struct GroupedGemmKernelParams {
   gemm::SchedulerParams sched;  // n_blocks, group_m set by the host; m_blocks read from the workspace
   gemm::EpilogueParams epi;
   WaitParams wait;
-  const GroupedWorkspaceHeader* header;
+  GroupedWorkspaceHeader* header;  // tile_rows read; tile_queue counted up when tile_queue != 0
   const GroupedTileRow* table;
   uint8_t* d_ptr;         // D itself, for the rows written without TMA
   uint64_t ldd_bytes;
   uint32_t swap_tails;    // GroupedGemmOptions::swap_tails
+  uint32_t tile_queue;    // GroupedGemmOptions::tile_queue: claim from header->tile_queue
 };
 
 // kBNMajor: B is [E, K, N] (each expert's B N-major) rather than [E, N, K]. kGated: the SwiGLU
@@ -202,6 +204,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   Role::init(smem);
   gemm::SchedulerParams sched = p.sched;
   sched.m_blocks = p.header->tile_rows;  // written by the plan kernel just before, in stream order
+  if (p.tile_queue != 0) sched.queue = &p.header->tile_queue;
   gemm::TileScheduler<GroupedTiles> scheduler(sched, GroupedTiles{p.table});
   GroupedEpilogue<Cfg::kBlockM, kGated> epi(p.epi, &p.d, p.d_ptr, p.ldd_bytes);
   gemm::GemmOperands ops{&p.a, &p.b, p.m, p.n, p.k};

@@ -6,7 +6,8 @@
 // GEMM kernel reads it):
 //   header   16 bytes        GroupedWorkspaceHeader: tile_rows (T, the tile rows of all experts
 //                            together), clamped_experts (experts whose offsets or count were out
-//                            of range and were clamped, see loom/moe.h)
+//                            of range and were clamped, see loom/moe.h), tile_queue (the claim
+//                            counter of GroupedGemmOptions::tile_queue)
 //   table    T_max x 16 B    GroupedTileRow per tile row, experts in order, each expert's rows in
 //                            ceil(count_e / BLOCK_M) tile rows
 //   T_max = ceil(M_total / kMinBlockM) + E          (contiguous: each expert wastes < 1 tile row)
@@ -39,7 +40,9 @@ enum class GroupedRows : uint32_t {
 struct GroupedWorkspaceHeader {
   uint32_t tile_rows;        // T
   uint32_t clamped_experts;  // experts whose offsets or count were clamped (malformed input)
-  uint32_t unused[2];
+  uint32_t tile_queue;       // tiles claimed so far (GroupedGemmOptions::tile_queue): zeroed by the
+                             // plan kernel, counted up by the GEMM kernel's schedulers
+  uint32_t unused;
 };
 static_assert(sizeof(GroupedWorkspaceHeader) == 16, "the table starts 16 bytes into the workspace");
 

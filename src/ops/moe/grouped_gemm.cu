@@ -125,6 +125,7 @@ Status grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream, const Grou
   LOOM_TRY(ops::prepare_grouped_gemm(args, plan, stream, p));
   p.wait = wait->params();
   p.swap_tails = options.swap_tails ? 1u : 0u;
+  p.tile_queue = options.tile_queue ? 1u : 0u;
   const ops::detail::GroupedVariant variant{args.in_dtype == DType::kBF16, args.b_layout == BLayout::kKN,
                                             args.activation == GroupedActivation::kSwiGLU};
   return launch_tile(plan.tile, p, variant, plan.num_ctas, stream);
