@@ -59,7 +59,7 @@ def variant_options(variant):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shapes", default="fc1:1024,fc1:4096,fc2:1024")
+    ap.add_argument("--shapes", default="fc1:1024,fc1:4096,fc1:16384,fc2:1024")
     ap.add_argument("--tiles", default="auto")
     ap.add_argument("--variants", default="swap,padded,queue,padded+queue,g4,g64")
     ap.add_argument("--iters", type=int, default=20)

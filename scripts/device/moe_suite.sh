@@ -8,7 +8,7 @@
 #     layer-bench  bench/moe_layer.py through the Python package (built here against the carried
 #             libloom.so; W = 1: moe_layer vs its compute-only bound, the composed loom calls and
 #             torch), JSON in $OUT/moe_layer_w1.json
-#     skew-probe  bench/probes/grouped_skew.py (the grouped GEMM under count patterns that separate
+#     skew-probe  bench/probes/grouped_skew.py $PROBE_ARGS (the grouped GEMM under count patterns that separate
 #             tails, alignment, order and padding), JSON in $OUT/grouped_skew.json
 #     tests   loom_gpu_tests 'Moe*:GroupedGemm*' on one rank, log in $OUT/one_rank_moe.log
 #     shared  scripts/device/shared_gpu_suite.sh $MOE_STEPS (default: moe-2 moe-8 moe-2x2 moe-4x2),
@@ -46,7 +46,7 @@ for step in "${steps[@]}"; do
     skew-probe)
       if WORK="$WORK" scripts/device/build_python_ext.sh "$LOG"; then
         LD_LIBRARY_PATH="$PWD/$BIN:${LD_LIBRARY_PATH:-}" PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}" \
-          timeout --kill-after=10 "${PROBE_LIMIT_S:-150}" python3 bench/probes/grouped_skew.py --tiles auto,128x128 \
+          timeout --kill-after=10 "${PROBE_LIMIT_S:-150}" python3 bench/probes/grouped_skew.py ${PROBE_ARGS:-} \
           --json "$OUT/grouped_skew.json" > "$OUT/grouped_skew.txt" 2>&1 || rc=1
       else
         log "extension build failed"; rc=1
