@@ -254,9 +254,10 @@ struct GroupedGemmOptions {
   int group_m = 0;          // raster group height in tile rows (a few experts' rows share each B
                             // tile while it is in L2); 0: the planner's sqrt(num_ctas * BN / BM)
   // Tiles claimed first come, first served from a counter in the workspace (the plan kernel zeroes
-  // it) instead of round-robin: a CTA whose tiles cost less (swapped tails) or wait longer (B from
-  // HBM) takes more of them.
-  bool tile_queue = false;
+  // it): a CTA whose tiles cost less (swapped tails) or wait longer (B from HBM) takes more of them.
+  // false: round-robin (CTA c takes tiles c, c + grid, ...). Under skewed routing the queue took
+  // 0.66-0.95x the round-robin time on one H100 (docs/MOE.md, "The grouped GEMM under skew").
+  bool tile_queue = true;
 };
 
 // ---- plan and workspace, before a call (e.g. before CUDA-graph capture) ------------------------

@@ -8,6 +8,8 @@
 #     layer-bench  bench/moe_layer.py through the Python package (built here against the carried
 #             libloom.so; W = 1: moe_layer vs its compute-only bound, the composed loom calls and
 #             torch), JSON in $OUT/moe_layer_w1.json
+#     grouped-bench  bench/grouped_gemm.py (loom.grouped_gemm, its round-robin claims and
+#             torch._grouped_mm; the issue 21 slices), JSON in $OUT/grouped_gemm.json
 #     skew-probe  bench/probes/grouped_skew.py $PROBE_ARGS (the grouped GEMM under count patterns that separate
 #             tails, alignment, order and padding), JSON in $OUT/grouped_skew.json
 #     tests   loom_gpu_tests 'Moe*:GroupedGemm*' on one rank, log in $OUT/one_rank_moe.log
@@ -43,6 +45,15 @@ for step in "${steps[@]}"; do
         log "extension build failed"; rc=1
       fi
       log "layer-bench: exit $rc"; tail -n 16 "$OUT/moe_layer_w1.txt" ;;
+    grouped-bench)
+      if WORK="$WORK" scripts/device/build_python_ext.sh "$LOG"; then
+        LD_LIBRARY_PATH="$PWD/$BIN:${LD_LIBRARY_PATH:-}" PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}" \
+          timeout --kill-after=10 "${GROUPED_BENCH_LIMIT_S:-200}" python3 bench/grouped_gemm.py \
+          --json "$OUT/grouped_gemm.json" > "$OUT/grouped_gemm.txt" 2>&1 || rc=1
+      else
+        log "extension build failed"; rc=1
+      fi
+      log "grouped-bench: exit $rc"; tail -n 48 "$OUT/grouped_gemm.txt" ;;
     skew-probe)
       if WORK="$WORK" scripts/device/build_python_ext.sh "$LOG"; then
         LD_LIBRARY_PATH="$PWD/$BIN:${LD_LIBRARY_PATH:-}" PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}" \

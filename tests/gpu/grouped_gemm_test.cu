@@ -96,7 +96,7 @@ struct GroupedCase {
   BLayout b_layout = BLayout::kNK;  // B [E, N, K], or kKN [E, K, N]
   GroupedActivation activation = GroupedActivation::kNone;  // kSwiGLU: D [rows, N / 2]
   bool swap_tails = true;   // GroupedGemmOptions::swap_tails
-  bool tile_queue = false;  // GroupedGemmOptions::tile_queue (run twice: the plan kernel rezeroes the counter)
+  bool tile_queue = true;   // GroupedGemmOptions::tile_queue (run twice: the plan kernel rezeroes the counter)
   int group_m = 0;          // GroupedGemmOptions::group_m
 };
 
@@ -106,7 +106,7 @@ std::string describe(const GroupedCase& c) {
     << ", B " << (c.b_layout == BLayout::kKN ? "[E, K, N]" : "[E, N, K]") << ", N " << c.n << ", K " << c.k
     << ", tile " << gemm_tile_name(c.tile) << ", E " << c.counts.size()
     << (c.activation == GroupedActivation::kSwiGLU ? ", SwiGLU" : "") << (c.swap_tails ? "" : ", tails padded")
-    << (c.tile_queue ? ", tile queue" : "") << (c.group_m > 0 ? ", group_m " + std::to_string(c.group_m) : "");
+    << (c.tile_queue ? "" : ", round-robin claims") << (c.group_m > 0 ? ", group_m " + std::to_string(c.group_m) : "");
   if (c.layout == GroupedLayout::kMasked) s << ", capacity " << c.capacity;
   s << ", counts";
   for (size_t e = 0; e < c.counts.size() && e < 24; ++e) s << ' ' << c.counts[e];
@@ -424,7 +424,7 @@ TEST(GroupedGemmContiguous, EveryTailLength) {
     int group_m;
   };
   for (const Variant& v : variants) {
-    for (const Schedule sched : {Schedule{true, false, 0}, Schedule{false, false, 0}, Schedule{true, true, 3}}) {
+    for (const Schedule sched : {Schedule{true, true, 0}, Schedule{false, true, 0}, Schedule{true, false, 3}}) {
       GroupedCase c;
       c.name = "every tail length";
       c.counts = counts;

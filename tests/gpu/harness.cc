@@ -1,5 +1,8 @@
 #include "tests/gpu/harness.h"
 
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <string>
@@ -40,6 +43,14 @@ Communicator& shared_comm() {
     CommOptions options;
     uint64_t gib = uint64_t{1} << 30;
     options.heap_bytes = 4 * gib + static_cast<uint64_t>(process().world_size) * gib;
+    // Ranks sharing a GPU (every rank of the job on this host's GPUs) split 3/4 of its memory.
+    int devices = 0;
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0 &&
+        cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+      const uint64_t sharing = static_cast<uint64_t>((process().world_size + devices - 1) / devices);
+      options.heap_bytes = std::min<uint64_t>(options.heap_bytes, total_bytes / 4 * 3 / sharing);
+    }
     if (const char* v = std::getenv("LOOM_TEST_HEAP_BYTES")) options.heap_bytes = std::strtoull(v, nullptr, 10);
     std::unique_ptr<Communicator> c = make_comm(options);
     if (!c) {

@@ -23,8 +23,8 @@ struct Process {
 const Process& process();
 
 // One communicator shared by the tests that need no special options (created on first use,
-// which must happen in the same test on every rank). Heap: LOOM_TEST_HEAP_BYTES or 4 GiB per
-// rank plus 1 GiB per rank of the world.
+// which must happen in the same test on every rank). Heap: LOOM_TEST_HEAP_BYTES, or 4 GiB per
+// rank plus 1 GiB per rank of the world, at most 3/4 of the GPU's memory over the ranks sharing it.
 Communicator& shared_comm();
 // A fresh communicator (collective).
 std::unique_ptr<Communicator> make_comm(const CommOptions& options);

@@ -1322,10 +1322,17 @@ struct LayerCase {
   int64_t inter = 192;  // I
   GemmTile tile = GemmTile::k128x256;
   bool shared = false;  // a shared expert (MoeLayerWeights::shared_gate_up, shared_down)
+  bool swap_tails = true;  // MoeLayerOptions::swap_tails
 
   std::string text(int world) const {
     return moe.text(world) + " I=" + std::to_string(inter) + " " + std::string(gemm_tile_name(tile)) +
-           (shared ? " shared" : "");
+           (shared ? " shared" : "") + (swap_tails ? "" : " padded tails");
+  }
+  MoeLayerOptions options() const {
+    MoeLayerOptions o;
+    o.tile = tile;
+    o.swap_tails = swap_tails;
+    return o;
   }
 };
 
@@ -1565,9 +1572,8 @@ TEST_P(MoeLayer, MatchesTheReferenceAndTheComposedCalls) {
   ASSERT_TRUE(agree(b.ok)) << what << ": setting up the layer";
   Result<MoePlan> plan = moe_routing(comm, s.config, s.routing_args(), nullptr);
   ASSERT_TRUE(agree(plan.ok())) << what << ": moe_routing: " << plan.status().to_string();
-  MoeLayerOptions options;
-  options.tile = g.tile;
-  const Status layer = moe_layer(comm, *plan, s.d_x.get(), b.weights(g), b.buffers(s), s.d_out.get(), nullptr, options);
+  const Status layer =
+      moe_layer(comm, *plan, s.d_x.get(), b.weights(g), b.buffers(s), s.d_out.get(), nullptr, g.options());
   ASSERT_TRUE(agree(layer.ok())) << what << ": rank " << process().rank << ": moe_layer: " << layer.to_string();
   Result<MoeReport> report = moe_report(comm, *plan, nullptr);  // synchronizes the stream
   ASSERT_TRUE(agree(report.ok())) << what << ": " << report.status().to_string();
@@ -1746,10 +1752,11 @@ TEST_F(MoeLayerChecks, BadInputIsRefusedAndAFailedRoutingWritesNothing) {
 
 // moe_routing + moe_layer back to back (run_back_to_back): every launch leaves the same bits,
 // and the last one the reference's.
-TEST_F(MoeLayerChecks, BackToBackLaunchesAreBitIdentical) {
+void back_to_back_layer(bool swap_tails) {
   Communicator& comm = shared_comm();
   LayerCase g;
   g.moe = make_case(Routing::kSkewed, 142);
+  g.swap_tails = swap_tails;
   const std::string what = "moe_layer " + g.text(comm.world_size()) + ", back-to-back launches";
   CaseBuffers s(g.moe);
   ASSERT_TRUE(agree(s.ok)) << what << ": setting up";
@@ -1761,7 +1768,7 @@ TEST_F(MoeLayerChecks, BackToBackLaunchesAreBitIdentical) {
       comm, s, s.d_out.get(), s.out_bytes(),
       [&](cudaStream_t stream) -> Result<MoePlan> {
         LOOM_ASSIGN_OR_RETURN(MoePlan p, moe_routing(comm, s.config, s.routing_args(), stream));
-        LOOM_TRY(moe_layer(comm, p, s.d_x.get(), b.weights(g), b.buffers(s), s.d_out.get(), stream));
+        LOOM_TRY(moe_layer(comm, p, s.d_x.get(), b.weights(g), b.buffers(s), s.d_out.get(), stream, g.options()));
         return p;
       },
       plan, differ);
@@ -1770,6 +1777,15 @@ TEST_F(MoeLayerChecks, BackToBackLaunchesAreBitIdentical) {
   check_dispatch(s, what);
   check_layer(g, s, what);
   EXPECT_TRUE(agree(!::testing::Test::HasFailure())) << what << ": a peer failed";
+}
+
+// Padded tails first, then swapped (the swapped path is the default; a failure in both points
+// elsewhere).
+TEST_F(MoeLayerChecks, BackToBackLaunchesAreBitIdentical) {
+  for (bool swap : {false, true}) {
+    back_to_back_layer(swap);
+    if (::testing::Test::HasFailure()) return;
+  }
 }
 
 // MoeLayerOptions::phases: every CTA of the grid fills its record (in order: entered, its dispatch
