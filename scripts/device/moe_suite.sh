@@ -30,6 +30,17 @@ BIN=.device-carry/bin
 if [[ ! -x $BIN/loom_gpu_tests ]]; then echo "no $BIN: run scripts/device/stage.sh here first and carry .device-carry"; exit 1; fi
 log "git $(head -1 .device-carry/GIT_SHA | cut -c1-7); $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
 rc=0
+# python_step LIMIT_S OUTPUT SCRIPT [ARGS...]: the Python package's extension built here against
+# the carried libloom.so, then SCRIPT under a wall-clock limit (output to OUTPUT); rc=1 on failure.
+python_step() {
+  local limit=$1 output=$2; shift 2
+  if WORK="$WORK" scripts/device/build_python_ext.sh "$LOG"; then
+    LD_LIBRARY_PATH="$PWD/$BIN:${LD_LIBRARY_PATH:-}" PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}" \
+      timeout --kill-after=10 "$limit" python3 "$@" > "$output" 2>&1 || rc=1
+  else
+    log "extension build failed"; rc=1
+  fi
+}
 for step in "${steps[@]}"; do
   case $step in
     bench)
@@ -37,31 +48,15 @@ for step in "${steps[@]}"; do
         $BIN/loom-bench moe --spawn 1 --json "$OUT/moe_w1.json" > "$OUT/moe_w1.txt" 2>&1 || rc=1
       log "bench: exit $rc"; tail -n 14 "$OUT/moe_w1.txt" ;;
     layer-bench)
-      if WORK="$WORK" scripts/device/build_python_ext.sh "$LOG"; then
-        LD_LIBRARY_PATH="$PWD/$BIN:${LD_LIBRARY_PATH:-}" PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}" \
-          timeout --kill-after=10 "${LAYER_BENCH_LIMIT_S:-420}" python3 bench/moe_layer.py --json "$OUT/moe_layer_w1.json" "$@" \
-          > "$OUT/moe_layer_w1.txt" 2>&1 || rc=1
-      else
-        log "extension build failed"; rc=1
-      fi
+      python_step "${LAYER_BENCH_LIMIT_S:-420}" "$OUT/moe_layer_w1.txt" bench/moe_layer.py --json "$OUT/moe_layer_w1.json" "$@"
       log "layer-bench: exit $rc"; tail -n 16 "$OUT/moe_layer_w1.txt" ;;
     grouped-bench)
-      if WORK="$WORK" scripts/device/build_python_ext.sh "$LOG"; then
-        LD_LIBRARY_PATH="$PWD/$BIN:${LD_LIBRARY_PATH:-}" PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}" \
-          timeout --kill-after=10 "${GROUPED_BENCH_LIMIT_S:-200}" python3 bench/grouped_gemm.py \
-          --json "$OUT/grouped_gemm.json" > "$OUT/grouped_gemm.txt" 2>&1 || rc=1
-      else
-        log "extension build failed"; rc=1
-      fi
+      python_step "${GROUPED_BENCH_LIMIT_S:-200}" "$OUT/grouped_gemm.txt" bench/grouped_gemm.py --json "$OUT/grouped_gemm.json"
       log "grouped-bench: exit $rc"; tail -n 48 "$OUT/grouped_gemm.txt" ;;
     skew-probe)
-      if WORK="$WORK" scripts/device/build_python_ext.sh "$LOG"; then
-        LD_LIBRARY_PATH="$PWD/$BIN:${LD_LIBRARY_PATH:-}" PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}" \
-          timeout --kill-after=10 "${PROBE_LIMIT_S:-150}" python3 bench/probes/grouped_skew.py ${PROBE_ARGS:-} \
-          --json "$OUT/grouped_skew.json" > "$OUT/grouped_skew.txt" 2>&1 || rc=1
-      else
-        log "extension build failed"; rc=1
-      fi
+      # shellcheck disable=SC2086
+      python_step "${PROBE_LIMIT_S:-150}" "$OUT/grouped_skew.txt" bench/probes/grouped_skew.py ${PROBE_ARGS:-} \
+        --json "$OUT/grouped_skew.json"
       log "skew-probe: exit $rc"; tail -n 20 "$OUT/grouped_skew.txt" ;;
     tests)
       LD_LIBRARY_PATH="$PWD/$BIN:${LD_LIBRARY_PATH:-}" timeout --kill-after=10 "${TESTS_LIMIT_S:-180}" \
