@@ -1,5 +1,5 @@
-"""Probe: where the grouped GEMM's skewed time goes. For a few DeepSeek-V3 slices, loom (swapped
-tails and padded tails) and torch._grouped_mm time the same rows under several count patterns:
+"""Probe: where the grouped GEMM's skewed time goes. For a few DeepSeek-V3 slices, loom (several
+scheduling variants) and torch._grouped_mm time the same rows under several count patterns:
 
   uniform        every expert rows / E rows (multiples of 128 at these shapes)
   shifted        uniform with 64 rows moved from the last expert to the first (every expert but the
@@ -11,9 +11,10 @@ tails and padded tails) and torch._grouped_mm time the same rows under several c
   skewed_pad     the skewed counts rounded up to 128 (no partial tile row; more rows)
 
 Candidates: torch._grouped_mm, and loom per tile (--tiles) and variant (--variants): words joined
-by '+', 'padded' (swap_tails=False), 'queue' (tile_queue=True), 'g<N>' (group_m=N); 'swap' alone is
-the defaults. Prints ms per pattern and candidate, and the tile rows each pattern has (the work a
-padded schedule does). Through the Python package on one GPU:
+by '+', 'padded' (swap_tails=False), 'static' (tile_queue=False: round-robin claims), 'experts'
+(expert_groups=True), 'g<N>' (group_m=N); 'default' alone is the defaults. Every variant's output
+(NaN-prefilled) is checked against torch's. Prints ms per pattern and candidate, and the tile rows
+each pattern has (the work a padded schedule does). Through the Python package on one GPU:
   python3 bench/probes/grouped_skew.py [--shapes fc1:1024,fc1:4096,fc2:1024] [--json FILE]
 """
 
@@ -48,12 +49,14 @@ def variant_options(variant):
     for word in variant.split("+"):
         if word == "padded":
             kw["swap_tails"] = False
-        elif word == "queue":
-            kw["tile_queue"] = True
+        elif word == "static":
+            kw["tile_queue"] = False
+        elif word == "experts":
+            kw["expert_groups"] = True
         elif word.startswith("g") and word[1:].isdigit():
             kw["group_m"] = int(word[1:])
-        elif word != "swap":
-            raise SystemExit(f"grouped_skew.py: unknown variant word {word!r} (swap, padded, queue, g<N>)")
+        elif word != "default":
+            raise SystemExit(f"grouped_skew.py: unknown variant word {word!r} (default, padded, static, experts, g<N>)")
     return kw
 
 
@@ -61,7 +64,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="fc1:1024,fc1:4096,fc1:16384,fc2:1024")
     ap.add_argument("--tiles", default="auto")
-    ap.add_argument("--variants", default="swap,padded,queue,padded+queue,g4,g64")
+    ap.add_argument("--variants", default="default,static,padded,experts,experts+padded,experts+g8")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--json", default="")
     args = ap.parse_args()

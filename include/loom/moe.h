@@ -258,6 +258,11 @@ struct GroupedGemmOptions {
   // false: round-robin (CTA c takes tiles c, c + grid, ...). Under skewed routing the queue took
   // 0.66-0.95x the round-robin time on one H100 (docs/MOE.md, "The grouped GEMM under skew").
   bool tile_queue = true;
+  // The raster's groups end where the experts do (each group one expert's tile rows, at most
+  // group_m of them) instead of every group_m tile rows: an expert's B is then loaded by one group
+  // unless it has more than group_m tile rows (a boundary inside an expert loads its B twice).
+  // Built and CPU-tested; not yet run on a GPU, so off by default.
+  bool expert_groups = false;
 };
 
 // ---- plan and workspace, before a call (e.g. before CUDA-graph capture) ------------------------

@@ -624,7 +624,7 @@ struct GroupedGemmCall {
 GroupedGemmCall prepare_grouped_gemm(nb::handle a, nb::handle b, nb::handle d, nb::handle offsets, nb::handle counts,
                                      nb::handle workspace, uintptr_t stream, std::string_view tile, int num_ctas,
                                      std::string_view b_layout, std::string_view activation, bool swap_tails,
-                                     int group_m, bool tile_queue) {
+                                     int group_m, bool tile_queue, bool expert_groups) {
   const char* op = "grouped_gemm";
   const int rank = -1;
   GroupedGemmCall c;
@@ -693,6 +693,7 @@ GroupedGemmCall prepare_grouped_gemm(nb::handle a, nb::handle b, nb::handle d, n
   c.options.swap_tails = swap_tails;
   c.options.group_m = group_m;
   c.options.tile_queue = tile_queue;
+  c.options.expert_groups = expert_groups;
   require_device(c.a, -1, op, rank);
   for (const TensorArg* t : {&c.b, &c.d, &c.rows, &c.workspace}) require_device(*t, c.a.device, op, rank);
   c.stream = as_stream(stream);
@@ -925,13 +926,13 @@ NB_MODULE(_C, m) {
       "grouped_gemm",
       [](nb::handle a, nb::handle b, nb::handle d, nb::handle offsets, nb::handle counts, nb::handle workspace,
          uintptr_t stream, std::string_view tile, int num_ctas, std::string_view b_layout, std::string_view activation,
-         bool swap_tails, int group_m, bool tile_queue) {
+         bool swap_tails, int group_m, bool tile_queue, bool expert_groups) {
         run(prepare_grouped_gemm(a, b, d, offsets, counts, workspace, stream, tile, num_ctas, b_layout, activation,
-                                 swap_tails, group_m, tile_queue));
+                                 swap_tails, group_m, tile_queue, expert_groups));
       },
       "a"_a.none(), "b"_a.none(), "d"_a.none(), "offsets"_a.none(), "counts"_a.none(), "workspace"_a.none(),
       "stream"_a, "tile"_a = "auto", "num_ctas"_a = 0, "b_layout"_a = "nk", "activation"_a = "none",
-      "swap_tails"_a = true, "group_m"_a = 0, "tile_queue"_a = true,
+      "swap_tails"_a = true, "group_m"_a = 0, "tile_queue"_a = true, "expert_groups"_a = false,
       "d_e = a_e @ b_e^T (b [E, N, K], b_layout 'nk') or a_e @ b_e (b [E, K, N], 'kn') for every expert e (MoE "
       "grouped GEMM on one GPU); offsets: contiguous rows, counts: masked; activation 'swiglu': silu(gate) * up "
       "over N interleaved by 8 (d has N / 2 columns).");

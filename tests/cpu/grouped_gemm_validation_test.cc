@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kernels/moe/grouped_gemm_params.h"
 #include "loom/moe.h"
@@ -215,7 +216,8 @@ TEST(GroupedGemmValidation, Options) {
   EXPECT_EQ(too_tall.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(too_tall.message().find("group_m"), std::string::npos) << too_tall.to_string();
   o.group_m = planner::kMaxGroupedGroupM;
-  o.tile_queue = true;
+  o.tile_queue = false;
+  o.expert_groups = true;
   EXPECT_TRUE(grouped_gemm_can_implement(contiguous_args(), o).ok());
 }
 
@@ -317,6 +319,46 @@ TEST(GroupedGemmPlan, SizesTheTableAndTheGrid) {
   const planner::GemmDeviceLimits small_smem{132, 100 * 1024};
   o.tile = GemmTile::k128x256;
   EXPECT_EQ(planner::plan_grouped_gemm(contiguous_args(), o, small_smem).status().code(), StatusCode::kUnsupported);
+}
+
+
+// GroupedGemmOptions::expert_groups' order (expert_group_of as the plan kernel writes each tile
+// row's word, expert_group_tile as the scheduler reads it): every position maps to a distinct
+// (tile row, column block), the positions of one group cover its rows' tiles before the next
+// group's, and no group holds two experts' rows or more than group_rows of them.
+TEST(GroupedGemmPlan, ExpertGroupsOrderEveryTileOnceWithinOneExpert) {
+  const std::vector<uint32_t> rows_per_expert = {2, 0, 1, 5, 3, 8, 1, 0, 4, 2, 9, 1};  // tile rows
+  for (uint32_t group_rows : {1u, 2u, 3u, 4u, 64u}) {
+    for (uint32_t n_blocks : {1u, 3u, 16u}) {
+      std::vector<uint32_t> words, expert_of;
+      for (uint32_t e = 0; e < rows_per_expert.size(); ++e) {
+        for (uint32_t k = 0; k < rows_per_expert[e]; ++k) {
+          words.push_back(kernels::moe::expert_group_of(k, rows_per_expert[e], group_rows));
+          expert_of.push_back(e);
+        }
+      }
+      const uint32_t tile_rows = static_cast<uint32_t>(words.size());
+      std::vector<int> seen(static_cast<size_t>(tile_rows) * n_blocks, 0);
+      uint32_t group_first = 0, group_end = 0;  // the tile rows of the group being walked
+      for (uint32_t t = 0; t < tile_rows * n_blocks; ++t) {
+        const uint32_t word = words[t / n_blocks];
+        const kernels::moe::GroupedTile tile = kernels::moe::expert_group_tile(t, n_blocks, word);
+        ASSERT_LT(tile.m_block, tile_rows) << "t " << t;
+        ASSERT_LT(tile.n_block, n_blocks) << "t " << t;
+        ++seen[static_cast<size_t>(tile.m_block) * n_blocks + tile.n_block];
+        if (t % n_blocks == 0 && t / n_blocks >= group_end) {  // a new group starts at this row
+          group_first = t / n_blocks;
+          group_end = group_first + kernels::moe::expert_group_rows(word);
+          EXPECT_EQ(kernels::moe::expert_group_position(word), 0u) << "t " << t;
+          EXPECT_LE(group_end - group_first, group_rows);
+          for (uint32_t r = group_first; r < group_end; ++r) EXPECT_EQ(expert_of[r], expert_of[group_first]);
+        }
+        EXPECT_GE(tile.m_block, group_first) << "t " << t << ", group_rows " << group_rows;
+        EXPECT_LT(tile.m_block, group_end) << "t " << t << ", group_rows " << group_rows;
+      }
+      for (size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i], 1) << "tile " << i << ", group_rows " << group_rows;
+    }
+  }
 }
 
 }  // namespace

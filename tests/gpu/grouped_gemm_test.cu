@@ -98,6 +98,7 @@ struct GroupedCase {
   bool swap_tails = true;   // GroupedGemmOptions::swap_tails
   bool tile_queue = true;   // GroupedGemmOptions::tile_queue (run twice: the plan kernel rezeroes the counter)
   int group_m = 0;          // GroupedGemmOptions::group_m
+  bool expert_groups = false;  // GroupedGemmOptions::expert_groups
 };
 
 std::string describe(const GroupedCase& c) {
@@ -106,7 +107,8 @@ std::string describe(const GroupedCase& c) {
     << ", B " << (c.b_layout == BLayout::kKN ? "[E, K, N]" : "[E, N, K]") << ", N " << c.n << ", K " << c.k
     << ", tile " << gemm_tile_name(c.tile) << ", E " << c.counts.size()
     << (c.activation == GroupedActivation::kSwiGLU ? ", SwiGLU" : "") << (c.swap_tails ? "" : ", tails padded")
-    << (c.tile_queue ? "" : ", round-robin claims") << (c.group_m > 0 ? ", group_m " + std::to_string(c.group_m) : "");
+    << (c.tile_queue ? "" : ", round-robin claims") << (c.group_m > 0 ? ", group_m " + std::to_string(c.group_m) : "")
+    << (c.expert_groups ? ", expert groups" : "");
   if (c.layout == GroupedLayout::kMasked) s << ", capacity " << c.capacity;
   s << ", counts";
   for (size_t e = 0; e < c.counts.size() && e < 24; ++e) s << ' ' << c.counts[e];
@@ -188,6 +190,7 @@ void run_case(const GroupedCase& c) {
   options.swap_tails = c.swap_tails;
   options.tile_queue = c.tile_queue;
   options.group_m = c.group_m;
+  options.expert_groups = c.expert_groups;
   const Status s = grouped_gemm(args, nullptr, options);
   ASSERT_TRUE(s.ok()) << s.to_string();
   GG_CUDA(cudaGetLastError());
@@ -422,9 +425,13 @@ TEST(GroupedGemmContiguous, EveryTailLength) {
   struct Schedule {
     bool swap, queue;
     int group_m;
+    bool expert_groups;
   };
   for (const Variant& v : variants) {
-    for (const Schedule sched : {Schedule{true, true, 0}, Schedule{false, true, 0}, Schedule{true, false, 3}}) {
+    // Expert groups of at most 2 tile rows: the counts' 1-3 tile rows per expert give groups of
+    // 1 and 2 rows, and a 3-row expert's last row a group of its own.
+    for (const Schedule sched : {Schedule{true, true, 0, false}, Schedule{false, true, 0, false},
+                                 Schedule{true, false, 3, false}, Schedule{true, true, 2, true}}) {
       GroupedCase c;
       c.name = "every tail length";
       c.counts = counts;
@@ -438,6 +445,7 @@ TEST(GroupedGemmContiguous, EveryTailLength) {
       c.swap_tails = sched.swap;
       c.tile_queue = sched.queue;
       c.group_m = sched.group_m;
+      c.expert_groups = sched.expert_groups;
       run_case(c);
     }
   }

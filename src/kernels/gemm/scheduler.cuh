@@ -24,6 +24,9 @@
 //                                                       // (B is then grouped, operands.cuh)
 //   static constexpr bool kRowRanges;                   // optional: true when place() sets every
 //                                                       // tile's row_first and row_limit
+//   bool order(uint32_t t, const SchedulerParams&, uint32_t& m_block, uint32_t& n_block) const;
+//                                                       // optional: places position t of the order
+//                                                       // itself (true) or leaves it to the raster
 #pragma once
 
 #include <cstdint>
@@ -86,9 +89,13 @@ class TileScheduler {
     return item;
   }
 
-  // Position t of the order -> (m_block, n_block): grouped raster (groups of group_m tile rows,
-  // n fastest across a group's columns), its rows mapped by the Tiles policy.
+  // Position t of the order -> (m_block, n_block): the Tiles policy's order where it has one, else
+  // the grouped raster (groups of group_m tile rows, m fastest within a column of the group), its
+  // rows mapped by the Tiles policy.
   __device__ void tile_at(uint32_t t, uint32_t& m_block, uint32_t& n_block) const {
+    if constexpr (requires(uint32_t& m, uint32_t& n) { tiles_.order(t, p_, m, n); }) {
+      if (tiles_.order(t, p_, m_block, n_block)) return;
+    }
     const uint32_t group_m = p_.group_m == 0 ? 1u : p_.group_m;
     const uint32_t per_group = group_m * p_.n_blocks;
     const uint32_t group = t / per_group;

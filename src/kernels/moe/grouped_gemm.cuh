@@ -106,10 +106,12 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_plan_kernel(const Group
         else hi = mid - 1;
       }
       GroupedTileRow row;
+      const uint32_t k = static_cast<uint32_t>(t - start[lo]);  // the expert's k-th tile row
       row.expert = base + lo;
-      row.row_first = first_row[lo] + static_cast<uint32_t>(t - start[lo]) * p.block_m;
+      row.row_first = first_row[lo] + k * p.block_m;
       row.row_limit = row_limit[lo];
-      row.unused = 0;
+      const uint32_t expert_rows = (row_limit[lo] - first_row[lo] + p.block_m - 1) / p.block_m;
+      row.group = expert_group_of(k, expert_rows, p.group_rows);
       p.table[t] = row;
     }
     carry += chunk_rows;
@@ -127,12 +129,25 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_plan_kernel(const Group
 // ---- the GEMM kernel -------------------------------------------------------------------------------
 
 // The Tiles policy (kernels/gemm/scheduler.cuh): raster row r is tile row r of the table; placing
-// a tile reads its expert and row range (one 16-byte load by the scheduling thread).
+// a tile reads its expert and row range (one 16-byte load by the scheduling thread). With
+// expert_groups, the raster's groups are the table's expert groups instead of group_m tile rows
+// regardless of the experts: no group holds two experts' rows, so no expert's B is loaded by two
+// groups unless it has more than group_m tile rows.
 struct GroupedTiles {
   static constexpr bool kGroupedB = true;
   static constexpr bool kRowRanges = true;
 
   const GroupedTileRow* table;
+  uint32_t expert_groups;  // GroupedGemmOptions::expert_groups
+
+  // expert_group_tile (grouped_gemm_params.h): position t's group holds tile row t / n_blocks.
+  __device__ bool order(uint32_t t, const gemm::SchedulerParams& p, uint32_t& m_block, uint32_t& n_block) const {
+    if (expert_groups == 0) return false;
+    const GroupedTile tile = expert_group_tile(t, p.n_blocks, table[t / p.n_blocks].group);
+    m_block = tile.m_block;
+    n_block = tile.n_block;
+    return true;
+  }
 
   __device__ uint32_t m_block(uint32_t r, const gemm::SchedulerParams& /*p*/) const { return r; }
   __device__ bool gate(uint32_t /*m_block*/, const gemm::SchedulerParams& /*p*/, const WaitContext& /*ctx*/) {
@@ -185,6 +200,7 @@ struct GroupedGemmKernelParams {
   uint64_t ldd_bytes;
   uint32_t swap_tails;    // GroupedGemmOptions::swap_tails
   uint32_t tile_queue;    // GroupedGemmOptions::tile_queue: claim from header->tile_queue
+  uint32_t expert_groups; // GroupedGemmOptions::expert_groups: the raster's groups from the table
 };
 
 // kBNMajor: B is [E, K, N] (each expert's B N-major) rather than [E, N, K]. kGated: the SwiGLU
@@ -205,7 +221,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   gemm::SchedulerParams sched = p.sched;
   sched.m_blocks = p.header->tile_rows;  // written by the plan kernel just before, in stream order
   if (p.tile_queue != 0) sched.queue = &p.header->tile_queue;
-  gemm::TileScheduler<GroupedTiles> scheduler(sched, GroupedTiles{p.table});
+  gemm::TileScheduler<GroupedTiles> scheduler(sched, GroupedTiles{p.table, p.expert_groups});
   GroupedEpilogue<Cfg::kBlockM, kGated> epi(p.epi, &p.d, p.d_ptr, p.ldd_bytes);
   gemm::GemmOperands ops{&p.a, &p.b, p.m, p.n, p.k};
   ops.swap_tails = p.swap_tails != 0;

@@ -19,6 +19,8 @@
 
 #include <cstdint>
 
+#include "runtime/device_abi.h"
+
 namespace loom::kernels::moe {
 
 struct GroupedGemmTunables {
@@ -47,13 +49,42 @@ struct GroupedWorkspaceHeader {
 static_assert(sizeof(GroupedWorkspaceHeader) == 16, "the table starts 16 bytes into the workspace");
 
 // One tile row: BLOCK_M rows of expert `expert` from row_first (a row of A and D), storable up to
-// row_limit (the expert's end; exclusive).
+// row_limit (the expert's end; exclusive). `group`: the row's expert group (an expert's tile rows,
+// cut into groups of at most GroupedPlanParams::group_rows; GroupedGemmOptions::expert_groups):
+// bits 0-7 the row's position in its group, bits 8-15 the group's tile rows.
 struct alignas(16) GroupedTileRow {
   uint32_t expert;
   uint32_t row_first;
   uint32_t row_limit;
-  uint32_t unused;
+  uint32_t group;
 };
+inline constexpr uint32_t kMaxExpertGroupRows = 255;  // what `group`'s 8-bit fields hold
+
+LOOM_HOST_DEVICE constexpr uint32_t expert_group_word(uint32_t position, uint32_t rows) {
+  return position | rows << 8;
+}
+LOOM_HOST_DEVICE constexpr uint32_t expert_group_position(uint32_t word) { return word & 0xffu; }
+LOOM_HOST_DEVICE constexpr uint32_t expert_group_rows(uint32_t word) { return (word >> 8) & 0xffu; }
+
+// The group word of an expert's k-th tile row, of expert_rows, in groups of at most group_rows.
+LOOM_HOST_DEVICE constexpr uint32_t expert_group_of(uint32_t k, uint32_t expert_rows, uint32_t group_rows) {
+  const uint32_t first = k / group_rows * group_rows;
+  const uint32_t rest = expert_rows - first;
+  return expert_group_word(k - first, rest < group_rows ? rest : group_rows);
+}
+
+// Position t of the expert-group order -> (tile row, column block), given the group word of tile
+// row t / n_blocks: the groups are runs of consecutive tile rows walked one after another, R x
+// n_blocks positions for a group of R rows, column-major within it (its rows share each B tile).
+struct GroupedTile {
+  uint32_t m_block, n_block;
+};
+LOOM_HOST_DEVICE constexpr GroupedTile expert_group_tile(uint32_t t, uint32_t n_blocks, uint32_t word) {
+  const uint32_t rows = expert_group_rows(word);
+  const uint32_t first = t / n_blocks - expert_group_position(word);
+  const uint32_t local = t - first * n_blocks;
+  return GroupedTile{first + local % rows, local / rows};
+}
 static_assert(sizeof(GroupedTileRow) == 16, "a tile row is read with one 16-byte load");
 
 constexpr uint64_t kGroupedWorkspaceHeaderBytes = sizeof(GroupedWorkspaceHeader);
@@ -75,6 +106,7 @@ struct GroupedPlanParams {
   GroupedWorkspaceHeader* header = nullptr;
   GroupedTileRow* table = nullptr;
   uint32_t max_tile_rows = 0;  // the table's capacity (entries)
+  uint32_t group_rows = 1;     // the most tile rows of one expert group (1 .. kMaxExpertGroupRows)
 };
 
 }  // namespace loom::kernels::moe

@@ -20,6 +20,9 @@ namespace {
 namespace kg = kernels::gemm;
 namespace km = kernels::moe;
 
+static_assert(planner::kMaxGroupedGroupM <= static_cast<int>(km::kMaxExpertGroupRows),
+              "a raster group's tile rows must fit the tile table's 8-bit expert-group fields");
+
 Status launch_tile(GemmTile tile, const km::GroupedGemmKernelParams& p, const ops::detail::GroupedVariant& variant,
                    int grid, cudaStream_t stream) {
   switch (tile) {
@@ -89,6 +92,7 @@ Status prepare_grouped_gemm(const GroupedGemmArgs& args, const planner::GroupedG
   plan_params.table =
       reinterpret_cast<km::GroupedTileRow*>(static_cast<uint8_t*>(args.workspace) + km::kGroupedWorkspaceHeaderBytes);
   plan_params.max_tile_rows = static_cast<uint32_t>(plan.max_tile_rows);
+  plan_params.group_rows = static_cast<uint32_t>(plan.group_m);
 
   constexpr int kPlanThreads = km::GroupedGemmTunables::kPlanThreads;
   return ops::launch_kernel(&km::grouped_gemm_plan_kernel<kPlanThreads>, 1u, kPlanThreads, 0, stream, plan_params);
@@ -126,6 +130,7 @@ Status grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream, const Grou
   p.wait = wait->params();
   p.swap_tails = options.swap_tails ? 1u : 0u;
   p.tile_queue = options.tile_queue ? 1u : 0u;
+  p.expert_groups = options.expert_groups ? 1u : 0u;
   const ops::detail::GroupedVariant variant{args.in_dtype == DType::kBF16, args.b_layout == BLayout::kKN,
                                             args.activation == GroupedActivation::kSwiGLU};
   return launch_tile(plan.tile, p, variant, plan.num_ctas, stream);
