@@ -11,8 +11,9 @@ scheduling variants) and torch._grouped_mm time the same rows under several coun
   skewed_pad     the skewed counts rounded up to 128 (no partial tile row; more rows)
 
 Candidates: torch._grouped_mm, and loom per tile (--tiles) and variant (--variants): words joined
-by '+', 'padded' (swap_tails=False), 'static' (tile_queue=False: round-robin claims), 'experts'
-(expert_groups=True), 'g<N>' (group_m=N); 'default' alone is the defaults. Every variant's output
+by '+', 'padded' (swap_tails=False), 'static' (tile_queue=False: round-robin claims), 'rows'
+(expert_groups=False: groups of group_m tile rows whatever the experts), 'experts'
+(expert_groups=True, the default), 'g<N>' (group_m=N); 'default' alone is the defaults. Every variant's output
 (NaN-prefilled) is checked against torch's. Prints ms per pattern and candidate, and the tile rows
 each pattern has (the work a padded schedule does). Through the Python package on one GPU:
   python3 bench/probes/grouped_skew.py [--shapes fc1:1024,fc1:4096,fc2:1024] [--json FILE]
@@ -53,10 +54,12 @@ def variant_options(variant):
             kw["tile_queue"] = False
         elif word == "experts":
             kw["expert_groups"] = True
+        elif word == "rows":
+            kw["expert_groups"] = False
         elif word.startswith("g") and word[1:].isdigit():
             kw["group_m"] = int(word[1:])
         elif word != "default":
-            raise SystemExit(f"grouped_skew.py: unknown variant word {word!r} (default, padded, static, experts, g<N>)")
+            raise SystemExit(f"grouped_skew.py: unknown variant word {word!r} (default, padded, static, rows, experts, g<N>)")
     return kw
 
 
@@ -64,7 +67,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="fc1:1024,fc1:4096,fc1:16384,fc2:1024")
     ap.add_argument("--tiles", default="auto")
-    ap.add_argument("--variants", default="default,static,padded,experts,experts+padded,experts+g8")
+    ap.add_argument("--variants", default="default,rows,static,padded,g8")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--json", default="")
     args = ap.parse_args()

@@ -122,7 +122,7 @@ def ring_attention(comm: Communicator, q: object | None, k: object | None, v: ob
 def attention_merge(partial_out: object | None, partial_lse: object | None, out: object | None, lse: object | None, stream: int) -> None:
     """Combines partial-mode attention results over disjoint key sets (fp32)."""
 
-def grouped_gemm(a: object | None, b: object | None, d: object | None, offsets: object | None, counts: object | None, workspace: object | None, stream: int, tile: str = 'auto', num_ctas: int = 0, b_layout: str = 'nk', activation: str = 'none', swap_tails: bool = True, group_m: int = 0, tile_queue: bool = True, expert_groups: bool = False) -> None:
+def grouped_gemm(a: object | None, b: object | None, d: object | None, offsets: object | None, counts: object | None, workspace: object | None, stream: int, tile: str = 'auto', num_ctas: int = 0, b_layout: str = 'nk', activation: str = 'none', swap_tails: bool = True, group_m: int = 0, tile_queue: bool = True, expert_groups: bool = True) -> None:
     """
     d_e = a_e @ b_e^T (b [E, N, K], b_layout 'nk') or a_e @ b_e (b [E, K, N], 'kn') for every expert e (MoE grouped GEMM on one GPU); offsets: contiguous rows, counts: masked; activation 'swiglu': silu(gate) * up over N interleaved by 8 (d has N / 2 columns).
     """

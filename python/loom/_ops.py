@@ -161,7 +161,7 @@ def grouped_gemm(a: DLPackArray, b: DLPackArray, d: Out, *, workspace: DLPackArr
                  offsets: Optional[DLPackArray] = None, counts: Optional[DLPackArray] = None,
                  stream: StreamArg = None, tile: str = "auto", num_ctas: int = 0, b_layout: str = "nk",
                  activation: str = "none", swap_tails: bool = True, group_m: int = 0,
-                 tile_queue: bool = True, expert_groups: bool = False) -> Out:
+                 tile_queue: bool = True, expert_groups: bool = True) -> Out:
     """d_e = a_e @ b_e^T for every expert e in one kernel (MoE expert GEMM on one GPU); b [E, N, K]
     (one nn.Linear weight per expert; b_layout 'kn': b [E, K, N] and d_e = a_e @ b_e), bf16 or
     fp16; d bf16, fp16 or fp32; fp32 accumulation.
@@ -177,7 +177,8 @@ def grouped_gemm(a: DLPackArray, b: DLPackArray, d: Out, *, workspace: DLPackArr
     (about its own rows' cost, not a whole tile's); False pads it like the others (A/B timing).
     group_m: the raster's group height in tile rows (0: the planner's). tile_queue (default): tiles
     claimed first come, first served from a counter in the workspace; False: round-robin.
-    expert_groups: the raster's groups end at the experts' ends (not yet run on a GPU)."""
+    expert_groups (default): the raster's groups end at the experts' ends, so a group loads one
+    expert's B; False: groups of group_m tile rows whatever the experts."""
     device = _device_of(a) if stream is not None else None
     _C.grouped_gemm(a, b, d, offsets, counts, workspace, _stream(stream, a, "grouped_gemm", device), tile, num_ctas,
                     b_layout, activation, swap_tails, group_m, tile_queue, expert_groups)

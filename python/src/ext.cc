@@ -932,7 +932,7 @@ NB_MODULE(_C, m) {
       },
       "a"_a.none(), "b"_a.none(), "d"_a.none(), "offsets"_a.none(), "counts"_a.none(), "workspace"_a.none(),
       "stream"_a, "tile"_a = "auto", "num_ctas"_a = 0, "b_layout"_a = "nk", "activation"_a = "none",
-      "swap_tails"_a = true, "group_m"_a = 0, "tile_queue"_a = true, "expert_groups"_a = false,
+      "swap_tails"_a = true, "group_m"_a = 0, "tile_queue"_a = true, "expert_groups"_a = true,
       "d_e = a_e @ b_e^T (b [E, N, K], b_layout 'nk') or a_e @ b_e (b [E, K, N], 'kn') for every expert e (MoE "
       "grouped GEMM on one GPU); offsets: contiguous rows, counts: masked; activation 'swiglu': silu(gate) * up "
       "over N interleaved by 8 (d has N / 2 columns).");

@@ -34,6 +34,7 @@
 #                                   copy and the world-1 TP rows (what the main job prints on one GPU),
 #                                   JSON in $OUT/<date>_<sha>_{gemm,collectives_world1,tp_world1}_1x<GPU>.json
 #
+# GTEST_BRIEF=0 prints every test's start and end (which test a stuck job was in).
 # Each step is its own job under a wall-clock limit (STEP_LIMIT_S, default 240, cut to what the
 # call has left of SUITE_BUDGET_S, default 570) and leaves one summary line in $OUT/suites.jsonl
 # (bench/suite_summary.py: passed / failed / skipped over every rank). Everything the steps print
@@ -83,7 +84,7 @@ gtest_job() {
   log "$suite: $ranks ranks ($per_gpu per GPU), $nodes emulated node(s), filter $filter, limit ${t}s"
   start=$(date +%s)
   env LOOM_EMULATE_NODES="$nodes" "$@" timeout --kill-after=10 "$t" $BIN/loom-run -n "$ranks" --ranks-per-gpu "$per_gpu" \
-    --timeout $(( t - 5 )) -- bash -c "exec $BIN/loom_gpu_tests --gtest_filter='$filter' --gtest_brief=1 \
+    --timeout $(( t - 5 )) -- bash -c "exec $BIN/loom_gpu_tests --gtest_filter='$filter' --gtest_brief=${GTEST_BRIEF:-1} \
     --gtest_output=json:$dir/rank\$RANK.json" >> "$LOG" 2>&1
   r=$?
   summarize "$suite" "$ranks" "$per_gpu" "$nodes" "$(( $(date +%s) - start ))" "$r" "$dir"/rank*.json

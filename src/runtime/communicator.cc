@@ -19,6 +19,7 @@
 #include "runtime/call_log.h"
 #include "runtime/communicator_impl.h"
 #include "runtime/cuda_check.h"
+#include "runtime/cuda_driver.h"
 #include "runtime/names.h"
 #include "runtime/network_layout.h"
 
@@ -569,24 +570,69 @@ std::string Communicator::Impl::describe_missing_entries(OpId op, uint64_t epoch
   return out;
 }
 
+namespace {
+
+// A CtaProgress failure word as words: "waiting for a 'K' flag I" or "at the barrier 'B'".
+std::string failure_text(uint32_t failure) {
+  const auto kind = static_cast<FlagKind>((failure >> 24) & 0x7fu);
+  const uint32_t index = failure & 0xffffffu;
+  if (kind == FlagKind::kNone) return "at the barrier '" + barrier_text(index) + "'";
+  return "waiting for a '" + std::string(flag_kind_name(kind)) + "' flag " + std::to_string(index);
+}
+
+bool failed(uint32_t failure) { return (failure >> 31) != 0; }
+
+}  // namespace
+
 std::string Communicator::Impl::describe_thread0(int cta, uint64_t epoch) const {
   if (cta < 0 || static_cast<uint32_t>(cta) >= kProgressSlots) return "";
   const volatile CtaProgress& p = progress_host[cta];
   const uint32_t phase_word = p.phase;
   if ((phase_word >> 8) != (epoch & 0xffffffu)) return "";
   std::string out = "; its thread 0 got to '" + std::string(launch_phase_name(phase_word & 0xffu)) + "'";
-  const uint32_t failure = p.failure;
-  if ((failure >> 31) != 0) {
-    const auto kind = static_cast<FlagKind>((failure >> 24) & 0x7fu);
-    const uint32_t index = failure & 0xffffffu;
-    if (kind == FlagKind::kNone) {
-      out += " and gave up at the barrier '" + barrier_text(index) + "'";
+  const uint32_t failure = p.failure, other = p.other_failure;
+  out += failed(failure) ? " and gave up " + failure_text(failure) : " and was in no loom wait";
+  if (failed(other)) out += "; another of its threads gave up " + failure_text(other);
+  return out;
+}
+
+std::string Communicator::Impl::describe_other_waits(uint64_t epoch, int recorded) const {
+  const volatile CtaProgress* progress = progress_host;
+  if (progress == nullptr) return "";
+  const uint32_t slots = std::min(static_cast<uint32_t>(sm_count), kProgressSlots);
+  // Distinct (thread 0's wait, another thread's wait) pairs, each with its first CTA and how many
+  // CTAs gave up that way; listed in CTA order.
+  struct Waits {
+    uint32_t thread0, other;
+    uint32_t first_cta;
+    uint32_t ctas;
+  };
+  std::vector<Waits> seen;
+  uint32_t ctas = 0;
+  for (uint32_t cta = 0; cta < slots; ++cta) {
+    if (static_cast<int>(cta) == recorded || (progress[cta].phase >> 8) != (epoch & 0xffffffu)) continue;
+    const uint32_t thread0 = progress[cta].failure, other = progress[cta].other_failure;
+    if (!failed(thread0) && !failed(other)) continue;
+    ++ctas;
+    auto same = std::find_if(seen.begin(), seen.end(),
+                             [&](const Waits& w) { return w.thread0 == thread0 && w.other == other; });
+    if (same != seen.end()) {
+      ++same->ctas;
     } else {
-      out += " and gave up waiting for a '" + std::string(flag_kind_name(kind)) + "' flag " + std::to_string(index);
+      seen.push_back({thread0, other, cta, 1});
     }
-  } else {
-    out += " and was in no loom wait";
   }
+  if (ctas == 0) return "";
+  constexpr size_t kListed = 6;
+  std::string out = "; " + std::to_string(ctas) + " other CTA(s) gave up in a wait:";
+  for (size_t i = 0; i < seen.size() && i < kListed; ++i) {
+    const Waits& w = seen[i];
+    out += std::string(i == 0 ? " " : "; ") + "CTA " + std::to_string(w.first_cta) +
+           (w.ctas > 1 ? " and " + std::to_string(w.ctas - 1) + " more" : std::string()) + ":";
+    if (failed(w.thread0)) out += " thread 0 " + failure_text(w.thread0);
+    if (failed(w.other)) out += std::string(failed(w.thread0) ? "," : "") + " another thread " + failure_text(w.other);
+  }
+  if (seen.size() > kListed) out += "; and " + std::to_string(seen.size() - kListed) + " other kind(s) of wait";
   return out;
 }
 
@@ -656,6 +702,7 @@ Status Communicator::Impl::consume_error_record() {
       (code == static_cast<uint32_t>(DeviceError::kAborted) && failed_by_peer())) {
     message += describe_missing_entries(static_cast<OpId>(e->op), e->epoch);
   }
+  if (code == static_cast<uint32_t>(DeviceError::kTimeout)) message += describe_other_waits(e->epoch, e->cta);
   // Across nodes the first record seldom tells why data never came: say where the network-send
   // CTA (CTA 0) was and what the proxy did.
   if (network && code == static_cast<uint32_t>(DeviceError::kTimeout)) {
@@ -684,6 +731,31 @@ Result<uint64_t> Communicator::Impl::symmetric_offset(const void* ptr, size_t by
   return heap->offset_of(ptr);
 }
 
+namespace {
+
+// A cudaMalloc allocation (legacy IPC capable: one driver allocation per call) that ends before
+// ptr + bytes: invalid_argument. Other memory (virtual memory mappings such as PyTorch's expandable
+// segments, stream-ordered pools) can span several driver ranges and is not judged.
+Status check_allocation_holds(const void* ptr, size_t bytes, const char* what) {
+  static const auto get = runtime::optional_driver_entry<PFN_cuPointerGetAttributes_v7000>("cuPointerGetAttributes", 7000);
+  if (get == nullptr) return {};
+  int legacy = 0;
+  CUdeviceptr start = 0;
+  size_t size = 0;
+  CUpointer_attribute attributes[] = {CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                      CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+  void* values[] = {&legacy, &start, &size};
+  if (get(3, attributes, values, reinterpret_cast<CUdeviceptr>(ptr)) != CUDA_SUCCESS || legacy == 0 || size == 0) return {};
+  const uint64_t end = static_cast<uint64_t>(start) + size;
+  const uint64_t p = reinterpret_cast<uint64_t>(ptr);
+  if (p + bytes <= end) return {};
+  return Status::invalid_argument(std::string(what) + " needs " + std::to_string(bytes) + " bytes from its address, but its "
+                                  "allocation (cudaMalloc of " + std::to_string(size) + " bytes) ends " +
+                                  std::to_string(end - p) + " bytes after it");
+}
+
+}  // namespace
+
 Status Communicator::Impl::check_local_device_buffer(const void* ptr, size_t bytes, const char* what) const {
   if (ptr == nullptr) return Status::invalid_argument(std::string(what) + " is null");
   if (heap->allocated(ptr, bytes)) return {};
@@ -700,6 +772,7 @@ Status Communicator::Impl::check_local_device_buffer(const void* ptr, size_t byt
     return Status::invalid_argument(std::string(what) + " lives on device " + std::to_string(attr.device) +
                                     " but this rank uses device " + std::to_string(device));
   }
+  if (attr.type == cudaMemoryTypeDevice) LOOM_TRY(check_allocation_holds(ptr, bytes, what));
   return {};
 }
 

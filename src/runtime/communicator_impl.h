@@ -139,9 +139,14 @@ struct Communicator::Impl {
   // whichever flag's wait hit the shared deadline first, often a peer that waits for the silent
   // rank in turn; this names the silent rank itself.
   std::string describe_missing_entries(OpId op, uint64_t epoch) const;
-  // Where thread 0 of CTA `cta` was in launch `epoch` (its phase mark, and the wait it gave up in),
-  // or "" when the CTA marked nothing in that launch (not a multi-node kernel).
+  // Where CTA `cta` was in launch `epoch` (thread 0's phase mark, and the wait a thread of it gave
+  // up in), or "" when the CTA marked nothing in that launch (not a fused kernel).
   std::string describe_thread0(int cta, uint64_t epoch) const;
+  // After a device timeout in launch `epoch`: the other CTAs where a thread gave up in a wait
+  // (which wait, grouped), beside the recorded CTA `recorded`, or "". The shared deadline makes
+  // every stuck wait give up at once and the first record is often a bystander's (a finisher
+  // waiting for a CTA that waited for something else): this names the something else.
+  std::string describe_other_waits(uint64_t epoch, int recorded) const;
   // Heap offset of a symmetric pointer range, or invalid_argument naming `what`.
   Result<uint64_t> symmetric_offset(const void* ptr, size_t bytes, const char* what) const;
   // After an operator call was queued on `stream` (during capture: marks the workspaces as held

@@ -99,13 +99,17 @@ enum class BarrierWhat : uint32_t {
 // therefore stuck outside them (a hardware wait, a barrier). To say where, thread 0 of each CTA
 // of the multi-node kernels marks coarse phases in its slot (blockIdx.x < kProgressSlots) of a
 // host-mapped array the host reads while the GPU is busy, a handful of posted stores per CTA and
-// launch; and when thread 0 of any kernel's CTA gives up a wait it says which there, so a launch
-// whose first recorded failure is another thread's still shows where thread 0 (the producer of
-// the compute role, the data-moving roles) was.
+// launch; and when a thread of a CTA gives up a wait it says which there (thread 0 in `failure`,
+// the last other thread in `other_failure`), so a launch whose first recorded failure is another
+// CTA's (a bystander: every wait gives up at the launch's one deadline) still shows what each CTA
+// waited for: thread 0 is the producer of the compute role (its gates) and the data-moving roles.
 enum class LaunchPhase : uint32_t { kEntered = 1, kRolesDone = 2, kComputeDone = 3, kProxyDone = 4, kFinished = 5 };
 struct CtaProgress {
-  uint32_t phase;     // (epoch & 0xffffff) << 8 | LaunchPhase
-  uint32_t failure;   // 0, or 1 << 31 | FlagKind << 24 | index (24 bits; a barrier's BarrierWhat << 16 | slot)
+  uint32_t phase;          // (epoch & 0xffffff) << 8 | LaunchPhase
+  uint32_t failure;        // thread 0's: 0, or 1 << 31 | FlagKind << 24 | index (24 bits; a barrier's
+                           // BarrierWhat << 16 | slot)
+  uint32_t other_failure;  // the same for the last other thread of the CTA that gave up
+  uint32_t reserved;
 };
 inline constexpr uint32_t kProgressSlots = 1024;
 

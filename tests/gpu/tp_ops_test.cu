@@ -864,7 +864,8 @@ TEST_P(TpOpsValidation, BadArgumentsAreRefusedBeforeLaunch) {
   Inputs in(s, seed);
   Output out(s, sym);
   DeviceMem plain_out(s.out_bytes() + 64);
-  ASSERT_TRUE(agree(in.ok() && out.p && plain_out.p && cudaMemset(out.p, 0xFF, s.out_bytes()) == cudaSuccess &&
+  DeviceMem short_a(4096);  // a cudaMalloc allocation far smaller than a
+  ASSERT_TRUE(agree(in.ok() && out.p && plain_out.p && short_a.p && cudaMemset(out.p, 0xFF, s.out_bytes()) == cudaSuccess &&
                     cudaDeviceSynchronize() == cudaSuccess))
       << "setting up " << s.text();
   std::vector<float> host(1024, 1.0f);
@@ -889,6 +890,7 @@ TEST_P(TpOpsValidation, BadArgumentsAreRefusedBeforeLaunch) {
   with("a misaligned by 2 bytes", [](Bad& b) { b.args.a = static_cast<const char*>(b.args.a) + 2; });
   with("b misaligned by 8 bytes", [](Bad& b) { b.args.b = static_cast<const char*>(b.args.b) + 8; });
   with("a is host memory", [&](Bad& b) { b.args.a = host.data(); });
+  with("a's allocation ends before a does", [&](Bad& b) { b.args.a = short_a.p; }, "allocation");
   with("fp32 operands", [](Bad& b) { b.args.dtype = DType::kF32; }, "fp32");
   with("M not a multiple of the ranks", [&](Bad& b) { b.args.m = s.m - 1; }, "multiple");
   with("N not a multiple of 8", [](Bad& b) { b.args.n = 500; });

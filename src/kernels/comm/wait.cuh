@@ -56,11 +56,15 @@ struct WaitContext {
   __device__ void mark(LaunchPhase phase) const {
     if (params.progress == nullptr || blockIdx.x >= kProgressSlots) return;
     volatile CtaProgress* slot = params.progress + blockIdx.x;
-    if (phase == LaunchPhase::kEntered) slot->failure = 0;
+    if (phase == LaunchPhase::kEntered) {
+      slot->failure = 0;
+      slot->other_failure = 0;
+    }
     slot->phase = static_cast<uint32_t>((epoch & 0xffffffu) << 8) | static_cast<uint32_t>(phase);
   }
 
-  // Records the failure (first CTA wins), raises the device abort.
+  // Records the failure (first CTA wins; every failing thread also names its wait in its CTA's
+  // progress slot: thread 0's word, or the other threads' word), raises the device abort.
   __device__ void fail(DeviceError code, int waited_on, FlagKind kind, uint32_t index, uint64_t observed,
                        uint64_t waited_ns) const {
     ErrorRecord* e = params.error;
@@ -75,8 +79,13 @@ struct WaitContext {
       e->waited_ns = waited_ns;
       __threadfence_system();
     }
-    if (threadIdx.x == 0 && params.progress != nullptr && blockIdx.x < kProgressSlots) {
-      params.progress[blockIdx.x].failure = (1u << 31) | (static_cast<uint32_t>(kind) << 24) | (index & 0xffffffu);
+    if (params.progress != nullptr && blockIdx.x < kProgressSlots) {
+      const uint32_t word = (1u << 31) | (static_cast<uint32_t>(kind) << 24) | (index & 0xffffffu);
+      if (threadIdx.x == 0) {
+        params.progress[blockIdx.x].failure = word;
+      } else {
+        params.progress[blockIdx.x].other_failure = word;
+      }
     }
     atomicExch(params.device_abort, 1u);
     __threadfence_system();
