@@ -1030,6 +1030,10 @@ TEST_F(MoeBadInput, DispatchGemmRefusesBadGemmArguments) {
   ASSERT_TRUE(agree(b.ok)) << "setting up the GEMM";
   Result<MoePlan> plan = moe_routing(comm, s.config, s.routing_args(), nullptr);
   ASSERT_TRUE(agree(plan.ok())) << plan.status().to_string();
+  // The host checks below copy synchronously, which across emulated nodes must not start while the
+  // routing kernel waits for this process's proxy (docs/NETWORK.md, "A hazard for applications").
+  const Status routed = comm.synchronize(nullptr);
+  ASSERT_TRUE(agree(routed.ok())) << "moe_dispatch_gemm bad input: " << routed.to_string();
   auto refused = [&](MoeExpertGemm a, MoeDispatchGemmOptions o, StatusCode code, const char* words) {
     const Status st = moe_dispatch_gemm(comm, *plan, s.d_x.get(), s.recv, a, nullptr, o);
     EXPECT_EQ(st.code(), code) << st.to_string();
@@ -1703,6 +1707,9 @@ TEST_F(MoeLayerChecks, BadInputIsRefusedAndAFailedRoutingWritesNothing) {
   ASSERT_TRUE(agree(b.ok)) << what << ": setting up the layer";
   Result<MoePlan> plan = moe_routing(comm, s.config, s.routing_args(), nullptr);
   ASSERT_TRUE(agree(plan.ok())) << plan.status().to_string();
+  // As above: no synchronous copy while the routing kernel may wait for this process's proxy.
+  const Status routed = comm.synchronize(nullptr);
+  ASSERT_TRUE(agree(routed.ok())) << what << ": " << routed.to_string();
   auto refused = [&](MoeLayerWeights w, MoeLayerBuffers bufs, void* out, StatusCode code, const char* words) {
     const Status st = moe_layer(comm, *plan, s.d_x.get(), w, bufs, out, nullptr);
     EXPECT_EQ(st.code(), code) << st.to_string();

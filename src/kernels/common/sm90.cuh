@@ -28,15 +28,19 @@ __device__ __forceinline__ void prefetch_tensormap(const TmaDescriptor* map) {
 }
 
 // ---- register reallocation (warpgroup-wide; needs __launch_bounds__(threads, 1)) -----------
+// .aligned: each warp executes it converged; the __syncwarp() first rejoins lanes that parted
+// (a lane-0 wait, an elected thread's loop) — inline asm gives the compiler no reason to.
 
 template <int kRegs>
 __device__ __forceinline__ void setmaxnreg_inc() {
   static_assert(kRegs >= 24 && kRegs <= 256 && kRegs % 8 == 0, "setmaxnreg takes 24..256 in steps of 8");
+  __syncwarp();
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegs));
 }
 template <int kRegs>
 __device__ __forceinline__ void setmaxnreg_dec() {
   static_assert(kRegs >= 24 && kRegs <= 256 && kRegs % 8 == 0, "setmaxnreg takes 24..256 in steps of 8");
+  __syncwarp();
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegs));
 }
 
@@ -96,11 +100,17 @@ __device__ __forceinline__ void wgmma_m64k16_rs(float (&d)[kN / 2], const uint32
 }
 
 // Named barriers (bar.sync ids 1..15; 0 is __syncthreads) between some warps of a CTA: `threads`
-// threads take part, some syncing (waiting), some only arriving.
+// threads take part, some syncing (waiting), some only arriving; whole warps call them.
+// bar.sync / bar.arrive are .aligned (PTX: undefined unless every thread of the CTA reaches the
+// same instruction; the barrier marks whole warps' arrival), and the compute role reaches its end
+// barrier with the producer warps' elected lanes coming back from their loops at different times;
+// so every call first rejoins the warp's lanes (__syncwarp).
 __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
+  __syncwarp();
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 __device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threads) {
+  __syncwarp();
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 

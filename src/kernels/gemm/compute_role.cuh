@@ -134,6 +134,8 @@ class ComputeRole {
     // kProducerRegs, so had it done so right after a quick producer loop (a CTA that got no tile),
     // before the consumers' increase was granted, the consumers' setmaxnreg.inc would wait forever
     // (a hang no abort reaches).
+    // setmaxnreg and bar.sync are .aligned: the sm90 helpers rejoin each warp's lanes first (the
+    // elected producer and signaler lanes come back from their loops at different times).
     if (role == WarpGroupRole::kProducer) {
       if constexpr (kManageRegisters) sm90::setmaxnreg_dec<Cfg::kProducerRegs>();
       if (threadIdx.x == elected_thread(ProducerWarpRole::kMainloop)) {
