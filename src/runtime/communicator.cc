@@ -733,24 +733,16 @@ Result<uint64_t> Communicator::Impl::symmetric_offset(const void* ptr, size_t by
 
 namespace {
 
-// A cudaMalloc allocation (legacy IPC capable: one driver allocation per call) that ends before
-// ptr + bytes: invalid_argument. Other memory (virtual memory mappings such as PyTorch's expandable
-// segments, stream-ordered pools) can span several driver ranges and is not judged.
+// invalid_argument when `ptr` lies in a cudaMalloc allocation that ends before ptr + bytes. Other
+// memory (runtime::DeviceAllocation says which) is not judged: a buffer may span its ranges.
 Status check_allocation_holds(const void* ptr, size_t bytes, const char* what) {
-  static const auto get = runtime::optional_driver_entry<PFN_cuPointerGetAttributes_v7000>("cuPointerGetAttributes", 7000);
-  if (get == nullptr) return {};
-  int legacy = 0;
-  CUdeviceptr start = 0;
-  size_t size = 0;
-  CUpointer_attribute attributes[] = {CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-                                      CU_POINTER_ATTRIBUTE_RANGE_SIZE};
-  void* values[] = {&legacy, &start, &size};
-  if (get(3, attributes, values, reinterpret_cast<CUdeviceptr>(ptr)) != CUDA_SUCCESS || legacy == 0 || size == 0) return {};
-  const uint64_t end = static_cast<uint64_t>(start) + size;
+  const Result<runtime::DeviceAllocation> a = runtime::device_allocation_of(ptr);
+  if (!a.ok() || !a->legacy) return {};
+  const uint64_t end = a->base + a->bytes;
   const uint64_t p = reinterpret_cast<uint64_t>(ptr);
   if (p + bytes <= end) return {};
   return Status::invalid_argument(std::string(what) + " needs " + std::to_string(bytes) + " bytes from its address, but its "
-                                  "allocation (cudaMalloc of " + std::to_string(size) + " bytes) ends " +
+                                  "allocation (cudaMalloc of " + std::to_string(a->bytes) + " bytes) ends " +
                                   std::to_string(end - p) + " bytes after it");
 }
 

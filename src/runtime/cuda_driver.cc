@@ -77,6 +77,24 @@ Status cu_status(CUresult result, const char* expr, const char* file, int line) 
   return Status::cuda_error(std::move(m));
 }
 
+Result<DeviceAllocation> device_allocation_of(const void* ptr) {
+  static const auto get = optional_driver_entry<PFN_cuPointerGetAttributes_v7000>("cuPointerGetAttributes", 7000);
+  if (get == nullptr) return Status::unsupported("the CUDA driver has no cuPointerGetAttributes");
+  int legacy = 0;
+  CUdeviceptr start = 0;
+  size_t size = 0;
+  CUpointer_attribute attributes[] = {CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                      CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+  void* values[] = {&legacy, &start, &size};
+  const CUresult rc = get(3, attributes, values, reinterpret_cast<CUdeviceptr>(ptr));
+  if (rc != CUDA_SUCCESS || size == 0) {
+    return Status::invalid_argument(std::to_string(reinterpret_cast<uint64_t>(ptr)) +
+                                    " is not device memory the driver knows (cuPointerGetAttributes: CUresult " +
+                                    std::to_string(static_cast<int>(rc)) + ")");
+  }
+  return DeviceAllocation{static_cast<uint64_t>(start), static_cast<uint64_t>(size), legacy != 0};
+}
+
 void* optional_driver_entry_address(const char* symbol, unsigned int cuda_version) {
   void* address = nullptr;
   cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;

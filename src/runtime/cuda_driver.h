@@ -41,6 +41,18 @@ Result<const CudaDriver*> cuda_driver();
 // symmetric_heap.cc:42": the failed call, the CUresult's string and name, and where.
 Status cu_status(CUresult result, const char* expr, const char* file, int line);
 
+// The driver allocation that holds a device pointer: its range, and whether it is one cudaMalloc
+// allocation (legacy IPC capable) rather than a virtual memory mapping (cuMem*, PyTorch's
+// expandable segments) or a stream-ordered pool, whose buffers may span several driver ranges.
+struct DeviceAllocation {
+  uint64_t base = 0;
+  uint64_t bytes = 0;
+  bool legacy = false;
+};
+// invalid_argument when `ptr` is not device memory the driver knows; unsupported without
+// cuPointerGetAttributes.
+Result<DeviceAllocation> device_allocation_of(const void* ptr);
+
 // An entry point outside the table, for a feature loom can do without: looked up once by the
 // caller at the ABI version `cuda_version` its PFN typedef names; null when the driver lacks it.
 void* optional_driver_entry_address(const char* symbol, unsigned int cuda_version);

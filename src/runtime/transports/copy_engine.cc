@@ -36,20 +36,6 @@ static_assert(sizeof(cudaIpcMemHandle_t) == 64, "CUDA IPC handles are 64 bytes")
 static_assert(sizeof(WireKey) == 104, "fixed key: 40 bytes of fields, then the 64-byte IPC handle");
 constexpr uint32_t kKeyMagic = 0x4b45434c;  // "LCEK" in memory order
 
-// The allocation that contains `ptr` (legacy IPC handles name whole allocations).
-Result<std::pair<uint64_t, uint64_t>> allocation_range(const void* ptr) {
-  static const auto get_range = optional_driver_entry<PFN_cuMemGetAddressRange_v3020>("cuMemGetAddressRange", 3020);
-  if (get_range == nullptr) return Status::unsupported("the CUDA driver has no cuMemGetAddressRange");
-  CUdeviceptr base = 0;
-  size_t size = 0;
-  const CUresult rc = get_range(&base, &size, reinterpret_cast<CUdeviceptr>(ptr));
-  if (rc != CUDA_SUCCESS) {
-    return Status::invalid_argument("copy_engine: " + std::to_string(reinterpret_cast<uint64_t>(ptr)) +
-                                    " is not device memory (cuMemGetAddressRange: CUresult " + std::to_string(static_cast<int>(rc)) + ")");
-  }
-  return std::make_pair(static_cast<uint64_t>(base), static_cast<uint64_t>(size));
-}
-
 constexpr std::chrono::milliseconds kCloseDrain{5000};
 
 // Writes between two buffers of one GPU (ranks sharing a GPU, LOOM_RANKS_PER_GPU) go through
@@ -115,13 +101,14 @@ class CopyEngineTransport final : public TransportBase {
       // Legacy IPC works for cudaMalloc memory; cuMem (VMM) memory reaches peers via map_peer, so
       // a range the driver cannot describe (or export) is registered without an IPC handle and
       // the importer must have a mapping of it.
-      Result<std::pair<uint64_t, uint64_t>> range = allocation_range(region.base);
+      // (Legacy IPC handles name whole allocations.)
+      Result<DeviceAllocation> range = device_allocation_of(region.base);
       if (range.ok()) {
-        if (key.owner_address + region.bytes > range->first + range->second) {
+        if (key.owner_address + region.bytes > range->base + range->bytes) {
           return Status::invalid_argument("copy_engine: region runs past the end of its allocation");
         }
-        key.offset_in_allocation = key.owner_address - range->first;
-        if (cudaIpcGetMemHandle(&key.ipc, reinterpret_cast<void*>(range->first)) == cudaSuccess) {
+        key.offset_in_allocation = key.owner_address - range->base;
+        if (cudaIpcGetMemHandle(&key.ipc, reinterpret_cast<void*>(range->base)) == cudaSuccess) {
           key.has_ipc = 1;
         } else {
           cudaGetLastError();
