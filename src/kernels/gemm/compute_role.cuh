@@ -25,7 +25,10 @@
 // tile_full[t] (producer), tile_empty[t] (one arrival per consumer warp), signal_full[t] (one
 // arrival per consumer warp; the item is written by warpgroup 1's first warp), signal_empty[t]
 // (the signaler); every wait is bounded (sm90::mbarrier_wait, comm/wait.cuh's wait_flag for
-// gates) and leaves cleanly on failure. The consumers end the signaler with the exit item.
+// gates) and leaves cleanly on failure. The consumers end the signaler with the exit item. The
+// ring positions persist in shared memory (RoleState) between run() calls: each side reads its
+// own on entry; the consumers' are written back by one thread after a consumers' barrier
+// (RoleBarrier::kConsumers), once every consumer warp has read them.
 //
 // Use from a kernel launched with Cfg::kThreads threads, __launch_bounds__(Cfg::kThreads, 1) and
 // Cfg::kSmemBytes of dynamic shared memory:
@@ -144,13 +147,13 @@ class ComputeRole {
       if (threadIdx.x == elected_thread(ProducerWarpRole::kSignaler) && epi.signals()) {
         Signals::signaler(sm, ops, epi, ctx);
       }
-      sm90::named_barrier_sync(0, Cfg::kThreads);  // barrier 0 with every thread: __syncthreads
+      sm90::named_barrier_sync(static_cast<uint32_t>(RoleBarrier::kCta), Cfg::kThreads);  // = __syncthreads
       if constexpr (kManageRegisters) sm90::setmaxnreg_inc<Cfg::kEntryRegs>();
     } else {
       if constexpr (kManageRegisters) sm90::setmaxnreg_inc<Cfg::kConsumerRegs>();
       consumer(sm, ops, epi, fold, consumer_index(warpgroup), ctx);
       if constexpr (kManageRegisters) sm90::setmaxnreg_dec<Cfg::kEntryRegs>();
-      sm90::named_barrier_sync(0, Cfg::kThreads);  // barrier 0 with every thread: __syncthreads
+      sm90::named_barrier_sync(static_cast<uint32_t>(RoleBarrier::kCta), Cfg::kThreads);  // = __syncthreads
     }
     const WorkItem exit = sm.state()->exit;
     __syncthreads();  // the next run() may overwrite it
@@ -462,6 +465,12 @@ class ComputeRole {
       }
     }
     if (lane == 0) cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
+    // Every consumer warp read the persisted positions on entry before one thread overwrites
+    // them. Without this barrier a CTA whose first item was kDone (moe_layer's dispatch CTAs
+    // join the queue late) let its first warp overwrite them while another warp still waited
+    // for its registers (setmaxnreg.inc); that warp then read the next slot's position, waited
+    // for a tile that never comes, and the launch timed out.
+    sm90::named_barrier_sync(static_cast<uint32_t>(RoleBarrier::kConsumers), Cfg::kConsumers * kWarpGroupThreads);
     if (g == 0 && t == 0) {
       st->consumer_stage = stages.position();
       st->consumer_tile = tiles.position();

@@ -23,6 +23,14 @@ enum class ProducerWarpRole : uint32_t {
 
 constexpr uint32_t kWarpGroupThreads = 128;
 
+// The hardware named barriers the role uses (a kernel that embeds it uses no others with these
+// ids): kCta is barrier 0, which __syncthreads also uses (all threads); kConsumers the consumer
+// warpgroups' own.
+enum class RoleBarrier : uint32_t {
+  kCta = 0,
+  kConsumers = 1,
+};
+
 // The role of warpgroup `warpgroup` (threadIdx.x / kWarpGroupThreads).
 __device__ __forceinline__ WarpGroupRole warp_group_role(uint32_t warpgroup) {
   return warpgroup == 0 ? WarpGroupRole::kProducer : WarpGroupRole::kConsumer;
