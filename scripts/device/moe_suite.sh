@@ -15,6 +15,9 @@
 #     tests   loom_gpu_tests 'Moe*:GroupedGemm*' on one rank, log in $OUT/one_rank_moe.log
 #     shared  scripts/device/shared_gpu_suite.sh $MOE_STEPS (default: moe-2 moe-8 moe-2x2 moe-4x2),
 #             ranks sharing the GPU, emulated nodes included; summaries in $OUT/suites.jsonl
+#     b2b     moe_layer's back-to-back test (100 launches) in B2B_RUNS (default 3) jobs in a row at
+#             each of B2B_STEPS (default: moe-2 moe-8), logs in $OUT/b2b_<i>/, summaries appended to
+#             $OUT/suites.jsonl (the compute role's race fixed in 6f34ecd failed 6 jobs of 6)
 #   (default: bench tests shared). Exit status 0 only if every step passed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -67,6 +70,14 @@ for step in "${steps[@]}"; do
       # shellcheck disable=SC2086
       STEP_LIMIT_S=${STEP_LIMIT_S:-150} MOE_TIMEOUT_MS=${MOE_TIMEOUT_MS:-5000} \
         scripts/device/shared_gpu_suite.sh ${MOE_STEPS:-moe-2 moe-8 moe-2x2 moe-4x2} || rc=1 ;;
+    b2b)
+      for i in $(seq "${B2B_RUNS:-3}"); do
+        mkdir -p "$OUT/b2b_$i"
+        # shellcheck disable=SC2086
+        OUT="$OUT/b2b_$i" GTEST_BRIEF=0 MOE_FILTER='MoeLayerChecks.BackToBack*' STEP_LIMIT_S=${STEP_LIMIT_S:-70}           SUITE_BUDGET_S=${B2B_BUDGET_S:-150} MOE_TIMEOUT_MS=${MOE_TIMEOUT_MS:-5000}           scripts/device/shared_gpu_suite.sh ${B2B_STEPS:-moe-2 moe-8} > /dev/null 2>&1 || rc=1
+        cat "$OUT/b2b_$i/suites.jsonl" >> "$OUT/suites.jsonl" 2>/dev/null
+        log "b2b run $i: $(grep -h -o '"passed": [0-9]*, "failed": [0-9]*' "$OUT/b2b_$i/suites.jsonl" 2>/dev/null | tr '\n' ' ')"
+      done ;;
     *) log "unknown step $step"; rc=1 ;;
   esac
 done
