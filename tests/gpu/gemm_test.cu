@@ -914,6 +914,68 @@ TEST(Sm90GemmScheduler, WorkQueueWithRoleChanges) {
   c.check_output(c.p.d.p, reference(c.p.args), " queue+role change");
 }
 
+// A CTA whose first item is kDone leaves the consumer loop within a few hundred cycles. Every
+// consumer warp must still read the ring positions the role persisted before one thread writes
+// them back: here the second consumer warpgroup enters run() late (as one still waiting in
+// setmaxnreg.inc may) and must find the kDone in the tile ring's first slot, then a second run()
+// must start where the first one left. Before 6f34ecd the first warpgroup had written the
+// positions back by then, the late one waited for a slot that never fills until the timeout
+// (moe_layer's timeouts with ranks sharing a GPU, whose dispatch CTAs join an empty queue).
+struct DoneAtOnce {
+  __device__ kg::WorkItem next(uint32_t, uint32_t, const kernels::WaitContext&) const {
+    return kg::WorkItem{static_cast<uint32_t>(kg::WorkKind::kDone), 0, 0, 0};
+  }
+};
+using LateCfg = kg::Tile128x128;  // two consumer warpgroups, registers moved with setmaxnreg
+static_assert(LateCfg::kConsumers == 2 && LateCfg::kSetMaxNReg, "the test needs a late second consumer warpgroup");
+
+__global__ void __launch_bounds__(LateCfg::kThreads, 1)
+    late_consumer_kernel(const __grid_constant__ kg::GemmKernelParams p, uint64_t late_ns, uint32_t* done_runs) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  using Role = kg::ComputeRole<LateCfg, true, false, DoneAtOnce, kg::TileEpilogue<LateCfg::kBlockM>>;
+  const kernels::WaitContext ctx = kernels::WaitContext::start(p.wait, OpId::kGemm, 0);
+  Role::init(smem);
+  DoneAtOnce sched;
+  kg::TileEpilogue<LateCfg::kBlockM> epi(p.epi, p.dst);
+  const kg::GemmOperands ops{&p.a, &p.b, p.m, p.n, p.k};
+  for (int call = 0; call < 2; ++call) {
+    if (call == 0 && threadIdx.x >= LateCfg::kThreads - kg::kWarpGroupThreads) {
+      const uint64_t until = kernels::global_timer_ns() + late_ns;
+      while (kernels::global_timer_ns() < until) {
+      }
+    }
+    const kg::WorkItem exit = Role::run(smem, ops, sched, epi, blockIdx.x, gridDim.x, ctx);
+    if (threadIdx.x == 0 && exit.kind == static_cast<uint32_t>(kg::WorkKind::kDone)) atomicAdd(done_runs, 1u);
+  }
+}
+
+TEST(Sm90GemmScheduler, ALateConsumerWarpgroupFindsTheFirstItem) {
+  REQUIRE_HOPPER();
+  LaunchCase c(256, 256, 64, DType::kBF16, GemmTile::k128x128, 93, /*timeout_ns=*/2'000'000'000ull);
+  const int grid = 4;
+  DevBuf done_runs(4);
+  cudaMemset(done_runs.p, 0, 4);
+  kg::GemmKernelParams p{};
+  GT_OK(ops::encode_gemm_operand_maps(c.p.args, GemmTile::k128x128, &p.a, &p.b));
+  GT_OK(ops::encode_gemm_output_map(c.p.d.p, 256, 256, 256, DType::kBF16, &p.dst[0]));
+  p.m = 256;
+  p.n = 256;
+  p.k = 64;
+  p.epi.out_dtype = static_cast<uint32_t>(DType::kBF16);
+  p.epi.num_dst = 1;
+  p.wait = c.wait.params(2'000'000'000ull);
+  GT_CUDA(cudaFuncSetAttribute(late_consumer_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(LateCfg::kSmemBytes)));
+  late_consumer_kernel<<<grid, LateCfg::kThreads, LateCfg::kSmemBytes>>>(p, /*late_ns=*/1'000'000ull,
+                                                                        done_runs.as<uint32_t>());
+  GT_CUDA(cudaGetLastError());
+  GT_CUDA(cudaDeviceSynchronize());
+  c.expect_no_device_error();
+  uint32_t runs = 0;
+  cudaMemcpy(&runs, done_runs.p, 4, cudaMemcpyDeviceToHost);
+  EXPECT_EQ(runs, 2u * grid) << "every CTA's two run() calls must end with kDone";
+}
+
 // ---- grouped GEMM: a scheduler policy alone ------------------------------------------------------
 
 // The Tiles policy of a grouped GEMM whose groups own m_blocks_per_group tile rows of A and D each
