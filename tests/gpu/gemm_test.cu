@@ -486,6 +486,18 @@ struct LaunchCase {
     EXPECT_EQ(e.code, 0u) << "device error: code " << e.code << " flag_kind " << e.flag_kind << " index 0x" << std::hex
                           << e.flag_index << std::dec << " cta " << e.cta << " waited_ns " << e.waited_ns;
   }
+  // Kernel parameters of a hand-launched role over this case: its tensor maps for `tile` (D
+  // dense, in its output type) and its shape; scheduler and epilogue fields are the caller's.
+  Status kernel_params(GemmTile tile, kg::GemmKernelParams& k) const {
+    k = kg::GemmKernelParams{};
+    LOOM_TRY(ops::encode_gemm_operand_maps(p.args, tile, &k.a, &k.b));
+    LOOM_TRY(ops::encode_gemm_output_map(p.d.p, p.args.m, p.args.n, p.args.n, p.args.out_dtype, &k.dst[0]));
+    k.m = static_cast<uint32_t>(p.args.m);
+    k.n = static_cast<uint32_t>(p.args.n);
+    k.k = static_cast<uint32_t>(p.args.k);
+    k.epi.out_dtype = static_cast<uint32_t>(p.args.out_dtype);
+    return Status();
+  }
 };
 
 // ---- epilogues ---------------------------------------------------------------------------------
@@ -884,12 +896,8 @@ TEST(Sm90GemmScheduler, WorkQueueWithRoleChanges) {
   cudaMemcpy(limit.p, &initial_limit, 4, cudaMemcpyHostToDevice);
   cudaMemset(c.p.d.p, 0, c.p.d.bytes);
 
-  kg::GemmKernelParams p{};
-  GT_OK(ops::encode_gemm_operand_maps(c.p.args, GemmTile::k128x128, &p.a, &p.b));
-  GT_OK(ops::encode_gemm_output_map(c.p.d.p, 1280, 1024, 1024, DType::kF32, &p.dst[0]));
-  p.m = 1280;
-  p.n = 1024;
-  p.k = 520;
+  kg::GemmKernelParams p;
+  GT_OK(c.kernel_params(GemmTile::k128x128, p));
   p.sched.m_rows = 1280;
   p.sched.m_blocks = 10;
   p.sched.n_blocks = 8;
@@ -955,14 +963,8 @@ TEST(Sm90GemmScheduler, ALateConsumerWarpgroupFindsTheFirstItem) {
   const int grid = 4;
   DevBuf done_runs(4);
   cudaMemset(done_runs.p, 0, 4);
-  kg::GemmKernelParams p{};
-  GT_OK(ops::encode_gemm_operand_maps(c.p.args, GemmTile::k128x128, &p.a, &p.b));
-  GT_OK(ops::encode_gemm_output_map(c.p.d.p, 256, 256, 256, DType::kBF16, &p.dst[0]));
-  p.m = 256;
-  p.n = 256;
-  p.k = 64;
-  p.epi.out_dtype = static_cast<uint32_t>(DType::kBF16);
-  p.epi.num_dst = 1;
+  kg::GemmKernelParams p;
+  GT_OK(c.kernel_params(GemmTile::k128x128, p));
   p.wait = c.wait.params(2'000'000'000ull);
   GT_CUDA(cudaFuncSetAttribute(late_consumer_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(LateCfg::kSmemBytes)));
@@ -1138,12 +1140,8 @@ void run_fold_case(GemmTile tile, uint32_t world, uint32_t self, bool missing, u
   if (missing) f[f.size() - 1] = epoch - 1;  // the last source's last tile never arrives
   GT_CUDA(cudaMemcpy(flags.p, f.data(), flags.bytes, cudaMemcpyHostToDevice));
 
-  kg::GemmKernelParams p{};
-  GT_OK(ops::encode_gemm_operand_maps(c.p.args, tile, &p.a, &p.b));
-  GT_OK(ops::encode_gemm_output_map(c.p.d.p, m, n, n, DType::kBF16, &p.dst[0]));
-  p.m = static_cast<uint32_t>(m);
-  p.n = static_cast<uint32_t>(n);
-  p.k = static_cast<uint32_t>(k);
+  kg::GemmKernelParams p;
+  GT_OK(c.kernel_params(tile, p));
   p.sched.m_rows = p.m;
   p.sched.m_blocks = static_cast<uint32_t>(m_blocks);
   p.sched.n_blocks = static_cast<uint32_t>(n_blocks);
