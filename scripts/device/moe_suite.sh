@@ -74,7 +74,9 @@ for step in "${steps[@]}"; do
       for i in $(seq "${B2B_RUNS:-3}"); do
         mkdir -p "$OUT/b2b_$i"
         # shellcheck disable=SC2086
-        OUT="$OUT/b2b_$i" GTEST_BRIEF=0 MOE_FILTER='MoeLayerChecks.BackToBack*' STEP_LIMIT_S=${STEP_LIMIT_S:-70}           SUITE_BUDGET_S=${B2B_BUDGET_S:-150} MOE_TIMEOUT_MS=${MOE_TIMEOUT_MS:-5000}           scripts/device/shared_gpu_suite.sh ${B2B_STEPS:-moe-2 moe-8} > /dev/null 2>&1 || rc=1
+        OUT="$OUT/b2b_$i" GTEST_BRIEF=0 MOE_FILTER='MoeLayerChecks.BackToBack*' STEP_LIMIT_S=${STEP_LIMIT_S:-70} \
+          SUITE_BUDGET_S=${B2B_BUDGET_S:-150} MOE_TIMEOUT_MS=${MOE_TIMEOUT_MS:-5000} \
+          scripts/device/shared_gpu_suite.sh ${B2B_STEPS:-moe-2 moe-8} > /dev/null 2>&1 || rc=1
         cat "$OUT/b2b_$i/suites.jsonl" >> "$OUT/suites.jsonl" 2>/dev/null
         log "b2b run $i: $(grep -h -o '"passed": [0-9]*, "failed": [0-9]*' "$OUT/b2b_$i/suites.jsonl" 2>/dev/null | tr '\n' ' ')"
       done ;;
