@@ -68,6 +68,15 @@ struct RingParams {
   uint32_t net_flag_base;           // several nodes: the network window's first per-launch word
 };
 
+// How the consumers step through a tile's key blocks (segments in order, each from its last
+// block down), by what a Keys policy's segments allow: kOne, a single segment: the block index
+// alone (the general cursor's segment test cost the loop 9 instructions per block, 1.3 %, in
+// SASS); kEqual, segments of one length and block count that every row sees whole: block =
+// (blocks left - 1) mod the segment's blocks (ptxas: the non-causal ring kernels spill 48 instead
+// of 72 bytes at hd128 and 228 instead of 276 at hd256 with it); kAny, the general cursor
+// (BlockCursor: per-row visible keys, any segment lengths).
+enum class SegmentWalk : uint32_t { kOne, kEqual, kAny };
+
 // A run of keys a tile attends to: rows [row0, row0 + len) of the K and V maps at batch coordinate
 // batch_coord, whose first key sits at position pos0 of the sequence (causal masks compare
 // positions). A tile visits its first `blocks` blocks of BLOCK_N keys (0: none); `source` is the

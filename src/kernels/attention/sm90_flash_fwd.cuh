@@ -126,9 +126,7 @@ struct SequenceKeys {
     v.m0 = static_cast<int32_t>(v.coord.m_block) * kBlockM;
     return v;
   }
-  // One segment: the consumers step the block index alone (the cursor's segment test cost the
-  // loop 9 instructions per block, 1.3 %, in SASS).
-  static constexpr bool kOneSegment = true;
+  static constexpr SegmentWalk kWalk = SegmentWalk::kOne;
   __device__ int segments(const TileView&) const { return 1; }
   __device__ int32_t q_pos(const TileView& v, int32_t row) const { return row + v.span.len_k - v.span.len_q; }
   __device__ KvSegment segment(const TileView& v, int) const {
@@ -454,7 +452,8 @@ struct FlashForward {
       // Then per block: issue the next block's S, rescale O by the factor of the block whose P is
       // ready while that runs, issue its P V, run the next block's softmax while both run.
       for (int left = n_blocks - 1; left > 0; --left) {
-        if constexpr (Keys::kOneSegment) cur.n = left - 1;  // one segment: the block is left - 1
+        if constexpr (Keys::kWalk == SegmentWalk::kOne) cur.n = left - 1;
+        else if constexpr (Keys::kWalk == SegmentWalk::kEqual) cur.n = (left - 1) % sm.segments(q.index)[0].blocks;
         else cur.next(table, qpos);
         ok = ok && k_stage.wait_filled(sm.k_full(k_stage.index), ctx, BarrierWhat::kStageFull);
         ok = ok && v_stage.wait_filled(sm.v_full(v_stage.index), ctx, BarrierWhat::kStageFull);

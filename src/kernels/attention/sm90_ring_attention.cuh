@@ -215,7 +215,8 @@ struct RingKeys {
   uint64_t epoch;
   JobRanks ranks;
   int32_t world, me, half;  // the job's W and this rank's position; half = S_l / 2 (causal)
-  static constexpr bool kOneSegment = false;  // several segments: the block cursor walks them
+  // Non-causal: W segments of S_l keys, unmasked but for a partial last block: equal.
+  static constexpr SegmentWalk kWalk = kCausal ? SegmentWalk::kAny : SegmentWalk::kEqual;
 
   __device__ RingKeys(const RingParams& params, uint64_t launch_epoch)
       : p(params),
