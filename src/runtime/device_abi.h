@@ -109,7 +109,7 @@ struct CtaProgress {
   uint32_t failure;        // thread 0's: 0, or 1 << 31 | FlagKind << 24 | index (24 bits; a barrier's
                            // BarrierWhat << 16 | slot)
   uint32_t other_failure;  // the same for the last other thread of the CTA that gave up
-  uint32_t reserved;        // 0: the slot stays 16 bytes
+  uint32_t reserved;       // 0: the slot stays 16 bytes
 };
 inline constexpr uint32_t kProgressSlots = 1024;
 

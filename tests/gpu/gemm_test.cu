@@ -905,7 +905,6 @@ TEST(Sm90GemmScheduler, WorkQueueWithRoleChanges) {
   p.sched.queue = queue.as<uint32_t>();
   p.sched.compute_limit = limit.as<uint32_t>();
   p.epi.op = static_cast<uint32_t>(kg::EpilogueOp::kReduceAdd);
-  p.epi.out_dtype = static_cast<uint32_t>(DType::kF32);
   p.epi.num_dst = 1;
   p.wait = c.wait.params(10'000'000'000ull);
   GT_CUDA(cudaFuncSetAttribute(role_change_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1147,7 +1146,6 @@ void run_fold_case(GemmTile tile, uint32_t world, uint32_t self, bool missing, u
   p.sched.n_blocks = static_cast<uint32_t>(n_blocks);
   p.sched.group_m = 1;
   p.epi.op = static_cast<uint32_t>(kg::EpilogueOp::kStore);
-  p.epi.out_dtype = static_cast<uint32_t>(DType::kBF16);
   p.epi.num_dst = 1;
   p.wait = c.wait.params(missing ? 300'000'000ull : 10'000'000'000ull);
   FoldTestParams fp{};

@@ -453,7 +453,7 @@ struct FlashForward {
       // ready while that runs, issue its P V, run the next block's softmax while both run.
       for (int left = n_blocks - 1; left > 0; --left) {
         if constexpr (Keys::kWalk == SegmentWalk::kOne) cur.n = left - 1;
-        else if constexpr (Keys::kWalk == SegmentWalk::kEqual) cur.n = (left - 1) % sm.segments(q.index)[0].blocks;
+        else if constexpr (Keys::kWalk == SegmentWalk::kEqual) cur.n = (left - 1) % table[0].blocks;
         else cur.next(table, qpos);
         ok = ok && k_stage.wait_filled(sm.k_full(k_stage.index), ctx, BarrierWhat::kStageFull);
         ok = ok && v_stage.wait_filled(sm.v_full(v_stage.index), ctx, BarrierWhat::kStageFull);

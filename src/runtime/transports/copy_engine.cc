@@ -100,8 +100,7 @@ class CopyEngineTransport final : public TransportBase {
       LOOM_CUDA_TRY(cudaSetDevice(options_.device));
       // Legacy IPC works for cudaMalloc memory; cuMem (VMM) memory reaches peers via map_peer, so
       // a range the driver cannot describe (or export) is registered without an IPC handle and
-      // the importer must have a mapping of it.
-      // (Legacy IPC handles name whole allocations.)
+      // the importer must have a mapping of it. A legacy IPC handle names a whole allocation.
       Result<DeviceAllocation> range = device_allocation_of(region.base);
       if (range.ok()) {
         if (key.owner_address + region.bytes > range->base + range->bytes) {
