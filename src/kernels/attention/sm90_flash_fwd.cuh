@@ -403,7 +403,7 @@ struct FlashForward {
     float o[kORegs];
     float s[kSRegs];
     uint32_t pr[kPRegs];
-    OnlineSoftmax<BN> softmax;
+    OnlineSoftmax<BN, Cfg::kPolyExp2PerEight> softmax;
     BlockCursor<BN, kCausal> cur;
 
     for (;;) {
