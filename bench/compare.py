@@ -30,7 +30,8 @@ import sys
 
 TP_OPS = ("ag_gemm", "gemm_rs", "gemm_ar")
 COLLECTIVE_OPS = ("all_gather", "reduce_scatter", "all_reduce")
-KEY_FIELDS = ("op", "dtype", "b_layout", "M", "N", "K", "bytes")
+# A row's identity: the GEMM-like fields, then attention's shape (bench/attention.py rows).
+KEY_FIELDS = ("op", "dtype", "b_layout", "M", "N", "K", "bytes", "B", "S", "H", "H_kv", "D", "causal")
 
 
 class InputError(Exception):
@@ -92,8 +93,13 @@ def rows_by_key(path, doc):
 
 
 def describe(key):
-    _, op, dtype, layout, m, n, k, nbytes = key
-    shape = f"{m}x{n}x{k}" if m is not None else f"{nbytes} B"
+    _, op, dtype, layout, m, n, k, nbytes, b, s, h, h_kv, d, causal = key
+    if m is not None:
+        shape = f"{m}x{n}x{k}"
+    elif d is not None:
+        shape = f"{b}x{s}x{h}x{h_kv}x{d}" + (" causal" if causal else "")
+    else:
+        shape = f"{nbytes} B"
     return " ".join(str(part) for part in (op, dtype, layout, shape) if part is not None)
 
 
