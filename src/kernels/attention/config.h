@@ -58,11 +58,6 @@ struct FlashConfig {
   // Registers: the producer gives registers to the consumers (128 * producer + 256 * consumer <=
   // 65536). Ring attention's producer (its keys policy: segments, arrival waits) spills below 56;
   // hd256's consumers (O alone is 128 registers) need 232, and their producer gets 40.
-  // Of every 8 scores, how many take exp2 by polynomial on the FMA pipe instead of MUFU
-  // (softmax.cuh): at head dim 64 MUFU's 16 exp2 per clock per SM match the tensor cores' score
-  // rate; from 128 on the GEMMs take twice as long per score and MUFU has room.
-  static constexpr int kPolyExp2PerEight = kHeadDim == 64 ? 2 : 0;
-
   static constexpr int kProducerRegs = kHeadDim == 256 ? 40 : 56;
   static constexpr int kConsumerRegs = kHeadDim == 256 ? 232 : 224;
   static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "the register split exceeds the SM's registers");

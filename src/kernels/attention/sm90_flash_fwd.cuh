@@ -403,7 +403,7 @@ struct FlashForward {
     float o[kORegs];
     float s[kSRegs];
     uint32_t pr[kPRegs];
-    OnlineSoftmax<BN, Cfg::kPolyExp2PerEight> softmax;
+    OnlineSoftmax<BN> softmax;
     BlockCursor<BN, kCausal> cur;
 
     for (;;) {

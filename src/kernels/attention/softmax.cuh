@@ -9,11 +9,6 @@
 // log2(e) folded into one FFMA; m is the running row maximum already multiplied by scale_log2.
 // The row sum l is kept per thread (a partial over the thread's columns) and reduced over the quad
 // only at the end: the rescale factors are per row, so partial sums rescale alike.
-//
-// exp2 runs on MUFU (ex2: 16 per clock per SM), except for kPolyExp2PerEight of every 8 scores,
-// which take poly_exp2 on the FMA and integer pipes. At head dim 64 the tensor cores produce 16
-// scores per clock per SM, so MUFU alone would set the pace; moving a share off it leaves the
-// tensor cores as the limit.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -27,22 +22,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
-}
-
-// 2^x for x <= 0 without MUFU: x = j + f, j = floor(x), f in [0, 1); 2^f by a degree-3 polynomial
-// with p(0) = 1 exactly (relative error below 9e-5 over [0, 1), far under P's bf16 / fp16 rounding),
-// and j added to the exponent field. Adding 1.5 * 2^23 rounded down puts floor(x) in the low mantissa
-// bits; shifted left by 23 they are j << 23 (the rest shifts out). x is clamped at -127, where j =
-// -127 and f = 0 give the bits of +0 exactly: masked scores (-inf) still give p = 0, and x in (-127,
-// -126) gives a value below 2^-126, as small as the true one for a softmax whose maximum is 1.
-__device__ __forceinline__ float poly_exp2(float x) {
-  constexpr float kFloorShift = 12582912.f;  // 1.5 * 2^23: one unit in its last place is 1
-  constexpr float kC1 = 0.6951168179512024f, kC2 = 0.22764495015144348f, kC3 = 0.07706707715988159f;
-  x = fmaxf(x, -127.f);
-  const float shifted = __fadd_rd(x, kFloorShift);  // floor(x) + 1.5 * 2^23, exactly
-  const float f = x - (shifted - kFloorShift);
-  const float p = fmaf(fmaf(fmaf(kC3, f, kC2), f, kC1), f, 1.f);
-  return __int_as_float(__float_as_int(p) + (__float_as_int(shifted) << 23));
 }
 
 __device__ __forceinline__ float quad_max(float v) {
@@ -67,9 +46,8 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
   }
 }
 
-template <int kN, int kPolyExp2PerEight = 0>
+template <int kN>
 struct OnlineSoftmax {
-  static_assert(kPolyExp2PerEight >= 0 && kPolyExp2PerEight <= 8, "the polynomial's share is counted per 8 scores (0 to 8)");
   static constexpr int kRegs = kN / 2;  // accumulator floats per thread
   static constexpr float kNegInf = -__builtin_huge_valf();
 
@@ -101,8 +79,7 @@ struct OnlineSoftmax {
 #pragma unroll
     for (int i = 0; i < kRegs; ++i) {
       const int r = (i >> 1) & 1;
-      const float x = fmaf(s[i], scale_log2, -base[r]);
-      s[i] = i % 8 < kPolyExp2PerEight ? poly_exp2(x) : fast_exp2(x);
+      s[i] = fast_exp2(fmaf(s[i], scale_log2, -base[r]));
       sum[r] += s[i];
     }
   }
