@@ -3,7 +3,8 @@
 # which the device call names in `carry`. The binaries find libloom.so next to them.
 #   scripts/device/stage.sh [--base DIR]
 # --base DIR also stages an earlier build's loom-bench and libloom.so (DIR: its build folder in a
-# git worktree) as .device-carry/base, for scripts/device/gemm_ab.sh.
+# git worktree) as .device-carry/base, xz-compressed, for scripts/device/gemm_ab.sh and
+# attention_ab.sh (scripts/device/env.sh unpacks them on the GPU machine).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 base=""
@@ -23,6 +24,8 @@ if [[ -n $base ]]; then
   mkdir -p .device-carry/base
   cp "$base/loom-bench" "$base/libloom.so" .device-carry/base/
   strip --strip-unneeded .device-carry/base/* 2>/dev/null || true
+  # Two builds exceed the carry's 64 MiB; the fat binaries shrink about 15x (env.sh unpacks them).
+  xz -T0 -6 .device-carry/base/loom-bench .device-carry/base/libloom.so
   git -C "$base" rev-parse HEAD > .device-carry/base/GIT_SHA
 fi
 du -sh .device-carry
