@@ -9,6 +9,8 @@
 #     pytest      tests/python/test_gpu_attention.py through the Python package
 #     bench       bench/attention.py (JSON in $OUT/attention_1xH200.json)
 #     ring-bench  bench/ring_attention.py at W = 1 (JSON in $OUT/ring_attention_1xH200.json)
+#     ring-probe  bench/probes/ring_w1.py (the ring at W = 1 beside the engine, with and without the
+#                 LSE and at BLOCK_N 128; JSON in $OUT/ring_w1_probe.json)
 #     grouped-bench  bench/grouped_gemm.py (JSON in $OUT/grouped_gemm_1xH200.json)
 #   (default: tests pytest bench; logs in $OUT/attention_suite.log)
 # Each step runs under a wall-clock limit; exit status 0 only if every step passed.
@@ -64,6 +66,7 @@ for step in "${steps[@]}"; do
     bench) py_bench bench "${BENCH_LIMIT_S:-420}" 48 bench/attention.py --json "$OUT/attention_1xH200.json" "$@" ;;
     ring-bench)
       py_bench ring-bench "${RING_BENCH_LIMIT_S:-240}" 14 bench/ring_attention.py --json "$OUT/ring_attention_1xH200.json" ;;
+    ring-probe) py_bench ring-probe "${RING_PROBE_LIMIT_S:-150}" 8 bench/probes/ring_w1.py --json "$OUT/ring_w1_probe.json" ;;
     grouped-bench)
       py_bench grouped-bench "${GROUPED_BENCH_LIMIT_S:-240}" 34 bench/grouped_gemm.py --json "$OUT/grouped_gemm_1xH200.json" ;;
     *) log "unknown step $step"; rc=1 ;;
