@@ -14,7 +14,9 @@
 #             tails, alignment, order and padding), JSON in $OUT/grouped_skew.json
 #     tests   loom_gpu_tests 'Moe*:GroupedGemm*' on one rank, log in $OUT/one_rank_moe.log
 #     shared  scripts/device/shared_gpu_suite.sh $MOE_STEPS (default: moe-2 moe-8 moe-2x2 moe-4x2),
-#             ranks sharing the GPU, emulated nodes included; summaries in $OUT/suites.jsonl
+#             ranks sharing the GPU, emulated nodes included; summaries in $OUT/suites.jsonl; each
+#             step limited to STEP_LIMIT_S (default 200: on one H100 the 8-rank suite took 109 s,
+#             4 x 2 137 s; the four need about 6 minutes)
 #     b2b     moe_layer's back-to-back test (100 launches) in B2B_RUNS (default 3) jobs in a row at
 #             each of B2B_STEPS (default: moe-2 moe-8), logs in $OUT/b2b_<i>/, summaries appended to
 #             $OUT/suites.jsonl (the compute role's race fixed in 6f34ecd failed 6 jobs of 6)
@@ -68,7 +70,7 @@ for step in "${steps[@]}"; do
       log "tests: $(grep -E '\[ *(PASSED|FAILED) *\]' "$OUT/one_rank_moe.log" | tr '\n' ' ')" ;;
     shared)
       # shellcheck disable=SC2086
-      STEP_LIMIT_S=${STEP_LIMIT_S:-150} MOE_TIMEOUT_MS=${MOE_TIMEOUT_MS:-5000} \
+      STEP_LIMIT_S=${STEP_LIMIT_S:-200} MOE_TIMEOUT_MS=${MOE_TIMEOUT_MS:-5000} \
         scripts/device/shared_gpu_suite.sh ${MOE_STEPS:-moe-2 moe-8 moe-2x2 moe-4x2} || rc=1 ;;
     b2b)
       for i in $(seq "${B2B_RUNS:-3}"); do
