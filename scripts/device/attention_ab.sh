@@ -18,7 +18,6 @@ ROUNDS=4
 [[ ${1:-} =~ ^[0-9]+$ ]] && { ROUNDS=$1; shift; }
 [[ ${1:-} == -- ]] && shift
 LIMIT=${AB_LIMIT_S:-300}
-start=$(date +%s)
 dir="$OUT/attention_ab"
 mkdir -p "$dir"
 declare -A lib=([old]="$PWD/.device-carry/base/libloom.so" [new]="$PWD/.device-carry/bin/libloom.so")
@@ -28,22 +27,17 @@ done
 WORK="$WORK" scripts/device/build_python_ext.sh "$dir/ext_build.log" || { echo "attention_ab: extension build failed" >&2; exit 1; }
 pkg_lib="$WORK/pkg/loom/libloom.so"
 [[ -f $pkg_lib ]] || { echo "attention_ab: the package has no libloom.so at $pkg_lib" >&2; exit 1; }
-old_files=() new_files=()
-for (( r = 1; r <= ROUNDS; r++ )); do
-  for side in $(printf 'old\nnew\n' | shuf); do
-    left=$(( LIMIT - ($(date +%s) - start) ))
-    if (( left < 10 )); then echo "attention_ab: out of time after $((r - 1)) rounds" >&2; break 2; fi
-    cp "${lib[$side]}" "$pkg_lib"
-    json="$dir/${side}_$r.json"
-    if ! PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=5 "$left" \
-        python3 bench/attention.py --json "$json" "$@" > "$dir/${side}_$r.log" 2>&1; then
-      echo "attention_ab: round $r, $side failed (log: $dir/${side}_$r.log)" >&2
-      tail -5 "$dir/${side}_$r.log" >&2
-      exit 1
-    fi
-    if [[ $side == old ]]; then old_files+=("$json"); else new_files+=("$json"); fi
-  done
-done
+bench_args=("$@")
+# One side once: its libloom.so installed into the package, then bench/attention.py.
+run_side() {
+  cp "${lib[$1]}" "$pkg_lib" &&
+    PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=5 "$3" \
+      python3 bench/attention.py --json "$2" "${bench_args[@]}"
+}
+source scripts/device/ab_rounds.sh
+ab_rounds attention_ab "$ROUNDS" "$LIMIT" "$dir" run_side
+rc=$?
 cp "${lib[new]}" "$pkg_lib"
-((${#old_files[@]})) || { echo "attention_ab: no complete round" >&2; exit 1; }
-python3 bench/compare.py "$(IFS=,; echo "${old_files[*]}")" "$(IFS=,; echo "${new_files[*]}")" --json "$OUT/attention_ab.json" | tee "$OUT/attention_ab.txt"
+((rc == 0)) || exit 1
+python3 bench/compare.py "$(ab_join "${old_files[@]}")" "$(ab_join "${new_files[@]}")" --json "$OUT/attention_ab.json" \
+  | tee "$OUT/attention_ab.txt"

@@ -16,7 +16,6 @@ cd "$(dirname "$0")/../.."
 source scripts/device/env.sh
 ROUNDS=${1:-8}
 LIMIT=${AB_LIMIT_S:-300}
-start=$(date +%s)
 dir="$WORK/gemm_ab"
 rm -rf "$dir"
 mkdir -p "$dir"
@@ -27,30 +26,20 @@ for side in old new; do
     exit 2
   fi
 done
-old_files=() new_files=()
-for (( r = 1; r <= ROUNDS; r++ )); do
-  for side in $(printf 'old\nnew\n' | shuf); do
-    left=$(( LIMIT - ($(date +%s) - start) ))
-    if (( left < 10 )); then echo "gemm_ab: out of time after $((r - 1)) rounds" >&2; break 2; fi
-    json="$dir/${side}_$r.json"
-    if ! LD_LIBRARY_PATH="${bin_dir[$side]}:${LD_LIBRARY_PATH:-}" timeout --kill-after=5 "$left" \
-        "${bin_dir[$side]}/loom-bench" gemm --spawn 1 --json "$json" > "$dir/${side}_$r.log" 2>&1; then
-      echo "gemm_ab: round $r, $side failed (log: $dir/${side}_$r.log)" >&2
-      tail -5 "$dir/${side}_$r.log" >&2
-      exit 1
-    fi
-    if [[ $side == old ]]; then old_files+=("$json"); else new_files+=("$json"); fi
-  done
-done
-(( ${#new_files[@]} == ${#old_files[@]} && ${#new_files[@]} > 0 )) || { echo "gemm_ab: no complete round" >&2; exit 1; }
-join() { local IFS=,; echo "$*"; }
+# One side once: its loom-bench with its own libloom.so.
+run_side() {
+  LD_LIBRARY_PATH="${bin_dir[$1]}:${LD_LIBRARY_PATH:-}" timeout --kill-after=5 "$3" \
+    "${bin_dir[$1]}/loom-bench" gemm --spawn 1 --json "$2"
+}
+source scripts/device/ab_rounds.sh
+ab_rounds gemm_ab "$ROUNDS" "$LIMIT" "$dir" run_side || exit 1
 echo "gemm_ab: ${#new_files[@]} rounds of $(cat .device-carry/base/GIT_SHA 2>/dev/null | head -1) (old) and $(head -1 .device-carry/GIT_SHA 2>/dev/null) (new)" \
   | tee "$OUT/gemm_ab.txt"
-python3 bench/compare.py "$(join "${old_files[@]}")" "$(join "${new_files[@]}")" --worst 5 \
+python3 bench/compare.py "$(ab_join "${old_files[@]}")" "$(ab_join "${new_files[@]}")" --worst 5 \
   --fail-over 2 --fail-geomean-over 1 --json "$OUT/gemm_ab.json" 2>&1 | tee -a "$OUT/gemm_ab.txt"
 rc=${PIPESTATUS[0]}
 tar -czf "$OUT/gemm_ab_rounds.tar.gz" -C "$WORK" gemm_ab
 echo "cuBLAS-relative (loom / cuBLAS timed in the same run):" | tee -a "$OUT/gemm_ab.txt"
-python3 bench/compare.py "$(join "${old_files[@]}")" "$(join "${new_files[@]}")" --baseline cublas --worst 3 \
+python3 bench/compare.py "$(ab_join "${old_files[@]}")" "$(ab_join "${new_files[@]}")" --baseline cublas --worst 3 \
   2>&1 | tail -3 | tee -a "$OUT/gemm_ab.txt"
 exit "$rc"
