@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Where ring attention's W = 1 overhead comes from: the ring call and the attention engine alone on
-the same q, k, v of one GPU, each with and without the LSE and at BLOCK_N 128 and the default, in
+the same q, k, v of one GPU, each with and without the LSE (and at hd64 BLOCK_N 128 beside the default), in
 shuffled rounds (median of --iters after warm-up). Rows: {"shape", "causal", "ms": {variant: ms}}.
 
     python3 bench/probes/ring_w1.py --json ring_w1.json [--shapes 1x8192x32x32x128,...]
@@ -61,18 +61,20 @@ def main():
             variants = {
                 "engine": engine(False),
                 "engine_lse": engine(True),
-                "engine_bn128": engine(False, 128),
                 "ring": lambda: loom.ring_attention(comm, q, k, v, out, lse=lse, causal=causal),
                 "ring_nolse": lambda: loom.ring_attention(comm, q, k, v, out, causal=causal),
-                "ring_bn128": lambda: loom.ring_attention(comm, q, k, v, out, lse=lse, causal=causal, block_n=128),
             }
+            if D == 64:  # the ring has both hd64 widths; at hd128 and hd256 only the default
+                variants["engine_bn128"] = engine(False, 128)
+                variants["ring_bn128"] = lambda: loom.ring_attention(comm, q, k, v, out, lse=lse, causal=causal, block_n=128)
             ms = time_shuffled(variants, args.warmup, args.iters)
             rows.append({"shape": shape, "causal": causal, "ms": ms})
             print(shape, "causal" if causal else "full", " ".join(f"{n} {t:.3f}" for n, t in ms.items()), flush=True)
-    names = list(rows[0]["ms"])
+    names = list(dict.fromkeys(n for r in rows for n in r["ms"]))
     print(f"\n{'shape':<20}{'mask':<8}" + "".join(f"{n:>14}" for n in names) + f"{'engine/ring':>13}")
     for r in rows:
-        print(f"{r['shape']:<20}{'causal' if r['causal'] else 'full':<8}" + "".join(f"{r['ms'][n]:>14.3f}" for n in names)
+        print(f"{r['shape']:<20}{'causal' if r['causal'] else 'full':<8}"
+              + "".join(f"{r['ms'][n]:>14.3f}" if n in r["ms"] else f"{'-':>14}" for n in names)
               + f"{r['ms']['engine'] / r['ms']['ring']:>13.3f}")
     if args.json:
         with open(args.json, "w") as f:

@@ -151,7 +151,8 @@ struct RingAttentionOptions {
   bool causal = false;  // zigzag layout (above)
   float scale = 0.f;    // 0: 1 / sqrt(head_dim)
   int kv_ctas = 0;      // CTAs that push K/V before they compute (0: the planner's; W = 1: none)
-  int block_n = 0;      // as AttentionOptions::block_n
+  int block_n = 0;      // 0: as AttentionOptions::block_n's default; else only the ring's own builds
+                        // (hd64: 128, 192; hd128: 176; hd256: 80; others: invalid_argument)
 };
 
 // ---- plan and workspace, before a call (e.g. before CUDA-graph capture) ------------------------

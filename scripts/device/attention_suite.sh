@@ -10,7 +10,7 @@
 #     bench       bench/attention.py (JSON in $OUT/attention_1xH200.json)
 #     ring-bench  bench/ring_attention.py at W = 1 (JSON in $OUT/ring_attention_1xH200.json)
 #     ring-probe  bench/probes/ring_w1.py (the ring at W = 1 beside the engine, with and without the
-#                 LSE and at BLOCK_N 128; JSON in $OUT/ring_w1_probe.json)
+#                 LSE, and at hd64 BLOCK_N 128; JSON in $OUT/ring_w1_probe.json)
 #     grouped-bench  bench/grouped_gemm.py (JSON in $OUT/grouped_gemm_1xH200.json)
 #   (default: tests pytest bench; logs in $OUT/attention_suite.log)
 # Each step runs under a wall-clock limit; exit status 0 only if every step passed.

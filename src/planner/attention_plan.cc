@@ -118,6 +118,13 @@ int default_block_n(int64_t head_dim, int64_t seqlen_k) {
   }
 }
 
+bool ring_tile_built(int64_t head_dim, int block_n) {
+  for (const RingTile& t : kRingTiles) {
+    if (t.head_dim == head_dim && t.block_n == block_n) return true;
+  }
+  return false;
+}
+
 AttentionResolvedStrides resolve_attention_strides(const AttentionArgs& a) {
   const Extents e = extents_of(a);
   auto fill = [&](AttentionStrides s, int64_t heads, int64_t rows) {
@@ -330,6 +337,14 @@ Status validate_ring_attention(const RingAttentionArgs& r, const RingAttentionOp
     std::string m(s.message());
     if (m.rfind("attention: ", 0) == 0) m = "ring_attention: " + m.substr(11);
     return Status(s.code(), m);
+  }
+  if (o.block_n != 0 && !ring_tile_built(r.head_dim, o.block_n)) {
+    std::string built;
+    for (const RingTile& t : kRingTiles) {
+      if (t.head_dim == r.head_dim) built += (built.empty() ? "" : ", ") + std::to_string(t.block_n);
+    }
+    return Status::invalid_argument("ring_attention: block_n " + std::to_string(o.block_n) + " is not built for the ring at head dim " +
+                                    str(r.head_dim) + " (built: " + built + "; 0 picks the default)");
   }
   if (r.seqlen < 1 || r.batch < 1) {
     return Status::invalid_argument("ring_attention: batch (" + str(r.batch) + ") and seqlen (" + str(r.seqlen) +

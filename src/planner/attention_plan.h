@@ -23,6 +23,15 @@ AttentionPlanInfo attention_tile(int64_t head_dim, int block_n = 0);
 // BLOCK_N the planner picks when AttentionOptions::block_n is 0.
 int default_block_n(int64_t head_dim, int64_t seqlen_k);
 
+// The (head dim, BLOCK_N) pairs the ring kernel is built for: every default of default_block_n
+// (ops/attention/flash_launch.h's kRingInstances holds one launcher per entry, in this order).
+struct RingTile {
+  int head_dim;
+  int block_n;
+};
+inline constexpr RingTile kRingTiles[] = {{64, 128}, {64, 192}, {128, 176}, {256, 80}};
+bool ring_tile_built(int64_t head_dim, int block_n);
+
 // Element strides with the layout's defaults filled in, and the LSE's (rows are contiguous).
 struct AttentionResolvedStrides {
   AttentionStrides q, k, v, out;

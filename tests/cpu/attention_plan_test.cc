@@ -251,6 +251,17 @@ TEST(AttentionPlan, RingRulesAndWorkspace) {
   RingAttentionOptions neg;
   neg.kv_ctas = -1;
   EXPECT_EQ(ring_attention_can_implement(r, neg, 2).code(), StatusCode::kInvalidArgument);
+  // The engine has BLOCK_N 128 at hd128, the ring only its default 176: refused before any launch.
+  RingAttentionOptions narrow;
+  narrow.block_n = 128;
+  const Status unbuilt = ring_attention_can_implement(r, narrow, 2);
+  EXPECT_EQ(unbuilt.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(unbuilt.message().find("built: 176"), std::string::npos) << unbuilt.message();
+  narrow.block_n = 176;
+  EXPECT_TRUE(ring_attention_can_implement(r, narrow, 2).ok());
+  for (int hd : {64, 128, 256}) {  // every default the planner can pick is built
+    for (int64_t s : {1, 1024, 2048, 1 << 20}) EXPECT_TRUE(planner::ring_tile_built(hd, planner::default_block_n(hd, s)));
+  }
   // Every rank's K and V, 1 KiB aligned, then W * B * chunks flags.
   const planner::RingWorkspace w = planner::ring_workspace(r, 4);
   const uint64_t kv = 4ull * 2 * 1000 * 2 * 128 * 2;

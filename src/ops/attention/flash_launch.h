@@ -6,10 +6,12 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <iterator>
 #include <string>
 
 #include "kernels/attention/params.h"
 #include "loom/status.h"
+#include "planner/attention_plan.h"
 
 namespace loom::ops::attention {
 
@@ -55,6 +57,19 @@ auto find_instance(const KernelInstance<Params> (&instances)[N], int head_dim, i
 inline constexpr KernelInstance<kernels::attention::RingParams> kRingInstances[] = {
     {64, 128, launch_ring_64x128}, {64, 192, launch_ring_64x192},
     {128, 176, launch_ring_128x176}, {256, 80, launch_ring_256x80}};
+
+constexpr bool ring_instances_match_planner() {
+  if (std::size(kRingInstances) != std::size(planner::kRingTiles)) return false;
+  for (size_t i = 0; i < std::size(kRingInstances); ++i) {
+    if (kRingInstances[i].head_dim != planner::kRingTiles[i].head_dim ||
+        kRingInstances[i].block_n != planner::kRingTiles[i].block_n) {
+      return false;
+    }
+  }
+  return true;
+}
+static_assert(ring_instances_match_planner(),
+              "kRingInstances must list exactly planner::kRingTiles, in order: validation refuses what is not built");
 
 inline constexpr KernelInstance<kernels::attention::FlashParams> kFlashInstances[] = {
     {64, 128, launch_flash_64x128},   {64, 192, launch_flash_64x192}, {128, 128, launch_flash_128x128},
