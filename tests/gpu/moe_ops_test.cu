@@ -1794,7 +1794,7 @@ void back_to_back_layer(bool swap_tails) {
       plan, differ);
   ASSERT_TRUE(agree(failure.empty())) << what << ": rank " << process().rank << ": " << failure;
   EXPECT_EQ(differ, 0) << what << ": rank " << process().rank << ": " << differ << " launches differ from launch 0";
-  check_dispatch(s, what);
+  check_dispatch(s, what, g.in_place ? s.me : -1);
   check_layer(g, s, what);
   EXPECT_TRUE(agree(!::testing::Test::HasFailure())) << what << ": a peer failed";
 }

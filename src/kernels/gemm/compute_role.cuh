@@ -12,10 +12,9 @@
 //                          fence, flag stores into peers: microseconds that would otherwise stall
 //                          a consumer warpgroup every tile). Registers drop to kProducerRegs.
 //                          ProducerWarpRole::kGather (warps 2 and 3; schedulers that gather A
-//                          rows, operands.cuh gathers_a): read the tile ring too and copy a
-//                          gathered tile's A rows into each stage (Sm90RowGather), arriving on
-//                          every stage's full barrier (plainly for tiles they do not gather).
-//                          Otherwise the other threads idle.
+//                          rows, operands.cuh gathers_a): read the tile ring too and load a
+//                          gathered tile's A rows into each stage, one TMA box per row
+//                          (Sm90RowGather). Otherwise the other threads idle.
 //   warpgroups 1..C        WarpGroupRole::kConsumer: read the tile ring, run the wgmma mainloop
 //                          (warpgroup g owns tile rows [64g, 64g + 64), m64nBNk16 per k16, one
 //                          k-block of wgmma in flight while the next stage is waited for), then
@@ -25,9 +24,9 @@
 //                          tile's signal is posted after the next tile's mainloop (or at the
 //                          exit), when the bulk writes have long landed: each warp waits for its
 //                          writes and arrives on signal_full. Registers rise to kConsumerRegs.
-// Synchronisation: full[s] (1 arrival + TMA bytes; with gather warps also one per gather thread),
-// empty[s] (one arrival per consumer warp), tile_full[t] (producer), tile_empty[t] (one arrival
-// per consumer warp and gather warp), signal_full[t] (one
+// Synchronisation: full[s] (1 arrival + TMA bytes, the gather warps' too), empty[s] (one arrival
+// per consumer warp), tile_full[t] (producer), tile_empty[t] (one arrival per consumer warp and
+// gather warp), signal_full[t] (one
 // arrival per consumer warp; the item is written by warpgroup 1's first warp), signal_empty[t]
 // (the signaler); every wait is bounded (sm90::mbarrier_wait, comm/wait.cuh's wait_flag for
 // gates) and leaves cleanly on failure. The consumers end the signaler with the exit item. The
@@ -107,7 +106,7 @@ class ComputeRole {
     const Smem sm(smem_raw);
     if (threadIdx.x == 0) {
       for (int s = 0; s < kStages; ++s) {
-        cuda::ptx::mbarrier_init(sm.full(s), 1 + (kGatherA ? Gather::kThreads : 0));
+        cuda::ptx::mbarrier_init(sm.full(s), 1);
         cuda::ptx::mbarrier_init(sm.empty(s), Cfg::kConsumers * 4);
       }
       for (int t = 0; t < kTileSlots; ++t) {
@@ -264,10 +263,10 @@ class ComputeRole {
 
   // ---- gather warps (kGatherA: the producer warpgroup's warps kGather, kGather + 1) ----------------
   // They follow the tile ring and the stage ring exactly as the producer thread does (same items,
-  // same k-blocks, same stages): for a tile the scheduler gathers, each lane looks up the
-  // addresses of its two rows once, then every k-block's copies go into the stage (Sm90RowGather);
-  // for any other tile they arrive on each stage's full barrier without copying. Every wait is
-  // bounded; after a failed one they leave (the abort it raised ends the others).
+  // same k-blocks, same stages): for a tile the scheduler gathers, each lane looks up where its two
+  // rows are once, then waits for each of the tile's stages to be free and loads its rows' boxes
+  // into it (Sm90RowGather); any other tile's stages they only count. Every wait is bounded; after
+  // a failed one they leave (the abort it raised ends the others).
   __device__ static void gatherer(const Smem& sm, const GemmOperands& ops, const Scheduler& sched,
                                   const WaitContext& ctx) {
     RoleState* st = sm.state();
@@ -286,15 +285,16 @@ class ComputeRole {
       const KRange range = k_range_of(item, (o.k + kBlockK - 1) / kBlockK);
       const bool gather = sched.gathers(item);
       const uint32_t row = item.row_first + warp * 64 + lane;
-      const char* row_lo = gather ? sched.gather_row(item, row) : nullptr;
-      const char* row_hi = gather ? sched.gather_row(item, row + 32) : nullptr;
+      if (!gather) {
+        for (uint32_t kb = range.begin; kb < range.end; ++kb) stages.advance();
+        continue;
+      }
+      const GatherRow lo = sched.gather_row(item, row);
+      const GatherRow hi = sched.gather_row(item, row + 32);
       for (uint32_t kb = range.begin; kb < range.end; ++kb) {
         if (!stages.wait_released(sm.empty(stages.index), ctx, sm90::BarrierWhat::kStageEmpty)) return;
-        if (gather) {
-          Gather::load_k_block(sm.a(stages.index), sm.full(stages.index), row_lo, row_hi, kb * kBlockK, o.k, warp, lane);
-        } else {
-          cuda::ptx::mbarrier_arrive(sm.full(stages.index));
-        }
+        Gather::load_k_block(sm.a(stages.index), sm.full(stages.index), lo, hi, static_cast<int32_t>(kb * kBlockK), warp,
+                             lane);
         stages.advance();
       }
     }
@@ -302,12 +302,6 @@ class ComputeRole {
       st->gather_stage = stages.position();
       st->gather_tile = tiles.position();
     }
-  }
-
-  // The consumers' side of a gathered stage: cp.async wrote it through the generic proxy, the
-  // wgmma read it through the async proxy (after the full barrier's wait, which ordered the writes).
-  __device__ __forceinline__ static void stage_for_wgmma() {
-    if constexpr (kGatherA) cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
   }
 
   // ---- consumers -------------------------------------------------------------------------------
@@ -357,7 +351,6 @@ class ComputeRole {
           ok = false;
           break;
         }
-        stage_for_wgmma();
         Swap::template mma_k_block<decltype(n)::value>(acc, sm90::smem_u32(sm.a(stages.index)),
                                                        sm90::smem_u32(sm.b(stages.index)), g, kb > range.begin);
         issued_k_block(sm, acc, lane, stages, in_flight, prev_stage);
@@ -482,7 +475,6 @@ class ComputeRole {
           ok = false;
           break;
         }
-        stage_for_wgmma();
         if (mma_rows) {
           Mma::mma_k_block(acc, sm90::smem_u32(sm.a(stages.index)) + g * 64 * 128, sm90::smem_u32(sm.b(stages.index)),
                            kb > range.begin);

@@ -25,8 +25,8 @@ struct Sm90Loads {
 
   // One k-block: waits for a free stage, then issues its A and B loads (the stage's full barrier
   // expects kStageTxBytes) and moves to the next stage. False after a failed wait. `group`
-  // selects B's group (kGroupedB only). load_a = false: B only (the gather warps fill A,
-  // Sm90RowGather below; the barrier then expects B's bytes through TMA).
+  // selects B's group (kGroupedB only). load_a = false: B only; the gather warps load A
+  // (Sm90RowGather below), whose bytes the barrier expects all the same.
   __device__ static bool load_k_block(const RoleSmem<Cfg>& sm, PipelineState<Cfg::kStages>& stages,
                                       const sm90::TmaDescriptor* a_map, int32_t a_row, const sm90::TmaDescriptor* b_map,
                                       int32_t n0, uint32_t kb, const WaitContext& ctx, int32_t group = 0,
@@ -35,7 +35,7 @@ struct Sm90Loads {
     uint64_t* full = sm.full(stages.index);
     constexpr uint32_t kStageTxBytes = Cfg::kStageTxBytes;
     cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, full,
-                                         load_a ? kStageTxBytes : kStageTxBytes - Cfg::kABytes);
+                                         kStageTxBytes);
     const int32_t k0 = static_cast<int32_t>(kb * kBlockK);
     if (load_a) {
       const int32_t a_coords[2] = {k0, a_row};
@@ -69,45 +69,27 @@ struct Sm90Loads {
 };
 
 // A gathered tile's A stage (schedulers with kGathersA, operands.cuh): the producer warpgroup's
-// two gather warps copy its BM rows from their own addresses with 16-byte cp.async, in the layout
-// the A map's TMA gives (row r at r * 128 bytes, its 16-byte chunk c at ((c ^ r % 8) * 16): the
-// 128B swizzle), so the consumers' wgmma cannot tell the difference. Warp h takes rows
-// [64h, 64h + 64); its lane l holds the addresses of rows l and l + 32 of those, and in pass p
-// (8 rows) lane l copies chunks 2 (l % 4) and 2 (l % 4) + 1 (32 bytes, a whole sector) of row
-// 8p + l / 4, the address shuffled from the lane that holds it. The chunks past K are
-// zero-filled (B's are too, and garbage times zero could be NaN). Each thread's copies arrive on the stage's full barrier once they landed
-// (cp.async.mbarrier.arrive.noinc: the barrier counts kThreads arrivals beside the TMA thread's).
-// cp.async writes through the generic proxy: a consumer fences (fence.proxy.async) after the
-// barrier and before its wgmma read the stage.
+// two gather warps load its BM rows one TMA box of 64 elements x 1 row each (GatherRow: a 2-D map
+// with box {64, 1} and 128B swizzle, and the row), row r to r * 128 bytes into the stage: TMA
+// swizzles by shared-memory address, so the stage holds what one {64, BM} box would (the layout
+// the consumers' wgmma read). Warp h loads rows [64h, 64h + 64), lane l rows l and l + 32 of
+// those. The boxes complete bytes on the stage's full barrier, whose expect_tx (the producer
+// thread's) counts A's bytes as usual; elements past K are TMA's zero fill, as for the A map.
 template <class Cfg>
 struct Sm90RowGather {
   static constexpr int kWarps = 2;
-  static constexpr int kThreads = 32 * kWarps;
 
-  // One k-block (elements [k0, k0 + 64) of each row, K elements a row) into `stage` (the A stage),
-  // by warp `warp`: its rows' addresses are row_lo (row lane) and row_hi (row lane + 32).
-  __device__ static void load_k_block(uint8_t* stage, uint64_t* full, const char* row_lo, const char* row_hi,
-                                      uint32_t k0, uint32_t k, uint32_t warp, uint32_t lane) {
-    static_assert(Cfg::kBlockM == 64 * kWarps, "each gather warp copies 64 rows of the tile (BLOCK_M 128)");
-    constexpr uint32_t kElem = 2;  // bf16 / fp16
-    const uint32_t base = sm90::smem_u32(stage) + warp * 64 * 128;
-    const uint32_t pair = lane % 4;  // chunks 2 pair, 2 pair + 1
-#pragma unroll
-    for (uint32_t pass = 0; pass < 8; ++pass) {
-      const uint32_t r = 8 * pass + lane / 4;  // the warp's row, 0..63
-      const uint64_t mine = reinterpret_cast<uint64_t>(pass < 4 ? row_lo : row_hi);
-      const char* src = reinterpret_cast<const char*>(__shfl_sync(0xffffffffu, mine, r % 32));
-#pragma unroll
-      for (uint32_t h = 0; h < 2; ++h) {
-        const uint32_t c = 2 * pair + h;
-        const uint32_t col = k0 + 8 * c;  // the chunk's first element
-        const bool in = col < k;
-        const uint32_t dst = base + r * 128 + ((c ^ (r % 8)) * 16);
-        const char* from = in ? src + static_cast<uint64_t>(col) * kElem : src;  // 0 bytes read past K
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(from), "r"(in ? 16u : 0u) : "memory");
-      }
-    }
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(sm90::smem_u32(full)) : "memory");
+  // One k-block (elements [k0, k0 + 64) of each row) into `stage` (the A stage), by warp `warp`:
+  // its rows lo (row lane) and hi (row lane + 32).
+  __device__ static void load_k_block(uint8_t* stage, uint64_t* full, const GatherRow& lo, const GatherRow& hi,
+                                      int32_t k0, uint32_t warp, uint32_t lane) {
+    static_assert(Cfg::kBlockM == 64 * kWarps, "each gather warp loads 64 rows of the tile (BLOCK_M 128)");
+    uint8_t* rows = stage + (warp * 64 + lane) * 128;
+    const int32_t lo_coords[2] = {k0, lo.row};
+    cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, rows, lo.map, lo_coords, full);
+    const int32_t hi_coords[2] = {k0, hi.row};
+    cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, rows + 32 * 128, hi.map, hi_coords,
+                                    full);
   }
 };
 

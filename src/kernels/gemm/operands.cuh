@@ -94,13 +94,18 @@ constexpr bool gates_on_own_signals() {
   return requires { requires S::kGatesOnOwnSignals; };
 }
 
+// Where a gathered row of A comes from: row `row` of a 2-D map whose box is {64, 1} (128B swizzle).
+struct GatherRow {
+  const sm90::TmaDescriptor* map;
+  int32_t row;
+};
+
 // Does scheduler S gather some tiles' A rows one by one (static constexpr bool kGathersA = true)?
 // Such a scheduler (it must also give row ranges) answers, from any thread of the CTA:
-//   bool gathers(const WorkItem&)                          whether the item's A rows are gathered
-//   const char* gather_row(const WorkItem&, uint32_t row)  row `row`'s first byte (K contiguous
-//                                                          elements, 16-byte aligned); for a row
-//                                                          past the tile's row limit any readable
-//                                                          row (its outputs are never stored)
+//   bool gathers(const WorkItem&)                        whether the item's A rows are gathered
+//   GatherRow gather_row(const WorkItem&, uint32_t row)  where row `row` of the tile's A is; for a
+//                                                        row past the tile's row limit any row
+//                                                        (its outputs are never stored)
 // and the compute role loads those tiles' A with the producer warpgroup's gather warps
 // (Sm90RowGather, mainloop_sm90.cuh) instead of the A map; B still comes through TMA.
 template <class S>

@@ -106,6 +106,9 @@ struct LayerParams {
   sm90::TmaDescriptor tokens;
   sm90::TmaDescriptor shared_gate_up;
   sm90::TmaDescriptor shared_down;
+  // fc1's gathered rows (dispatch.own_rows_in_place): x [T, H] and recv_x [C, H], box {64, 1}.
+  sm90::TmaDescriptor token_rows;
+  sm90::TmaDescriptor recv_rows;
   DispatchParams dispatch;       // its `roles` is unused (the table below assigns them)
   CombineParams combine;         // y_offset: expert_out's; weights: the routing's; its `roles` unused
   // This rank's layer regions of the MoE workspace (kernels/moe/layout.h), local addresses.
@@ -146,21 +149,22 @@ class LayerScheduler {
         tile_rows_(shared_rows_ + p.up.header->tile_rows) {}
 
   // With own_rows_in_place (MoeLayerOptions::own_tokens_in_place) the dispatch leaves this rank's
-  // own tokens in x, so fc1's routed tiles gather their A rows: a row from this rank reads x at its
-  // token, any other the receive row it landed in. Asked by the gather warps after the tile's gate
-  // passed (its rows' origins were written before their blocks' counts, which the gate acquired).
+  // own tokens in x, so fc1's routed tiles gather their A rows: a row from this rank is x's row of
+  // its token, any other the receive row it landed in. Asked by the gather warps after the tile's
+  // gate passed (its rows' origins were written before their blocks' counts, which the gate
+  // acquired).
   __device__ bool gathers(const gemm::WorkItem& item) const {
     return p_->dispatch.own_rows_in_place != 0 && item.kind == static_cast<uint32_t>(gemm::WorkKind::kTile) &&
            item.m_block >= shared_rows_;
   }
-  __device__ const char* gather_row(const gemm::WorkItem& item, uint32_t row) const {
+  __device__ gemm::GatherRow gather_row(const gemm::WorkItem& item, uint32_t row) const {
     const DispatchParams& d = p_->dispatch;
     const DeviceComm& c = d.comm;
-    const char* recv = reinterpret_cast<const char*>(c.local_heap_base + d.recv_offset);
-    if (row >= item.row_limit) return recv;  // its outputs are not stored: any readable row
+    // Past the expert's end the outputs are not stored: the receive row (TMA clips past C).
+    if (row >= item.row_limit) return gemm::GatherRow{&p_->recv_rows, static_cast<int32_t>(row)};
     const RecvRow origin = load_origin(d.ws.at<RecvRow>(c, c.local_rank, d.ws.layout.rows, row));
-    if (origin_rank(origin) == JobRanks(c).position()) return d.x + static_cast<uint64_t>(origin.token) * d.row_bytes;
-    return recv + static_cast<uint64_t>(row) * d.row_bytes;
+    if (origin_rank(origin) == JobRanks(c).position()) return gemm::GatherRow{&p_->token_rows, origin.token};
+    return gemm::GatherRow{&p_->recv_rows, static_cast<int32_t>(row)};
   }
 
   __device__ gemm::WorkItem next(uint32_t /*compute_index*/, uint32_t /*num_compute*/, const WaitContext& ctx) {
