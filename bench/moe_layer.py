@@ -41,8 +41,7 @@ group size is taken, 0 included.
 Rows: {"op": "moe_layer", "model", "tokens", "routing", "E" (experts on the GPU), "top_k", "H",
 "I", "rows" (T k), "max_over_mean" (the busiest expert's rows over the mean), "tile", "ms":
 {"loom", "compute_bound", "loom_composed", "torch"; with --padded also "loom_padded" and
-"bound_padded": both with swap_tails=False, each expert's last tile row padded; with --copied also
-"loom_copied": own_tokens_in_place=False, every row copied into recv_x}, "rel_err",
+"bound_padded": both with swap_tails=False, each expert's last tile row padded}, "rel_err",
 "composed_bits_equal", "shared_expert", "phases" (with --phases: summarize_phases of one more launch)}; the
 document adds "world" (1), "git_sha", "date", "gpu", "host", "torch", "loom", "command". The
 table is printed last, with the ratios compute_bound/loom, loom_composed/loom and torch/loom
@@ -68,7 +67,6 @@ SHARED_EXPERTS = {"deepseek-v3": 1, "qwen3-235b": 0}  # shared experts of width 
 TILES = ("auto", "128x256", "128x128")
 COLUMNS = ("loom", "compute_bound", "loom_composed", "torch")
 PADDED_COLUMNS = ("loom_padded", "bound_padded")  # --padded
-COPIED_COLUMNS = ("loom_copied",)  # --copied
 
 
 def parse_args(argv=None):
@@ -87,9 +85,6 @@ def parse_args(argv=None):
     p.add_argument("--padded", action="store_true",
                    help="also time moe_layer and the compute bound with swap_tails=False (each expert's last tile "
                         "row padded to the tile) in the same rounds: ms.loom_padded, ms.bound_padded")
-    p.add_argument("--copied", action="store_true",
-                   help="also time moe_layer with own_tokens_in_place=False (this rank's tokens copied into recv_x "
-                        "like every other row, not read from x) in the same rounds: ms.loom_copied")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=20, help="timed rounds per shape (median; at least 20)")
     p.add_argument("--seed", type=int, default=7)
@@ -229,10 +224,10 @@ def run_case(torch, loom, lt, comm, args, model, weights, tokens, routing):
         loom.grouped_gemm(shared_hidden, shared_down.unsqueeze(0), shared_y, workspace=shared_workspace,
                           offsets=shared_offsets, tile=tile)
 
-    def run_loom(swap_tails=True, in_place=True):
+    def run_loom(swap_tails=True):
         loom.moe_layer(comm, plan, x, gate_up, down, bufs.recv_x, bufs.hidden, bufs.expert_out, out_loom, tile=tile,
                        push_ctas=args.push_ctas, arrival_ctas=args.arrival_ctas, shared_gate_up=shared_gate_up,
-                       shared_down=shared_down, swap_tails=swap_tails, own_tokens_in_place=in_place)
+                       shared_down=shared_down, swap_tails=swap_tails)
 
     def run_compute_bound(swap_tails=True):
         loom.grouped_gemm(bufs.recv_x, gate_up, bufs.hidden[:routed_rows], workspace=workspace,
@@ -264,8 +259,8 @@ def run_case(torch, loom, lt, comm, args, model, weights, tokens, routing):
             sg, su = torch.mm(x, shared_w1_t).chunk(2, dim=1)
             out_torch.add_(torch.mm(F.silu(sg) * su, shared_w2_t))
 
-    run_loom()
-    run_composed()  # recv_x now holds every dispatched row (moe_layer leaves this rank's own in x)
+    run_loom()  # recv_x now holds the dispatched rows compute_bound reads
+    run_composed()
     run_torch()
     comm.synchronize()
     rel_err = float((out_loom.float() - out_torch.float()).norm() / out_torch.float().norm())
@@ -274,8 +269,6 @@ def run_case(torch, loom, lt, comm, args, model, weights, tokens, routing):
                   "torch": run_torch}
     if args.padded:
         candidates.update(loom_padded=lambda: run_loom(False), bound_padded=lambda: run_compute_bound(False))
-    if args.copied:
-        candidates.update(loom_copied=lambda: run_loom(in_place=False))
     ms = time_shuffled(candidates, args.warmup, args.iters)
     comm.synchronize()  # raises a device-side failure of the timed loom calls
     phases = None
@@ -290,9 +283,7 @@ def run_case(torch, loom, lt, comm, args, model, weights, tokens, routing):
             "H": hidden, "I": inter, "rows": tokens * top_k,
             "max_over_mean": float(counts.max()) / (tokens * top_k / experts), "tile": tile,
             "push_ctas": args.push_ctas, "arrival_ctas": args.arrival_ctas,
-            "ms": {name: ms[name] for name in COLUMNS + (PADDED_COLUMNS if args.padded else ())
-                   + (COPIED_COLUMNS if args.copied else ())},
-            "rel_err": rel_err, "composed_bits_equal": bits_equal,
+            "ms": {name: ms[name] for name in COLUMNS + (PADDED_COLUMNS if args.padded else ())}, "rel_err": rel_err, "composed_bits_equal": bits_equal,
             "shared_expert": bool(shared), **({"phases": phases} if phases else {})}
 
 
@@ -376,16 +367,6 @@ def print_table(rows):
             ms = r["ms"]
             print(f"{r['model']:<13}{r['tokens']:>7} {r['routing']:<9}" + "".join(f"{ms[c]:>15.3f}" for c in PADDED_COLUMNS)
                   + f"{ms['loom_padded'] / ms['loom']:>8.3f}{ms['bound_padded'] / ms['compute_bound']:>8.3f}")
-
-
-    copied = [r for r in rows if "loom_copied" in r["ms"]]
-    if copied:
-        print("\nown_tokens_in_place=False (every row copied into recv_x); ratio: copied / in-place time")
-        print(f"{'model':<13}{'tokens':>7} {'routing':<9}{'loom':>15}{'loom_copied':>15}{'copied/loom':>13}")
-        for r in copied:
-            ms = r["ms"]
-            print(f"{r['model']:<13}{r['tokens']:>7} {r['routing']:<9}{ms['loom']:>15.3f}{ms['loom_copied']:>15.3f}"
-                  f"{ms['loom_copied'] / ms['loom']:>13.3f}")
 
 
 def same_bits_text(equal):

@@ -355,9 +355,8 @@ Status moe_topk(const MoeTopkArgs& args, cudaStream_t stream);
 //
 // Equal, bit for bit, to moe_dispatch_gemm (kSwiGLU, gate_up, out = hidden) -> grouped_gemm
 // (hidden, down, expert_out; offsets = expert_offsets, M_total = capacity) -> moe_combine with the
-// same tile; recv_x is written as moe_dispatch writes it, except the rows of this rank's own
-// tokens, left unwritten with MoeLayerOptions::own_tokens_in_place (the default). Across nodes as
-// those calls (docs/MOE.md, "The full layer across nodes"): each token row crosses the network once per node
+// same tile; recv_x is written exactly as moe_dispatch writes it. Across nodes as those calls
+// (docs/MOE.md, "The full layer across nodes"): each token row crosses the network once per node
 // and each node's partial sum once back; unsupported when the network flag window cannot hold
 // both the dispatch's and the combine's flags of one call.
 //
@@ -392,10 +391,6 @@ struct MoeLayerOptions {
   int push_ctas = 0;                // CTAs that push rows first (then compute); 0: planner
   int arrival_ctas = 0;             // CTAs that complete receive blocks first (then compute); 0: planner
   bool swap_tails = true;           // as GroupedGemmOptions::swap_tails, both GEMMs (false: A/B timing)
-  // The gate/up GEMM reads this rank's own tokens from x (its A rows gathered by the producer
-  // warpgroup) instead of copies in recv_x: the dispatch copies only other ranks' tokens, and
-  // recv_x's rows of this rank's tokens are left unwritten. false: every row copied (A/B timing).
-  bool own_tokens_in_place = true;
   // Diagnostics (loom/diagnostics.h): device memory for one MoeLayerPhaseRecord per SM of the GPU,
   // 8-byte aligned; each CTA of the launch fills its own record. null: none (nothing measured).
   MoeLayerPhaseRecord* phases = nullptr;

@@ -245,7 +245,7 @@ def moe_layer(comm: CommLike, plan: MoePlan, x: DLPackArray, gate_up: DLPackArra
               stream: StreamArg = None, tile: str = "auto", num_ctas: int = 0, push_ctas: int = 0,
               arrival_ctas: int = 0, shared_gate_up: Optional[DLPackArray] = None,
               shared_down: Optional[DLPackArray] = None, phases: Optional[DLPackArray] = None,
-              swap_tails: bool = True, own_tokens_in_place: bool = True) -> Out:
+              swap_tails: bool = True) -> Out:
     """Collective: the whole MoE FFN step in one persistent kernel (across nodes too):
     out[t] = sum over token t's routed slots j, in slot order, of w[t, j] * (silu(x[t] Wg_e^T) *
     (x[t] Wu_e^T)) Wd_e^T, e the slot's expert and w the routing's weights (moe_routing's
@@ -254,8 +254,7 @@ def moe_layer(comm: CommLike, plan: MoePlan, x: DLPackArray, gate_up: DLPackArra
     inputs are there. fp32 accumulation in both GEMMs and in the sum; hidden, expert_out and out
     are each rounded once. Bit-identical to moe_dispatch_gemm(activation='swiglu', out=hidden) ->
     grouped_gemm(hidden, down, expert_out, offsets=plan.expert_offsets) -> moe_combine(expert_out)
-    on the same tile; recv_x is written as moe_dispatch writes it, except the rows of this rank's
-    own tokens (own_tokens_in_place, below), which stay unwritten. Across nodes as those
+    on the same tile; recv_x is written exactly as moe_dispatch writes it. Across nodes as those
     calls (each token row crosses the network once per node, each node's partial sum once back).
 
     Every tensor has the config's dtype, bf16 or fp16 (fp32 raises ``loom.Unsupported``).
@@ -281,13 +280,11 @@ def moe_layer(comm: CommLike, plan: MoePlan, x: DLPackArray, gate_up: DLPackArra
     phases (diagnostics, optional): uint8 or int32 device memory of at least ``64 * comm.sm_count``
     bytes; each CTA of the launch writes where its time went into its 64-byte record
     (``moe_layer_phases`` reads a copy). swap_tails: as ``grouped_gemm``'s, both GEMMs (False pads
-    each expert's last tile row; for A/B timing). own_tokens_in_place (default): the gate/up GEMM
-    reads this rank's own tokens straight from x, so the dispatch copies only other ranks' tokens
-    and leaves their rows of recv_x unwritten; False copies them too (A/B timing)."""
+    each expert's last tile row; for A/B timing)."""
     c = as_communicator(comm, "moe_layer")
     _C.moe_layer(c._c, _plan(plan, "moe_layer", c.rank), x, gate_up, down, recv_x, hidden, expert_out, out,
                  _stream(stream, x, "moe_layer", c.device, c.rank), tile, num_ctas, push_ctas, arrival_ctas,
-                 shared_gate_up, shared_down, phases, swap_tails, own_tokens_in_place)
+                 shared_gate_up, shared_down, phases, swap_tails)
     return out
 
 

@@ -687,19 +687,18 @@ void bind_moe(nb::module_& m) {
       [](PyCommunicator& pc, const PyMoePlan& plan, nb::handle x, nb::handle gate_up, nb::handle down,
          nb::handle recv_x, nb::handle hidden, nb::handle expert_out, nb::handle out, uintptr_t stream,
          std::string_view tile, int num_ctas, int push_ctas, int arrival_ctas, nb::handle shared_gate_up,
-         nb::handle shared_down, nb::handle phases, bool swap_tails, bool own_tokens_in_place) {
+         nb::handle shared_down, nb::handle phases, bool swap_tails) {
         require_owner(pc, plan, "moe_layer");
         MoeLayerCall call = prepare_moe_layer(view_of(pc, "moe_layer"), plan, x, gate_up, down, recv_x, hidden,
                                               expert_out, out, stream, tile, num_ctas, push_ctas, arrival_ctas,
                                               shared_gate_up, shared_down, phases, pc.sm_count);
         call.options.swap_tails = swap_tails;
-        call.options.own_tokens_in_place = own_tokens_in_place;
         run(call);
       },
       "comm"_a, "plan"_a, "x"_a.none(), "gate_up"_a.none(), "down"_a.none(), "recv_x"_a.none(), "hidden"_a.none(),
       "expert_out"_a.none(), "out"_a.none(), "stream"_a, "tile"_a = "auto", "num_ctas"_a = 0, "push_ctas"_a = 0,
       "arrival_ctas"_a = 0, "shared_gate_up"_a.none() = nb::none(), "shared_down"_a.none() = nb::none(),
-      "phases"_a.none() = nb::none(), "swap_tails"_a = true, "own_tokens_in_place"_a = true,
+      "phases"_a.none() = nb::none(), "swap_tails"_a = true,
       "Collective: the whole MoE FFN step in one kernel: out[t] = sum_j w[t, j] * "
       "(silu(x gate^T) * (x up^T)) down^T over t's routed experts, plus a shared expert's "
       "FFN of x[t] when shared_gate_up and shared_down are given. phases: diagnostics, one 64-byte "

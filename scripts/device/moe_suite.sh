@@ -54,7 +54,7 @@ for step in "${steps[@]}"; do
       log "bench: exit $rc"; tail -n 14 "$OUT/moe_w1.txt" ;;
     layer-bench)
       python_step "${LAYER_BENCH_LIMIT_S:-420}" "$OUT/moe_layer_w1.txt" bench/moe_layer.py --json "$OUT/moe_layer_w1.json" "$@"
-      log "layer-bench: exit $rc"; tail -n 24 "$OUT/moe_layer_w1.txt" ;;
+      log "layer-bench: exit $rc"; tail -n 16 "$OUT/moe_layer_w1.txt" ;;
     grouped-bench)
       python_step "${GROUPED_BENCH_LIMIT_S:-200}" "$OUT/grouped_gemm.txt" bench/grouped_gemm.py --json "$OUT/grouped_gemm.json"
       log "grouped-bench: exit $rc"; tail -n 48 "$OUT/grouped_gemm.txt" ;;

@@ -409,9 +409,7 @@ void check_routing(const CaseBuffers& s, const MoePlan& plan, const MoeReport& r
 }
 
 // Dispatch: recv_x rows [0, kept) are their tokens' rows bit for bit, the rest untouched.
-// in_place_source >= 0 (moe_layer's own_tokens_in_place): that rank's rows must be untouched,
-// their tokens having stayed in x.
-void check_dispatch(const CaseBuffers& s, const std::string& what, int in_place_source = -1) {
+void check_dispatch(const CaseBuffers& s, const std::string& what) {
   const ref::RefRank& want = s.expected[s.me];
   const std::vector<uint8_t> got = download<uint8_t>(s.recv, s.recv_bytes());
   ASSERT_EQ(got.size(), s.recv_bytes()) << what << ": reading recv_x back";
@@ -421,18 +419,16 @@ void check_dispatch(const CaseBuffers& s, const std::string& what, int in_place_
   for (int64_t r = 0; r < s.layouts.capacity; ++r) {
     const uint8_t* row = got.data() + static_cast<size_t>(r) * s.row_bytes();
     const bool kept = r < static_cast<int64_t>(want.rows.size());
-    const bool copied = kept && want.rows[r].source != in_place_source;
     for (int64_t h = 0; h < h_count; ++h) {
       const uint32_t bits = element_bits(s.c.dtype, row, static_cast<size_t>(h));
-      const uint32_t expect = copied ? to_bits(s.c.dtype, x_value(s.c.seed, want.rows[r].source, want.rows[r].token, h, h_count))
-                                     : fill_bits(s.c.dtype);
+      const uint32_t expect = kept ? to_bits(s.c.dtype, x_value(s.c.seed, want.rows[r].source, want.rows[r].token, h, h_count))
+                                   : fill_bits(s.c.dtype);
       if (bits != expect) {
         if (wrong_rows++ == 0) {
           first_row = r;
-          first_text = copied ? "token " + std::to_string(want.rows[r].token) + " of rank " + std::to_string(want.rows[r].source) +
-                                    ", element " + std::to_string(h)
-                       : kept ? "a row of this rank's own token was written (it stays in x), element " + std::to_string(h)
-                              : "a row past the kept ones was written, element " + std::to_string(h);
+          first_text = kept ? "token " + std::to_string(want.rows[r].token) + " of rank " + std::to_string(want.rows[r].source) +
+                                  ", element " + std::to_string(h)
+                            : "a row past the kept ones was written, element " + std::to_string(h);
         }
         break;
       }
@@ -1320,9 +1316,7 @@ TEST_F(MoeTopk, MatchesTheReference) {
 // weight or slot costs O(1/k)); every output finite (out is NaN-filled first); (b) the composed
 // calls on the same tile, moe_dispatch_gemm (SwiGLU) -> grouped_gemm -> moe_combine: the same bits
 // in hidden, expert_out and out (across nodes too: both sum each node's slots in slot order, then
-// the node sums in node order); (c) recv_x as moe_dispatch writes it, except that with
-// own_tokens_in_place (the default) the rows of this rank's own tokens stay unwritten: equal bits
-// in hidden then prove that fc1 gathered those rows from x correctly.
+// the node sums in node order); (c) recv_x as moe_dispatch writes it.
 
 constexpr uint64_t kGateSalt = 0x5EED0011, kUpSalt = 0x5EED0012, kDownSalt = 0x5EED0013;
 constexpr int64_t kSharedExpert = -1;  // the shared expert's weights, as an expert id of their own
@@ -1333,17 +1327,15 @@ struct LayerCase {
   GemmTile tile = GemmTile::k128x256;
   bool shared = false;  // a shared expert (MoeLayerWeights::shared_gate_up, shared_down)
   bool swap_tails = true;  // MoeLayerOptions::swap_tails
-  bool in_place = true;    // MoeLayerOptions::own_tokens_in_place
 
   std::string text(int world) const {
     return moe.text(world) + " I=" + std::to_string(inter) + " " + std::string(gemm_tile_name(tile)) +
-           (shared ? " shared" : "") + (swap_tails ? "" : " padded tails") + (in_place ? "" : " own tokens copied");
+           (shared ? " shared" : "") + (swap_tails ? "" : " padded tails");
   }
   MoeLayerOptions options() const {
     MoeLayerOptions o;
     o.tile = tile;
     o.swap_tails = swap_tails;
-    o.own_tokens_in_place = in_place;
     return o;
   }
 };
@@ -1591,7 +1583,7 @@ TEST_P(MoeLayer, MatchesTheReferenceAndTheComposedCalls) {
   ASSERT_TRUE(agree(report.ok())) << what << ": " << report.status().to_string();
   EXPECT_TRUE(report->status.ok()) << what << ": " << report->status.to_string();
   check_routing(s, *plan, *report, what);
-  check_dispatch(s, what, g.in_place ? s.me : -1);
+  check_dispatch(s, what);
   const ref::RefRank& want = s.expected[s.me];
   const size_t kept = want.rows.size();
   const std::vector<uint8_t> hidden = download<uint8_t>(b.hidden.get(), b.hidden_bytes);
@@ -1677,11 +1669,6 @@ std::vector<LayerCase> layer_cases() {
   repeated.moe = make_case(Routing::kRepeated, 137);
   repeated.tile = GemmTile::k128x128;
   v.push_back(repeated);
-  LayerCase copied = repeated;  // every row copied into recv_x, this rank's tokens too
-  copied.moe.seed = 141;
-  copied.tile = GemmTile::k128x256;
-  copied.in_place = false;
-  v.push_back(copied);
   // A shared expert: beside uniform routing; with a rank of no tokens (no shared tiles there);
   // with dropped slots (a token may have only the shared expert), fp16, the other tile.
   LayerCase shared = uniform;
@@ -1794,7 +1781,7 @@ void back_to_back_layer(bool swap_tails) {
       plan, differ);
   ASSERT_TRUE(agree(failure.empty())) << what << ": rank " << process().rank << ": " << failure;
   EXPECT_EQ(differ, 0) << what << ": rank " << process().rank << ": " << differ << " launches differ from launch 0";
-  check_dispatch(s, what, g.in_place ? s.me : -1);
+  check_dispatch(s, what);
   check_layer(g, s, what);
   EXPECT_TRUE(agree(!::testing::Test::HasFailure())) << what << ": a peer failed";
 }
@@ -1974,7 +1961,7 @@ TEST_P(MoeGraph, LayerReplaysTheEagerBits) {
     ASSERT_TRUE(agree(synced.ok())) << what << ": replay " << replay << ": " << synced.to_string();
     EXPECT_TRUE(download<uint8_t>(s.d_out.get(), s.out_bytes()) == eager_out)
         << what << ": rank " << s.me << ": replay " << replay << " differs from the eager step";
-    check_dispatch(s, what + ", replay " + std::to_string(replay), s.me);  // own tokens stay in x
+    check_dispatch(s, what + ", replay " + std::to_string(replay));
   }
   cudaStreamDestroy(stream);
   check_layer(g, s, what);

@@ -23,9 +23,8 @@ tensors, so gloo carries them in the shared-GPU mode), then checks its own part 
             grouped_gemm on the same tile; rows past kept still NaN;
   layer     moe_layer's out against an fp32 reference of the whole layer (every expert's weights
             drawn alike on every rank: a token's owner computes its experts' outputs itself;
-            relative error LAYER_TOLERANCE), and hidden, expert_out and out bit-identical to
-            moe_dispatch_gemm -> grouped_gemm -> moe_combine on the same tile, recv_x holding the
-            other ranks' tokens (this rank's stay in x: own_tokens_in_place); across nodes the
+            relative error LAYER_TOLERANCE), and recv_x, hidden, expert_out and out bit-identical
+            to moe_dispatch_gemm -> grouped_gemm -> moe_combine on the same tile; across nodes the
             call is refused (loom.Unsupported).
 
 moe_topk (one GPU, not collective: each rank checks its own logits) against a CPU reference of
@@ -383,8 +382,7 @@ def layer_reference(x, ids, weights, gate, up, down, dtype):
                          ids=["skewed-bf16", "uniform-fp16", "skewed-bf16-rank0-empty"])
 def test_moe_layer(comm, seed, routing, dtype, rank0_empty):
     """The whole MoE FFN step in one kernel: out against the fp32 reference of the layer, and
-    hidden, expert_out and out bit-identical to the three calls it fuses on the same tile (recv_x
-    holds the other ranks' tokens, this rank's stay in x);
+    recv_x, hidden, expert_out and out bit-identical to the three calls it fuses on the same tile;
     loom.torch.moe_layer (the planner's tile) within the same tolerance. rank0_empty: rank 0 routes
     no token."""
     if torch.cuda.get_device_capability() != (9, 0):
@@ -436,14 +434,10 @@ def test_moe_layer(comm, seed, routing, dtype, rank0_empty):
     assert (report.kept_rows, report.dropped_slots) == (kept, 0)
     rows = ref.kept[me]
     if rows:
-        # own_tokens_in_place (the default): this rank's own tokens stay in x, their rows unwritten.
         expected = torch.stack([everyone[s][1][t] for _, s, t, _ in rows])
-        own = torch.tensor([s == me for _, s, _, _ in rows])
-        got = bufs.recv_x[:kept].cpu()
-        assert torch.equal(bits(got[~own]), bits(expected[~own])), "moe_layer's recv_x differs from the sources"
-        assert got[own].isnan().all(), "moe_layer copied this rank's own tokens into recv_x"
+        assert torch.equal(bits(bufs.recv_x[:kept].cpu()), bits(expected)), "moe_layer's recv_x differs from the sources"
     assert bufs.recv_x[kept:].isnan().all()
-    for name in ("hidden", "expert_out"):
+    for name in ("recv_x", "hidden", "expert_out"):
         fused, separate = getattr(bufs, name)[:kept], getattr(composed, name)[:kept]
         assert torch.equal(bits(fused), bits(separate)), f"moe_layer's {name} differs from the composed calls'"
     assert not out.isnan().any(), "moe_layer left token rows unwritten"

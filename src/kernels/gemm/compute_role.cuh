@@ -11,10 +11,7 @@
 //                          finished tiles from the signal ring and calls Epilogue::signal (system
 //                          fence, flag stores into peers: microseconds that would otherwise stall
 //                          a consumer warpgroup every tile). Registers drop to kProducerRegs.
-//                          ProducerWarpRole::kGather (warps 2 and 3; schedulers that gather A
-//                          rows, operands.cuh gathers_a): read the tile ring too and load a
-//                          gathered tile's A rows into each stage, one TMA box per row
-//                          (Sm90RowGather). Otherwise the other threads idle.
+//                          The other threads idle.
 //   warpgroups 1..C        WarpGroupRole::kConsumer: read the tile ring, run the wgmma mainloop
 //                          (warpgroup g owns tile rows [64g, 64g + 64), m64nBNk16 per k16, one
 //                          k-block of wgmma in flight while the next stage is waited for), then
@@ -24,9 +21,8 @@
 //                          tile's signal is posted after the next tile's mainloop (or at the
 //                          exit), when the bulk writes have long landed: each warp waits for its
 //                          writes and arrives on signal_full. Registers rise to kConsumerRegs.
-// Synchronisation: full[s] (1 arrival + TMA bytes, the gather warps' too), empty[s] (one arrival
-// per consumer warp), tile_full[t] (producer), tile_empty[t] (one arrival per consumer warp and
-// gather warp), signal_full[t] (one
+// Synchronisation: full[s] (1 arrival + TMA bytes), empty[s] (one arrival per consumer warp),
+// tile_full[t] (producer), tile_empty[t] (one arrival per consumer warp), signal_full[t] (one
 // arrival per consumer warp; the item is written by warpgroup 1's first warp), signal_empty[t]
 // (the signaler); every wait is bounded (sm90::mbarrier_wait, comm/wait.cuh's wait_flag for
 // gates) and leaves cleanly on failure. The consumers end the signaler with the exit item. The
@@ -93,10 +89,6 @@ class ComputeRole {
   static constexpr bool kRowRanges = ranges_rows<Scheduler>();
   // Two GEMMs through one role (operands.cuh: GemmOperands::second, a paired epilogue).
   static constexpr bool kPaired = paired_epilogue<Epilogue>();
-  // Some tiles' A rows gathered by the producer warpgroup's gather warps (operands.cuh).
-  static constexpr bool kGatherA = gathers_a<Scheduler>();
-  static_assert(!kGatherA || (kRowRanges && !Fold::kEnabled),
-                "a scheduler that gathers A rows must give row ranges, and its role cannot fold partial tiles");
   static_assert(!(kPaired && Fold::kEnabled), "a paired role cannot fold partial tiles: the fold reads one GEMM's maps");
   static_assert(!(kRowRanges && Fold::kEnabled),
                 "a scheduler with row ranges cannot fold partial tiles: the fold addresses staged rows by m_block");
@@ -111,7 +103,7 @@ class ComputeRole {
       }
       for (int t = 0; t < kTileSlots; ++t) {
         cuda::ptx::mbarrier_init(sm.tile_full(t), 1);
-        cuda::ptx::mbarrier_init(sm.tile_empty(t), Cfg::kConsumers * 4 + (kGatherA ? Gather::kWarps : 0));
+        cuda::ptx::mbarrier_init(sm.tile_empty(t), Cfg::kConsumers * 4);
         cuda::ptx::mbarrier_init(sm.signal_full(t), Cfg::kConsumers * 4);
         cuda::ptx::mbarrier_init(sm.signal_empty(t), 1);
       }
@@ -155,9 +147,6 @@ class ComputeRole {
       if (threadIdx.x == elected_thread(ProducerWarpRole::kSignaler) && epi.signals()) {
         Signals::signaler(sm, ops, epi, ctx);
       }
-      if constexpr (kGatherA) {
-        if (threadIdx.x / 32 >= static_cast<uint32_t>(ProducerWarpRole::kGather)) gatherer(sm, ops, sched, ctx);
-      }
       sm90::named_barrier_sync(static_cast<uint32_t>(RoleBarrier::kCta), Cfg::kThreads);  // = __syncthreads
       if constexpr (kManageRegisters) sm90::setmaxnreg_inc<Cfg::kEntryRegs>();
     } else {
@@ -178,7 +167,6 @@ class ComputeRole {
   using Signals = TileSignaler<Cfg, Epilogue>;
   using Staging = EpilogueStage<BM, BN>;
   using Loads = Sm90Loads<Cfg, kBNMajor, groups_tiles<Scheduler>()>;
-  using Gather = Sm90RowGather<Cfg>;
   using Swap = SwapTail<Cfg, kBF16, kBNMajor, kRowRanges>;
   // With swapped tiles the normal tile's wgmma write the same m64n128 accumulator blocks as the
   // swapped ones (ptxas serializes every wgmma of the kernel, C7511, when one m64n256 block and
@@ -237,10 +225,8 @@ class ComputeRole {
           group = 0;
         }
       }
-      bool load_a = true;
-      if constexpr (kGatherA) load_a = !sched.gathers(item);
       auto load_k_block = [&](uint32_t kb) -> bool {
-        return Loads::load_k_block(sm, stages, a_map, a_row, b_map, n0, kb, ctx, group, load_a);
+        return Loads::load_k_block(sm, stages, a_map, a_row, b_map, n0, kb, ctx, group);
       };
       const KRange range = k_range_of(item, k_blocks);
       const bool fold_tile = Fold::kEnabled && item.kind == static_cast<uint32_t>(WorkKind::kTileFold);
@@ -259,49 +245,6 @@ class ComputeRole {
     }
     st->producer_stage = stages.position();
     st->producer_tile = tiles.position();
-  }
-
-  // ---- gather warps (kGatherA: the producer warpgroup's warps kGather, kGather + 1) ----------------
-  // They follow the tile ring and the stage ring exactly as the producer thread does (same items,
-  // same k-blocks, same stages): for a tile the scheduler gathers, each lane looks up where its two
-  // rows are once, then waits for each of the tile's stages to be free and loads its rows' boxes
-  // into it (Sm90RowGather); any other tile's stages they only count. Every wait is bounded; after
-  // a failed one they leave (the abort it raised ends the others).
-  __device__ static void gatherer(const Smem& sm, const GemmOperands& ops, const Scheduler& sched,
-                                  const WaitContext& ctx) {
-    RoleState* st = sm.state();
-    auto stages = PipelineState<kStages>::at(st->gather_stage);
-    auto tiles = PipelineState<kTileSlots>::at(st->gather_tile);
-    const uint32_t warp = threadIdx.x / 32 - static_cast<uint32_t>(ProducerWarpRole::kGather);
-    const uint32_t lane = threadIdx.x % 32;
-    for (;;) {
-      if (!tiles.wait_filled(sm.tile_full(tiles.index), ctx, sm90::BarrierWhat::kTileFull)) return;
-      const WorkItem item = load_item(sm.ring(tiles.index));
-      __syncwarp();
-      if (lane == 0) cuda::ptx::mbarrier_arrive(sm.tile_empty(tiles.index));
-      tiles.advance();
-      if (!is_tile_kind_of<kPaired>(item.kind)) break;
-      const auto& o = operands_of<kPaired>(ops, item);
-      const KRange range = k_range_of(item, (o.k + kBlockK - 1) / kBlockK);
-      const bool gather = sched.gathers(item);
-      const uint32_t row = item.row_first + warp * 64 + lane;
-      if (!gather) {
-        for (uint32_t kb = range.begin; kb < range.end; ++kb) stages.advance();
-        continue;
-      }
-      const GatherRow lo = sched.gather_row(item, row);
-      const GatherRow hi = sched.gather_row(item, row + 32);
-      for (uint32_t kb = range.begin; kb < range.end; ++kb) {
-        if (!stages.wait_released(sm.empty(stages.index), ctx, sm90::BarrierWhat::kStageEmpty)) return;
-        Gather::load_k_block(sm.a(stages.index), sm.full(stages.index), lo, hi, static_cast<int32_t>(kb * kBlockK), warp,
-                             lane);
-        stages.advance();
-      }
-    }
-    if (warp == 0 && lane == 0) {  // both warps went through the same positions
-      st->gather_stage = stages.position();
-      st->gather_tile = tiles.position();
-    }
   }
 
   // ---- consumers -------------------------------------------------------------------------------

@@ -25,23 +25,19 @@ struct Sm90Loads {
 
   // One k-block: waits for a free stage, then issues its A and B loads (the stage's full barrier
   // expects kStageTxBytes) and moves to the next stage. False after a failed wait. `group`
-  // selects B's group (kGroupedB only). load_a = false: B only; the gather warps load A
-  // (Sm90RowGather below), whose bytes the barrier expects all the same.
+  // selects B's group (kGroupedB only).
   __device__ static bool load_k_block(const RoleSmem<Cfg>& sm, PipelineState<Cfg::kStages>& stages,
                                       const sm90::TmaDescriptor* a_map, int32_t a_row, const sm90::TmaDescriptor* b_map,
-                                      int32_t n0, uint32_t kb, const WaitContext& ctx, int32_t group = 0,
-                                      bool load_a = true) {
+                                      int32_t n0, uint32_t kb, const WaitContext& ctx, int32_t group = 0) {
     if (!stages.wait_released(sm.empty(stages.index), ctx, sm90::BarrierWhat::kStageEmpty)) return false;
     uint64_t* full = sm.full(stages.index);
     constexpr uint32_t kStageTxBytes = Cfg::kStageTxBytes;
     cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, full,
                                          kStageTxBytes);
     const int32_t k0 = static_cast<int32_t>(kb * kBlockK);
-    if (load_a) {
-      const int32_t a_coords[2] = {k0, a_row};
-      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, sm.a(stages.index), a_map,
-                                      a_coords, full);
-    }
+    const int32_t a_coords[2] = {k0, a_row};
+    cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, sm.a(stages.index), a_map,
+                                    a_coords, full);
     if constexpr (kBNMajor) {
       // [K, N] row-major: BN/64 boxes of 64 N-columns x 64 K-rows, 8 KiB apart.
 #pragma unroll
@@ -65,31 +61,6 @@ struct Sm90Loads {
       const int32_t coords[2] = {inner, outer};
       cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, dst, map, coords, full);
     }
-  }
-};
-
-// A gathered tile's A stage (schedulers with kGathersA, operands.cuh): the producer warpgroup's
-// two gather warps load its BM rows one TMA box of 64 elements x 1 row each (GatherRow: a 2-D map
-// with box {64, 1} and 128B swizzle, and the row), row r to r * 128 bytes into the stage: TMA
-// swizzles by shared-memory address, so the stage holds what one {64, BM} box would (the layout
-// the consumers' wgmma read). Warp h loads rows [64h, 64h + 64), lane l rows l and l + 32 of
-// those. The boxes complete bytes on the stage's full barrier, whose expect_tx (the producer
-// thread's) counts A's bytes as usual; elements past K are TMA's zero fill, as for the A map.
-template <class Cfg>
-struct Sm90RowGather {
-  static constexpr int kWarps = 2;
-
-  // One k-block (elements [k0, k0 + 64) of each row) into `stage` (the A stage), by warp `warp`:
-  // its rows lo (row lane) and hi (row lane + 32).
-  __device__ static void load_k_block(uint8_t* stage, uint64_t* full, const GatherRow& lo, const GatherRow& hi,
-                                      int32_t k0, uint32_t warp, uint32_t lane) {
-    static_assert(Cfg::kBlockM == 64 * kWarps, "each gather warp loads 64 rows of the tile (BLOCK_M 128)");
-    uint8_t* rows = stage + (warp * 64 + lane) * 128;
-    const int32_t lo_coords[2] = {k0, lo.row};
-    cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, rows, lo.map, lo_coords, full);
-    const int32_t hi_coords[2] = {k0, hi.row};
-    cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, rows + 32 * 128, hi.map, hi_coords,
-                                    full);
   }
 };
 

@@ -94,25 +94,6 @@ constexpr bool gates_on_own_signals() {
   return requires { requires S::kGatesOnOwnSignals; };
 }
 
-// Where a gathered row of A comes from: row `row` of a 2-D map whose box is {64, 1} (128B swizzle).
-struct GatherRow {
-  const sm90::TmaDescriptor* map;
-  int32_t row;
-};
-
-// Does scheduler S gather some tiles' A rows one by one (static constexpr bool kGathersA = true)?
-// Such a scheduler (it must also give row ranges) answers, from any thread of the CTA:
-//   bool gathers(const WorkItem&)                        whether the item's A rows are gathered
-//   GatherRow gather_row(const WorkItem&, uint32_t row)  where row `row` of the tile's A is; for a
-//                                                        row past the tile's row limit any row
-//                                                        (its outputs are never stored)
-// and the compute role loads those tiles' A with the producer warpgroup's gather warps
-// (Sm90RowGather, mainloop_sm90.cuh) instead of the A map; B still comes through TMA.
-template <class S>
-constexpr bool gathers_a() {
-  return requires { requires S::kGathersA; };
-}
-
 // A tile's rows of A and D: the first, and the end of the rows its epilogue may store.
 struct TileRows {
   uint32_t first, limit;

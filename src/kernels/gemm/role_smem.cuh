@@ -18,7 +18,6 @@ struct RoleState {
   RingPosition producer_stage, producer_tile;  // stage ring, tile ring: the producer's side
   RingPosition consumer_stage, consumer_tile;  // ... the consumers' side
   RingPosition signal_post, signal_take;       // signal ring: the consumers', the signaler's
-  RingPosition gather_stage, gather_tile;      // stage and tile rings: the gather warps' (kGatherA)
   WorkItem exit;
   uint32_t epi_parity;
 };

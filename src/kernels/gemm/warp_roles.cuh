@@ -14,12 +14,11 @@ enum class WarpGroupRole : uint32_t {
   kConsumer = 1,  // wgmma and the epilogue, one warpgroup per 64 tile rows
 };
 
-// The working warps of the producer warpgroup; kMainloop's and kSignaler's work is done by their
-// warp's lane 0, kGather's by warps 2 and 3 whole (idle unless the scheduler gathers A rows).
+// The working warps of the producer warpgroup (warps 2 and 3 idle); each role's work is done by
+// its warp's lane 0.
 enum class ProducerWarpRole : uint32_t {
   kMainloop = 0,  // asks the scheduler for tiles, publishes them, issues every TMA load
   kSignaler = 1,  // signals finished tiles (the signal ring, signaler.cuh)
-  kGather = 2,    // warps 2 and 3: copy gathered tiles' A rows (mainloop_sm90.cuh, Sm90RowGather)
 };
 
 constexpr uint32_t kWarpGroupThreads = 128;

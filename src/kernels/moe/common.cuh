@@ -74,14 +74,6 @@ __device__ __forceinline__ uint64_t kept_rows(const MoeStatusWords& st, uint32_t
   return kept < 0 ? 0 : min(static_cast<uint64_t>(kept), static_cast<uint64_t>(capacity));
 }
 
-// A receive row's origin, read through L2 (its sender, another SM or GPU, wrote it this launch).
-__device__ __forceinline__ RecvRow load_origin(const RecvRow* at) {
-  const int4 v = __ldcg(reinterpret_cast<const int4*>(at));
-  return RecvRow{v.x, v.y, __int_as_float(v.z), v.w};
-}
-// The job position of the rank a receive row came from (RecvRow::source holds it above the slot).
-__device__ __forceinline__ uint32_t origin_rank(const RecvRow& o) { return static_cast<uint32_t>(o.source) >> 8; }
-
 // All threads: whether `ok` holds on every thread of the CTA (a barrier).
 __device__ __forceinline__ bool cta_all(bool ok) { return __syncthreads_and(ok ? 1 : 0) != 0; }
 

@@ -81,9 +81,6 @@ struct DispatchParams : LaunchCommon {
   uint32_t num_experts;          // E
   uint32_t signature;
   uint32_t net_flag_base;        // the network window's first per-launch word (several nodes)
-  // moe_layer (MoeLayerOptions::own_tokens_in_place): this rank's own tokens are not copied into
-  // its receive rows (their RecvRow origins and counts still are): the GEMM reads them from x.
-  uint32_t own_rows_in_place;
   DispatchRoleTable roles;
 };
 static_assert(sizeof(DispatchParams) <= 4096, "moe_dispatch's parameters must fit the classic 4 KiB limit");
@@ -97,13 +94,12 @@ struct PushState {
 
 // One warp: a token row at `src` (memory of this GPU: x, or a staged entry) to local rank `d` of
 // this node: copied into its primary row there (the smallest of the rows `mine` lanes hold: a
-// token crosses NVLink once per rank; not at all with `in_place`: the reader takes it from x), the
-// origin of each of those rows written beside it, then d's arrival counter of each row's block
-// raised. Lane j with `mine` holds slot j's `row` on d and `weight`. False after a failed wait
-// (recorded).
+// token crosses NVLink once per rank), the origin of each of those rows written beside it, then
+// d's arrival counter of each row's block raised. Lane j with `mine` holds slot j's `row` on d and
+// `weight`. False after a failed wait (recorded).
 __device__ __forceinline__ bool push_row(const DispatchParams& p, uint32_t d, bool mine, uint32_t row, float weight,
-                                         int32_t token, int32_t source, const char* src, bool in_place, PushState& s,
-                                         uint64_t epoch, const WaitContext& ctx) {
+                                         int32_t token, int32_t source, const char* src, PushState& s, uint64_t epoch,
+                                         const WaitContext& ctx) {
   const DeviceComm& c = p.comm;
   const WorkspaceLayout& l = p.ws.layout;
   const uint32_t lane = lane_id();
@@ -115,10 +111,8 @@ __device__ __forceinline__ bool push_row(const DispatchParams& p, uint32_t d, bo
     __syncwarp();  // the warp's stores into d are ordered after lane 0's acquire of its entry
     s.entered |= 1u << d;
   }
-  if (!in_place) {
-    char* recv = reinterpret_cast<char*>(c.peer_heap_bases[d] + p.recv_offset);
-    vector_copy<MoeTunables::kCopyUnroll>(recv + static_cast<uint64_t>(primary) * p.row_bytes, src, p.row_bytes, lane, 32);
-  }
+  char* recv = reinterpret_cast<char*>(c.peer_heap_bases[d] + p.recv_offset);
+  vector_copy<MoeTunables::kCopyUnroll>(recv + static_cast<uint64_t>(primary) * p.row_bytes, src, p.row_bytes, lane, 32);
   if (mine) {
     const RecvRow origin{token, (source << 8) | static_cast<int32_t>(lane), weight, static_cast<int32_t>(primary)};
     *p.ws.at<RecvRow>(c, static_cast<int>(d), l.rows, row) = origin;
@@ -142,9 +136,7 @@ __device__ __forceinline__ bool push_local_slots(const DispatchParams& p, const 
   while (pending != 0) {
     const uint32_t d = __shfl_sync(0xffffffffu, owner, __ffs(pending) - 1);
     const bool mine = here && owner == d;
-    // This rank's own token to itself: its rows stay in x when the reader gathers them.
-    const bool in_place = p.own_rows_in_place != 0 && d == r.position() && source == static_cast<int32_t>(r.position());
-    if (!push_row(p, r.local_of(d), mine, row, weight, token, source, src, in_place, s, epoch, ctx)) return false;
+    if (!push_row(p, r.local_of(d), mine, row, weight, token, source, src, s, epoch, ctx)) return false;
     pending &= ~__ballot_sync(0xffffffffu, mine);
   }
   return true;
@@ -413,7 +405,6 @@ __device__ __forceinline__ bool receive_blocks(const DispatchParams& p, uint32_t
   const uint32_t blocks = static_cast<uint32_t>(arrival_blocks(kept));
   char* recv = reinterpret_cast<char*>(c.peer_heap_bases[me] + p.recv_offset);
   const RecvRow* origins = p.ws.at<RecvRow>(c, me, l.rows);
-  const uint32_t position = JobRanks(c).position();
   const uint32_t mine = first < blocks ? (blocks - first + stride - 1) / stride : 0;
   auto rows_of = [&](uint32_t f) {
     return min(static_cast<uint64_t>(MoeTunables::kArrivalRows), kept - static_cast<uint64_t>(f) * MoeTunables::kArrivalRows);
@@ -448,14 +439,11 @@ __device__ __forceinline__ bool receive_blocks(const DispatchParams& p, uint32_t
       if (i == kFailed) return false;
       const uint32_t f = block_of(i);
       const uint64_t row0 = static_cast<uint64_t>(f) * MoeTunables::kArrivalRows;
-      // Repeated tokens: rows whose primary is another row of this rank (not this rank's own
-      // tokens when they stay in x: own_rows_in_place).
+      // Repeated tokens: rows whose primary is another row of this rank.
       for (uint64_t r = row0 + warp_id(); r < row0 + rows_of(f); r += blockDim.x / 32) {
-        const RecvRow origin = load_origin(origins + r);
-        const int32_t primary = origin.primary;
-        const bool own = p.own_rows_in_place != 0 && origin_rank(origin) == position;
+        const int32_t primary = __ldcg(&origins[r].primary);
         // primary == r: the row itself crossed NVLink; primary < r: a copy (a primary is never later)
-        if (!own && primary >= 0 && static_cast<uint64_t>(primary) < r) {
+        if (primary >= 0 && static_cast<uint64_t>(primary) < r) {
           vector_copy<MoeTunables::kCopyUnroll>(recv + r * p.row_bytes, recv + static_cast<uint64_t>(primary) * p.row_bytes,
                                                 p.row_bytes, lane_id(), 32);
         }

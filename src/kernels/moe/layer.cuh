@@ -9,10 +9,7 @@
 // Roles (LayerRoleTable), every CTA of the GEMM engine's shape (Cfg::kThreads threads, its shared
 // memory; one CTA per SM):
 //   arrival  CTAs [0, arrival): moe_dispatch's arrival role (receive blocks, repeated rows copied,
-//            ready[f] = e), then compute. With own_rows_in_place (MoeLayerOptions::
-//            own_tokens_in_place) this rank's own tokens are neither pushed nor copied here: only
-//            their origins are written and counted, and fc1 gathers their rows from x
-//            (LayerScheduler::gather_row).
+//            ready[f] = e), then compute.
 //   push     the next push CTAs: moe_dispatch's push role (every warp pushes tokens), then compute.
 //   compute  the rest, from the start: the GEMM engine's compute role paired over both GEMMs
 //            (kernels/gemm/operands.cuh: one mainloop and pipeline, fc1 tiles as kTile with the
@@ -106,9 +103,6 @@ struct LayerParams {
   sm90::TmaDescriptor tokens;
   sm90::TmaDescriptor shared_gate_up;
   sm90::TmaDescriptor shared_down;
-  // fc1's gathered rows (dispatch.own_rows_in_place): x [T, H] and recv_x [C, H], box {64, 1}.
-  sm90::TmaDescriptor token_rows;
-  sm90::TmaDescriptor recv_rows;
   DispatchParams dispatch;       // its `roles` is unused (the table below assigns them)
   CombineParams combine;         // y_offset: expert_out's; weights: the routing's; its `roles` unused
   // This rank's layer regions of the MoE workspace (kernels/moe/layout.h), local addresses.
@@ -135,8 +129,6 @@ class LayerScheduler {
   static constexpr bool kRowRanges = true;
   // An fc2 tile waits for fc1 tiles' signals, maybe this CTA's own (operands.cuh).
   static constexpr bool kGatesOnOwnSignals = true;
-  // fc1's routed tiles may read this rank's own tokens from x (operands.cuh, gathers_a).
-  static constexpr bool kGathersA = true;
 
   // It runs on the producer's scheduling thread, which has few registers: it keeps the launch's
   // parameters (in the constant bank), the epoch and the tile count.
@@ -147,25 +139,6 @@ class LayerScheduler {
         epoch_(epoch),
         shared_rows_(p.combine.plan.status->code == 0 ? p.shared_tile_rows : 0),
         tile_rows_(shared_rows_ + p.up.header->tile_rows) {}
-
-  // With own_rows_in_place (MoeLayerOptions::own_tokens_in_place) the dispatch leaves this rank's
-  // own tokens in x, so fc1's routed tiles gather their A rows: a row from this rank is x's row of
-  // its token, any other the receive row it landed in. Asked by the gather warps after the tile's
-  // gate passed (its rows' origins were written before their blocks' counts, which the gate
-  // acquired).
-  __device__ bool gathers(const gemm::WorkItem& item) const {
-    return p_->dispatch.own_rows_in_place != 0 && item.kind == static_cast<uint32_t>(gemm::WorkKind::kTile) &&
-           item.m_block >= shared_rows_;
-  }
-  __device__ gemm::GatherRow gather_row(const gemm::WorkItem& item, uint32_t row) const {
-    const DispatchParams& d = p_->dispatch;
-    const DeviceComm& c = d.comm;
-    // Past the expert's end the outputs are not stored: the receive row (TMA clips past C).
-    if (row >= item.row_limit) return gemm::GatherRow{&p_->recv_rows, static_cast<int32_t>(row)};
-    const RecvRow origin = load_origin(d.ws.at<RecvRow>(c, c.local_rank, d.ws.layout.rows, row));
-    if (origin_rank(origin) == JobRanks(c).position()) return gemm::GatherRow{&p_->token_rows, origin.token};
-    return gemm::GatherRow{&p_->recv_rows, static_cast<int32_t>(row)};
-  }
 
   __device__ gemm::WorkItem next(uint32_t /*compute_index*/, uint32_t /*num_compute*/, const WaitContext& ctx) {
     const uint32_t up_n = p_->up.sched.n_blocks;

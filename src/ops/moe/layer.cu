@@ -177,14 +177,6 @@ Status moe_layer(Communicator& comm, const MoePlan& plan, const void* x, const M
   km::DispatchParams& d = p.dispatch;
   LOOM_TRY(prepare_launch(impl, wl, wl.dispatch_zero_begin(), wl.combine_zero_end(), stream, kOp, d));
   fill_dispatch(impl, plan, l, x, recv_offset, km::kLayerOp, d);
-  d.own_rows_in_place = options.own_tokens_in_place ? 1u : 0u;  // fc1 gathers them from x (layer.cuh)
-  if (options.own_tokens_in_place) {  // one-row boxes of x and recv_x for fc1's gathered rows
-    const int64_t h = plan.config.hidden;
-    if (plan.num_tokens > 0) {
-      LOOM_TRY_CTX(ops::encode_gemm_rows_map(x, plan.num_tokens, h, h, plan.config.dtype, 1, &p.token_rows), kOp);
-    }
-    LOOM_TRY_CTX(ops::encode_gemm_rows_map(buffers.recv_x, l.capacity, h, h, plan.config.dtype, 1, &p.recv_rows), kOp);
-  }
   d.signature = planner::moe_signature(km::kLayerOp, {plan.config.num_experts, plan.config.top_k, l.capacity,
                                                       static_cast<int64_t>(l.row_bytes), plan.config.max_tokens,
                                                       job_shape(impl), static_cast<int64_t>(d.ws.offset),
