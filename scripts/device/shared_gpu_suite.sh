@@ -10,7 +10,8 @@
 #                                   rank returns invalid_argument within 5 s naming who called what) at
 #                                   2, 3, 8 ranks on one node
 #     moe-2 moe-4 moe-8             Moe* (routing, dispatch, combine; MoeSmoke first) at 2, 4, 8 ranks
-#                                   on one node; MOE_FILTER (default Moe*) narrows them, and every
+#                                   on one node; MOE_FILTER (default Moe*; parameterized suites are
+#                                   named Moe/<Suite>.<test>/<case>: '*MoeLayer*', not 'MoeLayer*') narrows them, and every
 #                                   wait gives up after MOE_TIMEOUT_MS (default 5000)
 #     moe-2x1 moe-2x2 moe-2x4 moe-4x2
 #                                   the same on N emulated nodes x L ranks (across nodes: the proxy)
