@@ -343,8 +343,9 @@ Status validate_ring_attention(const RingAttentionArgs& r, const RingAttentionOp
     for (const RingTile& t : kRingTiles) {
       if (t.head_dim == r.head_dim) built += (built.empty() ? "" : ", ") + std::to_string(t.block_n);
     }
-    return Status::invalid_argument("ring_attention: block_n " + std::to_string(o.block_n) + " is not built for the ring at head dim " +
-                                    str(r.head_dim) + " (built: " + built + "; 0 picks the default)");
+    return Status::invalid_argument("ring_attention: block_n " + std::to_string(o.block_n) +
+                                    " is not built for the ring at head dim " + str(r.head_dim) + " (built: " + built +
+                                    "; 0 picks the default)");
   }
   if (r.seqlen < 1 || r.batch < 1) {
     return Status::invalid_argument("ring_attention: batch (" + str(r.batch) + ") and seqlen (" + str(r.seqlen) +

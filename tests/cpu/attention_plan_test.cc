@@ -260,7 +260,9 @@ TEST(AttentionPlan, RingRulesAndWorkspace) {
   narrow.block_n = 176;
   EXPECT_TRUE(ring_attention_can_implement(r, narrow, 2).ok());
   for (int hd : {64, 128, 256}) {  // every default the planner can pick is built
-    for (int64_t s : {1, 1024, 2048, 1 << 20}) EXPECT_TRUE(planner::ring_tile_built(hd, planner::default_block_n(hd, s)));
+    for (int64_t s : {1, 1024, 2048, 1 << 20}) {
+      EXPECT_TRUE(planner::ring_tile_built(hd, planner::default_block_n(hd, s))) << "hd " << hd << ", " << s << " keys";
+    }
   }
   // Every rank's K and V, 1 KiB aligned, then W * B * chunks flags.
   const planner::RingWorkspace w = planner::ring_workspace(r, 4);
