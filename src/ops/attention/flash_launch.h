@@ -80,8 +80,9 @@ inline Status launch_ring(const kernels::attention::RingParams& p, int head_dim,
   if (const auto launch = find_instance(kRingInstances, head_dim, block_n)) {
     return launch(p, bf16, causal, grid, stream);
   }
-  return Status::unsupported("ring_attention: BLOCK_N " + std::to_string(block_n) + " at head dim " +
-                             std::to_string(head_dim) + " is not built for the ring (its default configurations are)");
+  // validate_ring_attention refuses every other pair first (planner::kRingTiles).
+  return Status::internal("ring_attention: no kernel for head dim " + std::to_string(head_dim) + " and BLOCK_N " +
+                          std::to_string(block_n));
 }
 
 inline Status launch_flash(const kernels::attention::FlashParams& p, int head_dim, int block_n, bool bf16, bool causal,
