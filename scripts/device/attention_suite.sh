@@ -11,6 +11,8 @@
 #     ring-bench  bench/ring_attention.py at W = 1 (JSON in $OUT/ring_attention_1xH200.json)
 #     ring-probe  bench/probes/ring_w1.py (the ring at W = 1 beside the engine, with and without the
 #                 LSE, and at hd64 BLOCK_N 128; JSON in $OUT/ring_w1_probe.json)
+#     ring-ncu    Nsight Compute on the engine's and the ring's kernel at W = 1 (RING_NCU_SHAPE, default
+#                 1x8192x32x32x128, full mask; one launch each): $OUT/ring_ncu_{engine,ring}.txt
 #     grouped-bench  bench/grouped_gemm.py (JSON in $OUT/grouped_gemm_1xH200.json)
 #   (default: tests pytest bench; logs in $OUT/attention_suite.log)
 # Each step runs under a wall-clock limit; exit status 0 only if every step passed.
@@ -67,6 +69,20 @@ for step in "${steps[@]}"; do
     ring-bench)
       py_bench ring-bench "${RING_BENCH_LIMIT_S:-240}" 14 bench/ring_attention.py --json "$OUT/ring_attention_1xH200.json" ;;
     ring-probe) py_bench ring-probe "${RING_PROBE_LIMIT_S:-150}" 8 bench/probes/ring_w1.py --json "$OUT/ring_w1_probe.json" ;;
+    ring-ncu)
+      if ! ext; then rc=1; continue; fi
+      for which in engine:flash_fwd ring:ring_attention; do
+        log "ncu ${which%%:*}"
+        PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=10 ${RING_NCU_LIMIT_S:-120} \
+          ncu --clock-control none --kernel-name "regex:sm90_${which#*:}_kernel" --launch-count 1 \
+          --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+          --section InstructionStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+          --section SourceCounters --metrics sm__inst_executed.sum,smsp__inst_executed_op_local_ld.sum,smsp__inst_executed_op_local_st.sum,lts__t_sector_hit_rate.pct \
+          python3 bench/probes/ring_w1.py --shapes "${RING_NCU_SHAPE:-1x8192x32x32x128}" --causal 0 --warmup 0 --iters 1 \
+          > "$OUT/ring_ncu_${which%%:*}.txt" 2>&1
+        r=$?; ((r != 0)) && rc=1
+        log "ncu ${which%%:*}: exit $r"; grep -E "Duration|Executed Ipc A|Registers Per|Local|Hit Rate|sm__inst_executed.sum" "$OUT/ring_ncu_${which%%:*}.txt" | head -12
+      done ;;
     grouped-bench)
       py_bench grouped-bench "${GROUPED_BENCH_LIMIT_S:-240}" 34 bench/grouped_gemm.py --json "$OUT/grouped_gemm_1xH200.json" ;;
     *) log "unknown step $step"; rc=1 ;;
