@@ -11,6 +11,8 @@
 #     ring-bench  bench/ring_attention.py at W = 1 (JSON in $OUT/ring_attention_1xH200.json)
 #     ring-probe  bench/probes/ring_w1.py (the ring at W = 1 beside the engine, with and without the
 #                 LSE, and at hd64 BLOCK_N 128; JSON in $OUT/ring_w1_probe.json)
+#     ring-probe-ab  the same probe with the earlier build (.device-carry/base, stage.sh --base) and
+#                 this one, alternating RING_AB_ROUNDS (default 2) times: $OUT/ring_w1_probe_{base,bin}_<round>.json
 #     ring-ncu    Nsight Compute on the engine's and the ring's kernel at W = 1 (RING_NCU_SHAPE, default
 #                 1x8192x32x32x128, full mask; one launch each): $OUT/ring_ncu_{engine,ring}.txt
 #     grouped-bench  bench/grouped_gemm.py (JSON in $OUT/grouped_gemm_1xH200.json)
@@ -69,6 +71,19 @@ for step in "${steps[@]}"; do
     ring-bench)
       py_bench ring-bench "${RING_BENCH_LIMIT_S:-240}" 14 bench/ring_attention.py --json "$OUT/ring_attention_1xH200.json" ;;
     ring-probe) py_bench ring-probe "${RING_PROBE_LIMIT_S:-150}" 8 bench/probes/ring_w1.py --json "$OUT/ring_w1_probe.json" ;;
+    ring-probe-ab)
+      if ! ext; then rc=1; continue; fi
+      pkg_lib="$WORK/pkg/loom/libloom.so"
+      for ((round = 1; round <= ${RING_AB_ROUNDS:-2}; round++)); do
+        for side in base bin; do
+          cp ".device-carry/$side/libloom.so" "$pkg_lib" || { rc=1; continue; }
+          log "ring probe, $side build, round $round"
+          PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=10 ${RING_PROBE_LIMIT_S:-150} \
+            python3 bench/probes/ring_w1.py --json "$OUT/ring_w1_probe_${side}_$round.json" 2>&1 | tee -a "$LOG" | tail -5
+          ((PIPESTATUS[0] != 0)) && rc=1
+        done
+      done
+      cp .device-carry/bin/libloom.so "$pkg_lib" ;;
     ring-ncu)
       if ! ext; then rc=1; continue; fi
       for which in engine:flash_fwd ring:ring_attention; do

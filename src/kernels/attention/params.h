@@ -71,9 +71,10 @@ struct RingParams {
 // How the consumers step through a tile's key blocks (segments in order, each from its last
 // block down), by what a Keys policy's segments allow: kOne, a single segment: the block index
 // alone (the general cursor's segment test cost the loop 9 instructions per block, 1.3 %, in
-// SASS); kEqual, segments of one length and block count that every row sees whole: block =
-// (blocks left - 1) mod the segment's blocks (ptxas: the non-causal ring kernels spill 48 instead
-// of 72 bytes at hd128 and 228 instead of 276 at hd256 with it); kAny, the general cursor
+// SASS); kEqual, segments of one length and block count that every row sees whole: the block
+// index counts down and wraps to the next segment's last block (the general cursor made the
+// non-causal ring kernels spill 72 bytes at hd128; a modulo per block cost the ring 4.6 % more
+// instructions than the engine at W = 1, Nsight Compute, one H100); kAny, the general cursor
 // (BlockCursor: per-row visible keys, any segment lengths).
 enum class SegmentWalk : uint32_t { kOne, kEqual, kAny };
 

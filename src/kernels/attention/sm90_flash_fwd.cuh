@@ -147,6 +147,7 @@ template <int kBlockN, bool kCausal>
 struct BlockCursor {
   int seg;
   int n;
+  int blocks;        // the segment's blocks
   int key_end[2];    // keys [0, key_end[r]) of the segment are visible to row r
   int first_masked;  // blocks at or above this index need masking
 
@@ -154,6 +155,7 @@ struct BlockCursor {
   __device__ void enter(const SegmentInfo* table, const int (&qpos)[2], int i) {
     seg = i;
     const SegmentInfo s = table[i];
+    blocks = s.blocks;
     n = s.blocks - 1;
 #pragma unroll
     for (int r = 0; r < 2; ++r) key_end[r] = kCausal ? max(0, min(s.len, qpos[r] - s.pos0 + 1)) : s.len;
@@ -169,6 +171,9 @@ struct BlockCursor {
     do enter(table, qpos, seg + 1);
     while (n < 0);
   }
+  // SegmentWalk::kEqual: every segment has this one's blocks and visible keys, so the walk wraps
+  // to the next segment's last block (a countdown: no division, no table read in the loop).
+  __device__ void next_equal() { n = (n > 0 ? n : blocks) - 1; }
   __device__ bool masked() const { return n >= first_masked; }
 };
 
@@ -453,7 +458,7 @@ struct FlashForward {
       // ready while that runs, issue its P V, run the next block's softmax while both run.
       for (int left = n_blocks - 1; left > 0; --left) {
         if constexpr (Keys::kWalk == SegmentWalk::kOne) cur.n = left - 1;
-        else if constexpr (Keys::kWalk == SegmentWalk::kEqual) cur.n = (left - 1) % table[0].blocks;
+        else if constexpr (Keys::kWalk == SegmentWalk::kEqual) cur.next_equal();
         else cur.next(table, qpos);
         ok = ok && k_stage.wait_filled(sm.k_full(k_stage.index), ctx, BarrierWhat::kStageFull);
         ok = ok && v_stage.wait_filled(sm.v_full(v_stage.index), ctx, BarrierWhat::kStageFull);

@@ -18,11 +18,12 @@ Result<CollectiveCall> plan_all_gather(Communicator& comm, const void* send, con
   LOOM_ASSIGN_OR_RETURN(const uint64_t recv_bytes, ops::bytes_of_all_ranks(impl, "all_gather", shard));
   LOOM_ASSIGN_OR_RETURN(uint64_t recv_offset, impl.symmetric_offset(recv, recv_bytes, "all_gather: recv"));
   LOOM_TRY_CTX(impl.check_local_device_buffer(send, shard, "send"), "all_gather");
-  if (impl.topology.local_world_size == 1) return ops::single_rank_copy(send, recv, shard);
   const bool bulk_eligible = ops::is_aligned16(send) && recv_offset % 16 == 0 && shard % 16 == 0;
   CollectiveCall call;
   call.kind = CollectiveCall::Kind::kKernel;
+  // Planned (the options checked) before the one-rank shortcut, so bad options fail at any world.
   LOOM_ASSIGN_OR_RETURN(call.plan, ops::plan_for(impl, OpId::kAllGather, shard, options, bulk_eligible));
+  if (impl.topology.local_world_size == 1) return ops::single_rank_copy(send, recv, shard);
   call.args = ops::collective_args(impl, label, send, const_cast<void*>(recv), shard);
   call.args.recv_offset = recv_offset;
   call.args.vectorizable = 1;  // vector_copy handles alignment itself

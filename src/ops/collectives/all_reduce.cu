@@ -18,11 +18,12 @@ Result<CollectiveCall> plan_all_reduce(Communicator& comm, const void* send, con
   const uint64_t bytes = static_cast<uint64_t>(count) * dtype_size(dtype);
   LOOM_ASSIGN_OR_RETURN(uint64_t send_offset, impl.symmetric_offset(send, bytes, "all_reduce: send"));
   LOOM_ASSIGN_OR_RETURN(uint64_t recv_offset, impl.symmetric_offset(recv, bytes, "all_reduce: recv"));
-  if (impl.topology.local_world_size == 1) return ops::single_rank_copy(send, recv, bytes);
   const uint64_t per_rank = bytes / static_cast<uint64_t>(impl.topology.local_world_size);
   CollectiveCall call;
   call.kind = CollectiveCall::Kind::kKernel;
+  // Planned (the options checked) before the one-rank shortcut, so bad options fail at any world.
   LOOM_ASSIGN_OR_RETURN(call.plan, ops::plan_for(impl, OpId::kAllReduce, per_rank, options, false));
+  if (impl.topology.local_world_size == 1) return ops::single_rank_copy(send, recv, bytes);
   call.args = ops::collective_args(impl, label, send, const_cast<void*>(recv), bytes);
   call.args.send_offset = send_offset;
   call.args.recv_offset = recv_offset;

@@ -20,10 +20,11 @@ Result<CollectiveCall> plan_reduce_scatter(Communicator& comm, const void* send,
   LOOM_ASSIGN_OR_RETURN(const uint64_t send_bytes, ops::bytes_of_all_ranks(impl, "reduce_scatter", chunk));
   LOOM_ASSIGN_OR_RETURN(uint64_t send_offset, impl.symmetric_offset(send, send_bytes, "reduce_scatter: send"));
   LOOM_TRY_CTX(impl.check_local_device_buffer(recv, chunk, "recv"), "reduce_scatter");
-  if (world == 1) return ops::single_rank_copy(send, recv, chunk);
   CollectiveCall call;
   call.kind = CollectiveCall::Kind::kKernel;
+  // Planned (the options checked) before the one-rank shortcut, so bad options fail at any world.
   LOOM_ASSIGN_OR_RETURN(call.plan, ops::plan_for(impl, OpId::kReduceScatter, chunk, options, false));
+  if (world == 1) return ops::single_rank_copy(send, recv, chunk);
   call.args = ops::collective_args(impl, label, send, const_cast<void*>(recv), chunk);
   call.args.send_offset = send_offset;
   // Vectors need every rank's chunk start (send_offset + r * chunk) and recv 16-byte aligned.
