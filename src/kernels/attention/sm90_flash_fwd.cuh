@@ -139,10 +139,22 @@ struct SequenceKeys {
   __device__ bool await_rows(const KvSegment&, int32_t, int32_t, const WaitContext&) const { return true; }
 };
 
+// Entry i of a tile's segment table, by the table's shared-memory address (one ld.shared; a
+// generic pointer would cost a register pair and a generic load).
+__device__ __forceinline__ SegmentInfo load_segment(uint32_t table, int i) {
+  SegmentInfo s;
+  asm volatile("ld.shared.v4.s32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(s.len), "=r"(s.pos0), "=r"(s.blocks), "=r"(s.unused)
+               : "r"(table + static_cast<uint32_t>(sizeof(SegmentInfo)) * static_cast<uint32_t>(i)));
+  return s;
+}
+
 // A consumer's place in the tile's key blocks: segment `seg`, block `n` of it (segments in order,
 // each from its last block down), and the keys of the segment this thread's two rows may see. It
 // reads the segments from the tile task's table (shared memory), so the keys policy's arithmetic
-// stays out of the consumers' registers.
+// stays out of the consumers' registers. The general walk (SegmentWalk::kAny) keeps only seg, n
+// and first_masked across blocks and recomputes the rows' visible keys for the few masked blocks
+// (key_end stays dead there): two registers fewer in a loop that spilled with them.
 template <int kBlockN, bool kCausal>
 struct BlockCursor {
   int seg;
@@ -151,22 +163,26 @@ struct BlockCursor {
   int key_end[2];    // keys [0, key_end[r]) of the segment are visible to row r
   int first_masked;  // blocks at or above this index need masking
 
-  // qpos: the positions of this thread's two rows.
-  __device__ void enter(const SegmentInfo* table, const int (&qpos)[2], int i) {
+  // Keys [0, end[r]) of segment `s` are visible to the row at position qpos[r].
+  __device__ static void ends_of(const SegmentInfo& s, const int (&qpos)[2], int (&end)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) end[r] = kCausal ? max(0, min(s.len, qpos[r] - s.pos0 + 1)) : s.len;
+  }
+  // qpos: the positions of this thread's two rows; table: the segments' shared-memory address.
+  __device__ void enter(uint32_t table, const int (&qpos)[2], int i) {
     seg = i;
-    const SegmentInfo s = table[i];
+    const SegmentInfo s = load_segment(table, i);
     blocks = s.blocks;
     n = s.blocks - 1;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) key_end[r] = kCausal ? max(0, min(s.len, qpos[r] - s.pos0 + 1)) : s.len;
+    ends_of(s, qpos, key_end);
     first_masked = min(key_end[0], key_end[1]) / kBlockN;
   }
   // The first block of the tile (the tile has at least one).
-  __device__ void start(const SegmentInfo* table, const int (&qpos)[2]) {
+  __device__ void start(uint32_t table, const int (&qpos)[2]) {
     enter(table, qpos, 0);
     while (n < 0) enter(table, qpos, seg + 1);
   }
-  __device__ void next(const SegmentInfo* table, const int (&qpos)[2]) {
+  __device__ void next(uint32_t table, const int (&qpos)[2]) {
     if (--n >= 0) return;
     do enter(table, qpos, seg + 1);
     while (n < 0);
@@ -361,6 +377,18 @@ struct FlashForward {
     }
   }
 
+  // Masks the cursor's block: the general walk recomputes the rows' visible keys (see BlockCursor).
+  __device__ static void mask_cursor_block(float (&s)[kSRegs], const BlockCursor<BN, kCausal>& cur, uint32_t table,
+                                           const int (&qpos)[2]) {
+    if constexpr (Keys::kWalk == SegmentWalk::kAny) {
+      int end[2];
+      BlockCursor<BN, kCausal>::ends_of(load_segment(table, cur.seg), qpos, end);
+      mask_block(s, cur.n, end);
+    } else {
+      mask_block(s, cur.n, cur.key_end);
+    }
+  }
+
   // Stores this thread's two rows of O (already divided by l) and their LSE.
   __device__ static void store_rows(const FlashParams& p, const SeqSpan& span, uint32_t head, int row_in_seq0,
                                     const float (&o)[kORegs], const float (&inv_sum)[2], const float (&lse)[2]) {
@@ -420,7 +448,7 @@ struct FlashForward {
       const TileView v = keys.view(task.tile);
       const int n_blocks = task.kv_blocks;
       const int row0 = v.m0 + tile_row0;  // this thread's first row in the sequence
-      const SegmentInfo* table = sm.segments(q.index);
+      const uint32_t table = sm90::smem_u32(sm.segments(q.index));
       softmax.reset();
       if (n_blocks == 0) {  // no visible key: O = 0, LSE = -inf
         release(sm.q_empty(q.index));
@@ -450,7 +478,7 @@ struct FlashForward {
         q.advance();
       }
       float rescale[2];
-      if (cur.masked()) mask_block(s, cur.n, cur.key_end);
+      if (cur.masked()) mask_cursor_block(s, cur, table, qpos);
       softmax.update(s, p.scale_log2, rescale);
       convert_p<BN, kBF16>(s, pr);
 
@@ -476,7 +504,7 @@ struct FlashForward {
           if (ok) release(sm.q_empty(q.index));
           q.advance();
         }
-        if (cur.masked()) mask_block(s, cur.n, cur.key_end);
+        if (cur.masked()) mask_cursor_block(s, cur, table, qpos);
         softmax.update(s, p.scale_log2, rescale);
         sm90::wgmma_wait<0>();
         sm90::fence_operands(o);
