@@ -208,7 +208,8 @@ __device__ __forceinline__ bool ring_net_receive(const RingParams& p, uint64_t e
 // ring_source_at's order (one node: rank me-1's, me-2's, ...) from the receive buffers.
 // Non-causal: one segment per rank (all S_l keys). Causal (zigzag): two per rank, its sequence
 // chunks (src and 2W-1-src, S_l/2 rows each), a query row's position being its place in the
-// whole sequence (W and the ranks counted over the whole job).
+// whole sequence (W and the ranks counted over the whole job); at W = 1 the two chunks are
+// adjacent in rows and positions, so they form one segment (no partial block between them).
 template <int kBlockM, int kBlockN, bool kCausal>
 struct RingKeys {
   const RingParams& p;
@@ -234,7 +235,7 @@ struct RingKeys {
     v.m0 = static_cast<int32_t>(v.coord.m_block) * kBlockM;
     return v;
   }
-  __device__ int segments(const TileView&) const { return kCausal ? 2 * world : world; }
+  __device__ int segments(const TileView&) const { return kCausal && world > 1 ? 2 * world : world; }
   // Position in the whole sequence of chunk-half `h` (0, 1) of rank `rank` (zigzag).
   __device__ int32_t chunk_pos(int32_t rank, int32_t h) const { return (h == 0 ? rank : 2 * world - 1 - rank) * half; }
   __device__ int32_t q_pos(const TileView&, int32_t row) const {
@@ -252,7 +253,7 @@ struct RingKeys {
     if constexpr (kCausal) {
       const int32_t h = i % 2;
       s.row0 = h * half;
-      s.len = half;
+      s.len = world > 1 ? half : 2 * half;
       s.pos0 = chunk_pos(src, h);
       // The tile's last row has the largest position (positions grow with the row).
       const int32_t last = min(v.m0 + kBlockM, v.span.len_q) - 1;
