@@ -161,7 +161,8 @@ struct RingAttentionOptions {
 //
 // Checks everything that can be checked without a GPU for a ring of `world` ranks.
 Status ring_attention_can_implement(const RingAttentionArgs& args, const RingAttentionOptions& options, int world);
-// The symmetric workspace a call needs on every rank (every rank's K and V, and arrival flags).
+// The symmetric workspace a call needs on every rank (every rank's K and V, and arrival flags;
+// none for a ring of one).
 size_t ring_attention_workspace_bytes(const RingAttentionArgs& args, int world);
 
 // What a call launches on this communicator.

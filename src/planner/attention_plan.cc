@@ -366,14 +366,16 @@ Status validate_ring_attention(const RingAttentionArgs& r, const RingAttentionOp
 
 RingWorkspace ring_workspace(const RingAttentionArgs& r, int world) {
   RingWorkspace w;
-  const uint64_t kv = static_cast<uint64_t>(world) * static_cast<uint64_t>(r.batch) * static_cast<uint64_t>(r.seqlen) *
+  // A ring of one receives nothing and flags nothing: no receive slots (its K/V never move).
+  const uint64_t slots = world > 1 ? static_cast<uint64_t>(world) : 0;
+  const uint64_t kv = slots * static_cast<uint64_t>(r.batch) * static_cast<uint64_t>(r.seqlen) *
                       static_cast<uint64_t>(r.heads_kv) * static_cast<uint64_t>(r.head_dim) * dtype_size(r.dtype);
   auto align = [](uint64_t x) { return (x + 1023) / 1024 * 1024; };
   w.chunks = static_cast<uint32_t>((r.seqlen + ka::RingTunables::kChunkRows - 1) / ka::RingTunables::kChunkRows);
   w.recv_k = 0;
   w.recv_v = align(kv);
   w.arrived = w.recv_v + align(kv);
-  w.bytes = w.arrived + align(static_cast<uint64_t>(world) * static_cast<uint64_t>(r.batch) * w.chunks * 8);
+  w.bytes = w.arrived + align(slots * static_cast<uint64_t>(r.batch) * w.chunks * 8);
   return w;
 }
 

@@ -272,6 +272,7 @@ TEST(AttentionPlan, RingRulesAndWorkspace) {
   EXPECT_EQ(w.arrived, 2 * ((kv + 1023) / 1024 * 1024));
   EXPECT_GE(w.bytes, w.arrived + 4ull * 2 * 8 * 8);
   EXPECT_EQ(ring_attention_workspace_bytes(r, 4), w.bytes);
+  EXPECT_EQ(ring_attention_workspace_bytes(r, 1), 0u);  // a ring of one receives nothing
   EXPECT_EQ(planner::ring_kv_ctas({}, 1, 132), 0);  // a ring of one moves nothing
   EXPECT_EQ(planner::ring_kv_ctas({}, 8, 132), 4);
 }

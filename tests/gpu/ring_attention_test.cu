@@ -306,7 +306,7 @@ TEST(RingAttention, BadInputIsRefusedOnEveryRank) {
   RingAttentionArgs hd = a;
   hd.head_dim = 96;
   EXPECT_EQ(ring_attention(comm, hd, nullptr, o).code(), StatusCode::kUnsupported);
-  EXPECT_GT(ring_attention_workspace_bytes(a, world), 0u);
+  EXPECT_EQ(ring_attention_workspace_bytes(a, world) > 0, world > 1);  // a ring of one receives nothing
 }
 
 }  // namespace

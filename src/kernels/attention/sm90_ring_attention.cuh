@@ -17,7 +17,8 @@
 //             Causal: fully masked (rank, half) segments are skipped, the diagonal ones masked
 //             by global positions.
 //
-// Buffers (the attention family's symmetric workspace; heap offsets equal on every rank):
+// Buffers (the attention family's symmetric workspace; heap offsets equal on every rank; none at
+// W = 1, where nothing moves and no flag is used):
 //   recv_k   [W][B][S_l][Hkv][D]   W * B * S_l * Hkv * D * elem bytes: slot src holds rank src's K
 //                                   (written by rank r-1; the slot of r itself is unused)
 //   recv_v   the same for V

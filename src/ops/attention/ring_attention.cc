@@ -133,26 +133,27 @@ Status ring_launch(Communicator& comm, const RingAttentionArgs& args, cudaStream
   LOOM_ASSIGN_OR_RETURN(void* workspace,
                         ops::family_workspace(impl, kFamily, static_cast<size_t>(layout.bytes), stream, "ring_attention"));
 
-  // The arrival flags start at zero for every call: a grown workspace holds stale bytes, which a
-  // flag wait could take for a later epoch. Every chunk of the previous call arrived before it
-  // ended (ring_drain), so nothing writes into them meanwhile.
-  const size_t flag_bytes = static_cast<size_t>(world) * static_cast<size_t>(args.batch) * layout.chunks * 8;
-  LOOM_CUDA_TRY(cudaMemsetAsync(static_cast<char*>(workspace) + layout.arrived, 0, flag_bytes, stream));
-
   ka::RingParams p{};
   LOOM_ASSIGN_OR_RETURN(p.core, ops::attention::make_flash_params(call.core, call.core_options, plan));
   LOOM_ASSIGN_OR_RETURN(p.core.queue, ops::family_launch_state(impl, kFamily));
-  const uint64_t base = impl.heap->offset_of(workspace);
-  const char* ws = static_cast<const char*>(workspace);
-  const AttentionStrides recv_strides{args.heads_kv * args.head_dim, args.head_dim,
-                                      args.seqlen * args.heads_kv * args.head_dim};
-  const int64_t recv_batches = static_cast<int64_t>(world) * args.batch;
-  LOOM_TRY(ops::attention::encode_qkv_map(ws + layout.recv_k, args.dtype, args.head_dim, args.heads_kv, args.seqlen,
-                                          recv_batches, recv_strides, plan.info.block_n, args.q, &p.recv_k_map,
-                                          "ring_attention received k"));
-  LOOM_TRY(ops::attention::encode_qkv_map(ws + layout.recv_v, args.dtype, args.head_dim, args.heads_kv, args.seqlen,
-                                          recv_batches, recv_strides, plan.info.block_n, args.q, &p.recv_v_map,
-                                          "ring_attention received v"));
+  const uint64_t base = workspace != nullptr ? impl.heap->offset_of(workspace) : 0;  // none at W = 1
+  if (world > 1) {  // a ring of one has no receive slots and no flags (planner::ring_workspace)
+    // The arrival flags start at zero for every call: a grown workspace holds stale bytes, which a
+    // flag wait could take for a later epoch. Every chunk of the previous call arrived before it
+    // ended (ring_drain), so nothing writes into them meanwhile.
+    const size_t flag_bytes = static_cast<size_t>(world) * static_cast<size_t>(args.batch) * layout.chunks * 8;
+    LOOM_CUDA_TRY(cudaMemsetAsync(static_cast<char*>(workspace) + layout.arrived, 0, flag_bytes, stream));
+    const char* ws = static_cast<const char*>(workspace);
+    const AttentionStrides recv_strides{args.heads_kv * args.head_dim, args.head_dim,
+                                        args.seqlen * args.heads_kv * args.head_dim};
+    const int64_t recv_batches = static_cast<int64_t>(world) * args.batch;
+    LOOM_TRY(ops::attention::encode_qkv_map(ws + layout.recv_k, args.dtype, args.head_dim, args.heads_kv, args.seqlen,
+                                            recv_batches, recv_strides, plan.info.block_n, args.q, &p.recv_k_map,
+                                            "ring_attention received k"));
+    LOOM_TRY(ops::attention::encode_qkv_map(ws + layout.recv_v, args.dtype, args.head_dim, args.heads_kv, args.seqlen,
+                                            recv_batches, recv_strides, plan.info.block_n, args.q, &p.recv_v_map,
+                                            "ring_attention received v"));
+  }
   p.comm = impl.device_comm();
   p.k_local = static_cast<const char*>(args.k);
   p.v_local = static_cast<const char*>(args.v);
