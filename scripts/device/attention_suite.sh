@@ -14,7 +14,8 @@
 #     ring-probe-ab  the same probe with the earlier build (.device-carry/base, stage.sh --base) and
 #                 this one, alternating RING_AB_ROUNDS (default 2) times: $OUT/ring_w1_probe_{base,bin}_<round>.json
 #     ring-ncu    Nsight Compute on the engine's and the ring's kernel at W = 1 (RING_NCU_SHAPE, default
-#                 1x8192x32x32x128, full mask; one launch each): $OUT/ring_ncu_{engine,ring}.txt
+#                 1x8192x32x32x128; RING_NCU_CAUSAL=1 for the causal mask; one launch each):
+#                 $OUT/ring_ncu_{engine,ring}.txt
 #     grouped-bench  bench/grouped_gemm.py (JSON in $OUT/grouped_gemm_1xH200.json)
 #   (default: tests pytest bench; logs in $OUT/attention_suite.log)
 # Each step runs under a wall-clock limit; exit status 0 only if every step passed.
@@ -93,7 +94,7 @@ for step in "${steps[@]}"; do
           --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
           --section InstructionStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
           --section SourceCounters --metrics sm__inst_executed.sum,smsp__inst_executed_op_local_ld.sum,smsp__inst_executed_op_local_st.sum,lts__t_sector_hit_rate.pct \
-          python3 bench/probes/ring_w1.py --shapes "${RING_NCU_SHAPE:-1x8192x32x32x128}" --causal 0 --warmup 0 --iters 1 \
+          python3 bench/probes/ring_w1.py --shapes "${RING_NCU_SHAPE:-1x8192x32x32x128}" --causal "${RING_NCU_CAUSAL:-0}" --warmup 0 --iters 1 \
           > "$OUT/ring_ncu_${which%%:*}.txt" 2>&1
         r=$?; ((r != 0)) && rc=1
         log "ncu ${which%%:*}: exit $r"; grep -E "Duration|Executed Ipc A|Registers Per|Local|Hit Rate|sm__inst_executed.sum" "$OUT/ring_ncu_${which%%:*}.txt" | head -12
