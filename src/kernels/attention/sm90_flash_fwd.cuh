@@ -41,6 +41,7 @@
 #include <cuda/ptx>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/attention/config.h"
 #include "kernels/attention/flags.h"
@@ -139,8 +140,14 @@ struct SequenceKeys {
   __device__ bool await_rows(const KvSegment&, int32_t, int32_t, const WaitContext&) const { return true; }
 };
 
-// Entry i of a tile's segment table, by the table's shared-memory address (one ld.shared; a
-// generic pointer would cost a register pair and a generic load).
+// Entry i of a tile's segment table. The general walk (SegmentWalk::kAny), which reads it at every
+// segment change and masked block, holds the table's shared-memory address (one register, one
+// ld.shared); the others read it once per tile through the generic pointer, with which their loops
+// compiled best (the ring's non-causal loop re-read the shared window base and spilled with the
+// address: ptxas, hd128).
+template <SegmentWalk kWalk>
+using SegmentTable = std::conditional_t<kWalk == SegmentWalk::kAny, uint32_t, const SegmentInfo*>;
+__device__ __forceinline__ SegmentInfo load_segment(const SegmentInfo* table, int i) { return table[i]; }
 __device__ __forceinline__ SegmentInfo load_segment(uint32_t table, int i) {
   SegmentInfo s;
   asm volatile("ld.shared.v4.s32 {%0, %1, %2, %3}, [%4];"
@@ -168,8 +175,9 @@ struct BlockCursor {
 #pragma unroll
     for (int r = 0; r < 2; ++r) end[r] = kCausal ? max(0, min(s.len, qpos[r] - s.pos0 + 1)) : s.len;
   }
-  // qpos: the positions of this thread's two rows; table: the segments' shared-memory address.
-  __device__ void enter(uint32_t table, const int (&qpos)[2], int i) {
+  // qpos: the positions of this thread's two rows; table: the segments (SegmentTable).
+  template <class Table>
+  __device__ void enter(Table table, const int (&qpos)[2], int i) {
     seg = i;
     const SegmentInfo s = load_segment(table, i);
     blocks = s.blocks;
@@ -178,11 +186,13 @@ struct BlockCursor {
     first_masked = min(key_end[0], key_end[1]) / kBlockN;
   }
   // The first block of the tile (the tile has at least one).
-  __device__ void start(uint32_t table, const int (&qpos)[2]) {
+  template <class Table>
+  __device__ void start(Table table, const int (&qpos)[2]) {
     enter(table, qpos, 0);
     while (n < 0) enter(table, qpos, seg + 1);
   }
-  __device__ void next(uint32_t table, const int (&qpos)[2]) {
+  template <class Table>
+  __device__ void next(Table table, const int (&qpos)[2]) {
     if (--n >= 0) return;
     do enter(table, qpos, seg + 1);
     while (n < 0);
@@ -378,8 +388,8 @@ struct FlashForward {
   }
 
   // Masks the cursor's block: the general walk recomputes the rows' visible keys (see BlockCursor).
-  __device__ static void mask_cursor_block(float (&s)[kSRegs], const BlockCursor<BN, kCausal>& cur, uint32_t table,
-                                           const int (&qpos)[2]) {
+  __device__ static void mask_cursor_block(float (&s)[kSRegs], const BlockCursor<BN, kCausal>& cur,
+                                           SegmentTable<Keys::kWalk> table, const int (&qpos)[2]) {
     if constexpr (Keys::kWalk == SegmentWalk::kAny) {
       int end[2];
       BlockCursor<BN, kCausal>::ends_of(load_segment(table, cur.seg), qpos, end);
@@ -448,7 +458,9 @@ struct FlashForward {
       const TileView v = keys.view(task.tile);
       const int n_blocks = task.kv_blocks;
       const int row0 = v.m0 + tile_row0;  // this thread's first row in the sequence
-      const uint32_t table = sm90::smem_u32(sm.segments(q.index));
+      SegmentTable<Keys::kWalk> table;
+      if constexpr (Keys::kWalk == SegmentWalk::kAny) table = sm90::smem_u32(sm.segments(q.index));
+      else table = sm.segments(q.index);
       softmax.reset();
       if (n_blocks == 0) {  // no visible key: O = 0, LSE = -inf
         release(sm.q_empty(q.index));
