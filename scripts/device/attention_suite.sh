@@ -11,8 +11,9 @@
 #     ring-bench  bench/ring_attention.py at W = 1 (JSON in $OUT/ring_attention_1xH200.json)
 #     ring-probe  bench/probes/ring_w1.py (the ring at W = 1 beside the engine, with and without the
 #                 LSE, and at hd64 BLOCK_N 128; JSON in $OUT/ring_w1_probe.json)
-#     ring-probe-ab  the same probe with the earlier build (.device-carry/base, stage.sh --base) and
-#                 this one, alternating RING_AB_ROUNDS (default 2) times: $OUT/ring_w1_probe_{base,bin}_<round>.json
+#     ring-probe-ab  the same probe with the earlier build (.device-carry/base, stage.sh --base: old) and
+#                 this one (new) in RING_AB_ROUNDS (default 2) shuffled rounds within RING_PROBE_LIMIT_S
+#                 (ab_rounds.sh): $OUT/ring_probe_ab/{old,new}_<round>.{json,log}
 #     ring-ncu    Nsight Compute on the engine's and the ring's kernel at W = 1 (RING_NCU_SHAPE, default
 #                 1x8192x32x32x128; RING_NCU_CAUSAL=1 for the causal mask; one launch each):
 #                 $OUT/ring_ncu_{engine,ring}.txt
@@ -73,17 +74,18 @@ for step in "${steps[@]}"; do
       py_bench ring-bench "${RING_BENCH_LIMIT_S:-240}" 14 bench/ring_attention.py --json "$OUT/ring_attention_1xH200.json" ;;
     ring-probe) py_bench ring-probe "${RING_PROBE_LIMIT_S:-150}" 8 bench/probes/ring_w1.py --json "$OUT/ring_w1_probe.json" ;;
     ring-probe-ab)
+      # The two builds in ab_rounds' shuffled rounds (scripts/device/ab_rounds.sh), as attention_ab.sh.
       if ! ext; then rc=1; continue; fi
       pkg_lib="$WORK/pkg/loom/libloom.so"
-      for ((round = 1; round <= ${RING_AB_ROUNDS:-2}; round++)); do
-        for side in base bin; do
-          cp ".device-carry/$side/libloom.so" "$pkg_lib" || { rc=1; continue; }
-          log "ring probe, $side build, round $round"
-          PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=10 ${RING_PROBE_LIMIT_S:-150} \
-            python3 bench/probes/ring_w1.py --json "$OUT/ring_w1_probe_${side}_$round.json" 2>&1 | tee -a "$LOG" | tail -5
-          ((PIPESTATUS[0] != 0)) && rc=1
-        done
-      done
+      probe_side() {  # SIDE JSON LEFT_S: old = .device-carry/base, new = .device-carry/bin
+        local dir=bin; [[ $1 == old ]] && dir=base
+        cp ".device-carry/$dir/libloom.so" "$pkg_lib" &&
+          PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=10 "$3" python3 bench/probes/ring_w1.py --json "$2"
+      }
+      source scripts/device/ab_rounds.sh
+      mkdir -p "$OUT/ring_probe_ab"
+      ab_rounds ring-probe-ab "${RING_AB_ROUNDS:-2}" "${RING_PROBE_LIMIT_S:-150}" "$OUT/ring_probe_ab" probe_side || rc=1
+      for f in "$OUT"/ring_probe_ab/{old,new}_*.log; do [[ -f $f ]] && { log "$(basename "$f")"; tail -5 "$f" | tee -a "$LOG"; }; done
       cp .device-carry/bin/libloom.so "$pkg_lib" ;;
     ring-ncu)
       if ! ext; then rc=1; continue; fi

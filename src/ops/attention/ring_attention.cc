@@ -137,7 +137,7 @@ Status ring_launch(Communicator& comm, const RingAttentionArgs& args, cudaStream
   LOOM_ASSIGN_OR_RETURN(p.core, ops::attention::make_flash_params(call.core, call.core_options, plan));
   LOOM_ASSIGN_OR_RETURN(p.core.queue, ops::family_launch_state(impl, kFamily));
   const uint64_t base = workspace != nullptr ? impl.heap->offset_of(workspace) : 0;  // none at W = 1
-  if (world > 1) {  // a ring of one has no receive slots and no flags (planner::ring_workspace)
+  if (layout.bytes > 0) {  // none for a ring of one: no receive slots, no flags (planner::ring_workspace)
     // The arrival flags start at zero for every call: a grown workspace holds stale bytes, which a
     // flag wait could take for a later epoch. Every chunk of the previous call arrived before it
     // ended (ring_drain), so nothing writes into them meanwhile.
