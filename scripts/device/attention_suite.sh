@@ -10,7 +10,8 @@
 #     bench       bench/attention.py (JSON in $OUT/attention_1xH200.json)
 #     ring-bench  bench/ring_attention.py at W = 1 (JSON in $OUT/ring_attention_1xH200.json)
 #     ring-probe  bench/probes/ring_w1.py (the ring at W = 1 beside the engine, with and without the
-#                 LSE, and at hd64 BLOCK_N 128; JSON in $OUT/ring_w1_probe.json)
+#                 LSE, and at hd64 BLOCK_N 128) in RING_PROBE_ROUNDS (default 1) separate runs: JSON in
+#                 $OUT/ring_w1_probe_round<n>.json
 #     ring-probe-ab  the same probe with the earlier build (.device-carry/base, stage.sh --base: old) and
 #                 this one (new) in RING_AB_ROUNDS (default 2) shuffled rounds within RING_PROBE_LIMIT_S
 #                 (ab_rounds.sh): $OUT/ring_probe_ab/{old,new}_<round>.{json,log}
@@ -72,7 +73,10 @@ for step in "${steps[@]}"; do
     bench) py_bench bench "${BENCH_LIMIT_S:-420}" 48 bench/attention.py --json "$OUT/attention_1xH200.json" "$@" ;;
     ring-bench)
       py_bench ring-bench "${RING_BENCH_LIMIT_S:-240}" 14 bench/ring_attention.py --json "$OUT/ring_attention_1xH200.json" ;;
-    ring-probe) py_bench ring-probe "${RING_PROBE_LIMIT_S:-150}" 8 bench/probes/ring_w1.py --json "$OUT/ring_w1_probe.json" ;;
+    ring-probe)
+      for ((round = 1; round <= ${RING_PROBE_ROUNDS:-1}; round++)); do
+        py_bench ring-probe "${RING_PROBE_LIMIT_S:-150}" 8 bench/probes/ring_w1.py --json "$OUT/ring_w1_probe_round$round.json"
+      done ;;
     ring-probe-ab)
       # The two builds in ab_rounds' shuffled rounds (scripts/device/ab_rounds.sh), as attention_ab.sh.
       if ! ext; then rc=1; continue; fi
