@@ -15,6 +15,8 @@ CUDA events in a shuffled order (the GPU's clock and temperature drift alike for
 --warmup rounds; the median per backend. TFLOP/s = 4 B H Sq Sk D / time, halved for causal masks.
 A backend that refuses a shape gets no time. Rows: {"op": "attention", "dtype", "B", "S", "H",
 "H_kv", "D", "causal", "rel_err", "ms": {"loom", "cudnn", "flash"}}; the table is printed last.
+Tuning: --block-n N,... and --tiles MxN,... add loom at other tiles as columns in the same rounds
+(--tiles variants checked against the reference too: "rel_err_variants").
 """
 
 import argparse
@@ -47,6 +49,9 @@ def parse_args():
     p.add_argument("--block-n", default="",
                    help="comma-separated BLOCK_N values to time as extra columns loom_bn<N> (tuning; each must be a "
                         "configuration of the shape's head dim)")
+    p.add_argument("--tiles", default="",
+                   help="comma-separated BLOCK_MxBLOCK_N tiles to time as extra columns loom_m<M>n<N> (tuning; "
+                        "e.g. 192x128 at head dim 64), each checked against the reference like the default")
     args = p.parse_args()
     if args.iters < 20:
         p.error("--iters must be at least 20 (medians of fewer are noise)")
@@ -61,6 +66,12 @@ def parse_args():
     args.shapes = shapes
     args.causal = [bool(int(c)) for c in args.causal.split(",") if c != ""]
     args.block_n = [int(b) for b in args.block_n.split(",") if b]
+    try:
+        args.tiles = [tuple(int(x) for x in t.split("x")) for t in args.tiles.split(",") if t]
+    except ValueError:
+        p.error(f"--tiles {args.tiles!r}: expected MxN,...")
+    if any(len(t) != 2 for t in args.tiles):
+        p.error(f"--tiles {args.tiles!r}: expected MxN,...")
     return args
 
 
@@ -131,18 +142,31 @@ def main():
             for bn in args.block_n:
                 candidates[f"loom_bn{bn}"] = (lambda bn=bn: loom.attention(q, k, v, out, lse=lse, causal=causal,
                                                                            block_n=bn))
+            for bm, bn in args.tiles:
+                candidates[f"loom_m{bm}n{bn}"] = (lambda bm=bm, bn=bn: loom.attention(
+                    q, k, v, out, lse=lse, causal=causal, block_m=bm, block_n=bn))
+            extra_err = {}
             backends = {}
             for name, fn in candidates.items():
                 try:
+                    if name.startswith("loom_"):  # a tuning variant: its output checked like the default's
+                        out.fill_(float("nan"))
                     fn()
                     torch.cuda.synchronize()
+                    if name.startswith("loom_"):
+                        extra_err[name] = reference_rel_err(q, k, v, out, causal, scale)
+                        if not (extra_err[name] <= args.max_rel_err):
+                            print(f"attention.py: {name}'s output is off for {(B, S, H, Hkv, D, causal)}: rel_err "
+                                  f"{extra_err[name]:.3g}", file=sys.stderr)
+                            rel_err = max(rel_err, extra_err[name])
                     backends[name] = fn
                 except Exception as e:  # noqa: BLE001 - a backend that refuses the shape gets no time
                     print(f"attention.py: {name} refused {(B, S, H, Hkv, D, causal)}: {str(e).splitlines()[0][:160]}",
                           file=sys.stderr)
             ms = time_shuffled(backends, args.warmup, args.iters)
             rows.append({"op": "attention", "dtype": args.dtype, "B": B, "S": S, "H": H, "H_kv": Hkv, "D": D,
-                         "causal": causal, "rel_err": rel_err, "ms": ms})
+                         "causal": causal, "rel_err": rel_err, "ms": ms,
+                         **({"rel_err_variants": extra_err} if extra_err else {})})
             print(f"[{len(rows)}] B{B} S{S} H{H}/{Hkv} D{D} {'causal' if causal else 'full'}: "
                   + " ".join(f"{n} {t:.3f} ms" for n, t in ms.items()) + f" rel_err {rel_err:.2e}", flush=True)
             del q, k, v, out, lse
@@ -160,7 +184,8 @@ def main():
         flops = 4.0 * r["B"] * r["H"] * r["S"] * r["S"] * r["D"] * (0.5 if r["causal"] else 1.0)
         return flops / (t * 1e-3) / 1e12
 
-    columns = ["loom", "cudnn", "flash"] + [f"loom_bn{bn}" for bn in args.block_n]
+    columns = (["loom", "cudnn", "flash"] + [f"loom_bn{bn}" for bn in args.block_n]
+               + [f"loom_m{bm}n{bn}" for bm, bn in args.tiles])
     print(f"\n{'shape':<30}{'mask':<8}" + "".join(f"{c:>10}" for c in columns) + f"{'loom/cudnn':>12}{'rel_err':>10}")
     for r in rows:
         cells = [f"{tflops(r, r['ms'][n]):10.0f}" if n in r["ms"] else f"{'-':>10}" for n in columns]

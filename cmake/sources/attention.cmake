@@ -9,6 +9,7 @@ list(APPEND LOOM_LIB_SOURCES
   src/ops/attention/ring_attention.cc
   src/ops/attention/attention_merge.cu
   src/ops/attention/attention_sm90_hd64x128.cu
+  src/ops/attention/attention_sm90_hd64x128_m192.cu
   src/ops/attention/attention_sm90_hd64x192.cu
   src/ops/attention/attention_sm90_hd128x128.cu
   src/ops/attention/attention_sm90_hd128x176.cu

@@ -109,7 +109,7 @@ def gemm_rs(comm: Communicator, a: object | None, b: object | None, out: object 
 def gemm_ar(comm: Communicator, a: object | None, b: object | None, out: object | None, stream: int, b_layout: str = 'kn', gathered_a: object | None = None, algorithm: str = 'auto', comm_ctas: int = -1, tile: str = 'auto') -> None:
     """out [M, N] (symmetric) = AllReduce(a [M, K] @ b)."""
 
-def attention(q: object | None, k: object | None, v: object | None, out: object | None, lse: object | None, stream: int, causal: bool = False, scale: float = 0.0, cu_seqlens_q: object | None = None, cu_seqlens_k: object | None = None, max_seqlen_q: int = 0, max_seqlen_k: int = 0, partial: bool = False, num_ctas: int = 0, block_n: int = 0) -> None:
+def attention(q: object | None, k: object | None, v: object | None, out: object | None, lse: object | None, stream: int, causal: bool = False, scale: float = 0.0, cu_seqlens_q: object | None = None, cu_seqlens_k: object | None = None, max_seqlen_q: int = 0, max_seqlen_k: int = 0, partial: bool = False, num_ctas: int = 0, block_n: int = 0, block_m: int = 0) -> None:
     """
     out = softmax(scale q k^T) v (flash attention forward on one GPU); lse (optional) gets the fp32 log-sum-exp.
     """

@@ -105,7 +105,8 @@ def _device_of(x: DLPackArray) -> Optional[int]:
 def attention(q: DLPackArray, k: DLPackArray, v: DLPackArray, out: Out, *, lse: Optional[DLPackArray] = None,
               causal: bool = False, scale: Optional[float] = None, cu_seqlens_q: Optional[DLPackArray] = None,
               cu_seqlens_k: Optional[DLPackArray] = None, max_seqlen_q: int = 0, max_seqlen_k: int = 0,
-              partial: bool = False, stream: StreamArg = None, num_ctas: int = 0, block_n: int = 0) -> Out:
+              partial: bool = False, stream: StreamArg = None, num_ctas: int = 0, block_n: int = 0,
+              block_m: int = 0) -> Out:
     """out = softmax(scale * q k^T) v on one GPU (flash attention forward).
 
     q [B, Sq, Hq, D], k and v [B, Sk, Hkv, D] (bf16 or fp16; Hq a multiple of Hkv; D 64, 128 or
@@ -115,11 +116,11 @@ def attention(q: DLPackArray, k: DLPackArray, v: DLPackArray, out: Out, *, lse: 
     iff j <= i + Sk - Sq (bottom-right). scale: default 1/sqrt(D). partial: out is float32 for
     attention_merge (lse required). Offsets are checked on the GPU: bad ones write nothing and
     raise at the next loom call on the device or at synchronize_standalone(). block_n: keys per
-    block (tuning; 0: the planner's)."""
+    block, block_m: query rows per tile (tuning; 0: the planner's; block_m 192 at D 64 only)."""
     device = _device_of(q) if stream is not None else None
     _C.attention(q, k, v, out, lse, _stream(stream, q, "attention", device), causal,
                  0.0 if scale is None else float(scale), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                 partial, num_ctas, block_n)
+                 partial, num_ctas, block_n, block_m)
     return out
 
 

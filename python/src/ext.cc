@@ -373,7 +373,7 @@ struct AttentionCall {
 AttentionCall prepare_attention(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
                                 uintptr_t stream, bool causal, double scale, nb::handle cu_seqlens_q,
                                 nb::handle cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, bool partial,
-                                int num_ctas, int block_n) {
+                                int num_ctas, int block_n, int block_m) {
   const char* op = "attention";
   const int rank = -1;
   AttentionCall c;
@@ -462,6 +462,7 @@ AttentionCall prepare_attention(nb::handle q, nb::handle k, nb::handle v, nb::ha
   c.options.partial = partial;
   c.options.num_ctas = num_ctas;
   c.options.block_n = block_n;
+  c.options.block_m = block_m;
   require_device(c.q, -1, op, rank);
   for (const TensorArg* t : {&c.k, &c.v, &c.out}) require_device(*t, c.q.device, op, rank);
   if (has_lse) require_device(c.lse, c.q.device, op, rank);
@@ -897,13 +898,14 @@ NB_MODULE(_C, m) {
       "attention",
       [](nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, uintptr_t stream, bool causal,
          double scale, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
-         bool partial, int num_ctas, int block_n) {
+         bool partial, int num_ctas, int block_n, int block_m) {
         run(prepare_attention(q, k, v, out, lse, stream, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                              max_seqlen_k, partial, num_ctas, block_n));
+                              max_seqlen_k, partial, num_ctas, block_n, block_m));
       },
       "q"_a.none(), "k"_a.none(), "v"_a.none(), "out"_a.none(), "lse"_a.none(), "stream"_a, "causal"_a = false,
       "scale"_a = 0.0, "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(),
       "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0, "partial"_a = false, "num_ctas"_a = 0, "block_n"_a = 0,
+      "block_m"_a = 0,
       "out = softmax(scale q k^T) v (flash attention forward on one GPU); lse (optional) gets the fp32 log-sum-exp.");
   m.def(
       "ring_attention",

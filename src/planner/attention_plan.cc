@@ -91,7 +91,11 @@ Status check_pointer(const char* name, const void* p, bool needed, size_t align)
 
 }  // namespace
 
-AttentionPlanInfo attention_tile(int64_t head_dim, int block_n) {
+AttentionPlanInfo attention_tile(int64_t head_dim, int block_n, int block_m) {
+  if (block_m == 192) {  // three consumer warpgroups: hd64 with BLOCK_N 128 only
+    return head_dim == 64 && (block_n == 0 || block_n == 128) ? info_of<ka::Flash64x128_m192>() : AttentionPlanInfo{};
+  }
+  if (block_m != 0 && block_m != 128) return AttentionPlanInfo{};
   switch (head_dim * 1000 + block_n) {
     case 64000:  // the default (default_block_n picks by sequence length)
     case 64128: return info_of<ka::Flash64x128>();
@@ -155,6 +159,11 @@ Status validate_attention(const AttentionArgs& a, const AttentionOptions& o) {
     return Status::invalid_argument("attention: block_n " + std::to_string(o.block_n) + " is not a configuration for "
                                     "head dim " + str(a.head_dim) + " (0, or hd64: 128, 192; hd128: 128, 176; "
                                     "hd256: 64, 80)");
+  }
+  if (attention_tile(a.head_dim, o.block_n, o.block_m).block_m == 0) {
+    return Status::invalid_argument("attention: block_m " + std::to_string(o.block_m) + " with block_n " +
+                                    std::to_string(o.block_n) + " is not a configuration for head dim " +
+                                    str(a.head_dim) + " (0 or 128; 192 at hd64 with block_n 0 or 128)");
   }
   if (a.heads_q < 1 || a.heads_kv < 1) {
     return Status::invalid_argument("attention: heads_q (" + str(a.heads_q) + ") and heads_kv (" + str(a.heads_kv) +
@@ -232,7 +241,9 @@ Result<AttentionPlan> plan_attention(const AttentionArgs& a, const AttentionOpti
                                      const AttentionDeviceLimits& device) {
   LOOM_TRY(validate_attention(a, o));
   AttentionPlan plan;
-  plan.info = attention_tile(a.head_dim, o.block_n > 0 ? o.block_n : default_block_n(a.head_dim, a.seqlen_k));
+  // BLOCK_M 192 brings its own BLOCK_N (128); otherwise the option's or the default for the keys.
+  const int block_n = o.block_n > 0 || o.block_m == 192 ? o.block_n : default_block_n(a.head_dim, a.seqlen_k);
+  plan.info = attention_tile(a.head_dim, block_n, o.block_m);
   if (static_cast<int64_t>(plan.info.smem_bytes) > device.smem_per_block_optin) {
     return Status::unsupported("attention: head dim " + str(a.head_dim) + " needs " +
                                str(static_cast<int64_t>(plan.info.smem_bytes)) +
@@ -321,6 +332,15 @@ AttentionArgs ring_core_args(const RingAttentionArgs& r) {
   return a;
 }
 
+AttentionOptions ring_core_options(const RingAttentionOptions& o) {
+  AttentionOptions core;
+  core.causal = o.causal;
+  core.scale = o.scale;
+  core.block_n = o.block_n;
+  core.block_m = 128;  // the ring kernel is built with two consumer warpgroups only (kRingTiles)
+  return core;
+}
+
 Status validate_ring_attention(const RingAttentionArgs& r, const RingAttentionOptions& o, int world) {
   if (world < 1) return Status::invalid_argument("ring_attention: the ring needs at least one rank");
   if ((o.causal ? 2 : 1) * world > ka::kMaxSegments) {
@@ -328,11 +348,7 @@ Status validate_ring_attention(const RingAttentionArgs& r, const RingAttentionOp
                                " per rank, at most " + std::to_string(ka::kMaxSegments) + " in all: " + std::to_string(world) +
                                " local ranks are too many");
   }
-  AttentionOptions core;
-  core.causal = o.causal;
-  core.scale = o.scale;
-  core.block_n = o.block_n;
-  const Status s = validate_attention(ring_core_args(r), core);
+  const Status s = validate_attention(ring_core_args(r), ring_core_options(o));
   if (!s.ok()) {
     std::string m(s.message());
     if (m.rfind("attention: ", 0) == 0) m = "ring_attention: " + m.substr(11);

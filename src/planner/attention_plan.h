@@ -17,14 +17,15 @@ struct AttentionDeviceLimits {
   int64_t l2_bytes = 0;              // cudaDevAttrL2CacheSize
 };
 
-// The kernel configuration for a head dim and BLOCK_N (kernels/attention/config.h; block_n 0: the
-// default for the head dim); zeros when there is none.
-AttentionPlanInfo attention_tile(int64_t head_dim, int block_n = 0);
+// The kernel configuration for a head dim, BLOCK_N and BLOCK_M (kernels/attention/config.h;
+// block_n 0: the default for the head dim; block_m 0: 128); zeros when there is none.
+AttentionPlanInfo attention_tile(int64_t head_dim, int block_n = 0, int block_m = 0);
 // BLOCK_N the planner picks when AttentionOptions::block_n is 0.
 int default_block_n(int64_t head_dim, int64_t seqlen_k);
 
-// The (head dim, BLOCK_N) pairs the ring kernel is built for: every default of default_block_n
-// (ops/attention/flash_launch.h's kRingInstances holds one launcher per entry, in this order).
+// The (head dim, BLOCK_N) pairs the ring kernel is built for, at BLOCK_M 128: every default of
+// default_block_n (ops/attention/flash_launch.h's kRingInstances holds one launcher per entry, in
+// this order).
 struct RingTile {
   int head_dim;
   int block_n;
@@ -63,8 +64,10 @@ struct RingWorkspace {
   uint32_t chunks = 0;  // arrival flags per (rank, batch)
 };
 RingWorkspace ring_workspace(const RingAttentionArgs& args, int world);
-// The engine's view of one rank's share (batched, S_l queries and keys, contiguous).
+// The engine's view of one rank's share (batched, S_l queries and keys, contiguous), and the
+// engine options it runs with.
 AttentionArgs ring_core_args(const RingAttentionArgs& args);
+AttentionOptions ring_core_options(const RingAttentionOptions& options);
 // CTAs that push K/V first: the option, or the planner's (none for a ring of one).
 int ring_kv_ctas(const RingAttentionOptions& options, int world, int sm_count);
 

@@ -94,6 +94,16 @@ TEST(AttentionPlan, RefusesBadInputWithAReason) {
        StatusCode::kInvalidArgument},
       {"negative num_ctas", [](AttentionArgs&, AttentionOptions& o) { o.num_ctas = -2; }, StatusCode::kInvalidArgument},
       {"block_n 96 at hd128", [](AttentionArgs&, AttentionOptions& o) { o.block_n = 96; }, StatusCode::kInvalidArgument},
+      {"block_m 192 at hd128", [](AttentionArgs&, AttentionOptions& o) { o.block_m = 192; },
+       StatusCode::kInvalidArgument},
+      {"block_m 64", [](AttentionArgs&, AttentionOptions& o) { o.block_m = 64; }, StatusCode::kInvalidArgument},
+      {"block_m 192 with block_n 192 at hd64",
+       [](AttentionArgs& a, AttentionOptions& o) {
+         a.head_dim = 64;
+         o.block_m = 192;
+         o.block_n = 192;
+       },
+       StatusCode::kInvalidArgument},
       {"offsets with bshd",
        [](AttentionArgs& a, AttentionOptions&) { a.cu_seqlens_q = static_cast<const int32_t*>(at(6)); },
        StatusCode::kInvalidArgument},
@@ -220,6 +230,19 @@ TEST(AttentionPlan, BlockNDefaultsAndOverrides) {
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(plan.value().info.block_n, 128);
   EXPECT_EQ(plan.value().info.stages, 2);
+  // Three consumer warpgroups at hd64: 192-row tiles of 128 keys, whatever the keys' default.
+  a.head_dim = 64;
+  a.seqlen_k = 8192;
+  o.block_n = 0;
+  o.block_m = 192;
+  plan = planner::plan_attention(a, o, h200());
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  EXPECT_EQ(plan.value().info.block_m, 192);
+  EXPECT_EQ(plan.value().info.block_n, 128);
+  EXPECT_EQ(plan.value().info.threads, 512);
+  EXPECT_EQ(plan.value().m_blocks, (a.seqlen_q + 191) / 192);
+  // The ring runs its own builds: 128-row tiles.
+  EXPECT_EQ(planner::ring_core_options(RingAttentionOptions{}).block_m, 128);
 }
 
 TEST(AttentionPlan, RingRulesAndWorkspace) {

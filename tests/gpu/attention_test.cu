@@ -44,6 +44,7 @@ struct Problem {
   bool causal = false;
   float scale = 0.f;
   bool bhsd_q = false;  // q stored [B, H, S, D] and passed with strides
+  int block_m = 0, block_n = 0;  // the tile (AttentionOptions; 0: the planner's)
 
   bool packed() const { return layout == AttentionLayout::kPacked; }
   int64_t total(const std::vector<int32_t>& lens) const {
@@ -56,6 +57,7 @@ struct Problem {
   std::string name() const {
     std::string s = std::string(dtype == DType::kBF16 ? "bf16" : "fp16") + (causal ? " causal" : " full") + " D" +
                     std::to_string(head_dim) + " H" + std::to_string(heads_q) + "/" + std::to_string(heads_kv);
+    if (block_m != 0 || block_n != 0) s += " tile " + std::to_string(block_m) + "x" + std::to_string(block_n);
     if (packed()) {
       s += " packed [";
       for (size_t b = 0; b < lens_q.size(); ++b) s += std::to_string(lens_q[b]) + ":" + std::to_string(lens_k[b]) + " ";
@@ -252,6 +254,8 @@ void run_and_check(const Problem& pr, uint64_t seed, bool partial = false) {
   o.causal = pr.causal;
   o.scale = pr.scale;
   o.partial = partial;
+  o.block_m = pr.block_m;
+  o.block_n = pr.block_n;
   LOOM_ASSERT_OK(attention(b.args, nullptr, o));
   LOOM_ASSERT_CUDA(cudaDeviceSynchronize());
   LOOM_ASSERT_OK(synchronize_standalone(nullptr));
@@ -338,6 +342,42 @@ TEST(Attention, PackedSequencesWithEmptyAndSingleRows) {
   }
 }
 
+// Every built tile (kFlashInstances), on shapes that end mid-tile, with Sq < Sk and Sq > Sk under
+// both masks, packed sequences with empty and one-row entries, and fp16 for the three-consumer tile.
+TEST(Attention, EveryTileConfiguration) {
+  REQUIRE_HOPPER();
+  uint64_t seed = 5500;
+  struct Tile {
+    int64_t head_dim;
+    int block_m, block_n;
+  };
+  for (const Tile& t : {Tile{64, 128, 128}, Tile{64, 192, 128}, Tile{64, 128, 192}, Tile{128, 128, 128},
+                        Tile{128, 128, 176}, Tile{256, 128, 64}, Tile{256, 128, 80}}) {
+    for (bool causal : {false, true}) {
+      std::vector<Problem> problems = {bshd(DType::kBF16, t.head_dim, causal, 2, 1000, 1000, 3, 3),
+                                       bshd(DType::kBF16, t.head_dim, causal, 1, 300, 1037, 4, 2),
+                                       bshd(DType::kBF16, t.head_dim, causal, 1, 777, 129, 2, 1)};
+      if (t.block_m == 192) {
+        problems.push_back(bshd(DType::kF16, t.head_dim, causal, 2, 513, 700, 8, 2));
+        Problem packed;
+        packed.layout = AttentionLayout::kPacked;
+        packed.head_dim = t.head_dim;
+        packed.causal = causal;
+        packed.heads_q = 4;
+        packed.heads_kv = 1;
+        packed.lens_q = {0, 1, 193, 513, 7, 192, 1};
+        packed.lens_k = {5, 0, 200, 513, 1, 192, 300};
+        problems.push_back(packed);
+      }
+      for (Problem& p : problems) {
+        p.block_m = t.block_m;
+        p.block_n = t.block_n;
+        run_and_check(p, seed++);
+      }
+    }
+  }
+}
+
 TEST(Attention, StridedQuery) {
   REQUIRE_HOPPER();
   Problem p = bshd(DType::kBF16, 128, false, 2, 300, 300, 4, 4);
@@ -395,21 +435,37 @@ TEST(Attention, PartialModeAndMergeEqualOneCall) {
   }
 }
 
+// One launch's output, then 20 more launches: the same bits.
+std::vector<uint16_t> expect_repeats_identical(const Buffers& b, const AttentionOptions& o) {
+  std::vector<uint16_t> first(b.out.bytes / 2), again(first.size());
+  EXPECT_TRUE(attention(b.args, nullptr, o).ok());
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaMemcpy(first.data(), b.out.p, b.out.bytes, cudaMemcpyDeviceToHost);
+  for (int i = 0; i < 20; ++i) EXPECT_TRUE(attention(b.args, nullptr, o).ok());
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaMemcpy(again.data(), b.out.p, b.out.bytes, cudaMemcpyDeviceToHost);
+  EXPECT_EQ(first, again) << "20 launches later";
+  return first;
+}
+
 TEST(Attention, RepeatedLaunchesAndGraphReplayAreBitIdentical) {
   REQUIRE_HOPPER();
+  {  // the three-consumer tile
+    Problem p = bshd(DType::kBF16, 64, true, 2, 1000, 1000, 8, 2);
+    Buffers b;
+    make_buffers(p, b, 7999, false);
+    AttentionOptions o;
+    o.causal = true;
+    o.block_m = 192;
+    expect_repeats_identical(b, o);
+  }
   Problem p = bshd(DType::kBF16, 128, true, 2, 1000, 1000, 8, 2);
   Buffers b;
   make_buffers(p, b, 8000, false);
   AttentionOptions o;
   o.causal = true;
-  LOOM_ASSERT_OK(attention(b.args, nullptr, o));
-  LOOM_ASSERT_CUDA(cudaDeviceSynchronize());
-  std::vector<uint16_t> first(b.out.bytes / 2), again(first.size());
-  cudaMemcpy(first.data(), b.out.p, b.out.bytes, cudaMemcpyDeviceToHost);
-  for (int i = 0; i < 20; ++i) LOOM_ASSERT_OK(attention(b.args, nullptr, o));
-  LOOM_ASSERT_CUDA(cudaDeviceSynchronize());
-  cudaMemcpy(again.data(), b.out.p, b.out.bytes, cudaMemcpyDeviceToHost);
-  EXPECT_EQ(first, again) << "20 launches later";
+  const std::vector<uint16_t> first = expect_repeats_identical(b, o);
+  std::vector<uint16_t> again(first.size());
 
   cudaStream_t stream = nullptr;
   LOOM_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));

@@ -66,6 +66,26 @@ def test_attention_matches_fp32(dtype, d, causal, shape):
     assert torch.equal(out2, out) and torch.equal(lse2, lse)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 333, 333, 4, 4), (1, 200, 700, 8, 2), (1, 700, 200, 4, 1)], ids=str)
+def test_three_consumer_tile(causal, shape):
+    """hd64 with block_m=192 (three consumer warpgroups): the reference's output and LSE."""
+    b, sq, sk, h, hkv = shape
+    q, k, v = inputs(b, sq, sk, h, hkv, 64, BF16, seed=sq * 11 + causal)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((b, h, sq), float("nan"), device="cuda")
+    loom.attention(q, k, v, out, lse=lse, causal=causal, block_m=192)
+    ref, ref_lse = reference(q, k, v, causal)
+    assert torch.isfinite(out).all()
+    assert rel_err(out, ref) < TOL[BF16]
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isinf(lse), ~finite)
+    assert torch.allclose(lse[finite], ref_lse[finite], rtol=1e-3, atol=1e-3)
+    q128, k128, v128 = (torch.cat([t, t], dim=-1) for t in (q, k, v))
+    with pytest.raises(loom.InvalidArgument, match="block_m 192"):
+        loom.attention(q128, k128, v128, torch.empty_like(q128), causal=causal, block_m=192)
+
+
 def test_packed_sequences_and_bad_offsets():
     lens_q, lens_k = [0, 1, 130, 513, 64], [5, 0, 200, 513, 300]
     h, hkv, d = 4, 2, 128

@@ -1,10 +1,11 @@
 // The attention engine's tile configurations and shared-memory layout (plain C++: the planner,
 // the launchers and the kernels read the same constants; no CUDA headers).
 //
-// A CTA is one producer warpgroup and two consumer warpgroups (128 threads each). One tile is
-// kBlockM = 128 query rows of one (batch, head); consumer warpgroup c owns rows [64c, 64c + 64)
-// and loops over the tile's K/V blocks of kBlockN rows. The producer's elected thread issues every
-// TMA load.
+// A CTA is one producer warpgroup and kConsumers (2 or 3) consumer warpgroups (128 threads each).
+// One tile is kBlockM = 64 * kConsumers query rows of one (batch, head); consumer warpgroup c owns
+// rows [64c, 64c + 64) and loops over the tile's K/V blocks of kBlockN rows. The producer's elected
+// thread issues every TMA load. Three consumers (hd64 only) give the softmax of two warpgroups the
+// time of one warpgroup's GEMMs: at hd64 a block's softmax takes as long as its GEMMs.
 //
 // Shared memory (offsets from a 1024-byte aligned base; kSmemBytes adds 1024 for the alignment):
 //   q[t]    kQStages * kQBytes, kQBytes = kBlockM * D * 2   D/64 boxes of kBlockM rows x 128 B (128B
@@ -26,24 +27,26 @@ enum class WarpGroupRole : uint32_t {
   kProducer = 0,   // one elected thread issues the TMA loads of Q, K and V
   kConsumer0 = 1,  // rows [0, 64) of the tile: S = Q K^T, online softmax, O += P V
   kConsumer1 = 2,  // rows [64, 128)
+  kConsumer2 = 3,  // rows [128, 192) (three-consumer configurations)
 };
 
-// Named barriers (bar.sync ids; 0 is __syncthreads): the two consumers take turns issuing their
-// wgmma (pingpong), so one warpgroup's softmax runs while the other's GEMMs use the tensor cores.
-constexpr uint32_t kPingpongBarrier0 = 1;  // consumer 0 waits here for its turn
-constexpr uint32_t kPingpongBarrier1 = 2;  // consumer 1 waits here for its turn
+// Named barriers (bar.sync ids; 0 is __syncthreads): the consumers take turns issuing their wgmma
+// (pingpong, in the order 0, 1, ..., kConsumers - 1, 0, ...), so the others' softmax runs while one
+// warpgroup's GEMMs use the tensor cores. Consumer c waits at kPingpongBarrier0 + c for its turn.
+constexpr uint32_t kPingpongBarrier0 = 1;
+constexpr uint32_t kMaxConsumers = 3;
 
 // Key segments a query tile may visit (ring attention: two per rank of up to 8 local ranks).
 constexpr int kMaxSegments = 16;
 
-template <int kHeadDim_, int kBlockN_, int kStages_, int kQStages_>
+template <int kHeadDim_, int kBlockN_, int kStages_, int kQStages_, int kConsumers_ = 2>
 struct FlashConfig {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = 128;
+  static constexpr int kConsumers = kConsumers_;
+  static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
   static constexpr int kQStages = kQStages_;
-  static constexpr int kConsumers = 2;
   static constexpr int kConsumerRows = kBlockM / kConsumers;  // one m64 wgmma row block
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kDChunks = kHeadDim / 64;  // 128-byte swizzled boxes along D
@@ -54,12 +57,16 @@ struct FlashConfig {
   static_assert(kStages >= 2, "K/V need at least two stages to overlap loads with compute");
   static_assert(kQStages == 1 || kQStages == 2, "Q has one slot, or two so the next tile's Q loads early");
   static_assert(kConsumerRows == 64, "each consumer warpgroup owns one m64 row block");
+  static_assert(kConsumers == 2 || (kConsumers == 3 && kHeadDim == 64 && kBlockN <= 128),
+                "three consumers fit only hd64 with BLOCK_N <= 128: each holds S, P and O (BLOCK_N / 2 + BLOCK_N / 4 "
+                "+ 32 registers) in 160");
 
-  // Registers: the producer gives registers to the consumers (128 * producer + 256 * consumer <=
-  // 65536). Ring attention's producer (its keys policy: segments, arrival waits) spills below 56;
-  // hd256's consumers (O alone is 128 registers) need 232, and their producer gets 40.
-  static constexpr int kProducerRegs = kHeadDim == 256 ? 40 : 56;
-  static constexpr int kConsumerRegs = kHeadDim == 256 ? 232 : 224;
+  // Registers: the producer gives registers to the consumers (128 * producer + 128 * kConsumers *
+  // consumer <= 65536). Ring attention's producer (its keys policy: segments, arrival waits) spills
+  // below 56; hd256's consumers (O alone is 128 registers) need 232, and their producer gets 40.
+  // Three consumers get 160 each (S 64 + P 32 + O 32 at BLOCK_N 128), leaving the producer 32.
+  static constexpr int kProducerRegs = kConsumers == 3 ? 32 : kHeadDim == 256 ? 40 : 56;
+  static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : kHeadDim == 256 ? 232 : 224;
   static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "the register split exceeds the SM's registers");
 
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2;
@@ -94,9 +101,10 @@ struct RingTunables {
 };
 
 // The configurations loom ships (BLOCK_N and the stages fill the shared memory; a wider BLOCK_N
-// leaves room for one Q slot only). The planner picks one per head dim; AttentionOptions::block_n
-// forces another.
+// leaves room for one Q slot only). The planner picks one per head dim; AttentionOptions::block_m
+// and block_n force another. Names: head dim x BLOCK_N, then _m<BLOCK_M> where it is not 128.
 using Flash64x128 = FlashConfig<64, 128, 4, 2>;
+using Flash64x128_m192 = FlashConfig<64, 128, 4, 2, 3>;
 using Flash64x192 = FlashConfig<64, 192, 3, 2>;
 using Flash128x128 = FlashConfig<128, 128, 2, 2>;
 using Flash128x176 = FlashConfig<128, 176, 2, 1>;

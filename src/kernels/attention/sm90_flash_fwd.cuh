@@ -3,8 +3,8 @@
 //   O[i] = sum_j softmax_j(scale * q_i . k_j) v_j   over the keys j visible to query i,
 //   LSE[i] = log sum_j exp(scale * q_i . k_j)         (natural log, fp32)
 //
-// Grid: one CTA per SM (or fewer when there are fewer tiles); a tile is kBlockM = 128 query rows
-// of one (batch, head). CTAs claim tiles from the launch's queue (an atomic counter) in the order
+// Grid: one CTA per SM (or fewer when there are fewer tiles); a tile is kBlockM = 64 * kConsumers
+// query rows of one (batch, head). CTAs claim tiles from the launch's queue (an atomic counter) in the order
 // of tile_at() (params.h), so the longest tiles go first and a CTA that finishes early takes the
 // next one. Each CTA (FlashConfig::kThreads threads):
 //   producer warpgroup   one thread claims a tile whenever a Q slot is free, hands it to the
@@ -17,9 +17,9 @@
 //                        the online softmax in fp32 registers (softmax.cuh), and O += P V with P
 //                        in registers (register-sourced wgmma). The next block's Q K^T is issued
 //                        before this block's softmax, O is rescaled while that Q K^T runs (before
-//                        this block's P V is issued), and the two consumers take turns issuing
-//                        (named barriers kPingpongBarrier0/1), so one warpgroup's softmax runs
-//                        under the other's GEMMs. At the tile's end O / l and the LSE are stored
+//                        this block's P V is issued), and the consumers take turns issuing
+//                        (named barriers kPingpongBarrier0 + c, in a cycle), so the others'
+//                        softmax runs under one warpgroup's GEMMs. At the tile's end O / l and the LSE are stored
 //                        straight from registers (rows past the sequence are not stored).
 // Keys policy: what a tile attends to comes from `Keys` (SequenceKeys here: the tile's own
 // sequence; ring attention's RingKeys: every rank's K/V as it arrives). It names the tile's query
@@ -212,7 +212,8 @@ struct FlashForward {
   static constexpr int kSRegs = BN / 2;  // S accumulators per consumer thread
   static constexpr int kORegs = D / 2;   // O accumulators per consumer thread
   static constexpr int kPRegs = BN / 4;  // P as pairs of 16-bit values
-  static constexpr uint32_t kPingpongThreads = 2 * 128;
+  static constexpr uint32_t kPingpongThreads = 2 * 128;  // the warpgroup waiting and the one handing over
+  static_assert(Cfg::kConsumers <= kMaxConsumers, "a pingpong barrier per consumer: at most kMaxConsumers");
   static constexpr uint32_t kEmptyArrivals = Cfg::kConsumers * 4;  // one per consumer warp
   using KvState = gemm::PipelineState<Cfg::kStages>;
   using QState = gemm::PipelineState<Cfg::kQStages>;
@@ -434,11 +435,14 @@ struct FlashForward {
 
   __device__ static void consumer(const Smem& sm, const FlashParams& p, const Keys& keys, const WaitContext& ctx,
                                   uint32_t consumer) {
-    const uint32_t my_turn = consumer == 0 ? kPingpongBarrier0 : kPingpongBarrier1;
-    const uint32_t their_turn = consumer == 0 ? kPingpongBarrier1 : kPingpongBarrier0;
+    // Turns go round the consumers: this one's, then the next one's.
+    const uint32_t my_turn = kPingpongBarrier0 + consumer;
+    const uint32_t their_turn = kPingpongBarrier0 + (consumer + 1) % Cfg::kConsumers;
     // This thread's first row within the tile (the second is 8 further).
     const int tile_row0 = static_cast<int>(64 * consumer + 16 * ((threadIdx.x % 128) / 32) + (threadIdx.x % 32) / 4);
-    if (consumer == 1) sm90::named_barrier_arrive(kPingpongBarrier0, kPingpongThreads);  // consumer 0 issues first
+    if (consumer == Cfg::kConsumers - 1) {
+      sm90::named_barrier_arrive(kPingpongBarrier0, kPingpongThreads);  // consumer 0 issues first
+    }
 
     QState q{0, 0};
     KvState k_stage{0, 0}, v_stage{0, 0};
@@ -450,7 +454,7 @@ struct FlashForward {
     BlockCursor<BN, kCausal> cur;
 
     for (;;) {
-      // Both consumers read every task, so they take the same pingpong turns. A failed wait here
+      // Every consumer reads every task, so they all take the same number of pingpong turns. A failed wait here
       // ends both at the same place (they wait on the same barrier).
       if (!q.wait_filled(sm.q_full(q.index), ctx, BarrierWhat::kTileFull)) break;
       const TileTask task = load_task(sm.task(q.index));

@@ -43,7 +43,7 @@ Status attention(const AttentionArgs& args, cudaStream_t stream, const Attention
   LOOM_ASSIGN_OR_RETURN(p.queue, ops::standalone_queue(stream));
   p.wait = w->params();
   p.epoch = 0;
-  return ops::attention::launch_flash(p, static_cast<int>(args.head_dim), plan.info.block_n,
+  return ops::attention::launch_flash(p, static_cast<int>(args.head_dim), plan.info.block_m, plan.info.block_n,
                                       args.dtype == DType::kBF16, options.causal, plan.info.grid, stream);
 }
 
