@@ -81,7 +81,8 @@ struct AttentionOptions {
                          // else 192; hd128: 176; hd256: 80); or hd64: 128, 192; hd128: 128, 176;
                          // hd256: 64, 80
   int block_m = 0;       // query rows per tile (tuning): 0 = the planner's (128); or 128, or 192
-                         // at hd64 with block_n 128 (three consumer warpgroups)
+                         // (three consumer warpgroups) at hd64 with block_n 128, at hd128 with
+                         // block_n 64 or 80
 };
 
 // What a call launches (for sizing and reports).

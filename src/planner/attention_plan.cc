@@ -92,8 +92,15 @@ Status check_pointer(const char* name, const void* p, bool needed, size_t align)
 }  // namespace
 
 AttentionPlanInfo attention_tile(int64_t head_dim, int block_n, int block_m) {
-  if (block_m == 192) {  // three consumer warpgroups: hd64 with BLOCK_N 128 only
-    return head_dim == 64 && (block_n == 0 || block_n == 128) ? info_of<ka::Flash64x128_m192>() : AttentionPlanInfo{};
+  if (block_m == 192) {  // three consumer warpgroups (block_n 0: the one built for the head dim)
+    switch (head_dim * 1000 + block_n) {
+      case 64000:
+      case 64128: return info_of<ka::Flash64x128_m192>();
+      case 128064: return info_of<ka::Flash128x64_m192>();
+      case 128000:
+      case 128080: return info_of<ka::Flash128x80_m192>();
+      default: return AttentionPlanInfo{};
+    }
   }
   if (block_m != 0 && block_m != 128) return AttentionPlanInfo{};
   switch (head_dim * 1000 + block_n) {
@@ -163,7 +170,8 @@ Status validate_attention(const AttentionArgs& a, const AttentionOptions& o) {
   if (attention_tile(a.head_dim, o.block_n, o.block_m).block_m == 0) {
     return Status::invalid_argument("attention: block_m " + std::to_string(o.block_m) + " with block_n " +
                                     std::to_string(o.block_n) + " is not a configuration for head dim " +
-                                    str(a.head_dim) + " (0 or 128; 192 at hd64 with block_n 0 or 128)");
+                                    str(a.head_dim) + " (0 or 128; 192 at hd64 with block_n 0 or 128, at hd128 with "
+                                    "block_n 0, 64 or 80)");
   }
   if (a.heads_q < 1 || a.heads_kv < 1) {
     return Status::invalid_argument("attention: heads_q (" + str(a.heads_q) + ") and heads_kv (" + str(a.heads_kv) +
@@ -241,7 +249,7 @@ Result<AttentionPlan> plan_attention(const AttentionArgs& a, const AttentionOpti
                                      const AttentionDeviceLimits& device) {
   LOOM_TRY(validate_attention(a, o));
   AttentionPlan plan;
-  // BLOCK_M 192 brings its own BLOCK_N (128); otherwise the option's or the default for the keys.
+  // BLOCK_M 192 brings its own BLOCK_N; otherwise the option's or the default for the keys.
   const int block_n = o.block_n > 0 || o.block_m == 192 ? o.block_n : default_block_n(a.head_dim, a.seqlen_k);
   plan.info = attention_tile(a.head_dim, block_n, o.block_m);
   if (static_cast<int64_t>(plan.info.smem_bytes) > device.smem_per_block_optin) {

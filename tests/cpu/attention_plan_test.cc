@@ -94,7 +94,17 @@ TEST(AttentionPlan, RefusesBadInputWithAReason) {
        StatusCode::kInvalidArgument},
       {"negative num_ctas", [](AttentionArgs&, AttentionOptions& o) { o.num_ctas = -2; }, StatusCode::kInvalidArgument},
       {"block_n 96 at hd128", [](AttentionArgs&, AttentionOptions& o) { o.block_n = 96; }, StatusCode::kInvalidArgument},
-      {"block_m 192 at hd128", [](AttentionArgs&, AttentionOptions& o) { o.block_m = 192; },
+      {"block_m 192 at hd256",
+       [](AttentionArgs& a, AttentionOptions& o) {
+         a.head_dim = 256;
+         o.block_m = 192;
+       },
+       StatusCode::kInvalidArgument},
+      {"block_m 192 with block_n 176 at hd128",
+       [](AttentionArgs&, AttentionOptions& o) {
+         o.block_m = 192;
+         o.block_n = 176;
+       },
        StatusCode::kInvalidArgument},
       {"block_m 64", [](AttentionArgs&, AttentionOptions& o) { o.block_m = 64; }, StatusCode::kInvalidArgument},
       {"block_m 192 with block_n 192 at hd64",

@@ -57,9 +57,9 @@ struct FlashConfig {
   static_assert(kStages >= 2, "K/V need at least two stages to overlap loads with compute");
   static_assert(kQStages == 1 || kQStages == 2, "Q has one slot, or two so the next tile's Q loads early");
   static_assert(kConsumerRows == 64, "each consumer warpgroup owns one m64 row block");
-  static_assert(kConsumers == 2 || (kConsumers == 3 && kHeadDim == 64 && kBlockN <= 128),
-                "three consumers fit only hd64 with BLOCK_N <= 128: each holds S, P and O (BLOCK_N / 2 + BLOCK_N / 4 "
-                "+ 32 registers) in 160");
+  static_assert(kConsumers == 2 || (kConsumers == 3 && kBlockN / 2 + kBlockN / 4 + kHeadDim / 2 <= 128),
+                "three consumers hold S, P and O (BLOCK_N / 2 + BLOCK_N / 4 + D / 2 registers) in 160 each: at most "
+                "128 of them");
 
   // Registers: the producer gives registers to the consumers (128 * producer + 128 * kConsumers *
   // consumer <= 65536). Ring attention's producer (its keys policy: segments, arrival waits) spills
@@ -105,6 +105,8 @@ struct RingTunables {
 // and block_n force another. Names: head dim x BLOCK_N, then _m<BLOCK_M> where it is not 128.
 using Flash64x128 = FlashConfig<64, 128, 4, 2>;
 using Flash64x128_m192 = FlashConfig<64, 128, 4, 2, 3>;
+using Flash128x80_m192 = FlashConfig<128, 80, 3, 2, 3>;
+using Flash128x64_m192 = FlashConfig<128, 64, 4, 2, 3>;
 using Flash64x192 = FlashConfig<64, 192, 3, 2>;
 using Flash128x128 = FlashConfig<128, 128, 2, 2>;
 using Flash128x176 = FlashConfig<128, 176, 2, 1>;
