@@ -162,7 +162,7 @@ Status validate_attention(const AttentionArgs& a, const AttentionOptions& o) {
   if (attention_tile(a.head_dim).block_m == 0) {
     return Status::unsupported("attention: head dim " + str(a.head_dim) + " is not supported (64, 128 or 256)");
   }
-  if (attention_tile(a.head_dim, o.block_n).block_m == 0) {
+  if (o.block_m != 192 && attention_tile(a.head_dim, o.block_n).block_m == 0) {
     return Status::invalid_argument("attention: block_n " + std::to_string(o.block_n) + " is not a configuration for "
                                     "head dim " + str(a.head_dim) + " (0, or hd64: 128, 192; hd128: 128, 176; "
                                     "hd256: 64, 80)");

@@ -251,6 +251,15 @@ TEST(AttentionPlan, BlockNDefaultsAndOverrides) {
   EXPECT_EQ(plan.value().info.block_n, 128);
   EXPECT_EQ(plan.value().info.threads, 512);
   EXPECT_EQ(plan.value().m_blocks, (a.seqlen_q + 191) / 192);
+  a.head_dim = 128;  // hd128: BLOCK_N 80 by default, 64 on request
+  plan = planner::plan_attention(a, o, h200());
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  EXPECT_EQ(plan.value().info.block_n, 80);
+  o.block_n = 64;
+  plan = planner::plan_attention(a, o, h200());
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  EXPECT_EQ(plan.value().info.block_n, 64);
+  EXPECT_EQ(plan.value().info.block_m, 192);
   // The ring runs its own builds: 128-row tiles.
   EXPECT_EQ(planner::ring_core_options(RingAttentionOptions{}).block_m, 128);
 }
