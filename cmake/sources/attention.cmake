@@ -13,8 +13,6 @@ list(APPEND LOOM_LIB_SOURCES
   src/ops/attention/attention_sm90_hd64x192.cu
   src/ops/attention/attention_sm90_hd128x128.cu
   src/ops/attention/attention_sm90_hd128x176.cu
-  src/ops/attention/attention_sm90_hd128x64_m192.cu
-  src/ops/attention/attention_sm90_hd128x80_m192.cu
   src/ops/attention/attention_sm90_hd256x64.cu
   src/ops/attention/attention_sm90_hd256x80.cu
   src/ops/attention/ring_attention_sm90_hd64x128.cu

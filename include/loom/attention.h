@@ -80,9 +80,9 @@ struct AttentionOptions {
   int block_n = 0;       // keys per block (tuning): 0 = the planner's (hd64: 128 below 2K keys,
                          // else 192; hd128: 176; hd256: 80); or hd64: 128, 192; hd128: 128, 176;
                          // hd256: 64, 80
-  int block_m = 0;       // query rows per tile (tuning): 0 = the planner's (128); or 128, or 192
-                         // (three consumer warpgroups) at hd64 with block_n 128, at hd128 with
-                         // block_n 64 or 80
+  int block_m = 0;       // query rows per tile (tuning): 0 = the planner's (hd64 with block_n 0:
+                         // 192, but 128 under a causal mask below 2K queries; else 128); or 128,
+                         // or 192 at hd64 with block_n 0 or 128 (three consumer warpgroups)
 };
 
 // What a call launches (for sizing and reports).

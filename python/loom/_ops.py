@@ -116,7 +116,7 @@ def attention(q: DLPackArray, k: DLPackArray, v: DLPackArray, out: Out, *, lse: 
     iff j <= i + Sk - Sq (bottom-right). scale: default 1/sqrt(D). partial: out is float32 for
     attention_merge (lse required). Offsets are checked on the GPU: bad ones write nothing and
     raise at the next loom call on the device or at synchronize_standalone(). block_n: keys per
-    block, block_m: query rows per tile (tuning; 0: the planner's; block_m 192 at D 64 and 128)."""
+    block, block_m: query rows per tile (tuning; 0: the planner's; block_m 192 at D 64 only)."""
     device = _device_of(q) if stream is not None else None
     _C.attention(q, k, v, out, lse, _stream(stream, q, "attention", device), causal,
                  0.0 if scale is None else float(scale), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,

@@ -92,15 +92,8 @@ Status check_pointer(const char* name, const void* p, bool needed, size_t align)
 }  // namespace
 
 AttentionPlanInfo attention_tile(int64_t head_dim, int block_n, int block_m) {
-  if (block_m == 192) {  // three consumer warpgroups (block_n 0: the one built for the head dim)
-    switch (head_dim * 1000 + block_n) {
-      case 64000:
-      case 64128: return info_of<ka::Flash64x128_m192>();
-      case 128064: return info_of<ka::Flash128x64_m192>();
-      case 128000:
-      case 128080: return info_of<ka::Flash128x80_m192>();
-      default: return AttentionPlanInfo{};
-    }
+  if (block_m == 192) {  // three consumer warpgroups: hd64 with BLOCK_N 128 only
+    return head_dim == 64 && (block_n == 0 || block_n == 128) ? info_of<ka::Flash64x128_m192>() : AttentionPlanInfo{};
   }
   if (block_m != 0 && block_m != 128) return AttentionPlanInfo{};
   switch (head_dim * 1000 + block_n) {
@@ -127,6 +120,14 @@ int default_block_n(int64_t head_dim, int64_t seqlen_k) {
     case 256: return 80;
     default: return 0;
   }
+}
+
+int default_block_m(int64_t head_dim, int block_n, bool causal, int64_t seqlen_q) {
+  // Measured on one H100 (docs/PERFORMANCE_NOTES.md): at hd64 three consumers (192 x 128 tiles)
+  // beat two at every length from 1K queries but 1K causal, where the diagonal's partly masked
+  // 192-row tiles cost more; shorter sequences were not measured. At hd128 they lost (192 x 80).
+  if (head_dim != 64 || block_n != 0) return 128;
+  return seqlen_q >= (causal ? 2048 : 1024) ? 192 : 128;
 }
 
 bool ring_tile_built(int64_t head_dim, int block_n) {
@@ -170,8 +171,7 @@ Status validate_attention(const AttentionArgs& a, const AttentionOptions& o) {
   if (attention_tile(a.head_dim, o.block_n, o.block_m).block_m == 0) {
     return Status::invalid_argument("attention: block_m " + std::to_string(o.block_m) + " with block_n " +
                                     std::to_string(o.block_n) + " is not a configuration for head dim " +
-                                    str(a.head_dim) + " (0 or 128; 192 at hd64 with block_n 0 or 128, at hd128 with "
-                                    "block_n 0, 64 or 80)");
+                                    str(a.head_dim) + " (0 or 128; 192 at hd64 with block_n 0 or 128)");
   }
   if (a.heads_q < 1 || a.heads_kv < 1) {
     return Status::invalid_argument("attention: heads_q (" + str(a.heads_q) + ") and heads_kv (" + str(a.heads_kv) +
@@ -250,8 +250,9 @@ Result<AttentionPlan> plan_attention(const AttentionArgs& a, const AttentionOpti
   LOOM_TRY(validate_attention(a, o));
   AttentionPlan plan;
   // BLOCK_M 192 brings its own BLOCK_N; otherwise the option's or the default for the keys.
-  const int block_n = o.block_n > 0 || o.block_m == 192 ? o.block_n : default_block_n(a.head_dim, a.seqlen_k);
-  plan.info = attention_tile(a.head_dim, block_n, o.block_m);
+  const int block_m = o.block_m > 0 ? o.block_m : default_block_m(a.head_dim, o.block_n, o.causal, a.seqlen_q);
+  const int block_n = o.block_n > 0 || block_m == 192 ? o.block_n : default_block_n(a.head_dim, a.seqlen_k);
+  plan.info = attention_tile(a.head_dim, block_n, block_m);
   if (static_cast<int64_t>(plan.info.smem_bytes) > device.smem_per_block_optin) {
     return Status::unsupported("attention: head dim " + str(a.head_dim) + " needs " +
                                str(static_cast<int64_t>(plan.info.smem_bytes)) +

@@ -22,6 +22,8 @@ struct AttentionDeviceLimits {
 AttentionPlanInfo attention_tile(int64_t head_dim, int block_n = 0, int block_m = 0);
 // BLOCK_N the planner picks when AttentionOptions::block_n is 0.
 int default_block_n(int64_t head_dim, int64_t seqlen_k);
+// BLOCK_M the planner picks when AttentionOptions::block_m is 0 (block_n: the option's).
+int default_block_m(int64_t head_dim, int block_n, bool causal, int64_t seqlen_q);
 
 // The (head dim, BLOCK_N) pairs the ring kernel is built for, at BLOCK_M 128: every default of
 // default_block_n (ops/attention/flash_launch.h's kRingInstances holds one launcher per entry, in

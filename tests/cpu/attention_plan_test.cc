@@ -100,6 +100,8 @@ TEST(AttentionPlan, RefusesBadInputWithAReason) {
          o.block_m = 192;
        },
        StatusCode::kInvalidArgument},
+      {"block_m 192 at hd128", [](AttentionArgs&, AttentionOptions& o) { o.block_m = 192; },
+       StatusCode::kInvalidArgument},
       {"block_m 192 with block_n 176 at hd128",
        [](AttentionArgs&, AttentionOptions& o) {
          o.block_m = 192;
@@ -251,15 +253,27 @@ TEST(AttentionPlan, BlockNDefaultsAndOverrides) {
   EXPECT_EQ(plan.value().info.block_n, 128);
   EXPECT_EQ(plan.value().info.threads, 512);
   EXPECT_EQ(plan.value().m_blocks, (a.seqlen_q + 191) / 192);
-  a.head_dim = 128;  // hd128: BLOCK_N 80 by default, 64 on request
-  plan = planner::plan_attention(a, o, h200());
+  // The defaults: 192 rows at hd64 from 1K queries (2K under a causal mask) unless BLOCK_N is set.
+  EXPECT_EQ(planner::default_block_m(64, 0, false, 1024), 192);
+  EXPECT_EQ(planner::default_block_m(64, 0, false, 1023), 128);
+  EXPECT_EQ(planner::default_block_m(64, 0, true, 1024), 128);
+  EXPECT_EQ(planner::default_block_m(64, 0, true, 2048), 192);
+  EXPECT_EQ(planner::default_block_m(64, 192, false, 8192), 128);
+  EXPECT_EQ(planner::default_block_m(128, 0, false, 8192), 128);
+  AttentionOptions defaults;
+  plan = planner::plan_attention(a, defaults, h200());  // hd64, 1000 queries
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
-  EXPECT_EQ(plan.value().info.block_n, 80);
-  o.block_n = 64;
-  plan = planner::plan_attention(a, o, h200());
+  EXPECT_EQ(plan.value().info.block_m, 128);
+  a.seqlen_q = 4096;
+  plan = planner::plan_attention(a, defaults, h200());
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
-  EXPECT_EQ(plan.value().info.block_n, 64);
   EXPECT_EQ(plan.value().info.block_m, 192);
+  EXPECT_EQ(plan.value().info.block_n, 128);
+  defaults.block_n = 192;  // an explicit BLOCK_N keeps the 128-row tiles
+  plan = planner::plan_attention(a, defaults, h200());
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  EXPECT_EQ(plan.value().info.block_m, 128);
+  EXPECT_EQ(plan.value().info.block_n, 192);
   // The ring runs its own builds: 128-row tiles.
   EXPECT_EQ(planner::ring_core_options(RingAttentionOptions{}).block_m, 128);
 }

@@ -105,8 +105,6 @@ struct RingTunables {
 // and block_n force another. Names: head dim x BLOCK_N, then _m<BLOCK_M> where it is not 128.
 using Flash64x128 = FlashConfig<64, 128, 4, 2>;
 using Flash64x128_m192 = FlashConfig<64, 128, 4, 2, 3>;
-using Flash128x80_m192 = FlashConfig<128, 80, 3, 2, 3>;
-using Flash128x64_m192 = FlashConfig<128, 64, 4, 2, 3>;
 using Flash64x192 = FlashConfig<64, 192, 3, 2>;
 using Flash128x128 = FlashConfig<128, 128, 2, 2>;
 using Flash128x176 = FlashConfig<128, 176, 2, 1>;

@@ -21,8 +21,6 @@ namespace loom::ops::attention {
                             cudaStream_t stream);
 LOOM_FLASH_INSTANCE(64x128)
 LOOM_FLASH_INSTANCE(64x128_m192)
-LOOM_FLASH_INSTANCE(128x64_m192)
-LOOM_FLASH_INSTANCE(128x80_m192)
 LOOM_FLASH_INSTANCE(64x192)
 LOOM_FLASH_INSTANCE(128x128)
 LOOM_FLASH_INSTANCE(128x176)
@@ -82,8 +80,7 @@ static_assert(ring_instances_match_planner(),
 inline constexpr KernelInstance<kernels::attention::FlashParams> kFlashInstances[] = {
     {64, 128, 128, launch_flash_64x128},   {64, 192, 128, launch_flash_64x128_m192},
     {64, 128, 192, launch_flash_64x192},   {128, 128, 128, launch_flash_128x128},
-    {128, 128, 176, launch_flash_128x176}, {128, 192, 64, launch_flash_128x64_m192},
-    {128, 192, 80, launch_flash_128x80_m192}, {256, 128, 64, launch_flash_256x64},
+    {128, 128, 176, launch_flash_128x176}, {256, 128, 64, launch_flash_256x64},
     {256, 128, 80, launch_flash_256x80}};
 
 inline Status launch_ring(const kernels::attention::RingParams& p, int head_dim, int block_n, bool bf16, bool causal,
