@@ -80,12 +80,9 @@ struct WaitContext {
       __threadfence_system();
     }
     if (params.progress != nullptr && blockIdx.x < kProgressSlots) {
-      const uint32_t word = (1u << 31) | (static_cast<uint32_t>(kind) << 24) | (index & 0xffffffu);
-      if (threadIdx.x == 0) {
-        params.progress[blockIdx.x].failure = word;
-      } else {
-        params.progress[blockIdx.x].other_failure = word;
-      }
+      CtaProgress& slot = params.progress[blockIdx.x];
+      *(threadIdx.x == 0 ? &slot.failure : &slot.other_failure) =
+          (1u << 31) | (static_cast<uint32_t>(kind) << 24) | (index & 0xffffffu);
     }
     atomicExch(params.device_abort, 1u);
     __threadfence_system();
