@@ -81,8 +81,8 @@ struct AttentionOptions {
                          // else 192; hd128: 176; hd256: 80); or hd64: 128, 192; hd128: 128, 176;
                          // hd256: 64, 80
   int block_m = 0;       // query rows per tile (tuning): 0 = the planner's (hd64 with block_n 0:
-                         // 192, but 128 under a causal mask below 2K queries; else 128); or 128,
-                         // or 192 at hd64 with block_n 0 or 128 (three consumer warpgroups)
+                         // 192 from 512 queries, 2K under a causal mask; else 128); or 128, or
+                         // 192 at hd64 with block_n 0 or 128 (three consumer warpgroups)
 };
 
 // What a call launches (for sizing and reports).

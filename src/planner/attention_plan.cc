@@ -124,10 +124,11 @@ int default_block_n(int64_t head_dim, int64_t seqlen_k) {
 
 int default_block_m(int64_t head_dim, int block_n, bool causal, int64_t seqlen_q) {
   // Measured on one H100 (docs/PERFORMANCE_NOTES.md): at hd64 three consumers (192 x 128 tiles)
-  // beat two at every length from 1K queries but 1K causal, where the diagonal's partly masked
-  // 192-row tiles cost more; shorter sequences were not measured. At hd128 they lost (192 x 80).
+  // beat two at every length from 512 queries, but under a causal mask only from 2K (at 1K the
+  // diagonal's partly masked 192-row tiles cost more); shorter sequences were not measured. At
+  // hd128 they lost (192 x 80).
   if (head_dim != 64 || block_n != 0) return 128;
-  return seqlen_q >= (causal ? 2048 : 1024) ? 192 : 128;
+  return seqlen_q >= (causal ? 2048 : 512) ? 192 : 128;
 }
 
 bool ring_tile_built(int64_t head_dim, int block_n) {

@@ -253,15 +253,16 @@ TEST(AttentionPlan, BlockNDefaultsAndOverrides) {
   EXPECT_EQ(plan.value().info.block_n, 128);
   EXPECT_EQ(plan.value().info.threads, 512);
   EXPECT_EQ(plan.value().m_blocks, (a.seqlen_q + 191) / 192);
-  // The defaults: 192 rows at hd64 from 1K queries (2K under a causal mask) unless BLOCK_N is set.
-  EXPECT_EQ(planner::default_block_m(64, 0, false, 1024), 192);
-  EXPECT_EQ(planner::default_block_m(64, 0, false, 1023), 128);
+  // The defaults: 192 rows at hd64 from 512 queries (2K under a causal mask) unless BLOCK_N is set.
+  EXPECT_EQ(planner::default_block_m(64, 0, false, 512), 192);
+  EXPECT_EQ(planner::default_block_m(64, 0, false, 511), 128);
   EXPECT_EQ(planner::default_block_m(64, 0, true, 1024), 128);
   EXPECT_EQ(planner::default_block_m(64, 0, true, 2048), 192);
   EXPECT_EQ(planner::default_block_m(64, 192, false, 8192), 128);
   EXPECT_EQ(planner::default_block_m(128, 0, false, 8192), 128);
   AttentionOptions defaults;
-  plan = planner::plan_attention(a, defaults, h200());  // hd64, 1000 queries
+  a.seqlen_q = 500;
+  plan = planner::plan_attention(a, defaults, h200());  // hd64, 500 queries
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
   EXPECT_EQ(plan.value().info.block_m, 128);
   a.seqlen_q = 4096;
