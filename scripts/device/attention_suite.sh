@@ -18,6 +18,8 @@
 #     ring-ncu    Nsight Compute on the engine's and the ring's kernel at W = 1 (RING_NCU_SHAPE, default
 #                 1x8192x32x32x128; RING_NCU_CAUSAL=1 for the causal mask; one launch each):
 #                 $OUT/ring_ncu_{engine,ring}.txt
+#     attention-ncu  Nsight Compute on the engine's and cuDNN's kernel for one shape (ATTN_NCU_SHAPE,
+#                 default 4x8192x16x16x128; ATTN_NCU_CAUSAL=1 for the causal mask): $OUT/attention_ncu.txt
 #     grouped-bench  bench/grouped_gemm.py (JSON in $OUT/grouped_gemm_1xH200.json)
 #   (default: tests pytest bench; logs in $OUT/attention_suite.log)
 # Each step runs under a wall-clock limit; exit status 0 only if every step passed.
@@ -105,6 +107,20 @@ for step in "${steps[@]}"; do
         r=$?; ((r != 0)) && rc=1
         log "ncu ${which%%:*}: exit $r"; grep -E "Duration|Executed Ipc A|Registers Per|Local|Hit Rate|sm__inst_executed.sum" "$OUT/ring_ncu_${which%%:*}.txt" | head -12
       done ;;
+    attention-ncu)
+      # loom's engine kernel beside cuDNN's (launch configuration, occupancy, pipes, stalls).
+      if ! ext; then rc=1; continue; fi
+      log "ncu engine and cuDNN: ${ATTN_NCU_SHAPE:-4x8192x16x16x128}, causal ${ATTN_NCU_CAUSAL:-0}"
+      PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=10 ${ATTN_NCU_LIMIT_S:-150} \
+        ncu --clock-control none --kernel-name "regex:sm90_flash_fwd|sdpa|fprop|fmha" --launch-count 3 \
+        --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+        --section InstructionStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+        python3 bench/probes/attention_launch.py --shape "${ATTN_NCU_SHAPE:-4x8192x16x16x128}" \
+        --causal "${ATTN_NCU_CAUSAL:-0}" > "$OUT/attention_ncu.txt" 2>&1
+      r=$?; ((r != 0)) && rc=1
+      log "attention-ncu: exit $r"
+      grep -E "^  [a-zA-Z_].*\(|Duration|Registers Per|Block Size|Grid Size|Dynamic Shared|Executed Ipc A|Issue Slots Busy|Achieved Occupancy" \
+        "$OUT/attention_ncu.txt" | head -40 ;;
     grouped-bench)
       py_bench grouped-bench "${GROUPED_BENCH_LIMIT_S:-240}" 34 bench/grouped_gemm.py --json "$OUT/grouped_gemm_1xH200.json" ;;
     *) log "unknown step $step"; rc=1 ;;
