@@ -498,9 +498,8 @@ struct FlashForward {
       softmax.update(s, p.scale_log2, rescale);
       convert_p<BN, kBF16>(s, pr);
 
-      // Then per block: issue the next block's S and the ready block's P V (O already rescaled by
-      // that block's factor), run the next block's softmax while both run, then rescale O once its
-      // P V is done. The rescale stays out of the turn, so the other consumers' turn comes sooner.
+      // Then per block: issue the next block's S, rescale O by the factor of the block whose P is
+      // ready while that runs, issue its P V, run the next block's softmax while both run.
       for (int left = n_blocks - 1; left > 0; --left) {
         if constexpr (Keys::kWalk == SegmentWalk::kOne) cur.n = left - 1;
         else if constexpr (Keys::kWalk == SegmentWalk::kEqual) cur.next_equal();
@@ -509,6 +508,8 @@ struct FlashForward {
         ok = ok && v_stage.wait_filled(sm.v_full(v_stage.index), ctx, BarrierWhat::kStageFull);
         sm90::named_barrier_sync(my_turn, kPingpongThreads);
         issue_qk(sm, consumer, q.index, k_stage.index, s);
+#pragma unroll
+        for (int i = 0; i < kORegs; ++i) o[i] *= rescale[(i >> 1) & 1];
         issue_pv(sm, v_stage.index, pr, o);
         sm90::named_barrier_arrive(their_turn, kPingpongThreads);
         sm90::wgmma_wait<1>();
@@ -525,15 +526,14 @@ struct FlashForward {
         sm90::fence_operands(o);
         if (ok) release(sm.v_empty(v_stage.index));
         v_stage.advance();
-#pragma unroll
-        for (int i = 0; i < kORegs; ++i) o[i] *= rescale[(i >> 1) & 1];
         convert_p<BN, kBF16>(s, pr);
       }
 
-      // The first block's P V (O is zero until the first P V, so the first block's factor is not
-      // applied), then O / l.
+      // The first block's P V, then O / l.
       ok = ok && v_stage.wait_filled(sm.v_full(v_stage.index), ctx, BarrierWhat::kStageFull);
       sm90::named_barrier_sync(my_turn, kPingpongThreads);
+#pragma unroll
+      for (int i = 0; i < kORegs; ++i) o[i] *= rescale[(i >> 1) & 1];
       issue_pv(sm, v_stage.index, pr, o);
       sm90::named_barrier_arrive(their_turn, kPingpongThreads);
       sm90::wgmma_wait<0>();
