@@ -4,9 +4,9 @@
 //   LSE[i] = log sum_j exp(scale * q_i . k_j)         (natural log, fp32)
 //
 // Grid: one CTA per SM (or fewer when there are fewer tiles); a tile is kBlockM = 64 * kConsumers
-// query rows of one (batch, head). CTAs claim tiles from the launch's queue (an atomic counter) in the order
-// of tile_at() (params.h), so the longest tiles go first and a CTA that finishes early takes the
-// next one. Each CTA (FlashConfig::kThreads threads):
+// query rows of one (batch, head). CTAs claim tiles from the launch's queue (an atomic counter) in
+// the order of tile_at() (params.h), so the longest tiles go first and a CTA that finishes early
+// takes the next one. Each CTA (FlashConfig::kThreads threads):
 //   producer warpgroup   one thread claims a tile whenever a Q slot is free, hands it to the
 //                        consumers with the slot (TileTask), loads Q once per tile and the tile's K
 //                        and V blocks into a kStages-deep ring (TMA, 128B swizzle), K and V behind
@@ -19,8 +19,9 @@
 //                        before this block's softmax, O is rescaled while that Q K^T runs (before
 //                        this block's P V is issued), and the consumers take turns issuing
 //                        (named barriers kPingpongBarrier0 + c, in a cycle), so the others'
-//                        softmax runs under one warpgroup's GEMMs. At the tile's end O / l and the LSE are stored
-//                        straight from registers (rows past the sequence are not stored).
+//                        softmax runs under one warpgroup's GEMMs. At the tile's end O / l and
+//                        the LSE are stored straight from registers (rows past the sequence are
+//                        not stored).
 // Keys policy: what a tile attends to comes from `Keys` (SequenceKeys here: the tile's own
 // sequence; ring attention's RingKeys: every rank's K/V as it arrives). It names the tile's query
 // rows (view), the tile's key segments (KvSegment: a run of rows of some K/V tensor map with its
@@ -454,8 +455,8 @@ struct FlashForward {
     BlockCursor<BN, kCausal> cur;
 
     for (;;) {
-      // Every consumer reads every task, so they all take the same number of pingpong turns. A failed wait here
-      // ends both at the same place (they wait on the same barrier).
+      // Every consumer reads every task, so they all take the same number of pingpong turns. A
+      // failed wait here ends them all at the same place (they wait on the same barrier).
       if (!q.wait_filled(sm.q_full(q.index), ctx, BarrierWhat::kTileFull)) break;
       const TileTask task = load_task(sm.task(q.index));
       if (task.tile == TileTask::kEnd) break;
