@@ -15,8 +15,8 @@ CUDA events in a shuffled order (the GPU's clock and temperature drift alike for
 --warmup rounds; the median per backend. TFLOP/s = 4 B H Sq Sk D / time, halved for causal masks.
 A backend that refuses a shape gets no time. Rows: {"op": "attention", "dtype", "B", "S", "H",
 "H_kv", "D", "causal", "rel_err", "ms": {"loom", "cudnn", "flash"}}; the table is printed last.
-Tuning: --block-n N,... and --tiles MxN,... add loom at other tiles as columns in the same rounds
-(--tiles variants checked against the reference too: "rel_err_variants").
+Tuning: --tiles MxN,... (BLOCK_M x BLOCK_N, e.g. 128x192 or 192x128) adds loom at other tiles as
+columns in the same rounds, each checked against the reference too ("rel_err_variants").
 """
 
 import argparse
@@ -46,9 +46,6 @@ def parse_args():
     p.add_argument("--sample-rows", type=int, default=64, help="query rows per (batch, head) checked in fp32")
     p.add_argument("--max-rel-err", type=float, default=2e-2)
     p.add_argument("--json", default="")
-    p.add_argument("--block-n", default="",
-                   help="comma-separated BLOCK_N values to time as extra columns loom_bn<N> (tuning; each must be a "
-                        "configuration of the shape's head dim)")
     p.add_argument("--tiles", default="",
                    help="comma-separated BLOCK_MxBLOCK_N tiles to time as extra columns loom_m<M>n<N> (tuning; "
                         "e.g. 192x128 at head dim 64), each checked against the reference like the default")
@@ -65,7 +62,6 @@ def parse_args():
             shapes.append(tuple(parts))
     args.shapes = shapes
     args.causal = [bool(int(c)) for c in args.causal.split(",") if c != ""]
-    args.block_n = [int(b) for b in args.block_n.split(",") if b]
     try:
         args.tiles = [tuple(int(x) for x in t.split("x")) for t in args.tiles.split(",") if t]
     except ValueError:
@@ -139,9 +135,6 @@ def main():
                 "cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
                 "flash": sdpa(SDPBackend.FLASH_ATTENTION),
             }
-            for bn in args.block_n:
-                candidates[f"loom_bn{bn}"] = (lambda bn=bn: loom.attention(q, k, v, out, lse=lse, causal=causal,
-                                                                           block_n=bn))
             for bm, bn in args.tiles:
                 candidates[f"loom_m{bm}n{bn}"] = (lambda bm=bm, bn=bn: loom.attention(
                     q, k, v, out, lse=lse, causal=causal, block_m=bm, block_n=bn))
@@ -184,8 +177,7 @@ def main():
         flops = 4.0 * r["B"] * r["H"] * r["S"] * r["S"] * r["D"] * (0.5 if r["causal"] else 1.0)
         return flops / (t * 1e-3) / 1e12
 
-    columns = (["loom", "cudnn", "flash"] + [f"loom_bn{bn}" for bn in args.block_n]
-               + [f"loom_m{bm}n{bn}" for bm, bn in args.tiles])
+    columns = ["loom", "cudnn", "flash"] + [f"loom_m{bm}n{bn}" for bm, bn in args.tiles]
     print(f"\n{'shape':<30}{'mask':<8}" + "".join(f"{c:>10}" for c in columns) + f"{'loom/cudnn':>12}{'rel_err':>10}")
     for r in rows:
         cells = [f"{tflops(r, r['ms'][n]):10.0f}" if n in r["ms"] else f"{'-':>10}" for n in columns]
