@@ -62,12 +62,13 @@ def parse_args():
             shapes.append(tuple(parts))
     args.shapes = shapes
     args.causal = [bool(int(c)) for c in args.causal.split(",") if c != ""]
+    raw_tiles = args.tiles
     try:
-        args.tiles = [tuple(int(x) for x in t.split("x")) for t in args.tiles.split(",") if t]
+        args.tiles = [tuple(int(x) for x in t.split("x")) for t in raw_tiles.split(",") if t]
     except ValueError:
-        p.error(f"--tiles {args.tiles!r}: expected MxN,...")
+        args.tiles = [()]
     if any(len(t) != 2 for t in args.tiles):
-        p.error(f"--tiles {args.tiles!r}: expected MxN,...")
+        p.error(f"--tiles {raw_tiles!r}: expected MxN,...")
     return args
 
 
