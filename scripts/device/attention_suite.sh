@@ -45,6 +45,10 @@ ext() {
   ext_built=1
 }
 rc=0
+# What both Nsight Compute steps collect (unlocked clocks: the kernels run as in the benchmarks).
+ncu_sections=(--clock-control none --section SpeedOfLight --section LaunchStats --section Occupancy
+              --section WarpStateStats --section InstructionStats --section ComputeWorkloadAnalysis
+              --section MemoryWorkloadAnalysis)
 # py_bench STEP LIMIT_S TAIL_LINES SCRIPT ARGS...: a benchmark script through the extension under a
 # wall-clock limit; its table (the last TAIL_LINES lines) goes to the console, everything to $LOG.
 py_bench() {
@@ -98,9 +102,7 @@ for step in "${steps[@]}"; do
       for which in engine:flash_fwd ring:ring_attention; do
         log "ncu ${which%%:*}"
         PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=10 ${RING_NCU_LIMIT_S:-120} \
-          ncu --clock-control none --kernel-name "regex:sm90_${which#*:}_kernel" --launch-count 1 \
-          --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
-          --section InstructionStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+          ncu "${ncu_sections[@]}" --kernel-name "regex:sm90_${which#*:}_kernel" --launch-count 1 \
           --section SourceCounters --metrics sm__inst_executed.sum,smsp__inst_executed_op_local_ld.sum,smsp__inst_executed_op_local_st.sum,lts__t_sector_hit_rate.pct \
           python3 bench/probes/ring_w1.py --shapes "${RING_NCU_SHAPE:-1x8192x32x32x128}" --causal "${RING_NCU_CAUSAL:-0}" --warmup 0 --iters 1 \
           > "$OUT/ring_ncu_${which%%:*}.txt" 2>&1
@@ -112,9 +114,7 @@ for step in "${steps[@]}"; do
       if ! ext; then rc=1; continue; fi
       log "ncu engine and cuDNN: ${ATTN_NCU_SHAPE:-4x8192x16x16x128}, causal ${ATTN_NCU_CAUSAL:-0}"
       PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=10 ${ATTN_NCU_LIMIT_S:-150} \
-        ncu --clock-control none --kernel-name "regex:sm90_flash_fwd|sdpa|fprop|fmha" --launch-count 3 \
-        --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
-        --section InstructionStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+        ncu "${ncu_sections[@]}" --kernel-name "regex:sm90_flash_fwd|sdpa|fprop|fmha" --launch-count 3 \
         python3 bench/probes/attention_launch.py --shape "${ATTN_NCU_SHAPE:-4x8192x16x16x128}" \
         --causal "${ATTN_NCU_CAUSAL:-0}" > "$OUT/attention_ncu.txt" 2>&1
       r=$?; ((r != 0)) && rc=1

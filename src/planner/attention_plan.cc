@@ -164,15 +164,11 @@ Status validate_attention(const AttentionArgs& a, const AttentionOptions& o) {
   if (attention_tile(a.head_dim).block_m == 0) {
     return Status::unsupported("attention: head dim " + str(a.head_dim) + " is not supported (64, 128 or 256)");
   }
-  if (o.block_m != 192 && attention_tile(a.head_dim, o.block_n).block_m == 0) {
-    return Status::invalid_argument("attention: block_n " + std::to_string(o.block_n) + " is not a configuration for "
-                                    "head dim " + str(a.head_dim) + " (0, or hd64: 128, 192; hd128: 128, 176; "
-                                    "hd256: 64, 80)");
-  }
   if (attention_tile(a.head_dim, o.block_n, o.block_m).block_m == 0) {
     return Status::invalid_argument("attention: block_m " + std::to_string(o.block_m) + " with block_n " +
                                     std::to_string(o.block_n) + " is not a configuration for head dim " +
-                                    str(a.head_dim) + " (0 or 128; 192 at hd64 with block_n 0 or 128)");
+                                    str(a.head_dim) + " (block_n 0, or hd64: 128, 192; hd128: 128, 176; hd256: 64, "
+                                    "80; block_m 0 or 128, or 192 at hd64 with block_n 0 or 128)");
   }
   if (a.heads_q < 1 || a.heads_kv < 1) {
     return Status::invalid_argument("attention: heads_q (" + str(a.heads_q) + ") and heads_kv (" + str(a.heads_kv) +
