@@ -269,6 +269,18 @@ TEST(GroupedGemmPlan, SwiGLUNeverTakesANarrowTile) {
   }
 }
 
+TEST(GroupedGemmPlan, OneExpertCountsItsRowsExactly) {
+  // Mixtral's fc2 at one expert per GPU (2048 x 4096 x 14336): 16 tile rows of 128 x 256 are two
+  // waves on 132 SMs; an assumed half-row tail would make it 17 rows, three waves, and send the
+  // choice to narrower tiles (measured 0.64x torch._grouped_mm with 64 x 128 on one H100).
+  GroupedGemmArgs a = contiguous_args();
+  a.num_experts = 1;
+  a.m_total = 2048;
+  a.n = 4096;
+  a.k = 14336;
+  EXPECT_EQ(planner::choose_grouped_gemm_tile(a, 132), GemmTile::k128x256);
+}
+
 TEST(GroupedGemmPlan, SizesTheTableAndTheGrid) {
   const planner::GemmDeviceLimits h200{132, 232448};
   GroupedGemmOptions o;
