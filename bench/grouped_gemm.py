@@ -6,14 +6,17 @@
 The per-GPU slices of expert-parallel MoE layers (EP8): DeepSeek-V3 (H 7168, I 2048, 32 experts
 per GPU, top-8), Qwen3-235B (H 4096, I 1536, 16 per GPU, top-8) and Mixtral (H 4096, I 14336, 1 per
 GPU, top-2); 1K / 4K / 16K tokens per GPU, so tokens x top-k rows reach the GPU's experts. fc1: N = 2I
-(gate and up), K = H; fc2: N = H, K = I. Routing: uniform (equal counts) or skewed (counts drawn
-from Categorical(p), p ~ U(0, 1) per expert: max/mean about 2). Both operators take the same A
+(gate and up), K = H; fc2: N = H, K = I. Routing: uniform (equal counts, multiples of 128 rows at
+these slices), random (counts drawn from Categorical with equal weights: every expert ends in a
+partial tile row, as under any routing that is not exactly balanced) or skewed (counts drawn from
+Categorical(p), p ~ U(0, 1) per expert: max/mean about 2). Both operators take the same A
 (rows grouped by expert), the same weights [E, N, K] (torch reads them as [E, K, N] views) and the
 same offsets; loom's output is checked against torch's (rel_err). loom_static: loom with
 tile_queue=False (tiles claimed round-robin instead of from the queue), timed in the same shuffled
 rounds. Median of --iters shuffled rounds after warm-up.
 TFLOP/s = 2 rows N K / time. A table is printed last, then loom's skewed / uniform time per shape
-(issue 21's bar: at most 1.05).
+(issue 21's bar: at most 1.05) and, where random ran, skewed / random (the imbalance alone, both
+with partial last tile rows).
 """
 
 import argparse
@@ -36,7 +39,7 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--tokens", default="1024,4096,16384", help="tokens per GPU")
-    p.add_argument("--routing", default="uniform,skewed")
+    p.add_argument("--routing", default="uniform,skewed", help="uniform, random, skewed (comma-separated)")
     p.add_argument("--gemms", default="fc1,fc2")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=20)
@@ -51,6 +54,9 @@ def parse_args():
             p.error(f"unknown model {m!r}: expected one of {', '.join(MODELS)}")
     args.tokens = [int(t) for t in args.tokens.split(",") if t]
     args.routing = [r for r in args.routing.split(",") if r]
+    for r in args.routing:
+        if r not in ("uniform", "random", "skewed"):
+            p.error(f"unknown routing {r!r}: expected uniform, random or skewed")
     args.gemms = [g for g in args.gemms.split(",") if g]
     return args
 
@@ -61,7 +67,7 @@ def counts_of(rows, experts, routing, gen):
         c = torch.full((experts,), rows // experts, dtype=torch.int64)
         c[: rows % experts] += 1
         return c
-    p = torch.rand(experts, generator=gen)
+    p = torch.ones(experts) if routing == "random" else torch.rand(experts, generator=gen)
     idx = torch.multinomial(p, rows, replacement=True, generator=gen)
     return torch.bincount(idx, minlength=experts)
 
@@ -146,21 +152,22 @@ def main():
               f"{tflops(r, r['ms']['torch_grouped']):>8.0f}"
               f"{r['ms']['torch_grouped'] / r['ms']['loom']:>17.3f}{r['ms']['loom_static'] / r['ms']['loom']:>13.3f}"
               f"{r['rel_err']:>10.2e}")
-    skew = skew_ratios(rows_out)
-    if skew:
-        print("\nskewed / uniform time (loom; issue 21: <= 1.05)")
-        for (model, gemm, tokens), ratio in skew.items():
-            print(f"{model:<13}{gemm:<6}{tokens:>7}{ratio:>8.3f}")
+    for base, note in (("uniform", "issue 21: <= 1.05"), ("random", "the imbalance alone")):
+        skew = skew_ratios(rows_out, base)
+        if skew:
+            print(f"\nskewed / {base} time (loom; {note})")
+            for (model, gemm, tokens), ratio in skew.items():
+                print(f"{model:<13}{gemm:<6}{tokens:>7}{ratio:>8.3f}")
     bad = [r for r in rows_out if not (r["rel_err"] <= args.max_rel_err and r["rel_err_static"] <= args.max_rel_err)]
     sys.exit(1 if bad else 0)
 
 
-def skew_ratios(rows):
-    """loom's skewed time over its uniform time, per (model, gemm, tokens) that has both rows."""
+def skew_ratios(rows, base="uniform"):
+    """loom's skewed time over its time under routing `base`, per (model, gemm, tokens) that has both rows."""
     by_shape = {}
     for r in rows:
         by_shape.setdefault((r["model"], r["gemm"], r["tokens"]), {})[r["routing"]] = r["ms"]["loom"]
-    return {shape: t["skewed"] / t["uniform"] for shape, t in by_shape.items() if "skewed" in t and "uniform" in t}
+    return {shape: t["skewed"] / t[base] for shape, t in by_shape.items() if "skewed" in t and base in t}
 
 
 if __name__ == "__main__":

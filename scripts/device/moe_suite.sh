@@ -8,8 +8,8 @@
 #     layer-bench  bench/moe_layer.py through the Python package (built here against the carried
 #             libloom.so; W = 1: moe_layer vs its compute-only bound, the composed loom calls and
 #             torch), JSON in $OUT/moe_layer_w1.json
-#     grouped-bench  bench/grouped_gemm.py (loom.grouped_gemm, its round-robin claims and
-#             torch._grouped_mm; the issue 21 slices), JSON in $OUT/grouped_gemm.json
+#     grouped-bench  bench/grouped_gemm.py $GROUPED_ARGS (loom.grouped_gemm, its round-robin claims
+#             and torch._grouped_mm; the issue 21 slices), JSON in $OUT/grouped_gemm.json
 #     skew-probe  bench/probes/grouped_skew.py $PROBE_ARGS (the grouped GEMM under count patterns that separate
 #             tails, alignment, order and padding), JSON in $OUT/grouped_skew.json
 #     tests   loom_gpu_tests 'Moe*:GroupedGemm*' on one rank, log in $OUT/one_rank_moe.log
@@ -56,7 +56,9 @@ for step in "${steps[@]}"; do
       python_step "${LAYER_BENCH_LIMIT_S:-420}" "$OUT/moe_layer_w1.txt" bench/moe_layer.py --json "$OUT/moe_layer_w1.json" "$@"
       log "layer-bench: exit $rc"; tail -n 16 "$OUT/moe_layer_w1.txt" ;;
     grouped-bench)
-      python_step "${GROUPED_BENCH_LIMIT_S:-200}" "$OUT/grouped_gemm.txt" bench/grouped_gemm.py --json "$OUT/grouped_gemm.json"
+      # shellcheck disable=SC2086
+      python_step "${GROUPED_BENCH_LIMIT_S:-200}" "$OUT/grouped_gemm.txt" bench/grouped_gemm.py ${GROUPED_ARGS:-} \
+        --json "$OUT/grouped_gemm.json"
       log "grouped-bench: exit $rc"; tail -n 48 "$OUT/grouped_gemm.txt" ;;
     skew-probe)
       # shellcheck disable=SC2086

@@ -93,6 +93,8 @@ def test_grouped_gemm_bench_skew_ratio_per_shape(monkeypatch):
             {"model": "m", "gemm": "fc1", "tokens": 1024, "routing": "skewed", "ms": {"loom": 2.1}},
             {"model": "m", "gemm": "fc2", "tokens": 1024, "routing": "skewed", "ms": {"loom": 1.0}}]
     assert module.skew_ratios(rows) == {("m", "fc1", 1024): pytest.approx(1.05)}  # fc2 has no uniform row
+    rows.append({"model": "m", "gemm": "fc2", "tokens": 1024, "routing": "random", "ms": {"loom": 0.8}})
+    assert module.skew_ratios(rows, "random") == {("m", "fc2", 1024): pytest.approx(1.25)}
 
 
 def test_moe_layer_bench_options(monkeypatch):
