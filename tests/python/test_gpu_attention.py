@@ -1,7 +1,8 @@
 """The attention ops through Python on one GPU (no communicator): loom.attention (DLPack, explicit
 outputs) and torch.ops.loom.attention against an fp32 torch reference, packed sequences, the
 partial mode with attention_merge, CUDA-graph capture, and bad offsets reported without writes.
-Run directly: `python3 -m pytest tests/python/test_gpu_attention.py -m gpu` (one process)."""
+Run directly as a job of one: `WORLD_SIZE=1 python3 -m pytest tests/python/test_gpu_attention.py -m gpu`
+(conftest.py skips GPU tests outside a torchrun job; scripts/device/attention_suite.sh pytest)."""
 
 import math
 
