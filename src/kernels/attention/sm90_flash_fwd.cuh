@@ -17,7 +17,8 @@
 //                        the online softmax in fp32 registers (softmax.cuh), and O += P V with P
 //                        in registers (register-sourced wgmma). The next block's Q K^T is issued
 //                        before this block's softmax, O is rescaled while that Q K^T runs (before
-//                        this block's P V is issued), and the consumers take turns issuing
+//                        this block's P V is issued; only when a row's maximum moved by more
+//                        than 2^8), and the consumers take turns issuing
 //                        (named barriers kPingpongBarrier0 + c, in a cycle), so the others'
 //                        softmax runs under one warpgroup's GEMMs. At the tile's end O / l and
 //                        the LSE are stored straight from registers (rows past the sequence are
@@ -496,7 +497,7 @@ struct FlashForward {
       }
       float rescale[2];
       if (cur.masked()) mask_cursor_block(s, cur, table, qpos);
-      softmax.update(s, p.scale_log2, rescale);
+      bool rescale_o = softmax.update(s, p.scale_log2, rescale);
       convert_p<BN, kBF16>(s, pr);
 
       // Then per block: issue the next block's S, rescale O by the factor of the block whose P is
@@ -509,8 +510,7 @@ struct FlashForward {
         ok = ok && v_stage.wait_filled(sm.v_full(v_stage.index), ctx, BarrierWhat::kStageFull);
         sm90::named_barrier_sync(my_turn, kPingpongThreads);
         issue_qk(sm, consumer, q.index, k_stage.index, s);
-#pragma unroll
-        for (int i = 0; i < kORegs; ++i) o[i] *= rescale[(i >> 1) & 1];
+        rescale_rows(o, rescale, rescale_o);
         issue_pv(sm, v_stage.index, pr, o);
         sm90::named_barrier_arrive(their_turn, kPingpongThreads);
         sm90::wgmma_wait<1>();
@@ -522,7 +522,7 @@ struct FlashForward {
           q.advance();
         }
         if (cur.masked()) mask_cursor_block(s, cur, table, qpos);
-        softmax.update(s, p.scale_log2, rescale);
+        rescale_o = softmax.update(s, p.scale_log2, rescale);
         sm90::wgmma_wait<0>();
         sm90::fence_operands(o);
         if (ok) release(sm.v_empty(v_stage.index));
@@ -533,8 +533,7 @@ struct FlashForward {
       // The first block's P V, then O / l.
       ok = ok && v_stage.wait_filled(sm.v_full(v_stage.index), ctx, BarrierWhat::kStageFull);
       sm90::named_barrier_sync(my_turn, kPingpongThreads);
-#pragma unroll
-      for (int i = 0; i < kORegs; ++i) o[i] *= rescale[(i >> 1) & 1];
+      rescale_rows(o, rescale, rescale_o);
       issue_pv(sm, v_stage.index, pr, o);
       sm90::named_barrier_arrive(their_turn, kPingpongThreads);
       sm90::wgmma_wait<0>();
@@ -547,6 +546,15 @@ struct FlashForward {
       const TileView end = keys.view(task.tile);  // recomputed: not kept live through the loop
       if (ok) store_rows(p, end.span, end.coord.head, row0, o, inv_sum, lse);
     }
+  }
+
+  // O *= the rescale factor of its row, when a row of the warp moved its maximum (most blocks
+  // after a tile's first do not: OnlineSoftmax::kMaxGrowthLog2). The vote keeps the branch
+  // uniform across the warp.
+  __device__ __forceinline__ static void rescale_rows(float (&o)[kORegs], const float (&rescale)[2], bool moved) {
+    if (!__any_sync(0xffffffffu, moved)) return;
+#pragma unroll
+    for (int i = 0; i < kORegs; ++i) o[i] *= rescale[(i >> 1) & 1];
   }
 
   // A task the producer wrote before completing the slot's q_full phase.
