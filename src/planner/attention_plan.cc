@@ -110,13 +110,16 @@ AttentionPlanInfo attention_tile(int64_t head_dim, int block_n, int block_m) {
   }
 }
 
-int default_block_n(int64_t head_dim, int64_t seqlen_k) {
+int default_block_n(int64_t head_dim, int64_t seqlen_k, bool causal) {
   // Measured on one H200 (docs/PERFORMANCE_NOTES.md): at hd64 the wider block wins from 2K keys on
   // (fewer rescales and row reductions per key), below it the narrower one; at hd128 176 keys beat
-  // 128 at every length from 4K (the softmax per block amortizes over more keys); at hd256 80.
+  // 128 at every length from 4K (the softmax per block amortizes over more keys), and without a
+  // mask below it too; under a causal mask below 2K keys 128 wins (one H100: 6 % at 1K), where a
+  // 176-key block that does not divide the 128-row tiles computes 22 % more scores than the mask
+  // keeps (10 % with 128); at hd256 80.
   switch (head_dim) {
     case 64: return seqlen_k >= 2048 ? 192 : 128;
-    case 128: return 176;
+    case 128: return causal && seqlen_k < 2048 ? 128 : 176;
     case 256: return 80;
     default: return 0;
   }
@@ -248,7 +251,7 @@ Result<AttentionPlan> plan_attention(const AttentionArgs& a, const AttentionOpti
   AttentionPlan plan;
   // BLOCK_M 192 brings its own BLOCK_N; otherwise the option's or the default for the keys.
   const int block_m = o.block_m > 0 ? o.block_m : default_block_m(a.head_dim, o.block_n, o.causal, a.seqlen_q);
-  const int block_n = o.block_n > 0 || block_m == 192 ? o.block_n : default_block_n(a.head_dim, a.seqlen_k);
+  const int block_n = o.block_n > 0 || block_m == 192 ? o.block_n : default_block_n(a.head_dim, a.seqlen_k, o.causal);
   plan.info = attention_tile(a.head_dim, block_n, block_m);
   if (static_cast<int64_t>(plan.info.smem_bytes) > device.smem_per_block_optin) {
     return Status::unsupported("attention: head dim " + str(a.head_dim) + " needs " +
@@ -338,11 +341,12 @@ AttentionArgs ring_core_args(const RingAttentionArgs& r) {
   return a;
 }
 
-AttentionOptions ring_core_options(const RingAttentionOptions& o) {
+AttentionOptions ring_core_options(const RingAttentionArgs& r, const RingAttentionOptions& o) {
   AttentionOptions core;
   core.causal = o.causal;
   core.scale = o.scale;
-  core.block_n = o.block_n;
+  // The ring kernel is built for the unmasked defaults only (kRingTiles), causal rings included.
+  core.block_n = o.block_n != 0 ? o.block_n : default_block_n(r.head_dim, r.seqlen, false);
   core.block_m = 128;  // the ring kernel is built with two consumer warpgroups only (kRingTiles)
   return core;
 }
@@ -354,7 +358,7 @@ Status validate_ring_attention(const RingAttentionArgs& r, const RingAttentionOp
                                " per rank, at most " + std::to_string(ka::kMaxSegments) + " in all: " + std::to_string(world) +
                                " local ranks are too many");
   }
-  const Status s = validate_attention(ring_core_args(r), ring_core_options(o));
+  const Status s = validate_attention(ring_core_args(r), ring_core_options(r, o));
   if (!s.ok()) {
     std::string m(s.message());
     if (m.rfind("attention: ", 0) == 0) m = "ring_attention: " + m.substr(11);

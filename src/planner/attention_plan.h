@@ -21,7 +21,7 @@ struct AttentionDeviceLimits {
 // block_n 0: the default for the head dim; block_m 0: 128); zeros when there is none.
 AttentionPlanInfo attention_tile(int64_t head_dim, int block_n = 0, int block_m = 0);
 // BLOCK_N the planner picks when AttentionOptions::block_n is 0.
-int default_block_n(int64_t head_dim, int64_t seqlen_k);
+int default_block_n(int64_t head_dim, int64_t seqlen_k, bool causal);
 // BLOCK_M the planner picks when AttentionOptions::block_m is 0 (block_n: the option's).
 int default_block_m(int64_t head_dim, int block_n, bool causal, int64_t seqlen_q);
 
@@ -69,7 +69,7 @@ RingWorkspace ring_workspace(const RingAttentionArgs& args, int world);
 // The engine's view of one rank's share (batched, S_l queries and keys, contiguous), and the
 // engine options it runs with.
 AttentionArgs ring_core_args(const RingAttentionArgs& args);
-AttentionOptions ring_core_options(const RingAttentionOptions& options);
+AttentionOptions ring_core_options(const RingAttentionArgs& args, const RingAttentionOptions& options);
 // CTAs that push K/V first: the option, or the planner's (none for a ring of one).
 int ring_kv_ctas(const RingAttentionOptions& options, int world, int sm_count);
 

@@ -231,10 +231,15 @@ TEST(AttentionPlan, CausalOrderStartsWithTheLongestTiles) {
 }
 
 TEST(AttentionPlan, BlockNDefaultsAndOverrides) {
-  EXPECT_EQ(planner::default_block_n(64, 1024), 128);
-  EXPECT_EQ(planner::default_block_n(64, 8192), 192);
-  EXPECT_EQ(planner::default_block_n(128, 512), 176);
-  EXPECT_EQ(planner::default_block_n(256, 8192), 80);
+  EXPECT_EQ(planner::default_block_n(64, 1024, false), 128);
+  EXPECT_EQ(planner::default_block_n(64, 8192, true), 192);
+  EXPECT_EQ(planner::default_block_n(128, 512, false), 176);
+  EXPECT_EQ(planner::default_block_n(128, 8192, false), 176);
+  // Under a causal mask short sequences take 128 (176 does not divide the 128-row tiles' diagonal).
+  EXPECT_EQ(planner::default_block_n(128, 1024, true), 128);
+  EXPECT_EQ(planner::default_block_n(128, 2047, true), 128);
+  EXPECT_EQ(planner::default_block_n(128, 2048, true), 176);
+  EXPECT_EQ(planner::default_block_n(256, 8192, false), 80);
   AttentionArgs a = good_args();
   AttentionOptions o;
   o.block_n = 128;
@@ -275,8 +280,14 @@ TEST(AttentionPlan, BlockNDefaultsAndOverrides) {
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
   EXPECT_EQ(plan.value().info.block_m, 128);
   EXPECT_EQ(plan.value().info.block_n, 192);
-  // The ring runs its own builds: 128-row tiles.
-  EXPECT_EQ(planner::ring_core_options(RingAttentionOptions{}).block_m, 128);
+  // The ring runs its own builds: 128-row tiles, and its unmasked BLOCK_N under a causal mask too.
+  RingAttentionArgs ring;
+  ring.head_dim = 128;
+  ring.seqlen = 1024;
+  RingAttentionOptions causal_ring;
+  causal_ring.causal = true;
+  EXPECT_EQ(planner::ring_core_options(ring, causal_ring).block_m, 128);
+  EXPECT_EQ(planner::ring_core_options(ring, causal_ring).block_n, 176);
 }
 
 TEST(AttentionPlan, RingRulesAndWorkspace) {
@@ -318,7 +329,7 @@ TEST(AttentionPlan, RingRulesAndWorkspace) {
   EXPECT_TRUE(ring_attention_can_implement(r, narrow, 2).ok());
   for (int hd : {64, 128, 256}) {  // every default the planner can pick is built
     for (int64_t s : {1, 1024, 2048, 1 << 20}) {
-      EXPECT_TRUE(planner::ring_tile_built(hd, planner::default_block_n(hd, s))) << "hd " << hd << ", " << s << " keys";
+      EXPECT_TRUE(planner::ring_tile_built(hd, planner::default_block_n(hd, s, false))) << "hd " << hd << ", " << s << " keys";
     }
   }
   // Every rank's K and V, 1 KiB aligned, then W * B * chunks flags.

@@ -45,6 +45,7 @@ struct Problem {
   float scale = 0.f;
   bool bhsd_q = false;  // q stored [B, H, S, D] and passed with strides
   int block_m = 0, block_n = 0;  // the tile (AttentionOptions; 0: the planner's)
+  int num_ctas = 0;               // persistent CTAs (AttentionOptions; 0: the planner's)
 
   bool packed() const { return layout == AttentionLayout::kPacked; }
   int64_t total(const std::vector<int32_t>& lens) const {
@@ -58,6 +59,7 @@ struct Problem {
     std::string s = std::string(dtype == DType::kBF16 ? "bf16" : "fp16") + (causal ? " causal" : " full") + " D" +
                     std::to_string(head_dim) + " H" + std::to_string(heads_q) + "/" + std::to_string(heads_kv);
     if (block_m != 0 || block_n != 0) s += " tile " + std::to_string(block_m) + "x" + std::to_string(block_n);
+    if (num_ctas != 0) s += ", CTAs: " + std::to_string(num_ctas);
     if (packed()) {
       s += " packed [";
       for (size_t b = 0; b < lens_q.size(); ++b) s += std::to_string(lens_q[b]) + ":" + std::to_string(lens_k[b]) + " ";
@@ -256,6 +258,7 @@ void run_and_check(const Problem& pr, uint64_t seed, bool partial = false) {
   o.partial = partial;
   o.block_m = pr.block_m;
   o.block_n = pr.block_n;
+  o.num_ctas = pr.num_ctas;
   LOOM_ASSERT_OK(attention(b.args, nullptr, o));
   LOOM_ASSERT_CUDA(cudaDeviceSynchronize());
   LOOM_ASSERT_OK(synchronize_standalone(nullptr));
@@ -373,6 +376,25 @@ TEST(Attention, EveryTileConfiguration) {
         p.block_m = t.block_m;
         p.block_n = t.block_n;
         run_and_check(p, seed++);
+      }
+    }
+  }
+}
+
+// A CTA's tiles one after another: with one or three CTAs each takes dozens of tiles, causal
+// ones of every key-block count from one up (and rows without keys when Sq > Sk), so whatever a
+// consumer carries from one tile to the next (the softmax state, the K/V stage ring, the Q
+// slots) is checked; with a grid of one SM per tile it rarely is.
+TEST(Attention, FewCtasTakeManyTilesEach) {
+  REQUIRE_HOPPER();
+  uint64_t seed = 5800;
+  for (int64_t D : {64, 128, 256}) {
+    for (bool causal : {false, true}) {
+      for (int ctas : {1, 3}) {
+        for (Problem p : {bshd(DType::kBF16, D, causal, 2, 700, 700, 3, 3), bshd(DType::kBF16, D, causal, 1, 900, 500, 4, 2)}) {
+          p.num_ctas = ctas;
+          run_and_check(p, seed++);
+        }
       }
     }
   }

@@ -17,8 +17,8 @@
 //                        the online softmax in fp32 registers (softmax.cuh), and O += P V with P
 //                        in registers (register-sourced wgmma). The next block's Q K^T is issued
 //                        before this block's softmax, O is rescaled while that Q K^T runs (before
-//                        this block's P V is issued; only when a row's maximum moved by more
-//                        than 2^8), and the consumers take turns issuing
+//                        this block's P V is issued; with the lazy rescale only when a row's
+//                        maximum moved by more than 2^8), and the consumers take turns issuing
 //                        (named barriers kPingpongBarrier0 + c, in a cycle), so the others'
 //                        softmax runs under one warpgroup's GEMMs. At the tile's end O / l and
 //                        the LSE are stored straight from registers (rows past the sequence are
@@ -219,6 +219,7 @@ struct FlashForward {
   static constexpr uint32_t kEmptyArrivals = Cfg::kConsumers * 4;  // one per consumer warp
   using KvState = gemm::PipelineState<Cfg::kStages>;
   using QState = gemm::PipelineState<Cfg::kQStages>;
+  using Softmax = OnlineSoftmax<BN, Cfg::kLazyRescale>;
 
   __device__ static void init(const Smem& sm) {
     if (threadIdx.x == 0) {
@@ -386,7 +387,7 @@ struct FlashForward {
 #pragma unroll
     for (int i = 0; i < kSRegs; ++i) {
       const int col = col0 + 8 * (i / 4) + (i & 1);
-      if (col >= key_end[(i >> 1) & 1]) s[i] = OnlineSoftmax<BN>::kNegInf;
+      if (col >= key_end[(i >> 1) & 1]) s[i] = Softmax::kNegInf;
     }
   }
 
@@ -452,7 +453,7 @@ struct FlashForward {
     float o[kORegs];
     float s[kSRegs];
     uint32_t pr[kPRegs];
-    OnlineSoftmax<BN> softmax;
+    Softmax softmax;
     BlockCursor<BN, kCausal> cur;
 
     for (;;) {
@@ -473,7 +474,7 @@ struct FlashForward {
         q.advance();
 #pragma unroll
         for (int i = 0; i < kORegs; ++i) o[i] = 0.f;
-        const float inv[2] = {0.f, 0.f}, lse[2] = {OnlineSoftmax<BN>::kNegInf, OnlineSoftmax<BN>::kNegInf};
+        const float inv[2] = {0.f, 0.f}, lse[2] = {Softmax::kNegInf, Softmax::kNegInf};
         if (ok) store_rows(p, v.span, v.coord.head, row0, o, inv, lse);
         continue;
       }
@@ -548,11 +549,13 @@ struct FlashForward {
     }
   }
 
-  // O *= the rescale factor of its row, when a row of the warp moved its maximum (most blocks
-  // after a tile's first do not: OnlineSoftmax::kMaxGrowthLog2). The vote keeps the branch
-  // uniform across the warp.
+  // O *= the rescale factor of its row; with the lazy rescale only when a row of the warp moved
+  // its maximum (most blocks after a tile's first do not). The vote keeps the branch uniform
+  // across the warp.
   __device__ __forceinline__ static void rescale_rows(float (&o)[kORegs], const float (&rescale)[2], bool moved) {
-    if (!__any_sync(0xffffffffu, moved)) return;
+    if constexpr (Cfg::kLazyRescale) {
+      if (!__any_sync(0xffffffffu, moved)) return;
+    }
 #pragma unroll
     for (int i = 0; i < kORegs; ++i) o[i] *= rescale[(i >> 1) & 1];
   }

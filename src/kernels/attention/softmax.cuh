@@ -6,8 +6,8 @@
 // row's values are spread over the 4 threads of a quad (shuffles with lane masks 1 and 2).
 //
 // Scores are kept in the base-2 domain: p = exp2(s * scale_log2 - m), with scale_log2 = scale *
-// log2(e) folded into one FFMA; m is the running row maximum (within 8 of it: kMaxGrowthLog2)
-// already multiplied by scale_log2.
+// log2(e) folded into one FFMA; m is the running row maximum (lazy: within kMaxGrowthLog2 of
+// it) already multiplied by scale_log2.
 // The row sum l is kept per thread (a partial over the thread's columns) and reduced over the quad
 // only at the end: the rescale factors are per row, so partial sums rescale alike.
 #pragma once
@@ -47,12 +47,19 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
   }
 }
 
-template <int kN>
+// kLazy: the running maximum moves only when a block's maximum exceeds it by more than
+// kMaxGrowthLog2 (FlashConfig::kLazyRescale says where that pays).
+template <int kN, bool kLazy>
 struct OnlineSoftmax {
   static constexpr int kRegs = kN / 2;  // accumulator floats per thread
   static constexpr float kNegInf = -__builtin_huge_valf();
+  // Lazy: until a block's maximum exceeds the running one by more than this (base 2), p =
+  // exp2(s * scale_log2 - m) stays below 2^8, which the fp32 sums and P's bf16 or fp16 (their
+  // relative precision does not depend on the magnitude) hold as well as p <= 1, and O and the
+  // sums need no rescale. After a tile's first block most blocks skip it.
+  static constexpr float kMaxGrowthLog2 = 8.f;
 
-  float max[2];  // running row maxima (at most kMaxGrowthLog2 below), times scale_log2 (-inf: no visible key yet)
+  float max[2];  // running row maxima (lazy: at most kMaxGrowthLog2 below), times scale_log2 (-inf: no visible key yet)
   float sum[2];  // this thread's partial row sums
 
   __device__ void reset() {
@@ -60,32 +67,34 @@ struct OnlineSoftmax {
     sum[0] = sum[1] = 0.f;
   }
 
-  // The running maximum moves only when a block's maximum exceeds it by more than this (base 2):
-  // until then p = exp2(s * scale_log2 - m) stays below 2^8, which the fp32 sums and P's bf16 or
-  // fp16 (its relative precision does not depend on the magnitude) hold as well as p <= 1, and
-  // O and the sums need no rescale. After a tile's first block most blocks skip it.
-  static constexpr float kMaxGrowthLog2 = 8.f;
-
   // Turns the scores s (raw Q K^T) of one K block into probabilities p = exp2(s * scale_log2 - m)
   // in place and updates max and sum; returns in `rescale` the factor by which O (and the earlier
-  // sum) must be multiplied, and whether either factor differs from 1. Masked scores are -inf and
-  // give p = 0; a row without any visible key so far keeps max = -inf and subtracts 0 instead (no
-  // inf - inf); the first visible block always moves it (rescale exp2(-inf) = 0).
+  // sum) must be multiplied, and whether either factor may differ from 1 (always true unless
+  // lazy). Masked scores are -inf and give p = 0; a row without any visible key so far keeps
+  // max = -inf and subtracts 0 instead (no inf - inf); a first visible block always moves it
+  // (rescale exp2(-inf) = 0).
   __device__ bool update(float (&s)[kRegs], float scale_log2, float (&rescale)[2]) {
     float block_max[2] = {kNegInf, kNegInf};
 #pragma unroll
     for (int i = 0; i < kRegs; ++i) block_max[(i >> 1) & 1] = fmaxf(block_max[(i >> 1) & 1], s[i]);
     float base[2];
-    bool moved = false;
+    bool moved = !kLazy;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float block = quad_max(block_max[r]) * scale_log2;
-      const bool raise = block > max[r] + kMaxGrowthLog2;  // -inf + 8 = -inf: a first visible block raises
-      rescale[r] = raise ? fast_exp2(max[r] - block) : 1.f;
-      max[r] = raise ? block : max[r];
-      base[r] = max[r] == kNegInf ? 0.f : max[r];
+      if constexpr (kLazy) {
+        const float block = quad_max(block_max[r]) * scale_log2;
+        const bool raise = block > max[r] + kMaxGrowthLog2;  // -inf + 8 = -inf: a first visible block raises
+        rescale[r] = raise ? fast_exp2(max[r] - block) : 1.f;
+        max[r] = raise ? block : max[r];
+        base[r] = max[r] == kNegInf ? 0.f : max[r];
+        moved |= raise;
+      } else {
+        const float new_max = fmaxf(max[r], quad_max(block_max[r]) * scale_log2);
+        base[r] = new_max == kNegInf ? 0.f : new_max;
+        rescale[r] = fast_exp2(max[r] - base[r]);  // exp2(-inf) = 0 on the first visible block
+        max[r] = new_max;
+      }
       sum[r] *= rescale[r];
-      moved |= raise;
     }
 #pragma unroll
     for (int i = 0; i < kRegs; ++i) {

@@ -90,7 +90,7 @@ Result<RingCall> plan_ring(Communicator::Impl& impl, const RingAttentionArgs& ar
   call.world = t.world_size;
   LOOM_TRY(planner::validate_ring_attention(args, options, call.world));
   call.core = planner::ring_core_args(args);
-  call.core_options = planner::ring_core_options(options);
+  call.core_options = planner::ring_core_options(args, options);
   LOOM_ASSIGN_OR_RETURN(planner::AttentionDeviceLimits limits, ops::attention::device_limits("ring_attention"));
   LOOM_ASSIGN_OR_RETURN(call.plan, planner::plan_attention(call.core, call.core_options, limits));
   call.layout = planner::ring_workspace(args, call.world);
