@@ -23,6 +23,7 @@ import argparse
 import datetime
 import json
 import math
+import os
 import random
 import socket
 import sys
@@ -46,6 +47,10 @@ def parse_args():
     p.add_argument("--sample-rows", type=int, default=64, help="query rows per (batch, head) checked in fp32")
     p.add_argument("--max-rel-err", type=float, default=2e-2)
     p.add_argument("--json", default="")
+    p.add_argument("--shuffle-shapes", action="store_true",
+                   help="run the (shape, mask) rows in a fresh random order (A/B runs of two builds: a row's "
+                        "place in the sweep, after faster or slower rows, then varies from run to run instead "
+                        "of biasing one side); the table and JSON keep the sweep's order")
     p.add_argument("--tiles", default="",
                    help="comma-separated BLOCK_MxBLOCK_N tiles to time as extra columns loom_m<M>n<N> (tuning; "
                         "e.g. 192x128 at head dim 64), each checked against the reference like the default")
@@ -70,6 +75,14 @@ def parse_args():
     if any(len(t) != 2 for t in args.tiles):
         p.error(f"--tiles {raw_tiles!r}: expected MxN,...")
     return args
+
+
+def case_order(count, shuffle, seed=None):
+    """The order the (shape, mask) rows run in: the sweep's, or with `shuffle` a fresh random one."""
+    order = list(range(count))
+    if shuffle:
+        random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "little")).shuffle(order)
+    return order
 
 
 def main():
@@ -106,66 +119,68 @@ def main():
             den += float(ref.pow(2).sum())
         return math.sqrt(num / den)
 
-    for (B, S, H, Hkv, D) in args.shapes:
-        for causal in args.causal:
-            q = torch.randn(B, S, H, D, device=dev, dtype=dtype)
-            k = torch.randn(B, S, Hkv, D, device=dev, dtype=dtype)
-            v = torch.randn(B, S, Hkv, D, device=dev, dtype=dtype)
-            out = torch.full_like(q, float("nan"))
-            lse = torch.empty(B, H, S, device=dev, dtype=torch.float32)
-            scale = 1.0 / math.sqrt(D)
-            loom.attention(q, k, v, out, lse=lse, causal=causal)
-            torch.cuda.synchronize()
-            rel_err = reference_rel_err(q, k, v, out, causal, scale)
-            if not (rel_err <= args.max_rel_err):
-                print(f"attention.py: loom's output is off for {(B, S, H, Hkv, D, causal)}: rel_err {rel_err:.3g}",
+    cases = [(shape, causal) for shape in args.shapes for causal in args.causal]
+    for i in case_order(len(cases), args.shuffle_shapes):
+        (B, S, H, Hkv, D), causal = cases[i]
+        q = torch.randn(B, S, H, D, device=dev, dtype=dtype)
+        k = torch.randn(B, S, Hkv, D, device=dev, dtype=dtype)
+        v = torch.randn(B, S, Hkv, D, device=dev, dtype=dtype)
+        out = torch.full_like(q, float("nan"))
+        lse = torch.empty(B, H, S, device=dev, dtype=torch.float32)
+        scale = 1.0 / math.sqrt(D)
+        loom.attention(q, k, v, out, lse=lse, causal=causal)
+        torch.cuda.synchronize()
+        rel_err = reference_rel_err(q, k, v, out, causal, scale)
+        if not (rel_err <= args.max_rel_err):
+            print(f"attention.py: loom's output is off for {(B, S, H, Hkv, D, causal)}: rel_err {rel_err:.3g}",
+                  file=sys.stderr)
+
+        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, S, D] views
+        gqa = H != Hkv
+
+        def sdpa(backend):
+            def run():
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale,
+                                                          enable_gqa=gqa)
+            return run
+
+        candidates = {
+            "loom": lambda: loom.attention(q, k, v, out, lse=lse, causal=causal),
+            "cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
+            "flash": sdpa(SDPBackend.FLASH_ATTENTION),
+        }
+        for bm, bn in args.tiles:
+            candidates[f"loom_m{bm}n{bn}"] = (lambda bm=bm, bn=bn: loom.attention(
+                q, k, v, out, lse=lse, causal=causal, block_m=bm, block_n=bn))
+        extra_err = {}
+        backends = {}
+        for name, fn in candidates.items():
+            try:
+                if name.startswith("loom_"):  # a tuning variant: its output checked like the default's
+                    out.fill_(float("nan"))
+                fn()
+                torch.cuda.synchronize()
+                if name.startswith("loom_"):
+                    extra_err[name] = reference_rel_err(q, k, v, out, causal, scale)
+                    if not (extra_err[name] <= args.max_rel_err):
+                        print(f"attention.py: {name}'s output is off for {(B, S, H, Hkv, D, causal)}: rel_err "
+                              f"{extra_err[name]:.3g}", file=sys.stderr)
+                        rel_err = max(rel_err, extra_err[name])
+                backends[name] = fn
+            except Exception as e:  # noqa: BLE001 - a backend that refuses the shape gets no time
+                print(f"attention.py: {name} refused {(B, S, H, Hkv, D, causal)}: {str(e).splitlines()[0][:160]}",
                       file=sys.stderr)
+        ms = time_shuffled(backends, args.warmup, args.iters)
+        rows.append({"op": "attention", "dtype": args.dtype, "B": B, "S": S, "H": H, "H_kv": Hkv, "D": D,
+                     "causal": causal, "rel_err": rel_err, "ms": ms, "case": i,
+                     **({"rel_err_variants": extra_err} if extra_err else {})})
+        print(f"[{len(rows)}] B{B} S{S} H{H}/{Hkv} D{D} {'causal' if causal else 'full'}: "
+              + " ".join(f"{n} {t:.3f} ms" for n, t in ms.items()) + f" rel_err {rel_err:.2e}", flush=True)
+        del q, k, v, out, lse
+        torch.cuda.empty_cache()
 
-            qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, S, D] views
-            gqa = H != Hkv
-
-            def sdpa(backend):
-                def run():
-                    with sdpa_kernel(backend):
-                        return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale,
-                                                              enable_gqa=gqa)
-                return run
-
-            candidates = {
-                "loom": lambda: loom.attention(q, k, v, out, lse=lse, causal=causal),
-                "cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
-                "flash": sdpa(SDPBackend.FLASH_ATTENTION),
-            }
-            for bm, bn in args.tiles:
-                candidates[f"loom_m{bm}n{bn}"] = (lambda bm=bm, bn=bn: loom.attention(
-                    q, k, v, out, lse=lse, causal=causal, block_m=bm, block_n=bn))
-            extra_err = {}
-            backends = {}
-            for name, fn in candidates.items():
-                try:
-                    if name.startswith("loom_"):  # a tuning variant: its output checked like the default's
-                        out.fill_(float("nan"))
-                    fn()
-                    torch.cuda.synchronize()
-                    if name.startswith("loom_"):
-                        extra_err[name] = reference_rel_err(q, k, v, out, causal, scale)
-                        if not (extra_err[name] <= args.max_rel_err):
-                            print(f"attention.py: {name}'s output is off for {(B, S, H, Hkv, D, causal)}: rel_err "
-                                  f"{extra_err[name]:.3g}", file=sys.stderr)
-                            rel_err = max(rel_err, extra_err[name])
-                    backends[name] = fn
-                except Exception as e:  # noqa: BLE001 - a backend that refuses the shape gets no time
-                    print(f"attention.py: {name} refused {(B, S, H, Hkv, D, causal)}: {str(e).splitlines()[0][:160]}",
-                          file=sys.stderr)
-            ms = time_shuffled(backends, args.warmup, args.iters)
-            rows.append({"op": "attention", "dtype": args.dtype, "B": B, "S": S, "H": H, "H_kv": Hkv, "D": D,
-                         "causal": causal, "rel_err": rel_err, "ms": ms,
-                         **({"rel_err_variants": extra_err} if extra_err else {})})
-            print(f"[{len(rows)}] B{B} S{S} H{H}/{Hkv} D{D} {'causal' if causal else 'full'}: "
-                  + " ".join(f"{n} {t:.3f} ms" for n, t in ms.items()) + f" rel_err {rel_err:.2e}", flush=True)
-            del q, k, v, out, lse
-            torch.cuda.empty_cache()
-
+    rows.sort(key=lambda r: r.pop("case"))  # the sweep's order, however they ran
     result = {"git_sha": git_sha(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "gpu": torch.cuda.get_device_name(), "host": socket.gethostname(), "world": 1, "nodes": 1,
               "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),

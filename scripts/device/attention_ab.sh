@@ -27,7 +27,10 @@ done
 WORK="$WORK" scripts/device/build_python_ext.sh "$dir/ext_build.log" || { echo "attention_ab: extension build failed" >&2; exit 1; }
 pkg_lib="$WORK/pkg/loom/libloom.so"
 [[ -f $pkg_lib ]] || { echo "attention_ab: the package has no libloom.so at $pkg_lib" >&2; exit 1; }
-bench_args=("$@")
+# Each run draws its own row order (--shuffle-shapes): with one fixed order the rows after a side's
+# faster or slower ones ran warmer or cooler every round (hd128 rows with identical kernels moved by
+# up to 6 % after faster hd256 ones).
+bench_args=(--shuffle-shapes "$@")
 # One side once: its libloom.so installed into the package, then bench/attention.py.
 run_side() {
   cp "${lib[$1]}" "$pkg_lib" &&

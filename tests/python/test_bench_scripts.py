@@ -97,6 +97,21 @@ def test_grouped_gemm_bench_skew_ratio_per_shape(monkeypatch):
     assert module.skew_ratios(rows, "random") == {("m", "fc2", 1024): pytest.approx(1.25)}
 
 
+def test_attention_bench_shuffles_the_run_order_only_when_asked(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    spec = importlib.util.spec_from_file_location("attention_bench", REPO / "bench/attention.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # imports no torch or loom: that happens in main()
+    monkeypatch.setattr(sys, "argv", ["attention.py"])
+    assert not module.parse_args().shuffle_shapes
+    monkeypatch.setattr(sys, "argv", ["attention.py", "--shuffle-shapes"])
+    assert module.parse_args().shuffle_shapes
+    assert module.case_order(36, False) == list(range(36))
+    shuffled = module.case_order(36, True, seed=1)
+    assert sorted(shuffled) == list(range(36)) and shuffled != list(range(36))
+    assert module.case_order(36, True, seed=1) == shuffled  # a seed repeats its order
+
+
 def test_moe_layer_bench_options(monkeypatch):
     module = load_moe_layer_bench(monkeypatch)
     args = module.parse_args([])
