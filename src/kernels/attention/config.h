@@ -68,9 +68,10 @@ struct FlashConfig {
   static constexpr int kProducerRegs = kConsumers == 3 ? 32 : kHeadDim == 256 ? 40 : 56;
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : kHeadDim == 256 ? 232 : 224;
   static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "the register split exceeds the SM's registers");
-  // The online softmax's lazy rescale (softmax.cuh): 2-4 % faster at hd64 and 5-8 % at hd256,
-  // 1-3 % slower at hd128, whose consumers hold S, P and O in 196 of their 224 registers (one H100,
-  // docs/PERFORMANCE_NOTES.md).
+  // The online softmax's lazy rescale (softmax.cuh): 2-10 % faster at hd64 and 4-8 % at hd256 on
+  // one H100 (two A/Bs); hd128, whose consumers hold S, P and O in 196 of their 224 registers, was
+  // 1-3 % slower in the one A/B that had it (rows there moved by up to 6 % between builds with the
+  // same kernels), so it keeps the exact maximum (docs/PERFORMANCE_NOTES.md).
   static constexpr bool kLazyRescale = kHeadDim != 128;
 
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2;
