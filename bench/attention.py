@@ -97,7 +97,6 @@ def main():
     random.seed(0)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     dev = torch.device("cuda")
-    rows = []
 
     def reference_rel_err(q, k, v, out, causal, scale):
         """||out - ref|| / ||ref|| over a sample of query rows, the reference in fp32."""
@@ -120,6 +119,7 @@ def main():
         return math.sqrt(num / den)
 
     cases = [(shape, causal) for shape in args.shapes for causal in args.causal]
+    done = {}  # case index -> its row
     for i in case_order(len(cases), args.shuffle_shapes):
         (B, S, H, Hkv, D), causal = cases[i]
         q = torch.randn(B, S, H, D, device=dev, dtype=dtype)
@@ -172,15 +172,15 @@ def main():
                 print(f"attention.py: {name} refused {(B, S, H, Hkv, D, causal)}: {str(e).splitlines()[0][:160]}",
                       file=sys.stderr)
         ms = time_shuffled(backends, args.warmup, args.iters)
-        rows.append({"op": "attention", "dtype": args.dtype, "B": B, "S": S, "H": H, "H_kv": Hkv, "D": D,
-                     "causal": causal, "rel_err": rel_err, "ms": ms, "case": i,
-                     **({"rel_err_variants": extra_err} if extra_err else {})})
-        print(f"[{len(rows)}] B{B} S{S} H{H}/{Hkv} D{D} {'causal' if causal else 'full'}: "
+        done[i] = {"op": "attention", "dtype": args.dtype, "B": B, "S": S, "H": H, "H_kv": Hkv, "D": D,
+                   "causal": causal, "rel_err": rel_err, "ms": ms,
+                   **({"rel_err_variants": extra_err} if extra_err else {})}
+        print(f"[{len(done)}] B{B} S{S} H{H}/{Hkv} D{D} {'causal' if causal else 'full'}: "
               + " ".join(f"{n} {t:.3f} ms" for n, t in ms.items()) + f" rel_err {rel_err:.2e}", flush=True)
         del q, k, v, out, lse
         torch.cuda.empty_cache()
 
-    rows.sort(key=lambda r: r.pop("case"))  # the sweep's order, however they ran
+    rows = [done[i] for i in sorted(done)]  # the sweep's order, however they ran
     result = {"git_sha": git_sha(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "gpu": torch.cuda.get_device_name(), "host": socket.gethostname(), "world": 1, "nodes": 1,
               "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
