@@ -403,18 +403,22 @@ struct FlashForward {
     }
   }
 
-  // Stores this thread's two rows of O (already divided by l) and their LSE.
+  // Stores this thread's two rows of O (already divided by l) and their LSE; nothing when `write`
+  // is false (a failed wait). Every thread of the warp calls it (the 16-bit path shuffles within
+  // each quad), at the same point as the wgmma before it.
   __device__ static void store_rows(const FlashParams& p, const SeqSpan& span, uint32_t head, int row_in_seq0,
-                                    const float (&o)[kORegs], const float (&inv_sum)[2], const float (&lse)[2]) {
+                                    const float (&o)[kORegs], const float (&inv_sum)[2], const float (&lse)[2],
+                                    bool write) {
     const int quad_col = 2 * static_cast<int>(threadIdx.x % 4);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = row_in_seq0 + 8 * r;
-      if (row >= span.len_q) continue;
+      const bool store = write && row < span.len_q;  // the quad shares the row
       const int64_t out_row = static_cast<int64_t>(span.q_row0 + row);
       const int64_t base = out_row * p.out_stride_row + static_cast<int64_t>(head) * p.out_stride_head +
                            static_cast<int64_t>(span.batch_coord) * p.out_stride_batch;
       if (p.out_f32) {
+        if (!store) continue;
         float* out = static_cast<float*>(p.out) + base;
 #pragma unroll
         for (int j = 0; j < kORegs / 4; ++j) {
@@ -422,17 +426,49 @@ struct FlashForward {
               make_float2(o[4 * j + 2 * r] * inv_sum[r], o[4 * j + 2 * r + 1] * inv_sum[r]);
         }
       } else {
+        // The quad's four threads hold columns 8j + 2q, 8j + 2q + 1 of every 8-column group j;
+        // transposed across the quad in runs of four groups, each thread stores one group's 16
+        // bytes: a quarter of the store instructions, each writing whole 32-byte sectors (the
+        // planner requires 16-byte aligned out and strides that are multiples of 8 elements).
+        static_assert(kORegs % 16 == 0, "the 16-bit store transposes runs of four 8-column groups");
         uint16_t* out = static_cast<uint16_t*>(p.out) + base;
+        const int quad_lane = static_cast<int>(threadIdx.x % 4);
 #pragma unroll
-        for (int j = 0; j < kORegs / 4; ++j) {
-          *reinterpret_cast<uint32_t*>(out + 8 * j + quad_col) =
-              pack_half2<kBF16>(o[4 * j + 2 * r] * inv_sum[r], o[4 * j + 2 * r + 1] * inv_sum[r]);
+        for (int g = 0; g < kORegs / 16; ++g) {
+          uint32_t w[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int j = 4 * g + i;
+            w[i] = pack_half2<kBF16>(o[4 * j + 2 * r] * inv_sum[r], o[4 * j + 2 * r + 1] * inv_sum[r]);
+          }
+          transpose_quad(w, quad_lane);
+          if (store) *reinterpret_cast<uint4*>(out + 8 * (4 * g + quad_lane)) = make_uint4(w[0], w[1], w[2], w[3]);
         }
       }
-      if (p.lse != nullptr && threadIdx.x % 4 == 0) {
+      if (store && p.lse != nullptr && threadIdx.x % 4 == 0) {
         p.lse[static_cast<int64_t>(span.batch_coord) * p.lse_stride_batch +
               static_cast<int64_t>(head) * p.lse_stride_head + out_row] = lse[r];
       }
+    }
+  }
+
+  // w[i] of quad lane L is element (L, i) of a 4 x 4 matrix held by the quad; afterwards it is element
+  // (i, L). Two exchanges: the off-diagonal 2 x 2 blocks (lanes L, L ^ 2), then the off-diagonal
+  // elements within each block (lanes L, L ^ 1); each lane sends and overwrites the same index.
+  __device__ __forceinline__ static void transpose_quad(uint32_t (&w)[4], int lane) {
+    const bool hi = (lane & 2) != 0;
+#pragma unroll
+    for (int i0 = 0; i0 < 2; ++i0) {
+      const uint32_t got = __shfl_xor_sync(0xffffffffu, hi ? w[i0] : w[2 + i0], 2);
+      if (hi) w[i0] = got;
+      else w[2 + i0] = got;
+    }
+    const bool odd = (lane & 1) != 0;
+#pragma unroll
+    for (int i1 = 0; i1 < 2; ++i1) {
+      const uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? w[2 * i1] : w[2 * i1 + 1], 1);
+      if (odd) w[2 * i1] = got;
+      else w[2 * i1 + 1] = got;
     }
   }
 
@@ -475,7 +511,7 @@ struct FlashForward {
 #pragma unroll
         for (int i = 0; i < kORegs; ++i) o[i] = 0.f;
         const float inv[2] = {0.f, 0.f}, lse[2] = {Softmax::kNegInf, Softmax::kNegInf};
-        if (ok) store_rows(p, v.span, v.coord.head, row0, o, inv, lse);
+        store_rows(p, v.span, v.coord.head, row0, o, inv, lse, ok);
         continue;
       }
       const int qpos[2] = {keys.q_pos(v, row0), keys.q_pos(v, row0 + 8)};
@@ -545,7 +581,7 @@ struct FlashForward {
       float inv_sum[2], lse[2];
       softmax.finish(inv_sum, lse);
       const TileView end = keys.view(task.tile);  // recomputed: not kept live through the loop
-      if (ok) store_rows(p, end.span, end.coord.head, row0, o, inv_sum, lse);
+      store_rows(p, end.span, end.coord.head, row0, o, inv_sum, lse, ok);
     }
   }
 
