@@ -70,8 +70,8 @@ struct FlashConfig {
   static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "the register split exceeds the SM's registers");
   // The online softmax's lazy rescale (softmax.cuh): 2-10 % faster at hd64 and 4-8 % at hd256 on
   // one H100 (two A/Bs); hd128, whose consumers hold S, P and O in 196 of their 224 registers, was
-  // 1-3 % slower in the one A/B that had it (rows there moved by up to 6 % between builds with the
-  // same kernels), so it keeps the exact maximum (docs/PERFORMANCE_NOTES.md).
+  // 1-3 % slower in one A/B and within the noise in another (0.97-1.04 by row), so it keeps the
+  // exact maximum (docs/PERFORMANCE_NOTES.md).
   static constexpr bool kLazyRescale = kHeadDim != 128;
 
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2;
