@@ -84,13 +84,14 @@ def summarize(files, ranks, exit_code):
 
 def split(jsonl: str, out_dir: str) -> list:
     """Writes each summary line of `jsonl` (shared_gpu_suite.sh's $OUT/suites.jsonl) to
-    out_dir/<date>_<sha>_suite_<suite>.json; returns the paths."""
+    out_dir/<date>_<sha>_suite_<suite>.json; returns the paths. A sha ending in "+" (a build of a
+    tree with changes) keeps it: the file must not pass for the commit's own build."""
     paths = []
     for line in Path(jsonl).read_text().splitlines():
         if not line.strip():
             continue
         s = json.loads(line)
-        path = Path(out_dir) / f"{s['date']}_{s['git_sha'].rstrip('+')}_suite_{s['suite']}.json"
+        path = Path(out_dir) / f"{s['date']}_{s['git_sha']}_suite_{s['suite']}.json"
         path.write_text(json.dumps(s, indent=1) + "\n")
         paths.append(str(path))
     return paths

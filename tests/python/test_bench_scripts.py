@@ -324,6 +324,6 @@ def test_suite_summary_split_writes_one_file_per_suite(tmp_path):
     run = subprocess.run([sys.executable, str(REPO / "bench/suite_summary.py"), "split", str(jsonl), str(tmp_path)],
                          capture_output=True, text=True, check=True)
     made = sorted(p.name for p in tmp_path.glob("*_suite_*.json"))
-    assert made == ["2026-12-01_abc1234_suite_multi-node_2x2.json", "2026-12-01_abc1234_suite_single-node_2ranks.json"]
+    assert made == ["2026-12-01_abc1234+_suite_multi-node_2x2.json", "2026-12-01_abc1234+_suite_single-node_2ranks.json"]
     assert json.loads((tmp_path / made[0]).read_text())["suite"] == "multi-node_2x2"
     assert len(run.stdout.split()) == 2
