@@ -5,6 +5,7 @@ bench/moe_layer.py parses its options, refuses the shared-GPU mode and routes as
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -327,3 +328,28 @@ def test_suite_summary_split_writes_one_file_per_suite(tmp_path):
     assert made == ["2026-12-01_abc1234+_suite_multi-node_2x2.json", "2026-12-01_abc1234+_suite_single-node_2ranks.json"]
     assert json.loads((tmp_path / made[0]).read_text())["suite"] == "multi-node_2x2"
     assert len(run.stdout.split()) == 2
+
+
+# ---- scripts/device/call.sh --------------------------------------------------------------------------
+
+def test_device_call_runs_every_step_and_packs_their_files(tmp_path):
+    out = tmp_path / "out"
+    steps = ['echo one > "$OUT/a.txt"', "exit 3", 'mkdir -p "$OUT/sub" && echo two > "$OUT/sub/b.txt"']
+    run = subprocess.run(["bash", str(REPO / "scripts/device/call.sh"), *steps], capture_output=True, text=True,
+                         timeout=60, env=dict(os.environ, OUT=str(out)))
+    assert run.returncode == 1  # the failed step, after which the next one still ran
+    listing = subprocess.run(["tar", "-tzf", str(out / "results.tgz")], capture_output=True, text=True,
+                             check=True).stdout.split()
+    assert {"r/a.txt", "r/sub/b.txt", "r/call.txt"} <= set(listing)
+    summary = (out / "r" / "call.txt").read_text().splitlines()
+    assert [line.split(" in ")[0] for line in summary[2:]] == ["exit 0", "exit 3", "exit 0"]
+
+
+def test_device_call_skips_steps_past_its_limit(tmp_path):
+    out = tmp_path / "out"
+    run = subprocess.run(["bash", str(REPO / "scripts/device/call.sh"), "sleep 1", "echo late"],
+                         capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, OUT=str(out), CALL_LIMIT_S="1"))
+    assert run.returncode == 1
+    summary = (out / "r" / "call.txt").read_text()
+    assert re.search(r"skipped at \+\d+s \(CALL_LIMIT_S=1\): echo late", summary) and (out / "results.tgz").exists()
