@@ -409,7 +409,7 @@ struct FlashForward {
   __device__ static void store_rows(const FlashParams& p, const SeqSpan& span, uint32_t head, int row_in_seq0,
                                     const float (&o)[kORegs], const float (&inv_sum)[2], const float (&lse)[2],
                                     bool write) {
-    const int quad_col = 2 * static_cast<int>(threadIdx.x % 4);
+    const int quad_lane = static_cast<int>(threadIdx.x % 4);  // the thread's place in the quad sharing its rows
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = row_in_seq0 + 8 * r;
@@ -422,7 +422,7 @@ struct FlashForward {
         float* out = static_cast<float*>(p.out) + base;
 #pragma unroll
         for (int j = 0; j < kORegs / 4; ++j) {
-          *reinterpret_cast<float2*>(out + 8 * j + quad_col) =
+          *reinterpret_cast<float2*>(out + 8 * j + 2 * quad_lane) =
               make_float2(o[4 * j + 2 * r] * inv_sum[r], o[4 * j + 2 * r + 1] * inv_sum[r]);
         }
       } else {
@@ -432,7 +432,6 @@ struct FlashForward {
         // planner requires 16-byte aligned out and strides that are multiples of 8 elements).
         static_assert(kORegs % 16 == 0, "the 16-bit store transposes runs of four 8-column groups");
         uint16_t* out = static_cast<uint16_t*>(p.out) + base;
-        const int quad_lane = static_cast<int>(threadIdx.x % 4);
 #pragma unroll
         for (int g = 0; g < kORegs / 16; ++g) {
           uint32_t w[4];
@@ -445,7 +444,7 @@ struct FlashForward {
           if (store) *reinterpret_cast<uint4*>(out + 8 * (4 * g + quad_lane)) = make_uint4(w[0], w[1], w[2], w[3]);
         }
       }
-      if (store && p.lse != nullptr && threadIdx.x % 4 == 0) {
+      if (store && p.lse != nullptr && quad_lane == 0) {
         p.lse[static_cast<int64_t>(span.batch_coord) * p.lse_stride_batch +
               static_cast<int64_t>(head) * p.lse_stride_head + out_row] = lse[r];
       }
