@@ -18,13 +18,37 @@ def git_sha():
         return "unknown"
 
 
-def time_shuffled(candidates, warmup, iters, before_each=None):
-    """Median ms of each candidate (name -> callable) over `iters` rounds after `warmup`, every
-    round in a fresh random order (the caller seeds `random`; ranks with the same seed run the same
-    order). `before_each` runs before every timed call (a barrier across ranks, say)."""
+def _spin_cycles_per_us():
+    """torch.cuda._sleep's cycles per microsecond on this GPU, timed once (the SM clock moves)."""
     import torch
 
+    cycles = 2_000_000
+    torch.cuda._sleep(cycles)  # warm-up
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    return cycles / (start.elapsed_time(end) * 1e3)
+
+
+def time_shuffled(candidates, warmup, iters, before_each=None, queue_behind_us=0.0, host_ms=None):
+    """Median ms of each candidate (name -> callable) over `iters` rounds after `warmup`, every
+    round in a fresh random order (the caller seeds `random`; ranks with the same seed run the same
+    order). `before_each` runs before every timed call (a barrier across ranks, say).
+
+    The GPU is idle when the start event is recorded, so a call's time includes its host-side work
+    up to the launch. queue_behind_us > 0 first queues a spin kernel of about that many
+    microseconds, so the call is submitted while the GPU is busy and the events time the GPU's work
+    alone (as in a stream of calls or a CUDA graph). host_ms: a dict that receives each
+    candidate's median host time per call (ms, the Python call itself)."""
+    import time
+
+    import torch
+
+    spin_cycles = int(queue_behind_us * _spin_cycles_per_us()) if queue_behind_us > 0 else 0
     times = {name: [] for name in candidates}
+    host = {name: [] for name in candidates}
     for rnd in range(warmup + iters):
         order = list(candidates)
         random.shuffle(order)
@@ -32,10 +56,17 @@ def time_shuffled(candidates, warmup, iters, before_each=None):
             if before_each is not None:
                 before_each()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if spin_cycles:
+                torch.cuda._sleep(spin_cycles)
             start.record()
+            t0 = time.perf_counter()
             candidates[name]()
+            t1 = time.perf_counter()
             end.record()
             end.synchronize()
             if rnd >= warmup:
                 times[name].append(start.elapsed_time(end))
+                host[name].append((t1 - t0) * 1e3)
+    if host_ms is not None:
+        host_ms.update({name: sorted(t)[len(t) // 2] for name, t in host.items()})
     return {name: sorted(t)[len(t) // 2] for name, t in times.items()}

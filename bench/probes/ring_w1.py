@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """Where ring attention's W = 1 overhead comes from: the ring call and the attention engine alone on
 the same q, k, v of one GPU, each with and without the LSE (and at hd64 BLOCK_N 128 beside the default), in
-shuffled rounds (median of --iters after warm-up). Rows: {"shape", "causal", "ms": {variant: ms}}.
+shuffled rounds (median of --iters after warm-up). Each variant is timed twice in its own shuffled rounds:
+"ms" with the GPU idle when the call starts (its host-side work up to the launch counted, as in every
+loom benchmark) and "ms_queued" submitted behind a spin kernel of --queue-behind-us (the GPU's work
+alone, as in a stream of calls or a CUDA graph); "host_ms" is the Python call's own time.
+Rows: {"shape", "causal", "ms": {variant: ms}, "ms_queued": {...}, "host_ms": {...}}.
 
     python3 bench/probes/ring_w1.py --json ring_w1.json [--shapes 1x8192x32x32x128,...]
 """
@@ -21,6 +25,8 @@ def main():
     p.add_argument("--causal", default="0,1")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--queue-behind-us", type=float, default=1000.0,
+                   help="the spin kernel queued before each call of the ms_queued timing (0: skip that timing)")
     p.add_argument("--json", default="")
     args = p.parse_args()
     import torch
@@ -67,15 +73,28 @@ def main():
             if D == 64:  # the ring has both hd64 widths; at hd128 and hd256 only the default
                 variants["engine_bn128"] = engine(False, 128)
                 variants["ring_bn128"] = lambda: loom.ring_attention(comm, q, k, v, out, lse=lse, causal=causal, block_n=128)
-            ms = time_shuffled(variants, args.warmup, args.iters)
-            rows.append({"shape": shape, "causal": causal, "ms": ms})
-            print(shape, "causal" if causal else "full", " ".join(f"{n} {t:.3f}" for n, t in ms.items()), flush=True)
+            host_ms = {}
+            ms = time_shuffled(variants, args.warmup, args.iters, host_ms=host_ms)
+            row = {"shape": shape, "causal": causal, "ms": ms, "host_ms": host_ms}
+            if args.queue_behind_us > 0:
+                row["ms_queued"] = time_shuffled(variants, args.warmup, args.iters, queue_behind_us=args.queue_behind_us)
+            rows.append(row)
+            for key in ("ms", "ms_queued", "host_ms"):
+                if key in row:
+                    print(shape, "causal" if causal else "full", key, " ".join(f"{n} {t:.3f}" for n, t in row[key].items()),
+                          flush=True)
     names = list(dict.fromkeys(n for r in rows for n in r["ms"]))
-    print(f"\n{'shape':<20}{'mask':<8}" + "".join(f"{n:>14}" for n in names) + f"{'engine/ring':>13}")
-    for r in rows:
-        print(f"{r['shape']:<20}{'causal' if r['causal'] else 'full':<8}"
-              + "".join(f"{r['ms'][n]:>14.3f}" if n in r["ms"] else f"{'-':>14}" for n in names)
-              + f"{r['ms']['engine'] / r['ms']['ring']:>13.3f}")
+    for key in ("ms", "ms_queued", "host_ms"):
+        if not any(key in r for r in rows):
+            continue
+        print(f"\n{key}\n{'shape':<20}{'mask':<8}" + "".join(f"{n:>14}" for n in names) + f"{'engine/ring':>13}")
+        for r in rows:
+            if key not in r:
+                continue
+            t = r[key]
+            print(f"{r['shape']:<20}{'causal' if r['causal'] else 'full':<8}"
+                  + "".join(f"{t[n]:>14.3f}" if n in t else f"{'-':>14}" for n in names)
+                  + f"{t['engine'] / t['ring']:>13.3f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"what": "ring_w1_probe", "git_sha": git_sha(), "gpu": torch.cuda.get_device_name(0), "rows": rows}, f,
