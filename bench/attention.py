@@ -17,6 +17,10 @@ A backend that refuses a shape gets no time. Rows: {"op": "attention", "dtype", 
 "H_kv", "D", "causal", "rel_err", "ms": {"loom", "cudnn", "flash"}}; the table is printed last.
 Tuning: --tiles MxN,... (BLOCK_M x BLOCK_N, e.g. 128x192 or 192x128) adds loom at other tiles as
 columns in the same rounds, each checked against the reference too ("rel_err_variants").
+The GPU is idle when each timed call starts, so "ms" counts every backend's host-side work up to
+its launch. --queue-behind-us T times every backend a second time, each call queued behind a spin
+kernel of about T microseconds (the GPU's work alone, as in a stream of calls or a CUDA graph):
+"ms_queued", with each call's median host time in "host_ms", and a second ratio column.
 """
 
 import argparse
@@ -47,6 +51,9 @@ def parse_args():
     p.add_argument("--sample-rows", type=int, default=64, help="query rows per (batch, head) checked in fp32")
     p.add_argument("--max-rel-err", type=float, default=2e-2)
     p.add_argument("--json", default="")
+    p.add_argument("--queue-behind-us", type=float, default=0.0,
+                   help="also time each backend queued behind a spin kernel of this many microseconds "
+                        "(ms_queued: GPU time without the host's share; 0: skip)")
     p.add_argument("--shuffle-shapes", action="store_true",
                    help="run the (shape, mask) rows in a fresh random order (A/B runs of two builds: a row's "
                         "place in the sweep, after faster or slower rows, then varies from run to run instead "
@@ -171,9 +178,12 @@ def main():
             except Exception as e:  # noqa: BLE001 - a backend that refuses the shape gets no time
                 print(f"attention.py: {name} refused {(B, S, H, Hkv, D, causal)}: {str(e).splitlines()[0][:160]}",
                       file=sys.stderr)
-        ms = time_shuffled(backends, args.warmup, args.iters)
+        host_ms = {}
+        ms = time_shuffled(backends, args.warmup, args.iters, host_ms=host_ms)
+        queued = ({"ms_queued": time_shuffled(backends, args.warmup, args.iters, queue_behind_us=args.queue_behind_us),
+                   "host_ms": host_ms} if args.queue_behind_us > 0 else {})
         done[i] = {"op": "attention", "dtype": args.dtype, "B": B, "S": S, "H": H, "H_kv": Hkv, "D": D,
-                   "causal": causal, "rel_err": rel_err, "ms": ms,
+                   "causal": causal, "rel_err": rel_err, "ms": ms, **queued,
                    **({"rel_err_variants": extra_err} if extra_err else {})}
         print(f"[{len(done)}] B{B} S{S} H{H}/{Hkv} D{D} {'causal' if causal else 'full'}: "
               + " ".join(f"{n} {t:.3f} ms" for n, t in ms.items()) + f" rel_err {rel_err:.2e}", flush=True)
@@ -194,13 +204,19 @@ def main():
         return flops / (t * 1e-3) / 1e12
 
     columns = ["loom", "cudnn", "flash"] + [f"loom_m{bm}n{bn}" for bm, bn in args.tiles]
-    print(f"\n{'shape':<30}{'mask':<8}" + "".join(f"{c:>10}" for c in columns) + f"{'loom/cudnn':>12}{'rel_err':>10}")
+    def cudnn_over_loom(t):
+        return t["cudnn"] / t["loom"] if "cudnn" in t and "loom" in t else float("nan")
+
+    queued = args.queue_behind_us > 0
+    print(f"\n{'shape':<30}{'mask':<8}" + "".join(f"{c:>10}" for c in columns) + f"{'loom/cudnn':>12}"
+          + (f"{'queued':>8}" if queued else "") + f"{'rel_err':>10}")
     for r in rows:
         cells = [f"{tflops(r, r['ms'][n]):10.0f}" if n in r["ms"] else f"{'-':>10}" for n in columns]
-        ratio = r["ms"]["cudnn"] / r["ms"]["loom"] if "cudnn" in r["ms"] and "loom" in r["ms"] else float("nan")
         shape = f"B{r['B']} S{r['S']} H{r['H']}/{r['H_kv']} D{r['D']}"
-        print(f"{shape:<30}{'causal' if r['causal'] else 'full':<8}{''.join(cells)}{ratio:12.3f}{r['rel_err']:10.2e}")
-    print("(TFLOP/s; loom/cudnn = cuDNN time / loom time)")
+        print(f"{shape:<30}{'causal' if r['causal'] else 'full':<8}{''.join(cells)}{cudnn_over_loom(r['ms']):12.3f}"
+              + (f"{cudnn_over_loom(r['ms_queued']):8.3f}" if queued else "") + f"{r['rel_err']:10.2e}")
+    print("(TFLOP/s; loom/cudnn = cuDNN time / loom time" + ("; queued: the same from ms_queued" if queued else "")
+          + ")")
     bad = [r for r in rows if not (r["rel_err"] <= args.max_rel_err)]
     sys.exit(1 if bad else 0)
 

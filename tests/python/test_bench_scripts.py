@@ -98,6 +98,73 @@ def test_grouped_gemm_bench_skew_ratio_per_shape(monkeypatch):
     assert module.skew_ratios(rows, "random") == {("m", "fc2", 1024): pytest.approx(1.25)}
 
 
+class FakeCudaClock:
+    """A stand-in for torch.cuda (no GPU on CI): a GPU timeline that kernels and events advance, a
+    spin kernel of `cycles` at 1000 cycles per microsecond, and candidate calls that take a fixed
+    host time before their kernel is queued."""
+
+    def __init__(self):
+        self.gpu_free_at = 0.0  # ms on a common clock
+        self.host_now = 0.0
+        self.spins = []
+
+    def launch(self, gpu_ms):  # a kernel queued now runs after what is queued before it
+        self.gpu_free_at = max(self.gpu_free_at, self.host_now) + gpu_ms
+
+    def _sleep(self, cycles):
+        self.spins.append(cycles)
+        self.launch(cycles / 1000 / 1000)
+
+    def module(self):
+        clock = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.at = None
+
+            def record(self):
+                clock.launch(0.0)
+                self.at = clock.gpu_free_at
+
+            def synchronize(self):
+                clock.host_now = max(clock.host_now, self.at)
+
+            def elapsed_time(self, end):
+                return end.at - self.at
+
+        cuda = type(sys)("torch.cuda")
+        cuda.Event = Event
+        cuda._sleep = self._sleep
+        torch = type(sys)("torch")
+        torch.cuda = cuda
+        return torch
+
+
+def test_time_shuffled_queued_timing_leaves_out_the_host_share(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    import bench_common
+
+    clock = FakeCudaClock()
+    monkeypatch.setitem(sys.modules, "torch", clock.module())
+    monkeypatch.setitem(sys.modules, "torch.cuda", clock.module().cuda)
+    monkeypatch.setattr(bench_common, "_spin_cycles_per_us", lambda: 1000.0)
+
+    def call(host_ms, gpu_ms):
+        def run():
+            clock.host_now += host_ms  # the host's work before the launch
+            clock.launch(gpu_ms)
+        return run
+
+    candidates = {"slow_host": call(0.05, 1.0), "fast_host": call(0.001, 1.0)}
+    idle = bench_common.time_shuffled(candidates, 1, 5)
+    assert idle["slow_host"] == pytest.approx(1.05) and idle["fast_host"] == pytest.approx(1.001)
+    host = {}
+    queued = bench_common.time_shuffled(candidates, 1, 5, queue_behind_us=200.0, host_ms=host)
+    assert queued == {"slow_host": pytest.approx(1.0), "fast_host": pytest.approx(1.0)}
+    assert clock.spins and set(clock.spins) == {200_000}
+    assert set(host) == {"slow_host", "fast_host"}
+
+
 def test_attention_bench_shuffles_the_run_order_only_when_asked(monkeypatch):
     monkeypatch.syspath_prepend(str(REPO / "bench"))
     spec = importlib.util.spec_from_file_location("attention_bench", REPO / "bench/attention.py")
