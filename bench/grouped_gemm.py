@@ -44,6 +44,9 @@ def parse_args():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--max-rel-err", type=float, default=1e-2)
+    p.add_argument("--queue-behind-us", type=float, default=0.0,
+                   help="also time each call queued behind a spin kernel of this many microseconds (ms_queued: "
+                        "GPU time without the host's share, host_ms: each call's host time; 0: skip)")
     p.add_argument("--json", default="")
     args = p.parse_args()
     if args.iters < 20:
@@ -121,10 +124,15 @@ def main():
                     torch.cuda.synchronize()
                     rel_err = float((d.float() - ref.float()).norm() / ref.float().norm())
                     candidates = {"loom": run_loom, "loom_static": run_loom_static, "torch_grouped": run_torch}
-                    ms = time_shuffled(candidates, args.warmup, args.iters)
+                    host_ms = {}
+                    ms = time_shuffled(candidates, args.warmup, args.iters, host_ms=host_ms)
                     row = {"op": "grouped_gemm", "model": model, "gemm": gemm, "experts": experts, "tokens": tokens,
                            "routing": routing, "rows": rows, "max_over_mean": float(counts.max()) / (rows / experts),
                            "N": n, "K": k, "rel_err": rel_err, "rel_err_static": rel_err_static, "ms": ms}
+                    if args.queue_behind_us > 0:
+                        row["ms_queued"] = time_shuffled(candidates, args.warmup, args.iters,
+                                                         queue_behind_us=args.queue_behind_us)
+                        row["host_ms"] = host_ms
                     rows_out.append(row)
                     print(f"[{len(rows_out)}] {model} {gemm} T{tokens} {routing}: loom {ms['loom']:.3f} ms, "
                           f"static {ms['loom_static']:.3f} ms, torch {ms['torch_grouped']:.3f} ms, rel_err {rel_err:.2e}",
@@ -152,21 +160,27 @@ def main():
               f"{tflops(r, r['ms']['torch_grouped']):>8.0f}"
               f"{r['ms']['torch_grouped'] / r['ms']['loom']:>17.3f}{r['ms']['loom_static'] / r['ms']['loom']:>13.3f}"
               f"{r['rel_err']:>10.2e}")
+    queued = args.queue_behind_us > 0
     for base, note in (("uniform", "issue 21: <= 1.05"), ("random", "the imbalance alone")):
         skew = skew_ratios(rows_out, base)
         if skew:
-            print(f"\nskewed / {base} time (loom; {note})")
-            for (model, gemm, tokens), ratio in skew.items():
-                print(f"{model:<13}{gemm:<6}{tokens:>7}{ratio:>8.3f}")
+            skew_queued = skew_ratios(rows_out, base, "ms_queued") if queued else {}
+            print(f"\nskewed / {base} time (loom; {note}" + ("; then from ms_queued" if queued else "") + ")")
+            for shape, ratio in skew.items():
+                model, gemm, tokens = shape
+                print(f"{model:<13}{gemm:<6}{tokens:>7}{ratio:>8.3f}"
+                      + (f"{skew_queued[shape]:>8.3f}" if shape in skew_queued else ""))
     bad = [r for r in rows_out if not (r["rel_err"] <= args.max_rel_err and r["rel_err_static"] <= args.max_rel_err)]
     sys.exit(1 if bad else 0)
 
 
-def skew_ratios(rows, base="uniform"):
-    """loom's skewed time over its time under routing `base`, per (model, gemm, tokens) that has both rows."""
+def skew_ratios(rows, base="uniform", times="ms"):
+    """loom's skewed time over its time under routing `base`, per (model, gemm, tokens) that has both rows
+    (times: the rows' "ms" or "ms_queued")."""
     by_shape = {}
     for r in rows:
-        by_shape.setdefault((r["model"], r["gemm"], r["tokens"]), {})[r["routing"]] = r["ms"]["loom"]
+        if times in r:
+            by_shape.setdefault((r["model"], r["gemm"], r["tokens"]), {})[r["routing"]] = r[times]["loom"]
     return {shape: t["skewed"] / t[base] for shape, t in by_shape.items() if "skewed" in t and base in t}
 
 

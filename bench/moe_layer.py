@@ -89,6 +89,9 @@ def parse_args(argv=None):
     p.add_argument("--iters", type=int, default=20, help="timed rounds per shape (median; at least 20)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--max-rel-err", type=float, default=2e-2)
+    p.add_argument("--queue-behind-us", type=float, default=0.0,
+                   help="also time each call queued behind a spin kernel of this many microseconds (ms_queued: "
+                        "GPU time without the host's share, host_ms: each call's host time; 0: skip)")
     p.add_argument("--json", default="")
     args = p.parse_args(argv)
     if args.iters < 20:
@@ -269,7 +272,10 @@ def run_case(torch, loom, lt, comm, args, model, weights, tokens, routing):
                   "torch": run_torch}
     if args.padded:
         candidates.update(loom_padded=lambda: run_loom(False), bound_padded=lambda: run_compute_bound(False))
-    ms = time_shuffled(candidates, args.warmup, args.iters)
+    host_ms = {}
+    ms = time_shuffled(candidates, args.warmup, args.iters, host_ms=host_ms)
+    queued = ({"ms_queued": time_shuffled(candidates, args.warmup, args.iters, queue_behind_us=args.queue_behind_us),
+               "host_ms": host_ms} if args.queue_behind_us > 0 else {})
     comm.synchronize()  # raises a device-side failure of the timed loom calls
     phases = None
     if args.phases:
@@ -284,7 +290,7 @@ def run_case(torch, loom, lt, comm, args, model, weights, tokens, routing):
             "max_over_mean": float(counts.max()) / (tokens * top_k / experts), "tile": tile,
             "push_ctas": args.push_ctas, "arrival_ctas": args.arrival_ctas,
             "ms": {name: ms[name] for name in COLUMNS + (PADDED_COLUMNS if args.padded else ())}, "rel_err": rel_err, "composed_bits_equal": bits_equal,
-            "shared_expert": bool(shared), **({"phases": phases} if phases else {})}
+            "shared_expert": bool(shared), **queued, **({"phases": phases} if phases else {})}
 
 
 def summarize_phases(records):
@@ -358,6 +364,16 @@ def print_table(rows):
               + "".join(f"{ms[c]:>15.3f}" for c in COLUMNS)
               + f"{ms['compute_bound'] / ms['loom']:>12.3f}{ms['loom_composed'] / ms['loom']:>15.3f}"
               f"{ms['torch'] / ms['loom']:>12.3f}{r['rel_err']:>10.2e}{same_bits_text(r['composed_bits_equal']):>10}")
+    queued = [r for r in rows if "ms_queued" in r]
+    if queued:
+        print("\nthe same, each call queued behind a spin kernel (ms_queued: the GPU's time without the host's share)")
+        print(f"{'model':<13}{'tokens':>7} {'routing':<9}" + "".join(f"{c:>15}" for c in COLUMNS)
+              + f"{'bound/loom':>12}{'composed/loom':>15}{'torch/loom':>12}")
+        for r in queued:
+            ms = r["ms_queued"]
+            print(f"{r['model']:<13}{r['tokens']:>7} {r['routing']:<9}" + "".join(f"{ms[c]:>15.3f}" for c in COLUMNS)
+                  + f"{ms['compute_bound'] / ms['loom']:>12.3f}{ms['loom_composed'] / ms['loom']:>15.3f}"
+                  f"{ms['torch'] / ms['loom']:>12.3f}")
     padded = [r for r in rows if "loom_padded" in r["ms"]]
     if padded:
         print("\nswap_tails=False (each expert's last tile row padded); ratios: padded / swapped time")

@@ -96,6 +96,22 @@ def test_grouped_gemm_bench_skew_ratio_per_shape(monkeypatch):
     assert module.skew_ratios(rows) == {("m", "fc1", 1024): pytest.approx(1.05)}  # fc2 has no uniform row
     rows.append({"model": "m", "gemm": "fc2", "tokens": 1024, "routing": "random", "ms": {"loom": 0.8}})
     assert module.skew_ratios(rows, "random") == {("m", "fc2", 1024): pytest.approx(1.25)}
+    # Queued times, where a row has them: each ratio from its own timing.
+    rows[0]["ms_queued"], rows[1]["ms_queued"] = {"loom": 1.8}, {"loom": 2.0}
+    assert module.skew_ratios(rows, "uniform", "ms_queued") == {("m", "fc1", 1024): pytest.approx(2.0 / 1.8)}
+    assert module.skew_ratios(rows, "random", "ms_queued") == {}
+
+
+def test_moe_layer_bench_table_prints_the_queued_times(monkeypatch, capsys):
+    module = load_moe_layer_bench(monkeypatch)
+    ms = {"loom": 2.0, "compute_bound": 1.8, "loom_composed": 2.2, "torch": 3.0}
+    row = {"model": "deepseek-v3", "tokens": 4096, "routing": "uniform", "max_over_mean": 1.0, "ms": ms,
+           "rel_err": 1e-3, "composed_bits_equal": True}
+    module.print_table([row])
+    assert "queued" not in capsys.readouterr().out
+    module.print_table([dict(row, ms_queued={"loom": 1.9, "compute_bound": 1.7, "loom_composed": 2.1, "torch": 2.9})])
+    queued = capsys.readouterr().out.split("queued behind a spin kernel")[1]
+    assert f"{1.7 / 1.9:.3f}" in queued and f"{2.9 / 1.9:.3f}" in queued
 
 
 class FakeCudaClock:
@@ -189,6 +205,7 @@ def test_moe_layer_bench_options(monkeypatch):
     args = module.parse_args(["--tokens", "4096", "--models", "qwen3-235b", "--tile", "128x256", "--phases"])
     assert (args.tokens, args.models, args.tile, args.phases) == ([4096], ["qwen3-235b"], "128x256", True)
     assert module.parse_args(["--padded"]).padded
+    assert args.queue_behind_us == 0 and module.parse_args(["--queue-behind-us", "500"]).queue_behind_us == 500
     for bad in (["--iters", "19"], ["--models", "mixtral"], ["--routing", "all-to-one"], ["--tile", "64x64"]):
         with pytest.raises(SystemExit):
             module.parse_args(bad)
