@@ -4,6 +4,7 @@ result belongs to, and the timing method (shuffled rounds, CUDA events, median a
 import os
 import random
 import subprocess
+import sys
 
 
 def git_sha():
@@ -67,6 +68,11 @@ def time_shuffled(candidates, warmup, iters, before_each=None, queue_behind_us=0
             if rnd >= warmup:
                 times[name].append(start.elapsed_time(end))
                 host[name].append((t1 - t0) * 1e3)
+    host_median = {name: sorted(t)[len(t) // 2] for name, t in host.items()}
     if host_ms is not None:
-        host_ms.update({name: sorted(t)[len(t) // 2] for name, t in host.items()})
+        host_ms.update(host_median)
+    slow = [name for name, t in host_median.items() if spin_cycles and t * 1e3 > queue_behind_us]
+    if slow:
+        print(f"time_shuffled: the host took longer than the {queue_behind_us:.0f} us spin to submit "
+              f"{', '.join(slow)}: their queued times include host time", file=sys.stderr)
     return {name: sorted(t)[len(t) // 2] for name, t in times.items()}

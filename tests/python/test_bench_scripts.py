@@ -156,7 +156,7 @@ class FakeCudaClock:
         return torch
 
 
-def test_time_shuffled_queued_timing_leaves_out_the_host_share(monkeypatch):
+def test_time_shuffled_queued_timing_leaves_out_the_host_share(monkeypatch, capsys):
     monkeypatch.syspath_prepend(str(REPO / "bench"))
     import bench_common
 
@@ -179,6 +179,9 @@ def test_time_shuffled_queued_timing_leaves_out_the_host_share(monkeypatch):
     assert queued == {"slow_host": pytest.approx(1.0), "fast_host": pytest.approx(1.0)}
     assert clock.spins and set(clock.spins) == {200_000}
     assert set(host) == {"slow_host", "fast_host"}
+    # A spin shorter than a call's host work cannot hide it: said on stderr.
+    bench_common.time_shuffled(candidates, 1, 5, queue_behind_us=0.001)
+    assert "queued times include host time" in capsys.readouterr().err
 
 
 def test_attention_bench_shuffles_the_run_order_only_when_asked(monkeypatch):
