@@ -364,25 +364,28 @@ def print_table(rows):
               + "".join(f"{ms[c]:>15.3f}" for c in COLUMNS)
               + f"{ms['compute_bound'] / ms['loom']:>12.3f}{ms['loom_composed'] / ms['loom']:>15.3f}"
               f"{ms['torch'] / ms['loom']:>12.3f}{r['rel_err']:>10.2e}{same_bits_text(r['composed_bits_equal']):>10}")
-    queued = [r for r in rows if "ms_queued" in r]
-    if queued:
-        print("\nthe same, each call queued behind a spin kernel (ms_queued: the GPU's time without the host's share)")
-        print(f"{'model':<13}{'tokens':>7} {'routing':<9}" + "".join(f"{c:>15}" for c in COLUMNS)
-              + f"{'bound/loom':>12}{'composed/loom':>15}{'torch/loom':>12}")
-        for r in queued:
-            ms = r["ms_queued"]
-            print(f"{r['model']:<13}{r['tokens']:>7} {r['routing']:<9}" + "".join(f"{ms[c]:>15.3f}" for c in COLUMNS)
-                  + f"{ms['compute_bound'] / ms['loom']:>12.3f}{ms['loom_composed'] / ms['loom']:>15.3f}"
-                  f"{ms['torch'] / ms['loom']:>12.3f}")
-    padded = [r for r in rows if "loom_padded" in r["ms"]]
-    if padded:
-        print("\nswap_tails=False (each expert's last tile row padded); ratios: padded / swapped time")
-        print(f"{'model':<13}{'tokens':>7} {'routing':<9}" + "".join(f"{c:>15}" for c in PADDED_COLUMNS)
-              + f"{'layer':>8}{'bound':>8}")
-        for r in padded:
-            ms = r["ms"]
-            print(f"{r['model']:<13}{r['tokens']:>7} {r['routing']:<9}" + "".join(f"{ms[c]:>15.3f}" for c in PADDED_COLUMNS)
-                  + f"{ms['loom_padded'] / ms['loom']:>8.3f}{ms['bound_padded'] / ms['compute_bound']:>8.3f}")
+
+    def sub_table(title, key, columns, ratios):  # ratios: (header, width, fn(ms)) each
+        chosen = [r for r in rows if key in r and all(c in r[key] for c in columns)]
+        if not chosen:
+            return
+        print(f"\n{title}")
+        print(f"{'model':<13}{'tokens':>7} {'routing':<9}" + "".join(f"{c:>15}" for c in columns)
+              + "".join(f"{h:>{w}}" for h, w, _ in ratios))
+        for r in chosen:
+            ms = r[key]
+            print(f"{r['model']:<13}{r['tokens']:>7} {r['routing']:<9}" + "".join(f"{ms[c]:>15.3f}" for c in columns)
+                  + "".join(f"{fn(ms):>{w}.3f}" for _, w, fn in ratios))
+
+    sub_table("the same, each call queued behind a spin kernel (ms_queued: the GPU's time without the host's share)",
+              "ms_queued", COLUMNS,
+              [("bound/loom", 12, lambda ms: ms["compute_bound"] / ms["loom"]),
+               ("composed/loom", 15, lambda ms: ms["loom_composed"] / ms["loom"]),
+               ("torch/loom", 12, lambda ms: ms["torch"] / ms["loom"])])
+    sub_table("swap_tails=False (each expert's last tile row padded); ratios: padded / swapped time", "ms",
+              PADDED_COLUMNS,
+              [("layer", 8, lambda ms: ms["loom_padded"] / ms["loom"]),
+               ("bound", 8, lambda ms: ms["bound_padded"] / ms["compute_bound"])])
 
 
 def same_bits_text(equal):
