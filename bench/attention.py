@@ -20,7 +20,7 @@ columns in the same rounds, each checked against the reference too ("rel_err_var
 The GPU is idle when each timed call starts, so "ms" counts every backend's host-side work up to
 its launch. --queue-behind-us T times every backend a second time, each call queued behind a spin
 kernel of about T microseconds (the GPU's work alone, as in a stream of calls or a CUDA graph):
-"ms_queued", with each call's median host time in "host_ms", and a second ratio column.
+"ms_queued", and a second ratio column; "host_ms" holds each call's median host time.
 """
 
 import argparse
@@ -32,7 +32,7 @@ import random
 import socket
 import sys
 
-from bench_common import git_sha, time_shuffled
+from bench_common import add_queue_option, git_sha, time_both
 
 DEFAULT_SHAPES = (
     [(32768 // s, s, 2048 // d, 2048 // d, d) for d in (64, 128, 256) for s in (1024, 4096, 8192, 16384, 32768)]
@@ -51,9 +51,7 @@ def parse_args():
     p.add_argument("--sample-rows", type=int, default=64, help="query rows per (batch, head) checked in fp32")
     p.add_argument("--max-rel-err", type=float, default=2e-2)
     p.add_argument("--json", default="")
-    p.add_argument("--queue-behind-us", type=float, default=0.0,
-                   help="also time each backend queued behind a spin kernel of this many microseconds "
-                        "(ms_queued: GPU time without the host's share; 0: skip)")
+    add_queue_option(p)
     p.add_argument("--shuffle-shapes", action="store_true",
                    help="run the (shape, mask) rows in a fresh random order (A/B runs of two builds: a row's "
                         "place in the sweep, after faster or slower rows, then varies from run to run instead "
@@ -178,12 +176,10 @@ def main():
             except Exception as e:  # noqa: BLE001 - a backend that refuses the shape gets no time
                 print(f"attention.py: {name} refused {(B, S, H, Hkv, D, causal)}: {str(e).splitlines()[0][:160]}",
                       file=sys.stderr)
-        host_ms = {}
-        ms = time_shuffled(backends, args.warmup, args.iters, host_ms=host_ms)
-        queued = ({"ms_queued": time_shuffled(backends, args.warmup, args.iters, queue_behind_us=args.queue_behind_us),
-                   "host_ms": host_ms} if args.queue_behind_us > 0 else {})
+        timing = time_both(backends, args.warmup, args.iters, args.queue_behind_us)
+        ms = timing["ms"]
         done[i] = {"op": "attention", "dtype": args.dtype, "B": B, "S": S, "H": H, "H_kv": Hkv, "D": D,
-                   "causal": causal, "rel_err": rel_err, "ms": ms, **queued,
+                   "causal": causal, "rel_err": rel_err, **timing,
                    **({"rel_err_variants": extra_err} if extra_err else {})}
         print(f"[{len(done)}] B{B} S{S} H{H}/{Hkv} D{D} {'causal' if causal else 'full'}: "
               + " ".join(f"{n} {t:.3f} ms" for n, t in ms.items()) + f" rel_err {rel_err:.2e}", flush=True)

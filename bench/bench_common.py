@@ -1,6 +1,7 @@
 """What the Python benchmarks (attention.py, ring_attention.py, grouped_gemm.py) share: the git sha a
 result belongs to, and the timing method (shuffled rounds, CUDA events, median after warm-up)."""
 
+import functools
 import os
 import random
 import subprocess
@@ -19,8 +20,9 @@ def git_sha():
         return "unknown"
 
 
+@functools.lru_cache(maxsize=None)
 def _spin_cycles_per_us():
-    """torch.cuda._sleep's cycles per microsecond on this GPU, timed once (the SM clock moves)."""
+    """torch.cuda._sleep's cycles per microsecond on this GPU, timed once per process."""
     import torch
 
     cycles = 2_000_000
@@ -68,11 +70,31 @@ def time_shuffled(candidates, warmup, iters, before_each=None, queue_behind_us=0
             if rnd >= warmup:
                 times[name].append(start.elapsed_time(end))
                 host[name].append((t1 - t0) * 1e3)
-    host_median = {name: sorted(t)[len(t) // 2] for name, t in host.items()}
+    def medians(samples):
+        return {name: sorted(t)[len(t) // 2] for name, t in samples.items()}
+
+    host_median = medians(host)
     if host_ms is not None:
         host_ms.update(host_median)
     slow = [name for name, t in host_median.items() if spin_cycles and t * 1e3 > queue_behind_us]
     if slow:
         print(f"time_shuffled: the host took longer than the {queue_behind_us:.0f} us spin to submit "
               f"{', '.join(slow)}: their queued times include host time", file=sys.stderr)
-    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+    return medians(times)
+
+
+def add_queue_option(parser, default=0.0):
+    """--queue-behind-us, which time_both reads."""
+    parser.add_argument("--queue-behind-us", type=float, default=default,
+                        help="also time each call queued behind a spin kernel of this many microseconds (ms_queued: "
+                             "the GPU's time without the host's share; 0: skip)")
+
+
+def time_both(candidates, warmup, iters, queue_behind_us=0.0, before_each=None):
+    """A row's timing fields: "ms" (time_shuffled from an idle GPU) and "host_ms" (each call's host
+    time), plus "ms_queued" (the same candidates queued behind a spin kernel) when queue_behind_us > 0."""
+    host_ms = {}
+    fields = {"ms": time_shuffled(candidates, warmup, iters, before_each, host_ms=host_ms), "host_ms": host_ms}
+    if queue_behind_us > 0:
+        fields["ms_queued"] = time_shuffled(candidates, warmup, iters, before_each, queue_behind_us=queue_behind_us)
+    return fields

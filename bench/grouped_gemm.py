@@ -26,7 +26,7 @@ import random
 import socket
 import sys
 
-from bench_common import git_sha, time_shuffled
+from bench_common import add_queue_option, git_sha, time_both
 
 MODELS = {  # name: (H, I, experts per GPU, top-k)
     "deepseek-v3": (7168, 2048, 32, 8),
@@ -44,9 +44,7 @@ def parse_args():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--max-rel-err", type=float, default=1e-2)
-    p.add_argument("--queue-behind-us", type=float, default=0.0,
-                   help="also time each call queued behind a spin kernel of this many microseconds (ms_queued: "
-                        "GPU time without the host's share, host_ms: each call's host time; 0: skip)")
+    add_queue_option(p)
     p.add_argument("--json", default="")
     args = p.parse_args()
     if args.iters < 20:
@@ -124,15 +122,11 @@ def main():
                     torch.cuda.synchronize()
                     rel_err = float((d.float() - ref.float()).norm() / ref.float().norm())
                     candidates = {"loom": run_loom, "loom_static": run_loom_static, "torch_grouped": run_torch}
-                    host_ms = {}
-                    ms = time_shuffled(candidates, args.warmup, args.iters, host_ms=host_ms)
+                    timing = time_both(candidates, args.warmup, args.iters, args.queue_behind_us)
+                    ms = timing["ms"]
                     row = {"op": "grouped_gemm", "model": model, "gemm": gemm, "experts": experts, "tokens": tokens,
                            "routing": routing, "rows": rows, "max_over_mean": float(counts.max()) / (rows / experts),
-                           "N": n, "K": k, "rel_err": rel_err, "rel_err_static": rel_err_static, "ms": ms}
-                    if args.queue_behind_us > 0:
-                        row["ms_queued"] = time_shuffled(candidates, args.warmup, args.iters,
-                                                         queue_behind_us=args.queue_behind_us)
-                        row["host_ms"] = host_ms
+                           "N": n, "K": k, "rel_err": rel_err, "rel_err_static": rel_err_static, **timing}
                     rows_out.append(row)
                     print(f"[{len(rows_out)}] {model} {gemm} T{tokens} {routing}: loom {ms['loom']:.3f} ms, "
                           f"static {ms['loom_static']:.3f} ms, torch {ms['torch_grouped']:.3f} ms, rel_err {rel_err:.2e}",

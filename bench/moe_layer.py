@@ -57,7 +57,7 @@ import random
 import socket
 import sys
 
-from bench_common import git_sha, time_shuffled
+from bench_common import add_queue_option, git_sha, time_both
 
 MODELS = {  # name: (H, I, experts per GPU, top-k)
     "deepseek-v3": (7168, 2048, 32, 8),
@@ -89,9 +89,7 @@ def parse_args(argv=None):
     p.add_argument("--iters", type=int, default=20, help="timed rounds per shape (median; at least 20)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--max-rel-err", type=float, default=2e-2)
-    p.add_argument("--queue-behind-us", type=float, default=0.0,
-                   help="also time each call queued behind a spin kernel of this many microseconds (ms_queued: "
-                        "GPU time without the host's share, host_ms: each call's host time; 0: skip)")
+    add_queue_option(p)
     p.add_argument("--json", default="")
     args = p.parse_args(argv)
     if args.iters < 20:
@@ -272,10 +270,8 @@ def run_case(torch, loom, lt, comm, args, model, weights, tokens, routing):
                   "torch": run_torch}
     if args.padded:
         candidates.update(loom_padded=lambda: run_loom(False), bound_padded=lambda: run_compute_bound(False))
-    host_ms = {}
-    ms = time_shuffled(candidates, args.warmup, args.iters, host_ms=host_ms)
-    queued = ({"ms_queued": time_shuffled(candidates, args.warmup, args.iters, queue_behind_us=args.queue_behind_us),
-               "host_ms": host_ms} if args.queue_behind_us > 0 else {})
+    timing = time_both(candidates, args.warmup, args.iters, args.queue_behind_us)
+    ms = timing["ms"]
     comm.synchronize()  # raises a device-side failure of the timed loom calls
     phases = None
     if args.phases:
@@ -290,7 +286,8 @@ def run_case(torch, loom, lt, comm, args, model, weights, tokens, routing):
             "max_over_mean": float(counts.max()) / (tokens * top_k / experts), "tile": tile,
             "push_ctas": args.push_ctas, "arrival_ctas": args.arrival_ctas,
             "ms": {name: ms[name] for name in COLUMNS + (PADDED_COLUMNS if args.padded else ())}, "rel_err": rel_err, "composed_bits_equal": bits_equal,
-            "shared_expert": bool(shared), **queued, **({"phases": phases} if phases else {})}
+            "shared_expert": bool(shared), **{k: v for k, v in timing.items() if k != "ms"},
+            **({"phases": phases} if phases else {})}
 
 
 def summarize_phases(records):

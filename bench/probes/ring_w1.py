@@ -16,7 +16,7 @@ import random
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from bench_common import git_sha, time_shuffled  # noqa: E402
+from bench_common import add_queue_option, git_sha, time_both  # noqa: E402
 
 
 def main():
@@ -25,8 +25,7 @@ def main():
     p.add_argument("--causal", default="0,1")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--queue-behind-us", type=float, default=1000.0,
-                   help="the spin kernel queued before each call of the ms_queued timing (0: skip that timing)")
+    add_queue_option(p, default=1000.0)
     p.add_argument("--json", default="")
     args = p.parse_args()
     import torch
@@ -73,11 +72,7 @@ def main():
             if D == 64:  # the ring has both hd64 widths; at hd128 and hd256 only the default
                 variants["engine_bn128"] = engine(False, 128)
                 variants["ring_bn128"] = lambda: loom.ring_attention(comm, q, k, v, out, lse=lse, causal=causal, block_n=128)
-            host_ms = {}
-            ms = time_shuffled(variants, args.warmup, args.iters, host_ms=host_ms)
-            row = {"shape": shape, "causal": causal, "ms": ms, "host_ms": host_ms}
-            if args.queue_behind_us > 0:
-                row["ms_queued"] = time_shuffled(variants, args.warmup, args.iters, queue_behind_us=args.queue_behind_us)
+            row = {"shape": shape, "causal": causal, **time_both(variants, args.warmup, args.iters, args.queue_behind_us)}
             rows.append(row)
             for key in ("ms", "ms_queued", "host_ms"):
                 if key in row:

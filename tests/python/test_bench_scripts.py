@@ -179,6 +179,11 @@ def test_time_shuffled_queued_timing_leaves_out_the_host_share(monkeypatch, caps
     assert queued == {"slow_host": pytest.approx(1.0), "fast_host": pytest.approx(1.0)}
     assert clock.spins and set(clock.spins) == {200_000}
     assert set(host) == {"slow_host", "fast_host"}
+    # time_both: the row's fields, the queued ones only when asked.
+    assert set(bench_common.time_both(candidates, 1, 5)) == {"ms", "host_ms"}
+    both = bench_common.time_both(candidates, 1, 5, queue_behind_us=200.0)
+    assert set(both) == {"ms", "host_ms", "ms_queued"}
+    assert both["ms"]["slow_host"] == pytest.approx(1.05) and both["ms_queued"]["slow_host"] == pytest.approx(1.0)
     # A spin shorter than a call's host work cannot hide it: said on stderr.
     bench_common.time_shuffled(candidates, 1, 5, queue_behind_us=0.001)
     assert "queued times include host time" in capsys.readouterr().err
