@@ -30,8 +30,10 @@ import sys
 
 TP_OPS = ("ag_gemm", "gemm_rs", "gemm_ar")
 COLLECTIVE_OPS = ("all_gather", "reduce_scatter", "all_reduce")
-# A row's identity: the GEMM-like fields, then attention's shape (bench/attention.py rows).
-KEY_FIELDS = ("op", "dtype", "b_layout", "M", "N", "K", "bytes", "B", "S", "H", "H_kv", "D", "causal")
+# A row's identity: the GEMM-like fields, then attention's shape (bench/attention.py rows), then a
+# grouped GEMM's slice (bench/grouped_gemm.py rows).
+KEY_FIELDS = ("op", "dtype", "b_layout", "M", "N", "K", "bytes", "B", "S", "H", "H_kv", "D", "causal",
+              "model", "gemm", "experts", "tokens", "routing")
 
 
 class InputError(Exception):
@@ -93,8 +95,12 @@ def rows_by_key(path, doc):
 
 
 def describe(key):
-    _, op, dtype, layout, m, n, k, nbytes, b, s, h, h_kv, d, causal = key
-    if m is not None:
+    f = dict(zip(KEY_FIELDS, key[1:]))
+    op, dtype, layout, m, n, k, nbytes = (f[x] for x in ("op", "dtype", "b_layout", "M", "N", "K", "bytes"))
+    b, s, h, h_kv, d, causal = (f[x] for x in ("B", "S", "H", "H_kv", "D", "causal"))
+    if f["model"] is not None:
+        shape = f"{f['model']} {f['gemm']} T{f['tokens']} {f['routing']} ({n}x{k}, {f['experts']} experts)"
+    elif m is not None:
         shape = f"{m}x{n}x{k}"
     elif d is not None:
         shape = f"{b}x{s}x{h}x{h_kv}x{d}" + (" causal" if causal else "")

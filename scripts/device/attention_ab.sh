@@ -6,7 +6,9 @@
 # shape's median loom time over the rounds and compares new with old.
 #
 #   scripts/device/attention_ab.sh [ROUNDS] [-- bench/attention.py arguments]
-#     (default 4 rounds; the environment: AB_LIMIT_S, default 300)
+#     (default 4 rounds; the environment: AB_LIMIT_S, default 300; AB_BENCH, default
+#     bench/attention.py: another benchmark of the package whose rows bench/compare.py matches,
+#     e.g. bench/grouped_gemm.py, run the same way with its own arguments)
 #
 # The builds: .device-carry/base (old, `scripts/device/stage.sh --base DIR`) and .device-carry/bin
 # (new). Writes $OUT/attention_ab/{old,new}_<round>.json and .log, $OUT/attention_ab.txt (the
@@ -30,12 +32,14 @@ pkg_lib="$WORK/pkg/loom/libloom.so"
 # Each run draws its own row order (--shuffle-shapes): with one fixed order the rows after a side's
 # faster or slower ones ran warmer or cooler every round (hd128 rows with identical kernels moved by
 # up to 6 % after faster hd256 ones).
-bench_args=(--shuffle-shapes "$@")
+BENCH=${AB_BENCH:-bench/attention.py}
+bench_args=("$@")
+[[ $BENCH == bench/attention.py ]] && bench_args=(--shuffle-shapes "$@")
 # One side once: its libloom.so installed into the package, then bench/attention.py.
 run_side() {
   cp "${lib[$1]}" "$pkg_lib" &&
     PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=5 "$3" \
-      python3 bench/attention.py --json "$2" "${bench_args[@]}"
+      python3 "$BENCH" --json "$2" "${bench_args[@]}"
 }
 source scripts/device/ab_rounds.sh
 ab_rounds attention_ab "$ROUNDS" "$LIMIT" "$dir" run_side

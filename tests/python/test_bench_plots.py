@@ -147,3 +147,22 @@ def test_compare_refuses_runs_of_different_kinds_and_bad_arguments(tmp_path):
     assert missing_column.returncode == 2 and "columns both timed: loom, nccl_cublas" in missing_column.stderr
     assert run(COMPARE, tp, tp, "--fail-over", "-1").returncode == 2
     assert run(COMPARE, tp, tmp_path / "missing.json").returncode == 2
+
+
+def grouped_run(path, loom_ms):
+    # bench/grouped_gemm.py rows: one per (model, gemm, tokens, routing), the same N and K for several.
+    rows = [{"op": "grouped_gemm", "model": "deepseek-v3", "gemm": "fc1", "experts": 32, "tokens": 1024,
+             "routing": routing, "rows": 8192, "N": 4096, "K": 7168, "ms": {"loom": t, "torch_grouped": 1.0}}
+            for routing, t in loom_ms.items()]
+    return write(path, {"git_sha": "abc1234", "world": 1, "rows": rows})
+
+
+def test_compare_tells_grouped_gemm_rows_apart_by_routing(tmp_path):
+    old = grouped_run(tmp_path / "old.json", {"uniform": 0.8, "random": 1.0, "skewed": 1.0})
+    new = grouped_run(tmp_path / "new.json", {"uniform": 0.8, "random": 0.9, "skewed": 0.95})
+    result = run(COMPARE, old, new)
+    assert result.returncode == 0, result.stderr
+    lines = {line.split()[4]: float(line.split()[-1]) for line in result.stdout.splitlines()
+             if line.startswith("grouped_gemm")}
+    assert lines == {"uniform": 1.0, "random": 0.9, "skewed": 0.95}
+    assert "grouped_gemm deepseek-v3 fc1 T1024 skewed (4096x7168, 32 experts)" in result.stdout

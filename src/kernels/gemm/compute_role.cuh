@@ -183,9 +183,11 @@ class ComputeRole {
     sm90::prefetch_tensormap(ops.a);
     sm90::prefetch_tensormap(ops.b);
     if (ops.a_local != nullptr) sm90::prefetch_tensormap(ops.a_local);
+    if (ops.a_rows != nullptr) sm90::prefetch_tensormap(ops.a_rows);
     if constexpr (Fold::kEnabled) sm90::prefetch_tensormap(fold.map());
     if constexpr (kPaired) {
       sm90::prefetch_tensormap(ops.second->a);
+      if (ops.second->a_rows != nullptr) sm90::prefetch_tensormap(ops.second->a_rows);
       sm90::prefetch_tensormap(ops.second->b);
       if (ops.b_local != nullptr) sm90::prefetch_tensormap(ops.b_local);
       if (ops.second->b_local != nullptr) sm90::prefetch_tensormap(ops.second->b_local);
@@ -225,8 +227,17 @@ class ComputeRole {
           group = 0;
         }
       }
+      ASource a_source{a_map, a_row};
+      if constexpr (kRowRanges && !Fold::kEnabled) {
+        // A tile row that ends inside the tile loads only its rows of A (GemmOperands::a_rows).
+        const TileRows rows = tile_rows<BM, kRowRanges>(item, o.m);
+        if (o.a_rows != nullptr && a_map == o.a && rows.limit - rows.first < static_cast<uint32_t>(BM)) {
+          a_source.map = o.a_rows;
+          a_source.row_boxes = (rows.limit - rows.first + kTailRowBox - 1) / kTailRowBox;
+        }
+      }
       auto load_k_block = [&](uint32_t kb) -> bool {
-        return Loads::load_k_block(sm, stages, a_map, a_row, b_map, n0, kb, ctx, group);
+        return Loads::load_k_block(sm, stages, a_source, b_map, n0, kb, ctx, group);
       };
       const KRange range = k_range_of(item, k_blocks);
       const bool fold_tile = Fold::kEnabled && item.kind == static_cast<uint32_t>(WorkKind::kTileFold);

@@ -27,6 +27,10 @@ constexpr int kWorkItemBytes = 44;  // a WorkItem (params.h) in the tile and sig
 constexpr int kRoleStateBytes = 128;  // the compute role's state persisted between run() calls
 constexpr int kEpiRows = 16;      // rows per consumer warp
 constexpr int kEpiBoxBytes = kEpiRows * 128;
+// A tile row that ends inside its tile (schedulers with row ranges) loads only its rows of A, in
+// boxes of this many rows (GemmOperands::a_rows): the wgmma N step of a swapped tail, and a
+// multiple of the 128B swizzle's 8-row period, so the boxes land as one BM-row box would.
+constexpr int kTailRowBox = 16;
 
 template <int kBlockM_, int kBlockN_, int kStages_>
 struct TileConfig {

@@ -17,27 +17,47 @@
 
 namespace loom::kernels::gemm {
 
+// Where a k-block's A comes from: from row `row` of `map`, one box of BLOCK_M rows (row_boxes = 0)
+// or row_boxes boxes of kTailRowBox rows (a tile row that ends inside the tile; `map` is then
+// GemmOperands::a_rows).
+struct ASource {
+  const sm90::TmaDescriptor* map;
+  int32_t row;
+  uint32_t row_boxes = 0;
+};
+
 // The producer side, for configuration Cfg and B's layout (kBNMajor: [K, N] row-major, else
 // [N, K]; kGroupedB: one such B per group, a 3-D map with the group outermost).
 template <class Cfg, bool kBNMajor, bool kGroupedB = false>
 struct Sm90Loads {
   static constexpr int BN = Cfg::kBlockN;
+  static constexpr uint32_t kRowBoxBytes = kTailRowBox * kBlockK * 2;
+  static_assert(Cfg::kBlockM % kTailRowBox == 0 && kRowBoxBytes % 1024 == 0,
+                "A's row boxes must tile the stage at 1024-byte (swizzle period) steps");
 
   // One k-block: waits for a free stage, then issues its A and B loads (the stage's full barrier
-  // expects kStageTxBytes) and moves to the next stage. False after a failed wait. `group`
-  // selects B's group (kGroupedB only).
-  __device__ static bool load_k_block(const RoleSmem<Cfg>& sm, PipelineState<Cfg::kStages>& stages,
-                                      const sm90::TmaDescriptor* a_map, int32_t a_row, const sm90::TmaDescriptor* b_map,
-                                      int32_t n0, uint32_t kb, const WaitContext& ctx, int32_t group = 0) {
+  // expects the bytes they deliver) and moves to the next stage. False after a failed wait.
+  // `group` selects B's group (kGroupedB only).
+  __device__ static bool load_k_block(const RoleSmem<Cfg>& sm, PipelineState<Cfg::kStages>& stages, const ASource& a,
+                                      const sm90::TmaDescriptor* b_map, int32_t n0, uint32_t kb,
+                                      const WaitContext& ctx, int32_t group = 0) {
     if (!stages.wait_released(sm.empty(stages.index), ctx, sm90::BarrierWhat::kStageEmpty)) return false;
     uint64_t* full = sm.full(stages.index);
-    constexpr uint32_t kStageTxBytes = Cfg::kStageTxBytes;
+    const uint32_t a_bytes = a.row_boxes == 0 ? Cfg::kABytes : a.row_boxes * kRowBoxBytes;
     cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, full,
-                                         kStageTxBytes);
+                                         a_bytes + Cfg::kBBytes);
     const int32_t k0 = static_cast<int32_t>(kb * kBlockK);
-    const int32_t a_coords[2] = {k0, a_row};
-    cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, sm.a(stages.index), a_map,
-                                    a_coords, full);
+    if (a.row_boxes == 0) {
+      const int32_t a_coords[2] = {k0, a.row};
+      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, sm.a(stages.index), a.map,
+                                      a_coords, full);
+    } else {
+      for (uint32_t i = 0; i < a.row_boxes; ++i) {
+        const int32_t a_coords[2] = {k0, a.row + static_cast<int32_t>(i * kTailRowBox)};
+        cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
+                                        sm.a(stages.index) + i * kRowBoxBytes, a.map, a_coords, full);
+      }
+    }
     if constexpr (kBNMajor) {
       // [K, N] row-major: BN/64 boxes of 64 N-columns x 64 K-rows, 8 KiB apart.
 #pragma unroll

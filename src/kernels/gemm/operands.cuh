@@ -47,6 +47,13 @@ struct GemmOperands {
   // Schedulers with row ranges: a group's last partial tile row runs swapped (swap_tail.cuh) where
   // the role's configuration allows; false: padded like the others.
   bool swap_tails = true;
+  // Optional, schedulers with row ranges: the rows of `a` again with box {64, kTailRowBox}. A tile
+  // whose row range ends inside it (a group's last partial tile row) then loads only
+  // ceil(rows / kTailRowBox) such boxes of A instead of BLOCK_M rows. The stage's other rows keep
+  // what an earlier k-block left there; they feed only accumulator rows past the range (padded
+  // tiles) or columns past the swapped tile's N, which are never stored. Not used for a_local's
+  // rows or by folded tiles (they read every row).
+  const sm90::TmaDescriptor* a_rows = nullptr;
 };
 
 // Does epilogue policy E pair two epilogues, one per GEMM of a paired role (static constexpr bool

@@ -146,7 +146,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     tiles.epoch = f.epoch;
     Scheduler scheduler(sched, tiles);
     Epilogue epi(p.gemm.epi, &p.gemm.d, p.gemm.d_ptr, p.gemm.ldd_bytes);
-    const gemm::GemmOperands ops{&p.gemm.a, &p.gemm.b, p.gemm.m, p.gemm.n, p.gemm.k};
+    gemm::GemmOperands ops{&p.gemm.a, &p.gemm.b, p.gemm.m, p.gemm.n, p.gemm.k};
+    ops.a_rows = &p.gemm.a_rows;
     (void)Role::run(smem, ops, scheduler, epi, roles.rest_index(blockIdx.x, gridDim.x), gridDim.x, f.ctx);
   }
   f.finish(d.state, c);

@@ -187,8 +187,9 @@ class GroupedEpilogue : public gemm::TileEpilogue<kBlockM> {
 
 // Kernel parameters (a __grid_constant__: the tensor maps need a stable address).
 struct GroupedGemmKernelParams {
-  sm90::TmaDescriptor a;  // rows of A: [rows, K], box {64, BLOCK_M}
-  sm90::TmaDescriptor b;  // [E, N, K], box {64, BLOCK_N, 1}
+  sm90::TmaDescriptor a;       // rows of A: [rows, K], box {64, BLOCK_M}
+  sm90::TmaDescriptor a_rows;  // the same rows, box {64, kTailRowBox}: partial tile rows (GemmOperands::a_rows)
+  sm90::TmaDescriptor b;       // [E, N, K], box {64, BLOCK_N, 1}
   sm90::TmaDescriptor d;  // [rows, N] (SwiGLU: [rows, N / 2]), box {128 bytes, 16}
   uint32_t m, n, k;       // m: rows of A and D (M_total, or E * capacity)
   gemm::SchedulerParams sched;  // n_blocks, group_m set by the host; m_blocks read from the workspace
@@ -225,6 +226,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   GroupedEpilogue<Cfg::kBlockM, kGated> epi(p.epi, &p.d, p.d_ptr, p.ldd_bytes);
   gemm::GemmOperands ops{&p.a, &p.b, p.m, p.n, p.k};
   ops.swap_tails = p.swap_tails != 0;
+  ops.a_rows = &p.a_rows;
   (void)Role::run(smem, ops, scheduler, epi, blockIdx.x, gridDim.x, ctx);
 }
 

@@ -329,12 +329,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_layer_kernel(const __gri
     down.local_row_end = shared_end;
     down.b_local = shared ? &p.shared_down : nullptr;
     down.swap_tails = p.down.swap_tails != 0;
+    down.a_rows = &p.down.a_rows;
     gemm::GemmOperands up{&p.up.a, &p.up.b, p.up.m, p.up.n, p.up.k};
     up.a_local = shared ? &p.tokens : nullptr;
     up.local_row_begin = p.shared_row_begin;
     up.local_row_end = shared_end;
     up.b_local = shared ? &p.shared_gate_up : nullptr;
     up.swap_tails = p.up.swap_tails != 0;
+    up.a_rows = &p.up.a_rows;
     up.second = &down;
     ok = Role::run(smem, up, scheduler, epi, roles.rest_index(blockIdx.x, gridDim.x), gridDim.x, f.ctx).kind ==
          static_cast<uint32_t>(gemm::WorkKind::kDone);

@@ -45,6 +45,7 @@ Status encode_grouped_gemm(const GroupedGemmArgs& args, const planner::GroupedGe
   const GemmTileInfo info = gemm_tile_info(plan.tile);
 
   LOOM_TRY(ops::encode_gemm_rows_map(args.a, rows, args.k, args.k, args.in_dtype, info.block_m, &p.a));
+  LOOM_TRY(ops::encode_gemm_rows_map(args.a, rows, args.k, args.k, args.in_dtype, kg::kTailRowBox, &p.a_rows));
   GemmArgs b_args;  // one expert's B, as the engine's B encoder reads it
   b_args.b = args.b;
   b_args.m = rows;

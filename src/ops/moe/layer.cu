@@ -56,6 +56,8 @@ Status encode_shared_expert(const MoePlan& plan, const planner::MoeLayouts& l, c
   const int64_t inter = weights.intermediate;
   const GemmTileInfo info = gemm_tile_info(fused.up.tile);
   LOOM_TRY(ops::encode_gemm_rows_map(buffers.hidden, rows, inter, inter, dt, info.block_m, &p.down.a));
+  LOOM_TRY(ops::encode_gemm_rows_map(buffers.hidden, rows, inter, inter, dt, kernels::gemm::kTailRowBox,
+                                     &p.down.a_rows));
   LOOM_TRY(ops::encode_gemm_output_map(buffers.hidden, rows, inter, inter, dt, &p.up.d));
   LOOM_TRY(ops::encode_gemm_output_map(buffers.expert_out, rows, h, h, dt, &p.down.d));
   LOOM_TRY(ops::encode_gemm_rows_map(x, plan.num_tokens, h, h, dt, info.block_m, &p.tokens));
