@@ -35,7 +35,7 @@ def _spin_cycles_per_us():
     return cycles / (start.elapsed_time(end) * 1e3)
 
 
-def time_shuffled(candidates, warmup, iters, before_each=None, queue_behind_us=0.0, host_ms=None):
+def time_shuffled(candidates, warmup, iters, before_each=None, queue_behind_us=0.0, host_ms=None, samples=None):
     """Median ms of each candidate (name -> callable) over `iters` rounds after `warmup`, every
     round in a fresh random order (the caller seeds `random`; ranks with the same seed run the same
     order). `before_each` runs before every timed call (a barrier across ranks, say).
@@ -44,7 +44,8 @@ def time_shuffled(candidates, warmup, iters, before_each=None, queue_behind_us=0
     up to the launch. queue_behind_us > 0 first queues a spin kernel of about that many
     microseconds, so the call is submitted while the GPU is busy and the events time the GPU's work
     alone (as in a stream of calls or a CUDA graph). host_ms: a dict that receives each
-    candidate's median host time per call (ms, the Python call itself)."""
+    candidate's median host time per call (ms, the Python call itself); samples: a dict that
+    receives each candidate's timed rounds (ms, in round order)."""
     import time
 
     import torch
@@ -74,6 +75,8 @@ def time_shuffled(candidates, warmup, iters, before_each=None, queue_behind_us=0
         return {name: sorted(t)[len(t) // 2] for name, t in samples.items()}
 
     host_median = medians(host)
+    if samples is not None:
+        samples.update(times)
     if host_ms is not None:
         host_ms.update(host_median)
     slow = [name for name, t in host_median.items() if spin_cycles and t * 1e3 > queue_behind_us]

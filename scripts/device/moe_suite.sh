@@ -12,6 +12,8 @@
 #             and torch._grouped_mm; the issue 21 slices), JSON in $OUT/grouped_gemm.json
 #     skew-probe  bench/probes/grouped_skew.py $PROBE_ARGS (the grouped GEMM under count patterns that separate
 #             tails, alignment, order and padding), JSON in $OUT/grouped_skew.json
+#     placement-probe  bench/probes/grouped_placement.py $PROBE_ARGS (the same counts on fresh copies of
+#             the operands: does the time follow where they lie?), JSON in $OUT/grouped_placement.json
 #     tests   loom_gpu_tests 'Moe*:GroupedGemm*' on one rank, log in $OUT/one_rank_moe.log
 #     shared  scripts/device/shared_gpu_suite.sh $MOE_STEPS (default: moe-2 moe-8 moe-2x2 moe-4x2),
 #             ranks sharing the GPU, emulated nodes included; summaries in $OUT/suites.jsonl; each
@@ -65,6 +67,11 @@ for step in "${steps[@]}"; do
       python_step "${PROBE_LIMIT_S:-150}" "$OUT/grouped_skew.txt" bench/probes/grouped_skew.py ${PROBE_ARGS:-} \
         --json "$OUT/grouped_skew.json"
       log "skew-probe: exit $rc"; tail -n 20 "$OUT/grouped_skew.txt" ;;
+    placement-probe)
+      # shellcheck disable=SC2086
+      python_step "${PROBE_LIMIT_S:-150}" "$OUT/grouped_placement.txt" bench/probes/grouped_placement.py ${PROBE_ARGS:-} \
+        --json "$OUT/grouped_placement.json"
+      log "placement-probe: exit $rc"; tail -n 8 "$OUT/grouped_placement.txt" ;;
     tests)
       LD_LIBRARY_PATH="$PWD/$BIN:${LD_LIBRARY_PATH:-}" timeout --kill-after=10 "${TESTS_LIMIT_S:-180}" \
         $BIN/loom-run -n 1 -- $BIN/loom_gpu_tests --gtest_filter='Moe*:GroupedGemm*' --gtest_brief=1 \

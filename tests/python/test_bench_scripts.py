@@ -179,6 +179,10 @@ def test_time_shuffled_queued_timing_leaves_out_the_host_share(monkeypatch, caps
     assert queued == {"slow_host": pytest.approx(1.0), "fast_host": pytest.approx(1.0)}
     assert clock.spins and set(clock.spins) == {200_000}
     assert set(host) == {"slow_host", "fast_host"}
+    samples = {}
+    bench_common.time_shuffled(candidates, 1, 5, samples=samples)
+    assert {name: len(t) for name, t in samples.items()} == {"slow_host": 5, "fast_host": 5}
+    assert samples["slow_host"] == [pytest.approx(1.05)] * 5
     # time_both: the row's fields, the queued ones only when asked.
     assert set(bench_common.time_both(candidates, 1, 5)) == {"ms", "host_ms"}
     both = bench_common.time_both(candidates, 1, 5, queue_behind_us=200.0)

@@ -190,7 +190,7 @@ struct GroupedGemmKernelParams {
   sm90::TmaDescriptor a;       // rows of A: [rows, K], box {64, BLOCK_M}
   sm90::TmaDescriptor a_rows;  // the same rows, box {64, kTailRowBox}: partial tile rows (GemmOperands::a_rows)
   sm90::TmaDescriptor b;       // [E, N, K], box {64, BLOCK_N, 1}
-  sm90::TmaDescriptor d;  // [rows, N] (SwiGLU: [rows, N / 2]), box {128 bytes, 16}
+  sm90::TmaDescriptor d;       // [rows, N] (SwiGLU: [rows, N / 2]), box {128 bytes, 16}
   uint32_t m, n, k;       // m: rows of A and D (M_total, or E * capacity)
   gemm::SchedulerParams sched;  // n_blocks, group_m set by the host; m_blocks read from the workspace
   gemm::EpilogueParams epi;
