@@ -98,8 +98,11 @@ def describe(key):
     f = dict(zip(KEY_FIELDS, key[1:]))
     op, dtype, layout, m, n, k, nbytes = (f[x] for x in ("op", "dtype", "b_layout", "M", "N", "K", "bytes"))
     b, s, h, h_kv, d, causal = (f[x] for x in ("B", "S", "H", "H_kv", "D", "causal"))
-    if f["model"] is not None:
-        shape = f"{f['model']} {f['gemm']} T{f['tokens']} {f['routing']} ({n}x{k}, {f['experts']} experts)"
+    if f["model"] is not None:  # a grouped GEMM's slice, or a MoE layer's (no gemm, N or K)
+        parts = [f["model"], f["gemm"], f"T{f['tokens']}", f["routing"]]
+        if n is not None:
+            parts.append(f"({n}x{k}, {f['experts']} experts)")
+        shape = " ".join(str(x) for x in parts if x is not None)
     elif m is not None:
         shape = f"{m}x{n}x{k}"
     elif d is not None:
