@@ -35,7 +35,7 @@ pkg_lib="$WORK/pkg/loom/libloom.so"
 BENCH=${AB_BENCH:-bench/attention.py}
 bench_args=("$@")
 [[ $BENCH == bench/attention.py ]] && bench_args=(--shuffle-shapes "$@")
-# One side once: its libloom.so installed into the package, then bench/attention.py.
+# One side once: its libloom.so installed into the package, then the benchmark ($BENCH).
 run_side() {
   cp "${lib[$1]}" "$pkg_lib" &&
     PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=5 "$3" \
