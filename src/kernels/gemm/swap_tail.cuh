@@ -6,10 +6,11 @@
 // skewed routing: 1.25x the tile rows at DeepSeek-V3 fc1 with 1K tokens). Such a tile runs here
 // as D^T = B A^T instead: B's BN rows (the tile's output columns) are wgmma's M, split into
 // kSlices m64 blocks per consumer warpgroup, and the tile's rows are wgmma's N, rounded up to
-// kStep, so the MMA time shrinks with r. The stages are the ones the producer fills for a normal
-// tile (A: BM rows x 64 K, B: BN rows x 64 K, both K-major, 128B swizzle); only the wgmma and the
-// epilogue differ. The rows of A past r (the next group's, or TMA's zero fill) only feed
-// accumulator columns that are never stored.
+// kStep, so the MMA time shrinks with r. The stages have a normal tile's layout (A: BM rows x 64 K,
+// B: BN rows x 64 K, both K-major, 128B swizzle), but the producer fills only A's first r rows
+// rounded up to kStep when the kernel passes GemmOperands::a_rows (the wgmma read no more); only
+// the wgmma and the epilogue differ. The rows of A in [r, N) (the next group's, or TMA's zero
+// fill) only feed accumulator columns that are never stored.
 //
 // Accumulators (m64nN per slice s, from acc[s * kAcc / kSlices]): thread lane l of warp w holds
 // output columns c = 16w + l/4 (regs 4j, 4j+1) and c + 8 (regs 4j+2, 4j+3) of its slice, for rows
