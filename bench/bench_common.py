@@ -71,8 +71,8 @@ def time_shuffled(candidates, warmup, iters, before_each=None, queue_behind_us=0
             if rnd >= warmup:
                 times[name].append(start.elapsed_time(end))
                 host[name].append((t1 - t0) * 1e3)
-    def medians(samples):
-        return {name: sorted(t)[len(t) // 2] for name, t in samples.items()}
+    def medians(per_name):
+        return {name: sorted(t)[len(t) // 2] for name, t in per_name.items()}
 
     host_median = medians(host)
     if samples is not None:
