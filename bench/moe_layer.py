@@ -41,7 +41,8 @@ group size is taken, 0 included.
 Rows: {"op": "moe_layer", "model", "tokens", "routing", "E" (experts on the GPU), "top_k", "H",
 "I", "rows" (T k), "max_over_mean" (the busiest expert's rows over the mean), "tile", "ms":
 {"loom", "compute_bound", "loom_composed", "torch"; with --padded also "loom_padded" and
-"bound_padded": both with swap_tails=False, each expert's last tile row padded}, "rel_err",
+"bound_padded": both with swap_tails=False, each expert's last tile row padded; with --plain-groups
+"loom_plain_groups": moe_layer with expert_groups=False}, "rel_err",
 "composed_bits_equal", "shared_expert", "phases" (with --phases: summarize_phases of one more launch)}; the
 document adds "world" (1), "git_sha", "date", "gpu", "host", "torch", "loom", "command". The
 table is printed last, with the ratios compute_bound/loom, loom_composed/loom and torch/loom
@@ -67,6 +68,7 @@ SHARED_EXPERTS = {"deepseek-v3": 1, "qwen3-235b": 0}  # shared experts of width 
 TILES = ("auto", "128x256", "128x128")
 COLUMNS = ("loom", "compute_bound", "loom_composed", "torch")
 PADDED_COLUMNS = ("loom_padded", "bound_padded")  # --padded
+PLAIN_GROUP_COLUMNS = ("loom_plain_groups",)  # --plain-groups
 
 
 def parse_args(argv=None):
@@ -85,6 +87,9 @@ def parse_args(argv=None):
     p.add_argument("--padded", action="store_true",
                    help="also time moe_layer and the compute bound with swap_tails=False (each expert's last tile "
                         "row padded to the tile) in the same rounds: ms.loom_padded, ms.bound_padded")
+    p.add_argument("--plain-groups", action="store_true",
+                   help="also time moe_layer with expert_groups=False (raster groups of group_m tile rows whatever "
+                        "the experts) in the same rounds: ms.loom_plain_groups")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=20, help="timed rounds per shape (median; at least 20)")
     p.add_argument("--seed", type=int, default=7)
@@ -225,10 +230,10 @@ def run_case(torch, loom, lt, comm, args, model, weights, tokens, routing):
         loom.grouped_gemm(shared_hidden, shared_down.unsqueeze(0), shared_y, workspace=shared_workspace,
                           offsets=shared_offsets, tile=tile)
 
-    def run_loom(swap_tails=True):
+    def run_loom(swap_tails=True, expert_groups=True):
         loom.moe_layer(comm, plan, x, gate_up, down, bufs.recv_x, bufs.hidden, bufs.expert_out, out_loom, tile=tile,
                        push_ctas=args.push_ctas, arrival_ctas=args.arrival_ctas, shared_gate_up=shared_gate_up,
-                       shared_down=shared_down, swap_tails=swap_tails)
+                       shared_down=shared_down, swap_tails=swap_tails, expert_groups=expert_groups)
 
     def run_compute_bound(swap_tails=True):
         loom.grouped_gemm(bufs.recv_x, gate_up, bufs.hidden[:routed_rows], workspace=workspace,
@@ -270,6 +275,8 @@ def run_case(torch, loom, lt, comm, args, model, weights, tokens, routing):
                   "torch": run_torch}
     if args.padded:
         candidates.update(loom_padded=lambda: run_loom(False), bound_padded=lambda: run_compute_bound(False))
+    if args.plain_groups:
+        candidates.update(loom_plain_groups=lambda: run_loom(expert_groups=False))
     timing = time_both(candidates, args.warmup, args.iters, args.queue_behind_us)
     ms = timing["ms"]
     comm.synchronize()  # raises a device-side failure of the timed loom calls
@@ -285,7 +292,9 @@ def run_case(torch, loom, lt, comm, args, model, weights, tokens, routing):
             "H": hidden, "I": inter, "rows": tokens * top_k,
             "max_over_mean": float(counts.max()) / (tokens * top_k / experts), "tile": tile,
             "push_ctas": args.push_ctas, "arrival_ctas": args.arrival_ctas,
-            "ms": {name: ms[name] for name in COLUMNS + (PADDED_COLUMNS if args.padded else ())}, "rel_err": rel_err, "composed_bits_equal": bits_equal,
+            "ms": {name: ms[name] for name in COLUMNS + (PADDED_COLUMNS if args.padded else ())
+                   + (PLAIN_GROUP_COLUMNS if args.plain_groups else ())},
+            "rel_err": rel_err, "composed_bits_equal": bits_equal,
             "shared_expert": bool(shared), **{k: v for k, v in timing.items() if k != "ms"},
             **({"phases": phases} if phases else {})}
 
@@ -383,6 +392,8 @@ def print_table(rows):
               PADDED_COLUMNS,
               [("layer", 8, lambda ms: ms["loom_padded"] / ms["loom"]),
                ("bound", 8, lambda ms: ms["bound_padded"] / ms["compute_bound"])])
+    sub_table("expert_groups=False (plain raster groups); ratio: plain / expert groups' time", "ms",
+              ("loom", "loom_plain_groups"), [("plain/expert", 14, lambda ms: ms["loom_plain_groups"] / ms["loom"])])
 
 
 def same_bits_text(equal):

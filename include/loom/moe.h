@@ -312,6 +312,9 @@ struct MoeDispatchGemmOptions {
   int num_ctas = 0;                 // persistent CTAs, one per SM; 0: every SM
   int push_ctas = 0;                // CTAs that push rows first (then compute); 0: planner
   int arrival_ctas = 0;             // CTAs that complete receive blocks first (then compute); 0: planner
+  // As GroupedGemmOptions::expert_groups: each raster group one expert's tile rows (at most the
+  // planner's group_m). false: groups of group_m tile rows whatever the experts (A/B timing).
+  bool expert_groups = true;
 };
 // Everything moe_dispatch checks, and grouped_gemm_can_implement's rules for the GEMM (config.dtype
 // fp32 is unsupported here). Across nodes the forwarding CTAs (1/8 of the grid) join the GEMM once
@@ -391,6 +394,7 @@ struct MoeLayerOptions {
   int push_ctas = 0;                // CTAs that push rows first (then compute); 0: planner
   int arrival_ctas = 0;             // CTAs that complete receive blocks first (then compute); 0: planner
   bool swap_tails = true;           // as GroupedGemmOptions::swap_tails, both GEMMs (false: A/B timing)
+  bool expert_groups = true;        // as GroupedGemmOptions::expert_groups, both GEMMs (false: A/B timing)
   // Diagnostics (loom/diagnostics.h): device memory for one MoeLayerPhaseRecord per SM of the GPU,
   // 8-byte aligned; each CTA of the launch fills its own record. null: none (nothing measured).
   MoeLayerPhaseRecord* phases = nullptr;

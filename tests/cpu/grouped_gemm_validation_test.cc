@@ -373,5 +373,37 @@ TEST(GroupedGemmPlan, ExpertGroupsOrderEveryTileOnceWithinOneExpert) {
   }
 }
 
+// moe_layer's queue (layer_group_word): the shared expert's S tile rows first, as one more
+// expert, then the table's; every position of both GEMMs (their column blocks differ) maps to a
+// distinct tile, and no group mixes shared and routed rows.
+TEST(GroupedGemmPlan, LayerExpertGroupsCoverSharedAndRoutedRowsOnce) {
+  const std::vector<uint32_t> rows_per_expert = {3, 0, 1, 9, 2};
+  for (uint32_t shared_rows : {0u, 1u, 5u, 17u}) {
+    for (uint32_t group_rows : {1u, 4u, 16u}) {
+      std::vector<kernels::moe::GroupedTileRow> table;
+      for (uint32_t e = 0; e < rows_per_expert.size(); ++e) {
+        for (uint32_t k = 0; k < rows_per_expert[e]; ++k) {
+          table.push_back({e, 0, 0, kernels::moe::expert_group_of(k, rows_per_expert[e], group_rows)});
+        }
+      }
+      const uint32_t tile_rows = shared_rows + static_cast<uint32_t>(table.size());
+      for (uint32_t n_blocks : {16u, 28u}) {  // fc1's and fc2's column blocks
+        std::vector<int> seen(static_cast<size_t>(tile_rows) * n_blocks, 0);
+        for (uint32_t t = 0; t < tile_rows * n_blocks; ++t) {
+          const uint32_t word = kernels::moe::layer_group_word(t / n_blocks, shared_rows, group_rows, table.data());
+          const kernels::moe::GroupedTile tile = kernels::moe::expert_group_tile(t, n_blocks, word);
+          ASSERT_LT(tile.m_block, tile_rows) << "t " << t;
+          ASSERT_LT(tile.n_block, n_blocks) << "t " << t;
+          EXPECT_EQ(tile.m_block < shared_rows, t / n_blocks < shared_rows) << "t " << t << ", S " << shared_rows;
+          ++seen[static_cast<size_t>(tile.m_block) * n_blocks + tile.n_block];
+        }
+        for (size_t i = 0; i < seen.size(); ++i) {
+          EXPECT_EQ(seen[i], 1) << "tile " << i << ", S " << shared_rows << ", group_rows " << group_rows;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace loom

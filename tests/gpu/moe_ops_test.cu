@@ -858,6 +858,9 @@ std::string routing_case_name(const ::testing::TestParamInfo<C>& info) {
   if constexpr (requires { info.param.shared; }) {
     if (info.param.shared) n += "_shared_expert";
   }
+  if constexpr (requires { info.param.expert_groups; }) {
+    if (!info.param.expert_groups) n += "_plain_groups";
+  }
   for (char& ch : n) ch = ch == '-' ? '_' : ch;
   return n;
 }
@@ -1327,15 +1330,17 @@ struct LayerCase {
   GemmTile tile = GemmTile::k128x256;
   bool shared = false;  // a shared expert (MoeLayerWeights::shared_gate_up, shared_down)
   bool swap_tails = true;  // MoeLayerOptions::swap_tails
+  bool expert_groups = true;  // MoeLayerOptions::expert_groups (the composed calls' as well)
 
   std::string text(int world) const {
     return moe.text(world) + " I=" + std::to_string(inter) + " " + std::string(gemm_tile_name(tile)) +
-           (shared ? " shared" : "") + (swap_tails ? "" : " padded tails");
+           (shared ? " shared" : "") + (swap_tails ? "" : " padded tails") + (expert_groups ? "" : " plain groups");
   }
   MoeLayerOptions options() const {
     MoeLayerOptions o;
     o.tile = tile;
     o.swap_tails = swap_tails;
+    o.expert_groups = expert_groups;
     return o;
   }
 };
@@ -1490,6 +1495,7 @@ Status run_composed(const LayerCase& g, const CaseBuffers& s, LayerBuffers& b, c
   Communicator& comm = shared_comm();
   MoeDispatchGemmOptions o;
   o.tile = g.tile;
+  o.expert_groups = g.expert_groups;
   LOOM_TRY(moe_dispatch_gemm(comm, plan, s.d_x.get(), s.recv, b.expert_gemm(g, s, b.composed_hidden.get()), nullptr, o));
   GroupedGemmArgs ga;
   ga.a = b.composed_hidden.get();
@@ -1505,6 +1511,7 @@ Status run_composed(const LayerCase& g, const CaseBuffers& s, LayerBuffers& b, c
   ga.workspace_bytes = grouped_gemm_workspace_bytes(ga);
   GroupedGemmOptions go;
   go.tile = g.tile;
+  go.expert_groups = g.expert_groups;
   LOOM_TRY(grouped_gemm(ga, nullptr, go));
   MoeCombineArgs ca;
   ca.expert_out = b.composed_y;
@@ -1686,6 +1693,16 @@ std::vector<LayerCase> layer_cases() {
   shared_drop.tile = GemmTile::k128x128;
   shared_drop.shared = true;
   v.push_back(shared_drop);
+  // Raster groups of group_m tile rows whatever the experts (MoeLayerOptions::expert_groups =
+  // false): many tile rows per expert, and beside a shared expert's rows.
+  LayerCase many_plain = many;
+  many_plain.moe.seed = 141;
+  many_plain.expert_groups = false;
+  v.push_back(many_plain);
+  LayerCase shared_plain = shared;
+  shared_plain.moe.seed = 142;
+  shared_plain.expert_groups = false;
+  v.push_back(shared_plain);
   return v;
 }
 

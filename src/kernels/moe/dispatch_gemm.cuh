@@ -140,8 +140,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (compute) {
     gemm::SchedulerParams sched = p.gemm.sched;
     sched.m_blocks = p.gemm.header->tile_rows;  // written by the plan kernel just before, in stream order
-    Tiles tiles{};  // expert_groups 0: the engine's grouped raster (GroupedTiles::order declines)
+    Tiles tiles{};
     tiles.table = p.gemm.table;
+    tiles.expert_groups = p.gemm.expert_groups;
     tiles.dispatch = &d;
     tiles.epoch = f.epoch;
     Scheduler scheduler(sched, tiles);

@@ -87,6 +87,14 @@ LOOM_HOST_DEVICE constexpr GroupedTile expert_group_tile(uint32_t t, uint32_t n_
 }
 static_assert(sizeof(GroupedTileRow) == 16, "a tile row is read with one 16-byte load");
 
+// The group word of virtual tile row r of moe_layer's queue (kernels/moe/layer.cuh): the shared
+// expert's S tile rows first, as one more expert cut into groups of at most group_rows, then the
+// tile table's rows with the words the plan kernel wrote.
+LOOM_HOST_DEVICE constexpr uint32_t layer_group_word(uint32_t r, uint32_t shared_rows, uint32_t group_rows,
+                                                     const GroupedTileRow* table) {
+  return r < shared_rows ? expert_group_of(r, shared_rows, group_rows) : table[r - shared_rows].group;
+}
+
 constexpr uint64_t kGroupedWorkspaceHeaderBytes = sizeof(GroupedWorkspaceHeader);
 
 // T_max for a BLOCK_M of block_m (see above).

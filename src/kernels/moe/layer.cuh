@@ -120,8 +120,9 @@ static_assert(sizeof(LayerParams) <= 4096, "moe_layer's parameters must fit the 
 // The layer's scheduler (the engine's Scheduler interface, kernels/gemm/scheduler.cuh): queue
 // positions [0, V n1) are fc1's tiles, [V n1, V (n1 + n2)) fc2's (V = S + Tt virtual tile rows:
 // the shared expert's S, then the tile table's Tt; n1 and n2 the GEMMs' column blocks), each GEMM
-// in the engine's grouped raster (group_m tile rows at a time, n fastest); fc2's items are
-// kTileSecond. An item's m_block is its virtual row (the layer's counters are indexed by it).
+// in the grouped GEMM's raster (expert groups: one expert's tile rows at a time, at most group_m,
+// m fastest; or plain groups of group_m tile rows); fc2's items are kTileSecond. An item's
+// m_block is its virtual row (the layer's counters are indexed by it).
 template <int kBlockM>
 class LayerScheduler {
  public:
@@ -150,12 +151,22 @@ class LayerScheduler {
     const bool down = w >= up_tiles;
     const gemm::SchedulerParams& sp = down ? p_->down.sched : p_->up.sched;
     const uint32_t t = down ? w - up_tiles : w;
-    const uint32_t group_m = max(sp.group_m, 1u);
-    const uint32_t first_m = t / (group_m * sp.n_blocks) * group_m;
-    const uint32_t rows = min(tile_rows_ - first_m, group_m);
-    const uint32_t local = t - first_m * sp.n_blocks;
-    const uint32_t m_block = first_m + local % rows;
-    const uint32_t n_block = local / rows;
+    uint32_t m_block, n_block;
+    if (p_->up.expert_groups != 0) {
+      // Expert groups (GroupedGemmOptions::expert_groups): the table's words, written with up's
+      // group_m (both GEMMs share the table's tile rows).
+      const uint32_t word = layer_group_word(t / sp.n_blocks, shared_rows_, max(p_->up.sched.group_m, 1u), p_->up.table);
+      const GroupedTile tile = expert_group_tile(t, sp.n_blocks, word);
+      m_block = tile.m_block;
+      n_block = tile.n_block;
+    } else {
+      const uint32_t group_m = max(sp.group_m, 1u);
+      const uint32_t first_m = t / (group_m * sp.n_blocks) * group_m;
+      const uint32_t rows = min(tile_rows_ - first_m, group_m);
+      const uint32_t local = t - first_m * sp.n_blocks;
+      m_block = first_m + local % rows;
+      n_block = local / rows;
+    }
     if (p_->phases != nullptr) note_gate(down, false);
     bool ok = true;
     if (down) {

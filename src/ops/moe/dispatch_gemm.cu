@@ -100,6 +100,7 @@ Status moe_dispatch_gemm(Communicator& comm, const MoePlan& plan, const void* x,
   args.workspace = static_cast<char*>(impl.heap->local_base()) + d.ws.offset + wl.tiles;
   LOOM_TRY_CTX(ops::prepare_grouped_gemm(args, fused.gemm, stream, p.gemm), kOp);
   p.gemm.sched.queue = &d.state->tile_queue;  // CTAs that join late take what is left
+  p.gemm.expert_groups = options.expert_groups ? 1u : 0u;
   p.roles.set(km::DispatchGemmRole::kArrival, static_cast<uint32_t>(fused.arrival_ctas));
   p.roles.set(km::DispatchGemmRole::kForward, static_cast<uint32_t>(fused.forward_ctas));
   p.roles.set(km::DispatchGemmRole::kPush, static_cast<uint32_t>(fused.push_ctas));

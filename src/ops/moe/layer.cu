@@ -190,6 +190,7 @@ Status moe_layer(Communicator& comm, const MoePlan& plan, const void* x, const M
   LOOM_TRY_CTX(ops::prepare_grouped_gemm(up, fused.up, stream, p.up), kOp);
   LOOM_TRY_CTX(ops::encode_grouped_gemm(down, fused.down, p.down), kOp);
   p.up.swap_tails = p.down.swap_tails = options.swap_tails ? 1u : 0u;
+  p.up.expert_groups = options.expert_groups ? 1u : 0u;  // the scheduler reads up's for both GEMMs
   if (shared && plan.num_tokens > 0) {
     LOOM_TRY_CTX(encode_shared_expert(plan, l, x, weights, buffers, fused, layer_rows, p), kOp);
   }
