@@ -13,7 +13,9 @@
 //            smallest of its rows there, as the layout is expert-major), writes the RecvRow origin
 //            of each of its rows on d (token, source rank and slot, weight, primary), fences at
 //            system scope, and adds 1 to d's arrival counter of each of those rows' blocks.
-//            So a token crosses NVLink once per destination rank. On several nodes, for every
+//            So a token crosses NVLink once per destination rank. To this rank itself (every
+//            token at W = 1) the warp writes all of the token's rows, each its own primary: there
+//            is no link to spare, and the arrival role need not read a primary back. On several nodes, for every
 //            other node holding one of its experts, the warp writes the token's entry (header:
 //            token, source, its slots there and their weights; then the row) into this rank's
 //            send window toward that node and counts it; the entry completing a chunk of
@@ -112,9 +114,19 @@ __device__ __forceinline__ bool push_row(const DispatchParams& p, uint32_t d, bo
     s.entered |= 1u << d;
   }
   char* recv = reinterpret_cast<char*>(c.peer_heap_bases[d] + p.recv_offset);
-  vector_copy<MoeTunables::kCopyUnroll>(recv + static_cast<uint64_t>(primary) * p.row_bytes, src, p.row_bytes, lane, 32);
+  // This GPU (d is this rank; at W = 1 every token): no link to spare, so the warp writes every
+  // row of the token itself, each its own primary (the arrival role copies none of them), rather
+  // than one row for the arrival role to read back and copy k - 1 times.
+  const bool own = d == static_cast<uint32_t>(c.local_rank);
+  if (own) {
+    vector_copy_to_rows<MoeTunables::kCopyUnroll>(recv + static_cast<uint64_t>(row) * p.row_bytes,
+                                                  __ballot_sync(0xffffffffu, mine), src, p.row_bytes, lane);
+  } else {
+    vector_copy<MoeTunables::kCopyUnroll>(recv + static_cast<uint64_t>(primary) * p.row_bytes, src, p.row_bytes, lane, 32);
+  }
   if (mine) {
-    const RecvRow origin{token, (source << 8) | static_cast<int32_t>(lane), weight, static_cast<int32_t>(primary)};
+    const RecvRow origin{token, (source << 8) | static_cast<int32_t>(lane), weight,
+                         static_cast<int32_t>(own ? row : primary)};
     *p.ws.at<RecvRow>(c, static_cast<int>(d), l.rows, row) = origin;
   }
   __threadfence_system();

@@ -131,7 +131,8 @@ struct alignas(16) RecvRow {
   int32_t token;    // the token's index on its source rank
   int32_t source;   // source rank (of the job) << 8 | slot
   float weight;     // the slot's router weight
-  int32_t primary;  // the row that crossed NVLink for this token (== this row for the first one)
+  int32_t primary;  // the row that crossed NVLink for this token (== this row for the first one,
+                    // and for every row a rank wrote to itself)
 };
 static_assert(sizeof(RecvRow) == 16, "a receive row's origin is one 16-byte store");
 
