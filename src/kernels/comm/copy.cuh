@@ -54,18 +54,18 @@ __device__ __forceinline__ void vector_copy(char* dst, const char* src, uint64_t
   for (uint64_t i = tail_begin + lane; i < bytes; i += nlanes) dst[i] = src[i];
 }
 
-// One warp: the row at src (`bytes`) copied into every destination row of `lanes` (lane j of the
-// mask holds its row's address in `dst`), each 16-byte vector loaded once and stored to all of
+// One warp: the row at src (`bytes`) copied into every destination row of `targets` (a
+// warp-uniform mask: lane j of it holds its row's address in `dst`), each 16-byte vector loaded once and stored to all of
 // them, kUnroll loads in flight. Rows that are not all 16-byte aligned with src are copied one
 // after another by vector_copy.
 template <int kUnroll>
-__device__ __forceinline__ void vector_copy_to_rows(char* dst, uint32_t lanes, const char* src, uint64_t bytes,
+__device__ __forceinline__ void vector_copy_to_rows(char* dst, uint32_t targets, const char* src, uint64_t bytes,
                                                     uint32_t lane) {
   static_assert(kUnroll >= 1 && kUnroll <= 16, "vector_copy_to_rows: kUnroll must be between 1 and 16");
-  const bool aligned = __all_sync(0xffffffffu, ((lanes >> lane) & 1) == 0 || aligned16(dst)) && aligned16(src) &&
+  const bool aligned = __all_sync(0xffffffffu, ((targets >> lane) & 1) == 0 || aligned16(dst)) && aligned16(src) &&
                        bytes % kVectorBytes == 0;
   if (!aligned) {
-    for (uint32_t m = lanes; m != 0; m &= m - 1) {
+    for (uint32_t m = targets; m != 0; m &= m - 1) {
       char* row = reinterpret_cast<char*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(dst), __ffs(m) - 1));
       vector_copy<kUnroll>(row, src, bytes, lane, 32);
     }
@@ -80,7 +80,7 @@ __device__ __forceinline__ void vector_copy_to_rows(char* dst, uint32_t lanes, c
       const uint64_t v = v0 + static_cast<uint64_t>(u) * 32 + lane;
       if (v < vectors) buf[u] = s[v];
     }
-    for (uint32_t m = lanes; m != 0; m &= m - 1) {
+    for (uint32_t m = targets; m != 0; m &= m - 1) {
       uint4* d = reinterpret_cast<uint4*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(dst), __ffs(m) - 1));
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
