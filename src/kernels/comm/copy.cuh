@@ -55,9 +55,9 @@ __device__ __forceinline__ void vector_copy(char* dst, const char* src, uint64_t
 }
 
 // One warp: the row at src (`bytes`) copied into every destination row of `targets` (a
-// warp-uniform mask: lane j of it holds its row's address in `dst`), each 16-byte vector loaded once and stored to all of
-// them, kUnroll loads in flight. Rows that are not all 16-byte aligned with src are copied one
-// after another by vector_copy.
+// warp-uniform mask: lane j of it holds its row's address in `dst`), each 16-byte vector loaded
+// once and stored to all of them, kUnroll loads in flight. Rows that are not all 16-byte aligned
+// with src are copied one after another by vector_copy.
 template <int kUnroll>
 __device__ __forceinline__ void vector_copy_to_rows(char* dst, uint32_t targets, const char* src, uint64_t bytes,
                                                     uint32_t lane) {

@@ -15,10 +15,10 @@
 //            system scope, and adds 1 to d's arrival counter of each of those rows' blocks.
 //            So a token crosses NVLink once per destination rank. To this rank itself (every
 //            token at W = 1) the warp writes all of the token's rows, each its own primary: there
-//            is no link to spare, and the arrival role need not read a primary back. On several nodes, for every
-//            other node holding one of its experts, the warp writes the token's entry (header:
-//            token, source, its slots there and their weights; then the row) into this rank's
-//            send window toward that node and counts it; the entry completing a chunk of
+//            is no link to spare, and the arrival role need not read a primary back. On several
+//            nodes, for every other node holding one of its experts, the warp writes the token's
+//            entry (header: token, source, its slots there and their weights; then the row) into
+//            this rank's send window toward that node and counts it; the entry completing a chunk of
 //            kNetChunkTokens hands the chunk to the proxy (net_window.cuh): one network write to
 //            this rank's same-index GPU there, then the chunk's flag.
 //   forward  (several nodes) warp w takes the chunks (remote slot, chunk) w, w + warps, ... that
