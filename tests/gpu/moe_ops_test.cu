@@ -1695,14 +1695,13 @@ std::vector<LayerCase> layer_cases() {
   v.push_back(shared_drop);
   // Raster groups of group_m tile rows whatever the experts (MoeLayerOptions::expert_groups =
   // false): many tile rows per expert, and beside a shared expert's rows.
-  LayerCase many_plain = many;
-  many_plain.moe.seed = 141;
-  many_plain.expert_groups = false;
-  v.push_back(many_plain);
-  LayerCase shared_plain = shared;
-  shared_plain.moe.seed = 142;
-  shared_plain.expert_groups = false;
-  v.push_back(shared_plain);
+  uint64_t plain_seed = 141;
+  for (const LayerCase* base : {&many, &shared}) {
+    LayerCase plain = *base;
+    plain.moe.seed = plain_seed++;
+    plain.expert_groups = false;
+    v.push_back(plain);
+  }
   return v;
 }
 
