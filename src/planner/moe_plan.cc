@@ -94,6 +94,7 @@ Result<MoeLayouts> plan_moe(const MoeRequest& request) {
   l.capacity = capacity;
   l.local_experts = c.num_experts / world;
   l.row_bytes = row_bytes;
+  l.world = world;
   l.num_nodes = nodes;
   kernels::moe::MoeShape shape;
   shape.world = static_cast<uint32_t>(world);
@@ -426,8 +427,10 @@ GroupedGemmArgs dispatch_gemm_grouped_args(const MoePlan& plan, const MoeLayouts
 }
 
 Result<MoeDispatchGemmPlan> plan_moe_dispatch_gemm(const GroupedGemmArgs& args, const MoeDispatchGemmOptions& options,
-                                                   const GemmDeviceLimits& device, int num_nodes) {
+                                                   const GemmDeviceLimits& device, MoeJob job) {
   constexpr const char* kOp = "moe_dispatch_gemm";
+  const int num_nodes = job.num_nodes;
+  const bool one_rank = job.world == 1;
   const int sms = device.sm_count;
   if (sms < 2) {
     return Status::unsupported(std::string(kOp) + ": the GPU has " + num(sms) +
@@ -460,9 +463,11 @@ Result<MoeDispatchGemmPlan> plan_moe_dispatch_gemm(const GroupedGemmArgs& args, 
   Result<GroupedGemmPlan> gemm = plan_grouped_gemm(args, grouped, device);
   if (!gemm.ok()) return std::move(gemm).take_status().with_context(kOp);
   plan.gemm = *gemm;
-  plan.push_ctas = options.push_ctas != 0 ? options.push_ctas : std::max(1, plan.grid / MoeTunables::kFusedPushShareDen);
-  plan.arrival_ctas =
-      options.arrival_ctas != 0 ? options.arrival_ctas : std::max(1, plan.grid / MoeTunables::kFusedArrivalShareDen);
+  const int push_share = one_rank ? MoeTunables::kFusedPushShareDenOneRank : MoeTunables::kFusedPushShareDen;
+  plan.push_ctas = options.push_ctas != 0 ? options.push_ctas : std::max(1, plan.grid / push_share);
+  plan.arrival_ctas = options.arrival_ctas != 0 ? options.arrival_ctas
+                      : one_rank               ? 0
+                                               : std::max(1, plan.grid / MoeTunables::kFusedArrivalShareDen);
   plan.forward_ctas = num_nodes > 1 ? std::max(1, plan.grid / MoeTunables::kFusedForwardShareDen) : 0;
   if (plan.push_ctas + plan.arrival_ctas + plan.forward_ctas > plan.grid) {
     return Status::invalid_argument(std::string(kOp) + ": push_ctas " + num(plan.push_ctas) + " and arrival_ctas " +
@@ -545,13 +550,13 @@ GroupedGemmArgs layer_down_args(const MoePlan& plan, const MoeLayouts& layouts, 
 }
 
 Result<MoeLayerPlan> plan_moe_layer(const GroupedGemmArgs& up, const GroupedGemmArgs& down, const MoeLayerOptions& options,
-                                    const GemmDeviceLimits& device, int num_nodes) {
+                                    const GemmDeviceLimits& device, MoeJob job) {
   MoeDispatchGemmOptions fused;
   fused.tile = options.tile;
   fused.num_ctas = options.num_ctas;
   fused.push_ctas = options.push_ctas;
   fused.arrival_ctas = options.arrival_ctas;
-  Result<MoeDispatchGemmPlan> first = plan_moe_dispatch_gemm(up, fused, device, num_nodes);
+  Result<MoeDispatchGemmPlan> first = plan_moe_dispatch_gemm(up, fused, device, job);
   if (!first.ok()) return std::move(first).take_status().with_context("moe_layer (gate/up GEMM)");
   MoeLayerPlan plan;
   plan.up = first->gemm;

@@ -34,6 +34,7 @@ struct MoeLayouts {
   int64_t capacity = 0;       // C
   int64_t local_experts = 0;  // E / W
   uint64_t row_bytes = 0;     // H * element size
+  int world = 1;              // W
   int num_nodes = 1;          // N
   uint64_t net_flag_words = 0;  // per-launch words of the network flag window a call uses
   kernels::moe::PlanLayout plan{};
@@ -125,12 +126,19 @@ struct MoeDispatchGemmPlan {
   int arrival_ctas = 0;
   int forward_ctas = 0;  // several nodes: network arrivals (then compute)
 };
+// The job a fused MoE kernel runs in: W ranks on N nodes.
+struct MoeJob {
+  int world = 1;
+  int num_nodes = 1;
+};
 // Checks the GEMM (grouped_gemm_can_implement, the tile is one of kDispatchGemmTiles) and sizes the
 // grid: num_ctas (0: sm_count) in [2, sm_count] (all resident: compute CTAs wait for rows the
 // other roles of the launch land); push_ctas (0: grid / kFusedPushShareDen) and arrival_ctas (0:
-// grid / kFusedArrivalShareDen), each at least one, together at most the grid.
+// grid / kFusedArrivalShareDen), each at least one, together at most the grid. On one rank
+// (W = 1) the pushing warps complete the receive blocks themselves: arrival_ctas 0 unless given,
+// push_ctas grid / kFusedPushShareDenOneRank.
 Result<MoeDispatchGemmPlan> plan_moe_dispatch_gemm(const GroupedGemmArgs& args, const MoeDispatchGemmOptions& options,
-                                                   const GemmDeviceLimits& device, int num_nodes = 1);
+                                                   const GemmDeviceLimits& device, MoeJob job = {});
 
 // ---- moe_layer ----
 // Its two grouped GEMMs over the C receive rows, on the MoE workspace's tile table: up (recv_x ->
@@ -147,9 +155,9 @@ struct MoeLayerPlan {
   int arrival_ctas = 0;
   int forward_ctas = 0;  // several nodes: the dispatch's network arrivals (then compute)
 };
-// moe_dispatch_gemm's plan for up (tile, grid, roles) on a job of num_nodes nodes, then down on
-// the same tile and grid.
+// moe_dispatch_gemm's plan for up (tile, grid, roles) in `job`, then down on the same tile and
+// grid.
 Result<MoeLayerPlan> plan_moe_layer(const GroupedGemmArgs& up, const GroupedGemmArgs& down, const MoeLayerOptions& options,
-                                    const GemmDeviceLimits& device, int num_nodes = 1);
+                                    const GemmDeviceLimits& device, MoeJob job = {});
 
 }  // namespace loom::planner

@@ -308,7 +308,8 @@ TEST(MoePlan, DispatchGemmGridAndTiles) {
   EXPECT_EQ(args.k, 7168);
   EXPECT_EQ(args.workspace_bytes, grouped_gemm_workspace_bytes(args));  // the workspace's tiles region fits
   const GemmDeviceLimits h200{132, 232448};
-  Result<MoeDispatchGemmPlan> p = plan_moe_dispatch_gemm(args, {}, h200);
+  const MoeJob two_ranks{2, 1};
+  Result<MoeDispatchGemmPlan> p = plan_moe_dispatch_gemm(args, {}, h200, two_ranks);
   ASSERT_TRUE(p.ok()) << p.status().to_string();
   EXPECT_EQ(p->grid, 132);
   EXPECT_EQ(p->gemm.num_ctas, 132);
@@ -317,10 +318,25 @@ TEST(MoePlan, DispatchGemmGridAndTiles) {
   EXPECT_TRUE(p->gemm.tile == GemmTile::k128x256 || p->gemm.tile == GemmTile::k128x128);
   MoeDispatchGemmOptions o;
   o.num_ctas = 2;
-  p = plan_moe_dispatch_gemm(args, o, h200);
+  p = plan_moe_dispatch_gemm(args, o, h200, two_ranks);
   ASSERT_TRUE(p.ok()) << p.status().to_string();
   EXPECT_EQ(p->push_ctas, 1);
   EXPECT_EQ(p->arrival_ctas, 1);
+  // One rank: the pushing warps complete the receive blocks, so no arrival CTA unless asked for.
+  p = plan_moe_dispatch_gemm(args, {}, h200);
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_EQ(p->push_ctas, 132 / MoeTunables::kFusedPushShareDenOneRank);
+  EXPECT_EQ(p->arrival_ctas, 0);
+  p = plan_moe_dispatch_gemm(args, o, h200);
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_EQ(p->push_ctas, 1);
+  EXPECT_EQ(p->arrival_ctas, 0);
+  o.arrival_ctas = 4;
+  o.num_ctas = 0;
+  p = plan_moe_dispatch_gemm(args, o, h200);
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_EQ(p->arrival_ctas, 4);
+  o = {};
   o.num_ctas = 1;
   EXPECT_EQ(plan_moe_dispatch_gemm(args, o, h200).status().code(), StatusCode::kInvalidArgument);
   o.num_ctas = 133;
@@ -341,13 +357,14 @@ TEST(MoePlan, DispatchGemmGridAndTiles) {
   EXPECT_EQ(plan_moe_dispatch_gemm(args, {}, GemmDeviceLimits{1, 232448}).status().code(), StatusCode::kUnsupported);
   EXPECT_EQ(p->forward_ctas, 0);
   // Several nodes: forwarding CTAs too (then they compute), within the grid.
-  p = plan_moe_dispatch_gemm(args, {}, h200, 2);
+  const MoeJob two_nodes{2, 2};
+  p = plan_moe_dispatch_gemm(args, {}, h200, two_nodes);
   ASSERT_TRUE(p.ok()) << p.status().to_string();
   EXPECT_EQ(p->forward_ctas, 132 / MoeTunables::kFusedForwardShareDen);
   EXPECT_LE(p->push_ctas + p->arrival_ctas + p->forward_ctas, p->grid);
   o = {};
   o.num_ctas = 2;
-  EXPECT_EQ(plan_moe_dispatch_gemm(args, o, h200, 2).status().code(), StatusCode::kInvalidArgument);  // 3 roles, 2 CTAs
+  EXPECT_EQ(plan_moe_dispatch_gemm(args, o, h200, two_nodes).status().code(), StatusCode::kInvalidArgument);  // 3 roles, 2 CTAs
 
   // moe_layer: up is the dispatch_gemm's GEMM (K = H, N = 2I, SwiGLU into hidden), down K = I,
   // N = H into expert_out; both on one tile (one tile table), the same grid and roles.
@@ -374,14 +391,16 @@ TEST(MoePlan, DispatchGemmGridAndTiles) {
   EXPECT_EQ(layer->down.num_ctas, 132);
   EXPECT_EQ(layer->up.n_blocks, 4096 / gemm_tile_info(layer->up.tile).block_n);
   EXPECT_EQ(layer->forward_ctas, 0);
+  EXPECT_EQ(layer->arrival_ctas, 0);  // one rank
+  EXPECT_EQ(layer->push_ctas, 132 / MoeTunables::kFusedPushShareDenOneRank);
   // Several nodes: the layer's forwarding CTAs are moe_dispatch_gemm's (then they compute).
-  layer = plan_moe_layer(up, down, {}, h200, 2);
+  layer = plan_moe_layer(up, down, {}, h200, two_nodes);
   ASSERT_TRUE(layer.ok()) << layer.status().to_string();
   EXPECT_EQ(layer->forward_ctas, 132 / MoeTunables::kFusedForwardShareDen);
   EXPECT_LE(layer->push_ctas + layer->arrival_ctas + layer->forward_ctas, layer->grid);
   MoeLayerOptions two_ctas;
   two_ctas.num_ctas = 2;  // three roles
-  EXPECT_EQ(plan_moe_layer(up, down, two_ctas, h200, 2).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(plan_moe_layer(up, down, two_ctas, h200, two_nodes).status().code(), StatusCode::kInvalidArgument);
   layer = plan_moe_layer(up, down, {}, h200);
   ASSERT_TRUE(layer.ok()) << layer.status().to_string();
   MoeLayerOptions lo;

@@ -12,7 +12,8 @@
 //            copies the row with 16-byte vector stores into its FIRST row on d (the primary: the
 //            smallest of its rows there, as the layout is expert-major), writes the RecvRow origin
 //            of each of its rows on d (token, source rank and slot, weight, primary), fences at
-//            system scope, and adds 1 to d's arrival counter of each of those rows' blocks.
+//            system scope, and adds 1 to d's arrival counter of each of those rows' blocks (on
+//            one rank, the add that completes a block also sets its ready flag: no arrival role).
 //            So a token crosses NVLink once per destination rank. To this rank itself (every
 //            token at W = 1) the warp writes all of the token's rows, each its own primary: there
 //            is no link to spare, and the arrival role need not read a primary back. On several
@@ -27,12 +28,12 @@
 //            pushing warp does (push_local_slots), so the arrival role sees no difference. CTA 0
 //            announces the network entry first and, at the end, records the plan's routing
 //            epoch (combine checks it) and waits until this rank's windows were all sent.
-//   arrival  CTA i of the arrival role takes receive blocks f = i, i + arrival_ctas, ... of this
-//            rank's kept rows (R = kArrivalRows rows each): waits (bounded) until arrival[f] holds
-//            the block's row count (every row's sender has added its 1, so every primary row in
-//            the block has landed and every other row's origin is there, its primary landed too,
-//            being no later in the order), copies each repeated row from its primary (local
-//            copies), then sets ready[f] = e. A kernel reading this rank's rows (the grouped GEMM
+//   arrival  (W >= 2; nothing to do on one rank) CTA i of the arrival role takes receive blocks
+//            f = i, i + arrival_ctas, ... of this rank's kept rows (R = kArrivalRows rows each):
+//            waits (bounded) until arrival[f] holds the block's row count (every row's sender
+//            has added its 1, so every primary row in the block has landed and every other row's
+//            origin is there, its primary landed too, being no later in the order), copies each
+//            repeated row from its primary (local copies), then sets ready[f] = e. A kernel reading this rank's rows (the grouped GEMM
 //            of the fused moe_dispatch_gemm, dispatch_gemm.cuh) gates on ready[].
 //            When its blocks are done every row sent to this rank has landed, so the launch ends
 //            only after every write into this rank (the frame's rule).
@@ -46,6 +47,8 @@
 //   send_window, staging, token_pos, send_fill / sent_chunks / send_count   several nodes only
 //            (sizes in layout.h)
 #pragma once
+
+#include <cuda/atomic>
 
 #include <cstdint>
 
@@ -131,7 +134,22 @@ __device__ __forceinline__ bool push_row(const DispatchParams& p, uint32_t d, bo
   }
   __threadfence_system();
   __syncwarp();
-  if (mine) counter_add_release(p.ws.at<uint64_t>(c, static_cast<int>(d), l.arrival, row / MoeTunables::kArrivalRows), 1);
+  if (mine) {
+    const uint32_t f = row / MoeTunables::kArrivalRows;
+    uint64_t* arrived = p.ws.at<uint64_t>(c, static_cast<int>(d), l.arrival, f);
+    if (JobRanks(c).world() == 1) {
+      // One rank: every row is pushed here by this launch, each its own primary, so a block is
+      // complete with its last row's add and nothing is left to copy; that add's warp marks it
+      // ready (the acq_rel add takes in every earlier row of the block), and no arrival role runs.
+      const uint64_t before = cuda::atomic_ref<uint64_t, cuda::thread_scope_device>(*arrived).fetch_add(
+          1, cuda::memory_order_acq_rel);
+      if (before + 1 == block_rows(kept_rows(*p.plan.status, p.capacity), f)) {
+        flag_store_release(p.ws.at<uint64_t>(c, static_cast<int>(d), l.ready, f), epoch);
+      }
+    } else {
+      counter_add_release(arrived, 1);
+    }
+  }
   return true;
 }
 
@@ -417,10 +435,9 @@ __device__ __forceinline__ bool receive_blocks(const DispatchParams& p, uint32_t
   const uint32_t blocks = static_cast<uint32_t>(arrival_blocks(kept));
   char* recv = reinterpret_cast<char*>(c.peer_heap_bases[me] + p.recv_offset);
   const RecvRow* origins = p.ws.at<RecvRow>(c, me, l.rows);
-  const uint32_t mine = first < blocks ? (blocks - first + stride - 1) / stride : 0;
-  auto rows_of = [&](uint32_t f) {
-    return min(static_cast<uint64_t>(MoeTunables::kArrivalRows), kept - static_cast<uint64_t>(f) * MoeTunables::kArrivalRows);
-  };
+  // One rank: the pushing warps mark the blocks ready themselves (push_row).
+  const uint32_t mine = first < blocks && JobRanks(c).world() > 1 ? (blocks - first + stride - 1) / stride : 0;
+  auto rows_of = [&](uint32_t f) { return block_rows(kept, f); };
   for (uint32_t base = 0; base < mine; base += kWindow) {
     const uint32_t n = min(kWindow, mine - base);
     uint32_t pending = n == 32 ? 0xffffffffu : (1u << n) - 1;  // thread 0's: the window's blocks not yet taken

@@ -9,7 +9,7 @@
 // Roles (LayerRoleTable), every CTA of the GEMM engine's shape (Cfg::kThreads threads, its shared
 // memory; one CTA per SM):
 //   arrival  CTAs [0, arrival): moe_dispatch's arrival role (receive blocks, repeated rows copied,
-//            ready[f] = e), then compute.
+//            ready[f] = e; none on one rank, where the pushing warps set ready[]), then compute.
 //   push     the next push CTAs: moe_dispatch's push role (every warp pushes tokens), then compute.
 //   compute  the rest, from the start: the GEMM engine's compute role paired over both GEMMs
 //            (kernels/gemm/operands.cuh: one mainloop and pipeline, fc1 tiles as kTile with the

@@ -54,9 +54,12 @@ struct MoeTunables {
   static constexpr uint32_t kPushSortTokens = 2048;
   static constexpr uint32_t kPushSortBuckets = 1024;
   // moe_dispatch_gemm: the CTAs that push (1 / kFusedPushShareDen of the grid) and complete
-  // receive blocks (1 / kFusedArrivalShareDen) before they join the expert GEMM.
+  // receive blocks (1 / kFusedArrivalShareDen) before they join the expert GEMM. On one rank the
+  // pushing warps complete the blocks themselves (no arrival role) and the pushers get
+  // 1 / kFusedPushShareDenOneRank of the grid.
   static constexpr int kFusedPushShareDen = 4;
   static constexpr int kFusedArrivalShareDen = 4;
+  static constexpr int kFusedPushShareDenOneRank = 2;
   // Combine: the most CTAs (one "read done" flag each), and the shape of a reducing warp's sum
   // (SumShape: two vectors of eight slots in flight per lane, their own GPU's rows prefetched two
   // passes ahead; about 150-190 registers, in moe_combine's kernel and in moe_layer's at its entry
@@ -181,6 +184,12 @@ LOOM_HOST_DEVICE constexpr uint64_t routing_chunks(uint64_t tokens) {
 }
 LOOM_HOST_DEVICE constexpr uint64_t arrival_blocks(uint64_t capacity) {
   return (capacity + MoeTunables::kArrivalRows - 1) / MoeTunables::kArrivalRows;
+}
+// Rows of receive block f when `kept` rows are kept: kArrivalRows, fewer in the last block.
+LOOM_HOST_DEVICE constexpr uint64_t block_rows(uint64_t kept, uint64_t f) {
+  constexpr uint64_t kRows = MoeTunables::kArrivalRows;
+  const uint64_t first = f * kRows;
+  return kept <= first ? 0 : kept - first < kRows ? kept - first : kRows;
 }
 
 // The plan buffer (device memory of this GPU, the caller's; offsets from its start, each region

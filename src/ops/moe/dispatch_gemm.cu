@@ -90,7 +90,7 @@ Status moe_dispatch_gemm(Communicator& comm, const MoePlan& plan, const void* x,
                kOp);
   LOOM_ASSIGN_OR_RETURN(planner::GemmDeviceLimits limits, ops::gemm_device_limits());
   limits.sm_count = impl.sm_count;
-  LOOM_ASSIGN_OR_RETURN(const planner::MoeDispatchGemmPlan fused, planner::plan_moe_dispatch_gemm(args, options, limits, l.num_nodes));
+  LOOM_ASSIGN_OR_RETURN(const planner::MoeDispatchGemmPlan fused, planner::plan_moe_dispatch_gemm(args, options, limits, {l.world, l.num_nodes}));
 
   const km::WorkspaceLayout& wl = l.workspace;
   km::DispatchGemmParams p{};

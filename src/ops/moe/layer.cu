@@ -171,7 +171,7 @@ Status moe_layer(Communicator& comm, const MoePlan& plan, const void* x, const M
   LOOM_ASSIGN_OR_RETURN(planner::GemmDeviceLimits limits, ops::gemm_device_limits());
   limits.sm_count = impl.sm_count;
   LOOM_ASSIGN_OR_RETURN(const planner::MoeLayerPlan fused,
-                        planner::plan_moe_layer(up, down, options, limits, l.num_nodes));
+                        planner::plan_moe_layer(up, down, options, limits, {l.world, l.num_nodes}));
   LOOM_TRY_CTX(load_for_nodes(l), kOp);
 
   const km::WorkspaceLayout& wl = l.workspace;
