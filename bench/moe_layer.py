@@ -304,17 +304,28 @@ def summarize_phases(records):
     when the dispatch roles were done (the last of them), when the CTAs' first tiles were claimed
     (median, last), when their queues ran dry (first, last) and their combine shares ended (last);
     and per CTA, on average, how long its claims waited for inputs (fc1 for receive blocks, fc2 for
-    fc1 rows)."""
+    fc1 rows). The CTAs that only compute (no dispatch role first) are also summarized on their
+    own ("compute_*": their first tile's median, their waits per CTA), and "per_cta" keeps every
+    CTA's record with its times in ms from the same origin."""
     t0 = min(r["entered_ns"] for r in records)
 
     def ms(ns):
         return (ns - t0) / 1e6
 
+    def median(values):
+        values = sorted(values)
+        return values[len(values) // 2] if values else 0.0
+
     dispatch = [r["roles_done_ns"] for r in records if r["role"] != "compute"]
     first = sorted(r["first_tile_ns"] for r in records if r["tiles"] > 0)
     done = [r["tiles_done_ns"] for r in records]
     reduced = [r["reduced_ns"] for r in records if r["reduced_ns"] > 0]
+    compute = [r for r in records if r["role"] == "compute"]
     n = len(records)
+    times = ("roles_done_ns", "first_tile_ns", "tiles_done_ns", "reduced_ns")
+    per_cta = [{"cta": r["cta"], "role": r["role"], "tiles": r["tiles"],
+                **{k[:-3]: (ms(r[k]) if r[k] else None) for k in times},
+                "up_wait": r["up_wait_ns"] / 1e6, "down_wait": r["down_wait_ns"] / 1e6} for r in records]
     return {"ctas": n, "dispatch_done": ms(max(dispatch)) if dispatch else 0.0,
             "first_tile_median": ms(first[len(first) // 2]) if first else 0.0,
             "first_tile_last": ms(first[-1]) if first else 0.0,
@@ -322,20 +333,29 @@ def summarize_phases(records):
             "combine_done": ms(max(reduced)) if reduced else 0.0,
             "up_wait_per_cta": sum(r["up_wait_ns"] for r in records) / n / 1e6,
             "down_wait_per_cta": sum(r["down_wait_ns"] for r in records) / n / 1e6,
-            "tiles": sum(r["tiles"] for r in records)}
+            "tiles": sum(r["tiles"] for r in records),
+            "compute_ctas": len(compute),
+            "compute_first_tile_median": ms(median(r["first_tile_ns"] for r in compute if r["tiles"] > 0))
+            if any(r["tiles"] > 0 for r in compute) else 0.0,
+            "compute_up_wait_per_cta": sum(r["up_wait_ns"] for r in compute) / len(compute) / 1e6 if compute else 0.0,
+            "compute_down_wait_per_cta": sum(r["down_wait_ns"] for r in compute) / len(compute) / 1e6 if compute else 0.0,
+            "per_cta": per_cta}
 
 
 PHASE_COLUMNS = ("dispatch_done", "first_tile_median", "first_tile_last", "queue_dry_first", "queue_dry_last",
-                 "combine_done", "up_wait_per_cta", "down_wait_per_cta")
+                 "combine_done", "up_wait_per_cta", "down_wait_per_cta", "compute_first_tile_median",
+                 "compute_up_wait_per_cta")
 
 
 def print_phases(rows):
     print("\nwhere moe_layer's time went (one launch; ms from its first CTA's entry; waits: per CTA, summed "
           "over its claims)")
-    print(f"{'model':<13}{'tokens':>7} {'routing':<9}" + "".join(f"{c:>19}" for c in PHASE_COLUMNS))
+    width = {c: max(19, len(c) + 2) for c in PHASE_COLUMNS}
+    print(f"{'model':<13}{'tokens':>7} {'routing':<9}" + "".join(f"{c:>{width[c]}}" for c in PHASE_COLUMNS))
     for r in rows:
         ph = r["phases"]
-        print(f"{r['model']:<13}{r['tokens']:>7} {r['routing']:<9}" + "".join(f"{ph[c]:>19.3f}" for c in PHASE_COLUMNS))
+        print(f"{r['model']:<13}{r['tokens']:>7} {r['routing']:<9}" +
+              "".join(f"{ph[c]:>{width[c]}.3f}" for c in PHASE_COLUMNS))
 
 
 def model_weights(torch, lt, model, dev, shared_expert=False):

@@ -241,9 +241,19 @@ def test_moe_layer_bench_phase_summary(monkeypatch):
     got = module.summarize_phases(records)
     want = {"ctas": 2, "dispatch_done": 0.1, "first_tile_median": 0.149, "first_tile_last": 0.149,
             "queue_dry_first": 0.899, "queue_dry_last": 0.949, "combine_done": 0.999, "up_wait_per_cta": 0.02,
-            "down_wait_per_cta": 0.005, "tiles": 12}
+            "down_wait_per_cta": 0.005, "tiles": 12,
+            # the compute-only CTAs on their own: CTA 1
+            "compute_ctas": 1, "compute_first_tile_median": 0.119, "compute_up_wait_per_cta": 0.03,
+            "compute_down_wait_per_cta": 0.006}
+    per_cta = got.pop("per_cta")
     assert got.keys() == want.keys()
     assert all(abs(got[k] - want[k]) < 1e-9 for k in want), got
+    first = {"cta": 0, "role": "push", "tiles": 5, "roles_done": 0.1, "first_tile": 0.149, "tiles_done": 0.899,
+             "reduced": 0.999, "up_wait": 0.01, "down_wait": 0.004}
+    assert per_cta[0].keys() == first.keys()
+    assert all(per_cta[0][k] == first[k] if isinstance(first[k], str) else abs(per_cta[0][k] - first[k]) < 1e-9
+               for k in first), per_cta[0]
+    assert [c["cta"] for c in per_cta] == [0, 1]
 
 
 @pytest.mark.parametrize("env,says", [({"LOOM_RANKS_PER_GPU": "2"}, "LOOM_RANKS_PER_GPU=2 is the shared-GPU mode"),
