@@ -33,8 +33,9 @@
 //            waits (bounded) until arrival[f] holds the block's row count (every row's sender
 //            has added its 1, so every primary row in the block has landed and every other row's
 //            origin is there, its primary landed too, being no later in the order), copies each
-//            repeated row from its primary (local copies), then sets ready[f] = e. A kernel reading this rank's rows (the grouped GEMM
-//            of the fused moe_dispatch_gemm, dispatch_gemm.cuh) gates on ready[].
+//            repeated row from its primary (local copies), then sets ready[f] = e. A kernel
+//            reading this rank's rows (the grouped GEMM of the fused moe_dispatch_gemm,
+//            dispatch_gemm.cuh) gates on ready[].
 //            When its blocks are done every row sent to this rank has landed, so the launch ends
 //            only after every write into this rank (the frame's rule).
 // Counters are the one non-epoch word: zeroed by the host call before the kernel (stream order),

@@ -5,7 +5,8 @@
 // Roles (DispatchGemmRoleTable), every CTA of the GEMM engine's shape (Cfg::kThreads threads, its
 // shared memory; one CTA per SM, all resident):
 //   arrival  CTAs [0, arrival): moe_dispatch's arrival role (receive blocks, repeated rows copied,
-//            ready[f] = e; none on one rank, where the pushing warps set ready[]), then the compute role.
+//            ready[f] = e; none on one rank, where the pushing warps set ready[]), then the
+//            compute role.
 //   forward  several nodes, the next forward CTAs: moe_dispatch's forwarding role (the entries
 //            other nodes sent this rank, pushed to their ranks here), then the compute role.
 //   push     the next push CTAs: moe_dispatch's push role (every warp pushes tokens), then the
