@@ -312,9 +312,9 @@ def summarize_phases(records):
     def ms(ns):
         return (ns - t0) / 1e6
 
-    def median(values):
+    def median_ms(values):  # the upper median of nanosecond times, in ms; 0 for none
         values = sorted(values)
-        return values[len(values) // 2] if values else 0.0
+        return ms(values[len(values) // 2]) if values else 0.0
 
     dispatch = [r["roles_done_ns"] for r in records if r["role"] != "compute"]
     first = sorted(r["first_tile_ns"] for r in records if r["tiles"] > 0)
@@ -327,7 +327,7 @@ def summarize_phases(records):
                 **{k[:-3]: (ms(r[k]) if r[k] else None) for k in times},
                 "up_wait": r["up_wait_ns"] / 1e6, "down_wait": r["down_wait_ns"] / 1e6} for r in records]
     return {"ctas": n, "dispatch_done": ms(max(dispatch)) if dispatch else 0.0,
-            "first_tile_median": ms(first[len(first) // 2]) if first else 0.0,
+            "first_tile_median": median_ms(first),
             "first_tile_last": ms(first[-1]) if first else 0.0,
             "queue_dry_first": ms(min(done)), "queue_dry_last": ms(max(done)),
             "combine_done": ms(max(reduced)) if reduced else 0.0,
@@ -335,8 +335,7 @@ def summarize_phases(records):
             "down_wait_per_cta": sum(r["down_wait_ns"] for r in records) / n / 1e6,
             "tiles": sum(r["tiles"] for r in records),
             "compute_ctas": len(compute),
-            "compute_first_tile_median": ms(median(r["first_tile_ns"] for r in compute if r["tiles"] > 0))
-            if any(r["tiles"] > 0 for r in compute) else 0.0,
+            "compute_first_tile_median": median_ms(r["first_tile_ns"] for r in compute if r["tiles"] > 0),
             "compute_up_wait_per_cta": sum(r["up_wait_ns"] for r in compute) / len(compute) / 1e6 if compute else 0.0,
             "compute_down_wait_per_cta": sum(r["down_wait_ns"] for r in compute) / len(compute) / 1e6 if compute else 0.0,
             "per_cta": per_cta}
