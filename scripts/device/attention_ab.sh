@@ -10,9 +10,11 @@
 #     bench/attention.py: another benchmark of the package whose rows bench/compare.py matches,
 #     e.g. bench/grouped_gemm.py, run the same way with its own arguments)
 #
-# The builds: .device-carry/base (old, `scripts/device/stage.sh --base DIR`) and .device-carry/bin
-# (new). Writes $OUT/attention_ab/{old,new}_<round>.json and .log, $OUT/attention_ab.txt (the
-# comparison) and $OUT/attention_ab.json. Exit status 1 if a run failed.
+# The builds: .device-carry/base (old, `scripts/device/stage.sh --base DIR`), .device-carry/bin
+# (new) and any .device-carry/variants/NAME (`stage.sh --variant NAME DIR`), each a further side of
+# the same rounds. Writes $OUT/attention_ab/<side>_<round>.json and .log, $OUT/attention_ab.txt and
+# .json (new against old) and $OUT/attention_ab_NAME.txt and .json (each variant against old).
+# Exit status 1 if a run failed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/device/env.sh
@@ -23,7 +25,14 @@ LIMIT=${AB_LIMIT_S:-300}
 dir="$OUT/attention_ab"
 mkdir -p "$dir"
 declare -A lib=([old]="$PWD/.device-carry/base/libloom.so" [new]="$PWD/.device-carry/bin/libloom.so")
-for side in old new; do
+sides=(old new)
+for variant in .device-carry/variants/*/; do
+  [[ -d $variant ]] || continue
+  name=$(basename "$variant")
+  lib[$name]="$PWD/${variant}libloom.so"
+  sides+=("$name")
+done
+for side in "${sides[@]}"; do
   [[ -f ${lib[$side]} ]] || { echo "attention_ab: no ${lib[$side]} (stage it with scripts/device/stage.sh --base DIR)" >&2; exit 2; }
 done
 WORK="$WORK" scripts/device/build_python_ext.sh "$dir/ext_build.log" || { echo "attention_ab: extension build failed" >&2; exit 1; }
@@ -42,9 +51,14 @@ run_side() {
       python3 "$BENCH" --json "$2" "${bench_args[@]}"
 }
 source scripts/device/ab_rounds.sh
-ab_rounds attention_ab "$ROUNDS" "$LIMIT" "$dir" run_side
+ab_rounds attention_ab "$ROUNDS" "$LIMIT" "$dir" run_side "${sides[@]}"
 rc=$?
 cp "${lib[new]}" "$pkg_lib"
 ((rc == 0)) || exit 1
-python3 bench/compare.py "$(ab_join "${old_files[@]}")" "$(ab_join "${new_files[@]}")" --json "$OUT/attention_ab.json" \
+python3 bench/compare.py "${ab_files[old]}" "${ab_files[new]}" --json "$OUT/attention_ab.json" \
   | tee "$OUT/attention_ab.txt"
+for side in "${sides[@]:2}"; do
+  echo "== variant $side ($(head -1 ".device-carry/variants/$side/GIT_SHA" 2>/dev/null)) against old"
+  python3 bench/compare.py "${ab_files[old]}" "${ab_files[$side]}" --json "$OUT/attention_ab_$side.json" \
+    | tee "$OUT/attention_ab_$side.txt"
+done
