@@ -428,6 +428,16 @@ TEST(MoePlan, DispatchGemmGridAndTiles) {
   EXPECT_EQ(layer->forward_ctas, 0);
   EXPECT_EQ(layer->arrival_ctas, 0);  // one rank
   EXPECT_EQ(layer->push_ctas, 132 / MoeTunables::kFusedPushShareDenOneRank);
+  // gather_rows: fewer gathering CTAs on one rank (the layer passes the option on); ignored on more.
+  MoeLayerOptions gather;
+  gather.gather_rows = true;
+  layer = plan_moe_layer(up, down, gather, h200);
+  ASSERT_TRUE(layer.ok()) << layer.status().to_string();
+  EXPECT_EQ(layer->push_ctas, 132 / MoeTunables::kFusedGatherShareDen);
+  EXPECT_EQ(layer->arrival_ctas, 0);
+  layer = plan_moe_layer(up, down, gather, h200, two_nodes);
+  ASSERT_TRUE(layer.ok()) << layer.status().to_string();
+  EXPECT_EQ(layer->push_ctas, 132 / MoeTunables::kFusedPushShareDen);
   // Several nodes: the layer's forwarding CTAs are moe_dispatch_gemm's (then they compute).
   layer = plan_moe_layer(up, down, {}, h200, two_nodes);
   ASSERT_TRUE(layer.ok()) << layer.status().to_string();

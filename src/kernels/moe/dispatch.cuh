@@ -22,8 +22,9 @@
 //            this rank's send window toward that node and counts it; the entry completing a chunk of
 //            kNetChunkTokens hands the chunk to the proxy (net_window.cuh): one network write to
 //            this rank's same-index GPU there, then the chunk's flag.
-//   gather   (one rank, the fused kernels: what their push CTAs run instead) the receive rows in
-//            row order, the GEMM's order, through one bulk-copy stream per CTA (gather_role).
+//   gather   (one rank, the fused kernels with gather_rows: what their push CTAs run instead) the
+//            receive rows in row order, the GEMM's order, through one bulk-copy stream per CTA
+//            (gather_role).
 //   forward  (several nodes) warp w takes the chunks (remote slot, chunk) w, w + warps, ... that
 //            the same-index GPUs of other nodes send this rank: waits (bounded) for the chunk's
 //            network flag, then pushes each entry's row to its ranks on this node exactly as a
@@ -90,6 +91,7 @@ struct DispatchParams : LaunchCommon {
   uint32_t num_experts;          // E
   uint32_t signature;
   uint32_t net_flag_base;        // the network window's first per-launch word (several nodes)
+  uint32_t gather_rows;          // one rank, the fused kernels: the push CTAs run gather_role
   DispatchRoleTable roles;
 };
 static_assert(sizeof(DispatchParams) <= 4096, "moe_dispatch's parameters must fit the classic 4 KiB limit");

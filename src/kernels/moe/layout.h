@@ -55,14 +55,16 @@ struct MoeTunables {
   static constexpr uint32_t kPushSortBuckets = 1024;
   // moe_dispatch_gemm: the CTAs that push (1 / kFusedPushShareDen of the grid) and complete
   // receive blocks (1 / kFusedArrivalShareDen) before they join the expert GEMM. On one rank the
-  // pushing CTAs gather the receive rows in row order instead (gather_role, dispatch.cuh) and
-  // complete the blocks themselves (no arrival role): 1 / kFusedPushShareDenOneRank of the grid,
-  // each taking kGatherRows rows' tokens per round into shared memory and moving the rows through
-  // one bulk-copy stream of kGatherStages pieces of kGatherPieceBytes, a block's ready flag
-  // published kGatherFlagLag store groups after its last row's (no drain per block).
+  // pushing warps complete the blocks themselves (no arrival role) and the pushers get
+  // 1 / kFusedPushShareDenOneRank of the grid. With gather_rows (one rank) they gather the
+  // receive rows in row order instead (gather_role, dispatch.cuh): 1 / kFusedGatherShareDen of
+  // the grid, each taking kGatherRows rows' tokens per round into shared memory and moving the
+  // rows through one bulk-copy stream of kGatherStages pieces of kGatherPieceBytes, a block's
+  // ready flag published kGatherFlagLag store groups after its last row's (no drain per block).
   static constexpr int kFusedPushShareDen = 4;
   static constexpr int kFusedArrivalShareDen = 4;
-  static constexpr int kFusedPushShareDenOneRank = 8;
+  static constexpr int kFusedPushShareDenOneRank = 2;
+  static constexpr int kFusedGatherShareDen = 8;
   static constexpr uint32_t kGatherRows = 4096;
   static constexpr int kGatherStages = 16;
   static constexpr uint32_t kGatherPieceBytes = 8192;
