@@ -316,7 +316,7 @@ __device__ __forceinline__ bool push_role(const DispatchParams& p, uint32_t inde
   const DeviceComm& c = p.comm;
   const JobRanks r(c);
   const uint32_t warps = blockDim.x / 32;
-  const uint32_t mine = index < p.num_tokens ? (p.num_tokens - index + ctas - 1) / ctas : 0;
+  const uint32_t mine = static_cast<uint32_t>(strided_share(p.num_tokens, index, ctas));
   const bool net = p.token_nodes != nullptr && p.plan.status->code == 0;  // a failed routing moves nothing
   PushState s{1u << c.local_rank, 0};
   for (uint32_t begin = 0; begin < mine; begin += kBatch) {
@@ -416,7 +416,7 @@ __device__ __forceinline__ bool gather_role(const DispatchParams& p, uint32_t in
     const int32_t slot = static_cast<int32_t>(q - static_cast<uint64_t>(t) * p.top_k);
     origins[dest] = RecvRow{static_cast<int32_t>(t), static_cast<int32_t>(source << 8) | slot, p.plan.slot_weight[q], dest};
   }
-  __threadfence();  // this thread's origins, before its counts
+  __threadfence();  // this thread's origins, before its counts (one fence, not one per pair)
   for (uint64_t q = first; q < pairs; q += stride) {
     const int32_t dest = valid_slot(p.plan.slot_dest[q], 1, p.capacity);
     if (dest != kNoSlot) atomicAdd(reinterpret_cast<unsigned long long*>(arrival + dest / kRows), 1ull);
@@ -547,7 +547,7 @@ __device__ __forceinline__ bool receive_blocks(const DispatchParams& p, uint32_t
   char* recv = reinterpret_cast<char*>(c.peer_heap_bases[me] + p.recv_offset);
   const RecvRow* origins = p.ws.at<RecvRow>(c, me, l.rows);
   // One rank: the pushing warps mark the blocks ready themselves (push_row).
-  const uint32_t mine = first < blocks && JobRanks(c).world() > 1 ? (blocks - first + stride - 1) / stride : 0;
+  const uint32_t mine = JobRanks(c).world() > 1 ? static_cast<uint32_t>(strided_share(blocks, first, stride)) : 0;
   auto rows_of = [&](uint32_t f) { return block_rows(kept, f); };
   for (uint32_t base = 0; base < mine; base += kWindow) {
     const uint32_t n = min(kWindow, mine - base);

@@ -91,7 +91,8 @@ struct ArrivedGroupedTiles : GroupedTiles {
 // blocks, kForward (a table that has it; several nodes) forwards the entries other nodes sent,
 // kPush pushes tokens (push_role; with gather_rows it gathers the receive rows, gather_role); any
 // other role has nothing to do here. kFreeBytes: the compute role's stage buffers from the
-// aligned base of `smem`, which the roles use until the CTA computes. False after a failed wait (recorded): the CTA must not compute.
+// aligned base of `smem`, which the roles use until the CTA computes. False after a failed wait
+// (recorded): the CTA must not compute.
 template <uint32_t kFreeBytes, class Role, Role kLast>
 __device__ __forceinline__ bool run_dispatch_roles(const DispatchParams& d, const frame::RoleTable<Role, kLast>& roles,
                                                    const frame::LaunchFrame& f, uint8_t* smem) {

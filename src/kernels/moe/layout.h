@@ -204,8 +204,8 @@ LOOM_HOST_DEVICE constexpr uint64_t block_rows(uint64_t kept, uint64_t f) {
 }
 
 // One rank, the gathering CTAs of the fused kernels (gather_role, dispatch.cuh): CTA `index` of
-// `ctas` takes receive blocks index, index + ctas, ... (strided_share: how many of n items fall
-// to it), kGatherRows / kArrivalRows of them per round. Every block but the kept rows' last has
+// `ctas` takes receive blocks index, index + ctas, ... (strided_share: how many of n items i,
+// i + ctas, ... fall to CTA index; the push and arrival roles deal theirs the same way), kGatherRows / kArrivalRows of them per round. Every block but the kept rows' last has
 // kArrivalRows rows, and that one is the last block of its CTA, so row k of the round that starts
 // at the CTA's block j0 is gather_row(...), and a round has gather_round_rows(...) rows.
 LOOM_HOST_DEVICE constexpr uint64_t strided_share(uint64_t n, uint64_t index, uint64_t ctas) {
