@@ -32,8 +32,7 @@ an add. composed_bits_equal is then null (moe_layer adds the shared row before i
 --tile (default 'auto': each call's own planner) goes to every loom call. rel_err = ||out_loom -
 out_torch|| / ||out_torch||; composed_bits_equal: loom's out equals loom_composed's bit for bit
 (loom guarantees it on one tile, so with an explicit --tile; under 'auto' the planners may pick
-different tiles). Exit 1 when a rel_err exceeds --max-rel-err or (--gather) the gathered layer's
-bits differ from the pushed one's.
+different tiles). Exit 1 when a rel_err exceeds --max-rel-err.
 
 torch._grouped_mm (torch 2.11): bf16 only; A [rows, K] row-major, B [E, K, N] (the [E, N, K]
 weights' transposed views, as bench/grouped_gemm.py), offs int32 [E] cumulative group ends; any
@@ -43,10 +42,8 @@ Rows: {"op": "moe_layer", "model", "tokens", "routing", "E" (experts on the GPU)
 "I", "rows" (T k), "max_over_mean" (the busiest expert's rows over the mean), "tile", "ms":
 {"loom", "compute_bound", "loom_composed", "torch"; with --padded also "loom_padded" and
 "bound_padded": both with swap_tails=False, each expert's last tile row padded; with --plain-groups
-"loom_plain_groups": moe_layer with expert_groups=False; with --gather "loom_gather": moe_layer with
-gather_rows=True}, "rel_err", "composed_bits_equal", "shared_expert", "phases" (with --phases:
-summarize_phases of one more launch; with --gather also "phases_gather"), "gather_bits_equal" (with
---gather: its out bit-equal to moe_layer's)}; the
+"loom_plain_groups": moe_layer with expert_groups=False}, "rel_err",
+"composed_bits_equal", "shared_expert", "phases" (with --phases: summarize_phases of one more launch)}; the
 document adds "world" (1), "git_sha", "date", "gpu", "host", "torch", "loom", "command". The
 table is printed last, with the ratios compute_bound/loom, loom_composed/loom and torch/loom
 (above 1: loom's one kernel is faster). Refused in the shared-GPU mode (LOOM_RANKS_PER_GPU > 1)
@@ -72,7 +69,6 @@ TILES = ("auto", "128x256", "128x128")
 COLUMNS = ("loom", "compute_bound", "loom_composed", "torch")
 PADDED_COLUMNS = ("loom_padded", "bound_padded")  # --padded
 PLAIN_GROUP_COLUMNS = ("loom_plain_groups",)  # --plain-groups
-GATHER_COLUMNS = ("loom_gather",)  # --gather
 
 
 def parse_args(argv=None):
@@ -94,9 +90,6 @@ def parse_args(argv=None):
     p.add_argument("--plain-groups", action="store_true",
                    help="also time moe_layer with expert_groups=False (raster groups of group_m tile rows whatever "
                         "the experts) in the same rounds: ms.loom_plain_groups")
-    p.add_argument("--gather", action="store_true",
-                   help="also time moe_layer with gather_rows=True (the receive rows gathered in row order) in the "
-                        "same rounds: ms.loom_gather, gather_bits_equal, and with --phases phases_gather")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=20, help="timed rounds per shape (median; at least 20)")
     p.add_argument("--seed", type=int, default=7)
@@ -237,11 +230,10 @@ def run_case(torch, loom, lt, comm, args, model, weights, tokens, routing):
         loom.grouped_gemm(shared_hidden, shared_down.unsqueeze(0), shared_y, workspace=shared_workspace,
                           offsets=shared_offsets, tile=tile)
 
-    def run_loom(swap_tails=True, expert_groups=True, gather_rows=False, out=None, phases=None):
-        loom.moe_layer(comm, plan, x, gate_up, down, bufs.recv_x, bufs.hidden, bufs.expert_out,
-                       out_loom if out is None else out, tile=tile, push_ctas=args.push_ctas,
-                       arrival_ctas=args.arrival_ctas, shared_gate_up=shared_gate_up, shared_down=shared_down,
-                       swap_tails=swap_tails, expert_groups=expert_groups, gather_rows=gather_rows, phases=phases)
+    def run_loom(swap_tails=True, expert_groups=True):
+        loom.moe_layer(comm, plan, x, gate_up, down, bufs.recv_x, bufs.hidden, bufs.expert_out, out_loom, tile=tile,
+                       push_ctas=args.push_ctas, arrival_ctas=args.arrival_ctas, shared_gate_up=shared_gate_up,
+                       shared_down=shared_down, swap_tails=swap_tails, expert_groups=expert_groups)
 
     def run_compute_bound(swap_tails=True):
         loom.grouped_gemm(bufs.recv_x, gate_up, bufs.hidden[:routed_rows], workspace=workspace,
@@ -273,51 +265,38 @@ def run_case(torch, loom, lt, comm, args, model, weights, tokens, routing):
             sg, su = torch.mm(x, shared_w1_t).chunk(2, dim=1)
             out_torch.add_(torch.mm(F.silu(sg) * su, shared_w2_t))
 
-    gather_bits_equal = None
-    if args.gather:  # first, so that the rows compute_bound reads come from the push below
-        out_gather = torch.full_like(out_loom, float("nan"))
-        run_loom(gather_rows=True, out=out_gather)
     run_loom()  # recv_x now holds the dispatched rows compute_bound reads
     run_composed()
     run_torch()
     comm.synchronize()
     rel_err = float((out_loom.float() - out_torch.float()).norm() / out_torch.float().norm())
     bits_equal = None if shared else bool(torch.equal(out_loom.view(torch.int16), out_composed.view(torch.int16)))
-    if args.gather:
-        gather_bits_equal = bool(torch.equal(out_loom.view(torch.int16), out_gather.view(torch.int16)))
-        del out_gather
     candidates = {"loom": run_loom, "compute_bound": run_compute_bound, "loom_composed": run_composed,
                   "torch": run_torch}
     if args.padded:
         candidates.update(loom_padded=lambda: run_loom(False), bound_padded=lambda: run_compute_bound(False))
     if args.plain_groups:
         candidates.update(loom_plain_groups=lambda: run_loom(expert_groups=False))
-    if args.gather:
-        candidates.update(loom_gather=lambda: run_loom(gather_rows=True))
     timing = time_both(candidates, args.warmup, args.iters, args.queue_behind_us)
     ms = timing["ms"]
     comm.synchronize()  # raises a device-side failure of the timed loom calls
-    phases = phases_gather = None
+    phases = None
     if args.phases:
         records = torch.zeros(64 * comm.sm_count, device=dev, dtype=torch.uint8)
-        run_loom(phases=records)
+        loom.moe_layer(comm, plan, x, gate_up, down, bufs.recv_x, bufs.hidden, bufs.expert_out, out_loom, tile=tile,
+                       push_ctas=args.push_ctas, arrival_ctas=args.arrival_ctas, shared_gate_up=shared_gate_up,
+                       shared_down=shared_down, phases=records)
         comm.synchronize()
         phases = summarize_phases(loom.moe_layer_phases(records))
-        if args.gather:
-            records.zero_()
-            run_loom(gather_rows=True, phases=records)
-            comm.synchronize()
-            phases_gather = summarize_phases(loom.moe_layer_phases(records))
     return {"op": "moe_layer", "model": model, "tokens": tokens, "routing": routing, "E": experts, "top_k": top_k,
             "H": hidden, "I": inter, "rows": tokens * top_k,
             "max_over_mean": float(counts.max()) / (tokens * top_k / experts), "tile": tile,
             "push_ctas": args.push_ctas, "arrival_ctas": args.arrival_ctas,
             "ms": {name: ms[name] for name in COLUMNS + (PADDED_COLUMNS if args.padded else ())
-                   + (PLAIN_GROUP_COLUMNS if args.plain_groups else ()) + (GATHER_COLUMNS if args.gather else ())},
+                   + (PLAIN_GROUP_COLUMNS if args.plain_groups else ())},
             "rel_err": rel_err, "composed_bits_equal": bits_equal,
             "shared_expert": bool(shared), **{k: v for k, v in timing.items() if k != "ms"},
-            **({"phases": phases} if phases else {}), **({"phases_gather": phases_gather} if phases_gather else {}),
-            **({"gather_bits_equal": gather_bits_equal} if args.gather else {})}
+            **({"phases": phases} if phases else {})}
 
 
 def summarize_phases(records):
@@ -372,13 +351,10 @@ def print_phases(rows):
           "over its claims)")
     width = {c: max(19, len(c) + 2) for c in PHASE_COLUMNS}
     print(f"{'model':<13}{'tokens':>7} {'routing':<9}" + "".join(f"{c:>{width[c]}}" for c in PHASE_COLUMNS))
-    for key, label in (("phases", ""), ("phases_gather", " gather")):
-        for r in rows:
-            if key not in r:
-                continue
-            ph = r[key]
-            print(f"{r['model']:<13}{r['tokens']:>7} {(r['routing'] + label):<9}" +
-                  "".join(f"{ph[c]:>{width[c]}.3f}" for c in PHASE_COLUMNS))
+    for r in rows:
+        ph = r["phases"]
+        print(f"{r['model']:<13}{r['tokens']:>7} {r['routing']:<9}" +
+              "".join(f"{ph[c]:>{width[c]}.3f}" for c in PHASE_COLUMNS))
 
 
 def model_weights(torch, lt, model, dev, shared_expert=False):
@@ -437,10 +413,6 @@ def print_table(rows):
                ("bound", 8, lambda ms: ms["bound_padded"] / ms["compute_bound"])])
     sub_table("expert_groups=False (plain raster groups); ratio: plain / expert groups' time", "ms",
               ("loom", "loom_plain_groups"), [("plain/expert", 14, lambda ms: ms["loom_plain_groups"] / ms["loom"])])
-    sub_table("gather_rows=True (the receive rows gathered in row order); ratios: gather / push time, bound / gather",
-              "ms", ("loom", "loom_gather", "compute_bound"),
-              [("gather/push", 13, lambda ms: ms["loom_gather"] / ms["loom"]),
-               ("bound/gather", 14, lambda ms: ms["compute_bound"] / ms["loom_gather"])])
 
 
 def same_bits_text(equal):
@@ -489,8 +461,7 @@ def main():
     print_table(rows)
     comm.close()  # every symmetric buffer went with its case
     dist.destroy_process_group()
-    sys.exit(1 if any(not (r["rel_err"] <= args.max_rel_err) or r.get("gather_bits_equal") is False for r in rows)
-             else 0)
+    sys.exit(1 if any(not (r["rel_err"] <= args.max_rel_err) for r in rows) else 0)
 
 
 if __name__ == "__main__":

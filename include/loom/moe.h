@@ -315,11 +315,6 @@ struct MoeDispatchGemmOptions {
   // As GroupedGemmOptions::expert_groups: each raster group one expert's tile rows (at most the
   // planner's group_m). false: groups of group_m tile rows whatever the experts (A/B timing).
   bool expert_groups = true;
-  // One rank (W = 1; ignored on more): the pushing CTAs make the receive rows in row order, the
-  // order the GEMM takes them in, with TMA copies from x, instead of pushing each token to all its
-  // rows at once (docs/MOE.md, "gather"); the planner then gives them grid / 8 CTAs. The same
-  // bits either way. Off by default until measured against the push on a GPU.
-  bool gather_rows = false;
 };
 // Everything moe_dispatch checks, and grouped_gemm_can_implement's rules for the GEMM (config.dtype
 // fp32 is unsupported here). Across nodes the forwarding CTAs (1/8 of the grid) join the GEMM once
@@ -400,7 +395,6 @@ struct MoeLayerOptions {
   int arrival_ctas = 0;             // CTAs that complete receive blocks first (then compute); 0: planner
   bool swap_tails = true;           // as GroupedGemmOptions::swap_tails, both GEMMs (false: A/B timing)
   bool expert_groups = true;        // as GroupedGemmOptions::expert_groups, both GEMMs (false: A/B timing)
-  bool gather_rows = false;         // as MoeDispatchGemmOptions::gather_rows (one rank)
   // Diagnostics (loom/diagnostics.h): device memory for one MoeLayerPhaseRecord per SM of the GPU,
   // 8-byte aligned; each CTA of the launch fills its own record. null: none (nothing measured).
   MoeLayerPhaseRecord* phases = nullptr;

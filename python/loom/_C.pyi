@@ -257,12 +257,12 @@ def moe_report(comm: Communicator, plan: MoePlan, stream: int) -> MoeReport:
     Waits for the stream and returns this rank's counts; raises what the routing found on the device.
     """
 
-def moe_dispatch_gemm(comm: Communicator, plan: MoePlan, x: object | None, recv_x: object | None, weights: object | None, out: object | None, stream: int, b_layout: str = 'nk', activation: str = 'none', tile: str = 'auto', num_ctas: int = 0, push_ctas: int = 0, arrival_ctas: int = 0, expert_groups: bool = True, gather_rows: bool = False) -> None:
+def moe_dispatch_gemm(comm: Communicator, plan: MoePlan, x: object | None, recv_x: object | None, weights: object | None, out: object | None, stream: int, b_layout: str = 'nk', activation: str = 'none', tile: str = 'auto', num_ctas: int = 0, push_ctas: int = 0, arrival_ctas: int = 0, expert_groups: bool = True) -> None:
     """
     Collective: moe_dispatch and, in the same kernel, out = recv_x_e @ weights_e^T for every local expert e.
     """
 
-def moe_layer(comm: Communicator, plan: MoePlan, x: object | None, gate_up: object | None, down: object | None, recv_x: object | None, hidden: object | None, expert_out: object | None, out: object | None, stream: int, tile: str = 'auto', num_ctas: int = 0, push_ctas: int = 0, arrival_ctas: int = 0, shared_gate_up: object | None = None, shared_down: object | None = None, phases: object | None = None, swap_tails: bool = True, expert_groups: bool = True, gather_rows: bool = False) -> None:
+def moe_layer(comm: Communicator, plan: MoePlan, x: object | None, gate_up: object | None, down: object | None, recv_x: object | None, hidden: object | None, expert_out: object | None, out: object | None, stream: int, tile: str = 'auto', num_ctas: int = 0, push_ctas: int = 0, arrival_ctas: int = 0, shared_gate_up: object | None = None, shared_down: object | None = None, phases: object | None = None, swap_tails: bool = True, expert_groups: bool = True) -> None:
     """
     Collective: the whole MoE FFN step in one kernel: out[t] = sum_j w[t, j] * (silu(x gate^T) * (x up^T)) down^T over t's routed experts, plus a shared expert's FFN of x[t] when shared_gate_up and shared_down are given. phases: diagnostics, one 64-byte record per SM (loom.moe_layer_phases reads them).
     """

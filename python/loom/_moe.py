@@ -220,7 +220,7 @@ def moe_report(comm: CommLike, plan: MoePlan, *, stream: StreamArg = None) -> Mo
 def moe_dispatch_gemm(comm: CommLike, plan: MoePlan, x: DLPackArray, recv_x: DLPackArray, weights: DLPackArray,
                       out: Out, *, b_layout: str = "nk", activation: str = "none", tile: str = "auto",
                       stream: StreamArg = None, num_ctas: int = 0, push_ctas: int = 0, arrival_ctas: int = 0,
-                      expert_groups: bool = True, gather_rows: bool = False) -> Out:
+                      expert_groups: bool = True) -> Out:
     """Collective: moe_dispatch (recv_x written exactly as it writes it) and, in the same
     persistent kernel, out_e = recv_x_e @ weights_e^T for every local expert e, each tile starting
     as soon as its rows have landed. Rows [0, expert_offsets[E/W]) of out are bit-identical to
@@ -234,13 +234,11 @@ def moe_dispatch_gemm(comm: CommLike, plan: MoePlan, x: DLPackArray, recv_x: DLP
     * (x up^T), N a multiple of 16); ordinary memory, or symmetric when moe_combine reads it
     directly. tile: 'auto', '128x256' or '128x128'. num_ctas (0: every SM), push_ctas and
     arrival_ctas (0: the planner's) tune the kernel. expert_groups: as ``grouped_gemm``'s (False:
-    raster groups of group_m tile rows whatever the experts; for A/B timing). gather_rows (one
-    rank; ignored on more): the pushing CTAs make the receive rows in row order with TMA copies
-    from x instead of pushing each token whole (the same bits; off until measured faster)."""
+    raster groups of group_m tile rows whatever the experts; for A/B timing)."""
     c = as_communicator(comm, "moe_dispatch_gemm")
     _C.moe_dispatch_gemm(c._c, _plan(plan, "moe_dispatch_gemm", c.rank), x, recv_x, weights, out,
                          _stream(stream, x, "moe_dispatch_gemm", c.device, c.rank), b_layout, activation, tile,
-                         num_ctas, push_ctas, arrival_ctas, expert_groups, gather_rows)
+                         num_ctas, push_ctas, arrival_ctas, expert_groups)
     return out
 
 
@@ -249,7 +247,7 @@ def moe_layer(comm: CommLike, plan: MoePlan, x: DLPackArray, gate_up: DLPackArra
               stream: StreamArg = None, tile: str = "auto", num_ctas: int = 0, push_ctas: int = 0,
               arrival_ctas: int = 0, shared_gate_up: Optional[DLPackArray] = None,
               shared_down: Optional[DLPackArray] = None, phases: Optional[DLPackArray] = None,
-              swap_tails: bool = True, expert_groups: bool = True, gather_rows: bool = False) -> Out:
+              swap_tails: bool = True, expert_groups: bool = True) -> Out:
     """Collective: the whole MoE FFN step in one persistent kernel (across nodes too):
     out[t] = sum over token t's routed slots j, in slot order, of w[t, j] * (silu(x[t] Wg_e^T) *
     (x[t] Wu_e^T)) Wd_e^T, e the slot's expert and w the routing's weights (moe_routing's
@@ -285,11 +283,11 @@ def moe_layer(comm: CommLike, plan: MoePlan, x: DLPackArray, gate_up: DLPackArra
     bytes; each CTA of the launch writes where its time went into its 64-byte record
     (``moe_layer_phases`` reads a copy). swap_tails and expert_groups: as ``grouped_gemm``'s, both
     GEMMs (False pads each expert's last tile row, or cuts raster groups every group_m tile rows
-    whatever the experts; for A/B timing). gather_rows: as ``moe_dispatch_gemm``'s."""
+    whatever the experts; for A/B timing)."""
     c = as_communicator(comm, "moe_layer")
     _C.moe_layer(c._c, _plan(plan, "moe_layer", c.rank), x, gate_up, down, recv_x, hidden, expert_out, out,
                  _stream(stream, x, "moe_layer", c.device, c.rank), tile, num_ctas, push_ctas, arrival_ctas,
-                 shared_gate_up, shared_down, phases, swap_tails, expert_groups, gather_rows)
+                 shared_gate_up, shared_down, phases, swap_tails, expert_groups)
     return out
 
 

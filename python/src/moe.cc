@@ -275,7 +275,7 @@ MoeCombineCall prepare_moe_combine(const CommView& pc, const PyMoePlan& p, nb::h
 // The options of a fused MoE kernel (MoeDispatchGemmOptions, MoeLayerOptions: the same fields).
 template <class Options>
 Options fused_options(std::string_view tile, int num_ctas, int push_ctas, int arrival_ctas, std::string_view op, int rank) {
-  Options o;
+  Options o{};
   o.tile = tile_of(tile, op, rank);
   o.num_ctas = num_ctas;
   o.push_ctas = push_ctas;
@@ -382,7 +382,7 @@ MoeLayerCall prepare_moe_layer(const CommView& pc, const PyMoePlan& p, nb::handl
                                nb::handle recv_x, nb::handle hidden, nb::handle expert_out, nb::handle out,
                                uintptr_t stream, std::string_view tile, int num_ctas, int push_ctas, int arrival_ctas,
                                nb::handle shared_gate_up, nb::handle shared_down, nb::handle phases, int sm_count) {
-  MoeLayerCall c;
+  MoeLayerCall c{};
   const std::string_view op = c.op();
   const int rank = pc.rank;
   c.comm = pc.comm;
@@ -673,39 +673,36 @@ void bind_moe(nb::module_& m) {
       "moe_dispatch_gemm",
       [](PyCommunicator& pc, const PyMoePlan& plan, nb::handle x, nb::handle recv_x, nb::handle weights,
          nb::handle out, uintptr_t stream, std::string_view b_layout, std::string_view activation,
-         std::string_view tile, int num_ctas, int push_ctas, int arrival_ctas, bool expert_groups,
-         bool gather_rows) {
+         std::string_view tile, int num_ctas, int push_ctas, int arrival_ctas, bool expert_groups) {
         require_owner(pc, plan, "moe_dispatch_gemm");
         MoeDispatchGemmCall call = prepare_moe_dispatch_gemm(view_of(pc, "moe_dispatch_gemm"), plan, x, recv_x, weights,
                                                              out, stream, b_layout, activation, tile, num_ctas,
                                                              push_ctas, arrival_ctas);
         call.options.expert_groups = expert_groups;
-        call.options.gather_rows = gather_rows;
         run(call);
       },
       "comm"_a, "plan"_a, "x"_a.none(), "recv_x"_a.none(), "weights"_a.none(), "out"_a.none(), "stream"_a,
       "b_layout"_a = "nk", "activation"_a = "none", "tile"_a = "auto", "num_ctas"_a = 0, "push_ctas"_a = 0,
-      "arrival_ctas"_a = 0, "expert_groups"_a = true, "gather_rows"_a = false,
+      "arrival_ctas"_a = 0, "expert_groups"_a = true,
       "Collective: moe_dispatch and, in the same kernel, out = recv_x_e @ weights_e^T for every local expert e.");
   m.def(
       "moe_layer",
       [](PyCommunicator& pc, const PyMoePlan& plan, nb::handle x, nb::handle gate_up, nb::handle down,
          nb::handle recv_x, nb::handle hidden, nb::handle expert_out, nb::handle out, uintptr_t stream,
          std::string_view tile, int num_ctas, int push_ctas, int arrival_ctas, nb::handle shared_gate_up,
-         nb::handle shared_down, nb::handle phases, bool swap_tails, bool expert_groups, bool gather_rows) {
+         nb::handle shared_down, nb::handle phases, bool swap_tails, bool expert_groups) {
         require_owner(pc, plan, "moe_layer");
         MoeLayerCall call = prepare_moe_layer(view_of(pc, "moe_layer"), plan, x, gate_up, down, recv_x, hidden,
                                               expert_out, out, stream, tile, num_ctas, push_ctas, arrival_ctas,
                                               shared_gate_up, shared_down, phases, pc.sm_count);
         call.options.swap_tails = swap_tails;
         call.options.expert_groups = expert_groups;
-        call.options.gather_rows = gather_rows;
         run(call);
       },
       "comm"_a, "plan"_a, "x"_a.none(), "gate_up"_a.none(), "down"_a.none(), "recv_x"_a.none(), "hidden"_a.none(),
       "expert_out"_a.none(), "out"_a.none(), "stream"_a, "tile"_a = "auto", "num_ctas"_a = 0, "push_ctas"_a = 0,
       "arrival_ctas"_a = 0, "shared_gate_up"_a.none() = nb::none(), "shared_down"_a.none() = nb::none(),
-      "phases"_a.none() = nb::none(), "swap_tails"_a = true, "expert_groups"_a = true, "gather_rows"_a = false,
+      "phases"_a.none() = nb::none(), "swap_tails"_a = true, "expert_groups"_a = true,
       "Collective: the whole MoE FFN step in one kernel: out[t] = sum_j w[t, j] * "
       "(silu(x gate^T) * (x up^T)) down^T over t's routed experts, plus a shared expert's "
       "FFN of x[t] when shared_gate_up and shared_down are given. phases: diagnostics, one 64-byte "

@@ -463,9 +463,7 @@ Result<MoeDispatchGemmPlan> plan_moe_dispatch_gemm(const GroupedGemmArgs& args, 
   Result<GroupedGemmPlan> gemm = plan_grouped_gemm(args, grouped, device);
   if (!gemm.ok()) return std::move(gemm).take_status().with_context(kOp);
   plan.gemm = *gemm;
-  const int push_share = !one_rank            ? MoeTunables::kFusedPushShareDen
-                         : options.gather_rows ? MoeTunables::kFusedGatherShareDen
-                                               : MoeTunables::kFusedPushShareDenOneRank;
+  const int push_share = one_rank ? MoeTunables::kFusedPushShareDenOneRank : MoeTunables::kFusedPushShareDen;
   plan.push_ctas = options.push_ctas != 0 ? options.push_ctas : std::max(1, plan.grid / push_share);
   plan.arrival_ctas = options.arrival_ctas != 0 ? options.arrival_ctas
                       : one_rank               ? 0
@@ -558,7 +556,6 @@ Result<MoeLayerPlan> plan_moe_layer(const GroupedGemmArgs& up, const GroupedGemm
   fused.num_ctas = options.num_ctas;
   fused.push_ctas = options.push_ctas;
   fused.arrival_ctas = options.arrival_ctas;
-  fused.gather_rows = options.gather_rows;
   Result<MoeDispatchGemmPlan> first = plan_moe_dispatch_gemm(up, fused, device, job);
   if (!first.ok()) return std::move(first).take_status().with_context("moe_layer (gate/up GEMM)");
   MoeLayerPlan plan;

@@ -136,7 +136,7 @@ struct MoeJob {
 // other roles of the launch land); push_ctas (0: grid / kFusedPushShareDen) and arrival_ctas (0:
 // grid / kFusedArrivalShareDen), each at least one, together at most the grid. On one rank
 // (W = 1) the pushing warps complete the receive blocks themselves: arrival_ctas 0 unless given,
-// push_ctas grid / kFusedPushShareDenOneRank (grid / kFusedGatherShareDen with gather_rows).
+// push_ctas grid / kFusedPushShareDenOneRank.
 Result<MoeDispatchGemmPlan> plan_moe_dispatch_gemm(const GroupedGemmArgs& args, const MoeDispatchGemmOptions& options,
                                                    const GemmDeviceLimits& device, MoeJob job = {});
 

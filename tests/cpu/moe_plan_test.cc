@@ -205,41 +205,6 @@ TEST(MoePlan, PushSortBucketsFollowTheReceiveRows) {
   EXPECT_EQ(km::push_sort_bucket(kRows - 1, 1000), 0u);
 }
 
-// One rank, the gathering CTAs (gather_role): over all CTAs and rounds every kept receive row is
-// gathered exactly once, each block's flag goes with exactly one row (its last), and a round never
-// holds more rows than its shared-memory token list.
-TEST(MoePlan, GatherRoundsCoverEveryKeptRowOnceAndEndEachBlockOnce) {
-  constexpr uint64_t kRows = MoeTunables::kArrivalRows;
-  constexpr uint64_t kRoundBlocks = MoeTunables::kGatherRows / kRows;
-  for (const uint64_t kept : {uint64_t{0}, uint64_t{1}, kRows - 1, kRows, kRows + 1, 7 * kRows + 13,
-                              uint64_t{MoeTunables::kGatherRows} * 3 + 5, uint64_t{131072}}) {
-    for (const uint64_t ctas : {uint64_t{1}, uint64_t{3}, uint64_t{16}, uint64_t{66}, uint64_t{200}}) {
-      std::vector<int> seen(kept, 0);
-      std::vector<int> flags(km::arrival_blocks(kept), 0);
-      for (uint64_t index = 0; index < ctas; ++index) {
-        const uint64_t mine = km::strided_share(km::arrival_blocks(kept), index, ctas);
-        for (uint64_t j0 = 0; j0 < mine; j0 += kRoundBlocks) {
-          const uint64_t rows = km::gather_round_rows(kept, index, ctas, j0);
-          ASSERT_GT(rows, 0u);
-          ASSERT_LE(rows, MoeTunables::kGatherRows);
-          for (uint64_t k = 0; k < rows; ++k) {
-            const uint64_t row = km::gather_row(index, ctas, j0, k);
-            ASSERT_LT(row, kept) << "kept " << kept << " ctas " << ctas << " index " << index << " k " << k;
-            ++seen[row];
-            if (km::gather_row_ends_block(k, rows)) {
-              ++flags[row / kRows];
-              EXPECT_EQ(row + 1, std::min(kept, (row / kRows + 1) * kRows)) << "a flag before its block's last row";
-            }
-          }
-        }
-        EXPECT_EQ(km::gather_round_rows(kept, index, ctas, mine + kRoundBlocks), 0u);
-      }
-      EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; })) << "kept " << kept << " ctas " << ctas;
-      EXPECT_TRUE(std::all_of(flags.begin(), flags.end(), [](int n) { return n == 1; })) << "kept " << kept << " ctas " << ctas;
-    }
-  }
-}
-
 TEST(MoePlan, HostCheckableInputIsRefusedWithItsCode) {
   EXPECT_EQ(code_of(request(64, 4, 1024, 100, 4)), StatusCode::kOk);
   MoeRequest nodes = request(64, 4, 1024, 100, 4);
@@ -428,16 +393,6 @@ TEST(MoePlan, DispatchGemmGridAndTiles) {
   EXPECT_EQ(layer->forward_ctas, 0);
   EXPECT_EQ(layer->arrival_ctas, 0);  // one rank
   EXPECT_EQ(layer->push_ctas, 132 / MoeTunables::kFusedPushShareDenOneRank);
-  // gather_rows: fewer gathering CTAs on one rank (the layer passes the option on); ignored on more.
-  MoeLayerOptions gather;
-  gather.gather_rows = true;
-  layer = plan_moe_layer(up, down, gather, h200);
-  ASSERT_TRUE(layer.ok()) << layer.status().to_string();
-  EXPECT_EQ(layer->push_ctas, 132 / MoeTunables::kFusedGatherShareDen);
-  EXPECT_EQ(layer->arrival_ctas, 0);
-  layer = plan_moe_layer(up, down, gather, h200, two_nodes);
-  ASSERT_TRUE(layer.ok()) << layer.status().to_string();
-  EXPECT_EQ(layer->push_ctas, 132 / MoeTunables::kFusedPushShareDen);
   // Several nodes: the layer's forwarding CTAs are moe_dispatch_gemm's (then they compute).
   layer = plan_moe_layer(up, down, {}, h200, two_nodes);
   ASSERT_TRUE(layer.ok()) << layer.status().to_string();

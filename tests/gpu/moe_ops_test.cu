@@ -861,9 +861,6 @@ std::string routing_case_name(const ::testing::TestParamInfo<C>& info) {
   if constexpr (requires { info.param.expert_groups; }) {
     if (!info.param.expert_groups) n += "_plain_groups";
   }
-  if constexpr (requires { info.param.gather_rows; }) {
-    if (info.param.gather_rows) n += "_gathered_rows";
-  }
   for (char& ch : n) ch = ch == '-' ? '_' : ch;
   return n;
 }
@@ -1334,21 +1331,16 @@ struct LayerCase {
   bool shared = false;  // a shared expert (MoeLayerWeights::shared_gate_up, shared_down)
   bool swap_tails = true;  // MoeLayerOptions::swap_tails
   bool expert_groups = true;  // MoeLayerOptions::expert_groups (the composed calls' as well)
-  bool gather_rows = false;   // MoeLayerOptions::gather_rows (the composed moe_dispatch_gemm's as well)
-  int push_ctas = 0;          // MoeLayerOptions::push_ctas (both fused kernels)
 
   std::string text(int world) const {
     return moe.text(world) + " I=" + std::to_string(inter) + " " + std::string(gemm_tile_name(tile)) +
-           (shared ? " shared" : "") + (swap_tails ? "" : " padded tails") + (expert_groups ? "" : " plain groups") +
-           (gather_rows ? " gathered rows" : "") + (push_ctas != 0 ? " push_ctas=" + std::to_string(push_ctas) : "");
+           (shared ? " shared" : "") + (swap_tails ? "" : " padded tails") + (expert_groups ? "" : " plain groups");
   }
   MoeLayerOptions options() const {
     MoeLayerOptions o;
     o.tile = tile;
     o.swap_tails = swap_tails;
     o.expert_groups = expert_groups;
-    o.gather_rows = gather_rows;
-    o.push_ctas = push_ctas;
     return o;
   }
 };
@@ -1504,8 +1496,6 @@ Status run_composed(const LayerCase& g, const CaseBuffers& s, LayerBuffers& b, c
   MoeDispatchGemmOptions o;
   o.tile = g.tile;
   o.expert_groups = g.expert_groups;
-  o.gather_rows = g.gather_rows;
-  o.push_ctas = g.push_ctas;
   LOOM_TRY(moe_dispatch_gemm(comm, plan, s.d_x.get(), s.recv, b.expert_gemm(g, s, b.composed_hidden.get()), nullptr, o));
   GroupedGemmArgs ga;
   ga.a = b.composed_hidden.get();
@@ -1586,8 +1576,6 @@ class MoeLayer : public MoeTest, public ::testing::WithParamInterface<LayerCase>
 TEST_P(MoeLayer, MatchesTheReferenceAndTheComposedCalls) {
   const LayerCase& g = GetParam();
   Communicator& comm = shared_comm();
-  // Every rank skips alike: the option acts on one rank only, elsewhere the case repeats another.
-  if (g.gather_rows && comm.world_size() > 1) GTEST_SKIP() << "gather_rows acts on one rank only";
   const std::string what = "moe_layer " + g.text(comm.world_size());
   CaseBuffers s(g.moe);
   ASSERT_TRUE(agree(s.ok)) << what << ": setting up";
@@ -1713,21 +1701,6 @@ std::vector<LayerCase> layer_cases() {
     plain.moe.seed = plain_seed++;
     plain.expert_groups = false;
     v.push_back(plain);
-  }
-  // One rank, the receive rows gathered in row order (MoeLayerOptions::gather_rows; on more ranks
-  // the option is ignored, and the cases skip there): both tiles, fp16, dropped rows, a rank
-  // without tokens, a shared expert, and one gathering CTA with more than one round of
-  // kGatherRows rows whose last receive block is partial.
-  uint64_t gather_seed = 150;
-  for (const LayerCase* base : {&uniform, &all_to_one, &drop, &empty, &shared, &many}) {
-    LayerCase gathered = *base;
-    gathered.moe.seed = gather_seed++;
-    gathered.gather_rows = true;
-    if (base == &many) {
-      gathered.moe.tokens = 1001;  // 8008 rows: two rounds, the last block 8 rows
-      gathered.push_ctas = 1;
-    }
-    v.push_back(gathered);
   }
   return v;
 }

@@ -22,9 +22,6 @@
 //            this rank's send window toward that node and counts it; the entry completing a chunk of
 //            kNetChunkTokens hands the chunk to the proxy (net_window.cuh): one network write to
 //            this rank's same-index GPU there, then the chunk's flag.
-//   gather   (one rank, the fused kernels with gather_rows: what their push CTAs run instead) the
-//            receive rows in row order, the GEMM's order, through one bulk-copy stream per CTA
-//            (gather_role).
 //   forward  (several nodes) warp w takes the chunks (remote slot, chunk) w, w + warps, ... that
 //            the same-index GPUs of other nodes send this rank: waits (bounded) for the chunk's
 //            network flag, then pushes each entry's row to its ranks on this node exactly as a
@@ -56,7 +53,6 @@
 
 #include <cstdint>
 
-#include "kernels/comm/bulk_copy.cuh"
 #include "kernels/comm/copy.cuh"
 #include "kernels/comm/entry.cuh"
 #include "kernels/comm/signals.cuh"
@@ -91,7 +87,6 @@ struct DispatchParams : LaunchCommon {
   uint32_t num_experts;          // E
   uint32_t signature;
   uint32_t net_flag_base;        // the network window's first per-launch word (several nodes)
-  uint32_t gather_rows;          // one rank, the fused kernels: the push CTAs run gather_role
   DispatchRoleTable roles;
 };
 static_assert(sizeof(DispatchParams) <= 4096, "moe_dispatch's parameters must fit the classic 4 KiB limit");
@@ -346,111 +341,6 @@ __device__ __forceinline__ bool push_role(const DispatchParams& p, uint32_t inde
     if (!cta_all(ok)) return false;  // also: every warp has read `order` before the next batch rewrites it
   }
   return true;
-}
-
-// One rank, the fused kernels: the pushing CTAs gather the receive rows in row order instead
-// (the order the expert GEMM takes its tiles in), so the first experts' blocks are complete
-// after the first microseconds rather than once most tokens are pushed (a token pushed whole
-// completes rows of all its experts at once). The price: each token row is read k times (from
-// L2 mostly) instead of once.
-//
-// Shared memory (GatherSmem, from the GEMM's stage buffers, free until this CTA computes):
-//   stream  GatherStream::kSmemBytes = kGatherStages x kGatherPieceBytes + kGatherStages x 8 B
-//           (the bulk-copy ring and its barriers, 131,200 B)
-//   token   kGatherRows x 4 B   the round's rows' tokens (16 KiB)
-using GatherStream = BulkCopyStream<MoeTunables::kGatherStages, MoeTunables::kGatherPieceBytes>;
-struct GatherSmem {
-  alignas(128) uint8_t stream[GatherStream::kSmemBytes];
-  uint32_t token[MoeTunables::kGatherRows];
-};
-
-// One gathering round as the bulk-copy stream's item list: row k of the round (gather_row) from
-// x's row of its token; the row that ends a block carries the block's ready flag. It holds only
-// what the constant bank does not (the launch's parameters stay there): the scheduling of the
-// consumers' registers around it is tight.
-struct GatherRound {
-  const DispatchParams* p;
-  const uint32_t* token;  // shared memory
-  uint32_t index, ctas;   // this CTA among the gathering ones
-  uint32_t j0;            // the round's first block, among this CTA's
-  uint32_t rows;
-  __device__ uint32_t count() const { return rows; }
-  __device__ BulkItem item(uint32_t k) const {
-    const DeviceComm& c = p->comm;
-    const uint64_t row = gather_row(index, ctas, j0, k);
-    char* recv = reinterpret_cast<char*>(c.peer_heap_bases[c.local_rank] + p->recv_offset);
-    uint64_t* flag = gather_row_ends_block(k, rows)
-                         ? p->ws.at<uint64_t>(c, c.local_rank, p->ws.layout.ready, row / MoeTunables::kArrivalRows)
-                         : nullptr;
-    return BulkItem{p->x + static_cast<uint64_t>(token[k]) * p->row_bytes, recv + row * p->row_bytes, p->row_bytes,
-                    flag, -1};
-  }
-};
-
-// The gathering role of CTA `index` of `ctas` (one rank; all threads). First every thread writes
-// the RecvRow origins of its share of the (token, slot) pairs, fences, and counts each kept row
-// into its block's arrival word, so a block's count completes once every origin in it is written
-// (by any gathering CTA). Then the CTA takes blocks index, index + ctas, ... in rounds: thread 0
-// waits (bounded) until the round's blocks are counted, the CTA reads their rows' tokens into
-// shared memory, and thread 0 moves the rows through the bulk-copy stream, which sets each
-// block's ready flag to the epoch once its rows have landed. A failed routing moves nothing.
-// False after a failed wait (recorded).
-__device__ __forceinline__ bool gather_role(const DispatchParams& p, uint32_t index, uint32_t ctas, GatherSmem* sm,
-                                            uint64_t epoch, const WaitContext& ctx) {
-  constexpr uint64_t kRows = MoeTunables::kArrivalRows;
-  constexpr uint32_t kRoundBlocks = MoeTunables::kGatherRows / MoeTunables::kArrivalRows;
-  if (p.plan.status->code != 0) return true;
-  const DeviceComm& c = p.comm;
-  const WorkspaceLayout& l = p.ws.layout;
-  const int me = c.local_rank;
-  const uint32_t source = JobRanks(c).position();
-  RecvRow* origins = p.ws.at<RecvRow>(c, me, l.rows);
-  uint64_t* arrival = p.ws.at<uint64_t>(c, me, l.arrival);
-  const uint64_t pairs = static_cast<uint64_t>(p.num_tokens) * p.top_k;
-  const uint64_t first = static_cast<uint64_t>(index) * blockDim.x + threadIdx.x;
-  const uint64_t stride = static_cast<uint64_t>(ctas) * blockDim.x;
-  for (uint64_t q = first; q < pairs; q += stride) {
-    const int32_t dest = valid_slot(p.plan.slot_dest[q], 1, p.capacity);
-    if (dest == kNoSlot) continue;
-    const uint32_t t = static_cast<uint32_t>(q / p.top_k);
-    const int32_t slot = static_cast<int32_t>(q - static_cast<uint64_t>(t) * p.top_k);
-    origins[dest] = RecvRow{static_cast<int32_t>(t), static_cast<int32_t>(source << 8) | slot, p.plan.slot_weight[q], dest};
-  }
-  __threadfence();  // this thread's origins, before its counts (one fence, not one per pair)
-  for (uint64_t q = first; q < pairs; q += stride) {
-    const int32_t dest = valid_slot(p.plan.slot_dest[q], 1, p.capacity);
-    if (dest != kNoSlot) atomicAdd(reinterpret_cast<unsigned long long*>(arrival + dest / kRows), 1ull);
-  }
-
-  const uint64_t kept = kept_rows(*p.plan.status, p.capacity);
-  const uint32_t mine = static_cast<uint32_t>(strided_share(arrival_blocks(kept), index, ctas));
-  GatherStream stream(sm->stream);
-  if (threadIdx.x == 0) stream.init();
-  bool ok = true;
-  for (uint32_t j0 = 0; ok && j0 < mine; j0 += kRoundBlocks) {
-    const uint32_t blocks = min(kRoundBlocks, mine - j0);
-    if (threadIdx.x == 0) {
-      for (uint32_t b = 0; ok && b < blocks; ++b) {
-        const uint64_t f = index + static_cast<uint64_t>(j0 + b) * ctas;
-        const uint64_t want = block_rows(kept, f);
-        ok = wait_until(arrival + f, [want](uint64_t seen) { return seen >= want; }, ctx, -1, kArrivalFlag,
-                        static_cast<uint32_t>(f));
-      }
-    }
-    if (!cta_all(ok)) break;  // also: thread 0's acquires before the reads below
-    const uint32_t rows = static_cast<uint32_t>(gather_round_rows(kept, index, ctas, j0));
-    for (uint32_t k = threadIdx.x; k < rows; k += blockDim.x) {
-      sm->token[k] = static_cast<uint32_t>(__ldcg(&origins[gather_row(index, ctas, j0, k)].token));
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      ok = stream.push<MoeTunables::kGatherFlagLag>(GatherRound{&p, sm->token, index, ctas, j0, rows}, epoch, ctx,
-                                                    [](int) { return true; });
-    }
-    ok = cta_all(ok);  // also: the stream has read every token before the next round rewrites them
-  }
-  if (threadIdx.x == 0) stream.invalidate();
-  return ok;
 }
 
 // One forwarding warp (several nodes): chunks of the token entries that this rank's same-index

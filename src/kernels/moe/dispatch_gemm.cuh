@@ -9,8 +9,8 @@
 //            compute role.
 //   forward  several nodes, the next forward CTAs: moe_dispatch's forwarding role (the entries
 //            other nodes sent this rank, pushed to their ranks here), then the compute role.
-//   push     the next push CTAs: moe_dispatch's push role (every warp pushes tokens; on one rank
-//            with gather_rows, gather_role: the receive rows in row order), then the compute role.
+//   push     the next push CTAs: moe_dispatch's push role (every warp pushes tokens), then the
+//            compute role.
 //   compute  the rest, from the start: the GEMM engine's compute role with ArrivedGroupedTiles,
 //            which gates every tile on ready[] of the receive blocks its stored rows cover.
 // Tiles come from the MoE family's launch-wide queue (LaunchState::tile_queue, reset when the
@@ -89,10 +89,9 @@ struct ArrivedGroupedTiles : GroupedTiles {
 // The dispatch roles of a fused kernel whose CTAs all compute afterwards (moe_dispatch_gemm,
 // moe_layer), all threads of the CTA: a CTA of the table's kArrival role completes receive
 // blocks, kForward (a table that has it; several nodes) forwards the entries other nodes sent,
-// kPush pushes tokens (push_role; with gather_rows it gathers the receive rows, gather_role); any
-// other role has nothing to do here. kFreeBytes: the compute role's stage buffers from the
-// aligned base of `smem`, which the roles use until the CTA computes. False after a failed wait
-// (recorded): the CTA must not compute.
+// kPush pushes tokens (push_role); any other role has nothing to do here. kFreeBytes: the compute
+// role's stage buffers from the aligned base of `smem`, which the roles use until the CTA
+// computes. False after a failed wait (recorded): the CTA must not compute.
 template <uint32_t kFreeBytes, class Role, Role kLast>
 __device__ __forceinline__ bool run_dispatch_roles(const DispatchParams& d, const frame::RoleTable<Role, kLast>& roles,
                                                    const frame::LaunchFrame& f, uint8_t* smem) {
@@ -110,18 +109,11 @@ __device__ __forceinline__ bool run_dispatch_roles(const DispatchParams& d, cons
     if (role == Role::kForward) return forward_role(d, index, roles.count(Role::kForward), f);
   }
   if (role == Role::kPush) {
-    // push_role's sort or gather_role's stream: the start of the GEMM's stage buffers, free until
-    // this CTA computes.
+    // push_role's sort: the start of the GEMM's stage buffers, free until this CTA computes.
     static_assert(sizeof(PushOrderSmem) <= kFreeBytes,
                   "the push role's sort must fit in the compute role's stage buffers, which are free until it runs");
-    static_assert(sizeof(GatherSmem) <= kFreeBytes,
-                  "the gathering role's stream must fit in the compute role's stage buffers, which are free until it runs");
-    // One rank, gather_rows: every row is a copy of a token of x, gathered in row order.
-    const bool ok = d.gather_rows != 0
-                        ? gather_role(d, index, roles.count(Role::kPush),
-                                      reinterpret_cast<GatherSmem*>(frame::aligned_smem(smem)), f.epoch, f.ctx)
-                        : push_role(d, index, roles.count(Role::kPush),
-                                    reinterpret_cast<PushOrderSmem*>(frame::aligned_smem(smem)), f.epoch, f.ctx);
+    auto* sort = reinterpret_cast<PushOrderSmem*>(frame::aligned_smem(smem));
+    const bool ok = push_role(d, index, roles.count(Role::kPush), sort, f.epoch, f.ctx);
     cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);  // the TMA loads that reuse it come after
     return cta_all(ok);
   }

@@ -56,19 +56,10 @@ struct MoeTunables {
   // moe_dispatch_gemm: the CTAs that push (1 / kFusedPushShareDen of the grid) and complete
   // receive blocks (1 / kFusedArrivalShareDen) before they join the expert GEMM. On one rank the
   // pushing warps complete the blocks themselves (no arrival role) and the pushers get
-  // 1 / kFusedPushShareDenOneRank of the grid. With gather_rows (one rank) they gather the
-  // receive rows in row order instead (gather_role, dispatch.cuh): 1 / kFusedGatherShareDen of
-  // the grid, each taking kGatherRows rows' tokens per round into shared memory and moving the
-  // rows through one bulk-copy stream of kGatherStages pieces of kGatherPieceBytes, a block's
-  // ready flag published kGatherFlagLag store groups after its last row's (no drain per block).
+  // 1 / kFusedPushShareDenOneRank of the grid.
   static constexpr int kFusedPushShareDen = 4;
   static constexpr int kFusedArrivalShareDen = 4;
   static constexpr int kFusedPushShareDenOneRank = 2;
-  static constexpr int kFusedGatherShareDen = 8;
-  static constexpr uint32_t kGatherRows = 4096;
-  static constexpr int kGatherStages = 16;
-  static constexpr uint32_t kGatherPieceBytes = 8192;
-  static constexpr int kGatherFlagLag = 4;
   // Combine: the most CTAs (one "read done" flag each), and the shape of a reducing warp's sum
   // (SumShape: two vectors of eight slots in flight per lane, their own GPU's rows prefetched two
   // passes ahead; about 150-190 registers, in moe_combine's kernel and in moe_layer's at its entry
@@ -97,8 +88,6 @@ static_assert(MoeTunables::kPushSortTokens <= 65536 && MoeTunables::kPushSortBuc
 static_assert(MoeTunables::kMaxTopK % MoeTunables::kCombineSum.slots == 0,
               "the combine's slot batches must not run past the warp's lanes");
 static_assert(MoeTunables::kPushSortBuckets % 32 == 0, "one warp scans the push sort's buckets, the same number per lane");
-static_assert(MoeTunables::kGatherRows % MoeTunables::kArrivalRows == 0,
-              "a gathering round takes whole receive blocks: kGatherRows must be a multiple of kArrivalRows");
 
 // The push order's bucket of a token whose smallest receive row (over its destinations: d * C +
 // row, the row taken) is `first_row`, or of a token with no destination (first_row >= C): the
@@ -203,29 +192,10 @@ LOOM_HOST_DEVICE constexpr uint64_t block_rows(uint64_t kept, uint64_t f) {
   return kept <= first ? 0 : kept - first < kRows ? kept - first : kRows;
 }
 
-// One rank, the gathering CTAs of the fused kernels (gather_role, dispatch.cuh): CTA `index` of
-// `ctas` takes receive blocks index, index + ctas, ... (strided_share: how many of n items i,
-// i + ctas, ... fall to CTA index; the push and arrival roles deal theirs the same way), kGatherRows / kArrivalRows of them per round. Every block but the kept rows' last has
-// kArrivalRows rows, and that one is the last block of its CTA, so row k of the round that starts
-// at the CTA's block j0 is gather_row(...), and a round has gather_round_rows(...) rows.
+// How many of n items index, index + ctas, index + 2 ctas, ... fall to CTA `index` of `ctas` (the
+// push and arrival roles deal their tokens and receive blocks this way).
 LOOM_HOST_DEVICE constexpr uint64_t strided_share(uint64_t n, uint64_t index, uint64_t ctas) {
   return index < n ? (n - index + ctas - 1) / ctas : 0;
-}
-LOOM_HOST_DEVICE constexpr uint64_t gather_row(uint64_t index, uint64_t ctas, uint64_t j0, uint64_t k) {
-  constexpr uint64_t kRows = MoeTunables::kArrivalRows;
-  return (index + (j0 + k / kRows) * ctas) * kRows + k % kRows;
-}
-LOOM_HOST_DEVICE constexpr uint64_t gather_round_rows(uint64_t kept, uint64_t index, uint64_t ctas, uint64_t j0) {
-  constexpr uint64_t kRows = MoeTunables::kArrivalRows;
-  constexpr uint64_t kRoundBlocks = MoeTunables::kGatherRows / kRows;
-  const uint64_t mine = strided_share(arrival_blocks(kept), index, ctas);
-  if (j0 >= mine) return 0;
-  const uint64_t blocks = mine - j0 < kRoundBlocks ? mine - j0 : kRoundBlocks;
-  return (blocks - 1) * kRows + block_rows(kept, index + (j0 + blocks - 1) * ctas);
-}
-// Whether row k of a round of `rows` rows is the last of its block (its ready flag goes with it).
-LOOM_HOST_DEVICE constexpr bool gather_row_ends_block(uint64_t k, uint64_t rows) {
-  return k % MoeTunables::kArrivalRows == MoeTunables::kArrivalRows - 1 || k + 1 == rows;
 }
 
 // The plan buffer (device memory of this GPU, the caller's; offsets from its start, each region

@@ -97,7 +97,6 @@ Status moe_dispatch_gemm(Communicator& comm, const MoePlan& plan, const void* x,
   km::DispatchParams& d = p.dispatch;
   LOOM_TRY(prepare_launch(impl, wl, wl.dispatch_zero_begin(), wl.dispatch_zero_end(), stream, kOp, d));
   fill_dispatch(impl, plan, l, x, recv_offset, km::kDispatchGemmOp, d);
-  d.gather_rows = options.gather_rows && l.world == 1 ? 1u : 0u;
   args.workspace = static_cast<char*>(impl.heap->local_base()) + d.ws.offset + wl.tiles;
   LOOM_TRY_CTX(ops::prepare_grouped_gemm(args, fused.gemm, stream, p.gemm), kOp);
   p.gemm.sched.queue = &d.state->tile_queue;  // CTAs that join late take what is left

@@ -179,7 +179,6 @@ Status moe_layer(Communicator& comm, const MoePlan& plan, const void* x, const M
   km::DispatchParams& d = p.dispatch;
   LOOM_TRY(prepare_launch(impl, wl, wl.dispatch_zero_begin(), wl.combine_zero_end(), stream, kOp, d));
   fill_dispatch(impl, plan, l, x, recv_offset, km::kLayerOp, d);
-  d.gather_rows = options.gather_rows && l.world == 1 ? 1u : 0u;
   d.signature = planner::moe_signature(km::kLayerOp, {plan.config.num_experts, plan.config.top_k, l.capacity,
                                                       static_cast<int64_t>(l.row_bytes), plan.config.max_tokens,
                                                       job_shape(impl), static_cast<int64_t>(d.ws.offset),
