@@ -41,8 +41,10 @@
 //
 // Gates and signals (the engine's signaler thread signals a tile after its stores have landed):
 //   fc1 tile (r, n)  waits for ready[] of the receive blocks its rows cover (moe_dispatch_gemm's
-//                    gate; a shared tile waits for nothing); signal: hidden_done[r] += 1, a release
-//                    at GPU scope (h stays on this GPU). r: the virtual tile row.
+//                    gate), or for nothing once blocks_done counts every CTA that completes
+//                    receive blocks (one load; a shared tile waits for nothing); signal:
+//                    hidden_done[r] += 1, a release at GPU scope (h stays on this GPU). r: the
+//                    virtual tile row.
 //   fc2 tile (r, n)  waits until hidden_done[r] counts every fc1 tile of row r (acquire, then a
 //                    generic-to-async proxy fence: TMA reads h next); signal: system fence,
 //                    out_done[r] += 1; the tile that completes the row fences again and stores the
@@ -110,6 +112,8 @@ struct LayerParams {
   uint64_t* out_done;            // [Ts + Tr]
   uint64_t* out_ready;           // [Cl]
   uint64_t* pushes_done;         // push CTAs done (several nodes: the reducers then read token_pos)
+  uint64_t* blocks_done;         // CTAs done completing receive blocks (layout.h)
+  uint32_t block_completers;     // how many: the arrival role's CTAs, on one rank the push role's
   uint32_t shared_tile_rows;     // S = ceil(T / BLOCK_M) with a shared expert, else 0
   uint32_t shared_row_begin;     // Cs: hidden's and expert_out's row of token 0's shared rows
   MoeLayerPhaseRecord* phases;   // diagnostics: one record per CTA (zeroed before the launch), or null
@@ -175,11 +179,7 @@ class LayerScheduler {
       // h was written by TMA stores (and generic stores at an expert's end) and is read by TMA next.
       if (ok) cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
     } else if (m_block >= shared_rows_) {  // a shared tile's input is the caller's x
-      ArrivedGroupedTiles<kBlockM> arrived;
-      arrived.table = p_->up.table;
-      arrived.dispatch = &p_->dispatch;
-      arrived.epoch = epoch_;
-      ok = arrived.gate(m_block - shared_rows_, sp, ctx);
+      ok = up_gate(m_block - shared_rows_, sp, ctx);
     }
     if (!ok) return gemm::WorkItem{static_cast<uint32_t>(gemm::WorkKind::kFailed), 0, 0, 0};
     if (p_->phases != nullptr) note_gate(down, true);
@@ -200,6 +200,26 @@ class LayerScheduler {
   }
 
  private:
+  // fc1's gate: the receive blocks under tile row r. Once every CTA that completes receive blocks
+  // has counted itself done, every ready[] word of the launch is set, so one load (then none:
+  // remembered) replaces the per-block acquires, which are dependent round trips on this thread
+  // between a tile's last load and the next tile's first.
+  __device__ bool up_gate(uint32_t r, const gemm::SchedulerParams& sp, const WaitContext& ctx) {
+    const uint32_t completers = p_->block_completers;
+    if (!all_blocks_ready_ && completers > 0 && flag_load_acquire(p_->blocks_done) >= completers) {
+      all_blocks_ready_ = true;
+    }
+    if (all_blocks_ready_) {
+      cuda::ptx::fence_proxy_async(cuda::ptx::space_global);  // the rows are read by TMA next
+      return true;
+    }
+    ArrivedGroupedTiles<kBlockM> arrived;
+    arrived.table = p_->up.table;
+    arrived.dispatch = &p_->dispatch;
+    arrived.epoch = epoch_;
+    return arrived.gate(r, sp, ctx);
+  }
+
   // Diagnostics (LayerParams::phases): a claim reaching its gate (passed = false: the time is
   // subtracted from the wait sum) and passing it (added, and the tile counted). Nothing stays in
   // a register across the wait: the scheduling thread runs at the producer's few registers.
@@ -219,6 +239,7 @@ class LayerScheduler {
   uint64_t epoch_;
   uint32_t shared_rows_;  // S, or 0 after a failed routing
   uint32_t tile_rows_;    // S + Tt
+  bool all_blocks_ready_ = false;  // blocks_done seen complete (then it stays so for the launch)
 };
 
 // fc1's epilogue: the grouped SwiGLU epilogue, and one count per stored tile.
@@ -322,11 +343,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_layer_kernel(const __gri
   bool ok = run_dispatch_roles<Cfg::kControlOffset>(d, roles, f, smem);
   if (phase != nullptr) phase->roles_done_ns = global_timer_ns();
   // Several nodes: the reducers read token_pos (where the push warps put each token's entry for
-  // every other node), written in this launch: each push CTA counts itself done.
+  // every other node), written in this launch: each push CTA counts itself done. The CTAs that
+  // complete receive blocks (ok: every block of their share is ready) count themselves in
+  // blocks_done, which lets fc1's gate skip the per-block flags once all have.
   const bool nodes = c.net.num_nodes > 1;
-  if (nodes && ok && roles.role_of(blockIdx.x) == LayerRole::kPush && threadIdx.x == 0) {
-    __threadfence();  // every warp's token_pos stores (run_dispatch_roles ended with a CTA barrier)
-    asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(p.pushes_done) : "memory");
+  const LayerRole role = roles.role_of(blockIdx.x);
+  const LayerRole completer = JobRanks(c).world() > 1 ? LayerRole::kArrival : LayerRole::kPush;
+  if (ok && threadIdx.x == 0 && ((nodes && role == LayerRole::kPush) || role == completer)) {
+    __threadfence();  // every warp's stores (run_dispatch_roles ended with a CTA barrier)
+    if (nodes && role == LayerRole::kPush) {
+      asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(p.pushes_done) : "memory");
+    }
+    if (role == completer) asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(p.blocks_done) : "memory");
   }
   if (ok) {
     Scheduler scheduler(p, f.epoch);
