@@ -459,3 +459,13 @@ def test_device_call_skips_steps_past_its_limit(tmp_path):
     assert run.returncode == 1
     summary = (out / "r" / "call.txt").read_text()
     assert re.search(r"skipped at \+\d+s \(CALL_LIMIT_S=1\): echo late", summary) and (out / "results.tgz").exists()
+
+
+# ---- scripts/dev/build_at.sh ---------------------------------------------------------------------------
+
+def test_build_at_refuses_what_is_not_a_commit(tmp_path):
+    run = subprocess.run(["bash", str(REPO / "scripts/dev/build_at.sh"), "no-such-revision", str(tmp_path / "b")],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2
+    assert "'no-such-revision' is not a commit here" in run.stderr
+    assert not (tmp_path / "b").exists()  # nothing built or checked out
