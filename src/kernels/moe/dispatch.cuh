@@ -98,6 +98,11 @@ struct PushState {
   uint64_t net_entered;  // lane 0's
 };
 
+// Who completes the receive blocks: on one rank the pushing warps (every row is pushed here by
+// this launch, each its own primary, so a block is complete with its last row's add), else the
+// arrival role (rows from peers and other nodes, repeats to copy).
+__device__ __forceinline__ bool pushers_complete_blocks(const DeviceComm& c) { return JobRanks(c).world() == 1; }
+
 // One warp: a token row at `src` (memory of this GPU: x, or a staged entry) to local rank `d` of
 // this node: copied into its primary row there (the smallest of the rows `mine` lanes hold: a
 // token crosses NVLink once per rank), the origin of each of those rows written beside it, then
@@ -138,10 +143,9 @@ __device__ __forceinline__ bool push_row(const DispatchParams& p, uint32_t d, bo
   if (mine) {
     const uint32_t f = row / MoeTunables::kArrivalRows;
     uint64_t* arrived = p.ws.at<uint64_t>(c, static_cast<int>(d), l.arrival, f);
-    if (JobRanks(c).world() == 1) {
-      // One rank: every row is pushed here by this launch, each its own primary, so a block is
-      // complete with its last row's add and nothing is left to copy; that add's warp marks it
-      // ready (the acq_rel add takes in every earlier row of the block), and no arrival role runs.
+    if (pushers_complete_blocks(c)) {
+      // The add that completes a block marks it ready (the acq_rel add takes in every earlier row
+      // of the block); nothing is left to copy, and no arrival role runs.
       const uint64_t before = cuda::atomic_ref<uint64_t, cuda::thread_scope_device>(*arrived).fetch_add(
           1, cuda::memory_order_acq_rel);
       if (before + 1 == block_rows(kept_rows(*p.plan.status, p.capacity), f)) {
@@ -437,7 +441,7 @@ __device__ __forceinline__ bool receive_blocks(const DispatchParams& p, uint32_t
   char* recv = reinterpret_cast<char*>(c.peer_heap_bases[me] + p.recv_offset);
   const RecvRow* origins = p.ws.at<RecvRow>(c, me, l.rows);
   // One rank: the pushing warps mark the blocks ready themselves (push_row).
-  const uint32_t mine = JobRanks(c).world() > 1 ? static_cast<uint32_t>(strided_share(blocks, first, stride)) : 0;
+  const uint32_t mine = pushers_complete_blocks(c) ? 0 : static_cast<uint32_t>(strided_share(blocks, first, stride));
   auto rows_of = [&](uint32_t f) { return block_rows(kept, f); };
   for (uint32_t base = 0; base < mine; base += kWindow) {
     const uint32_t n = min(kWindow, mine - base);

@@ -95,6 +95,11 @@ enum class LayerRole : uint32_t {
 };
 using LayerRoleTable = frame::RoleTable<LayerRole, LayerRole::kCompute>;
 
+// The role whose CTAs complete this rank's receive blocks (pushers_complete_blocks).
+__device__ __forceinline__ LayerRole block_completer_role(const DeviceComm& c) {
+  return pushers_complete_blocks(c) ? LayerRole::kPush : LayerRole::kArrival;
+}
+
 struct LayerParams {
   GroupedGemmKernelParams up;    // first: tensor maps need 64-byte alignment. a = recv_x [C, H],
                                  // b = gate_up [El, 2I, H], d = hidden [Cl, I] (SwiGLU); header / table:
@@ -113,7 +118,6 @@ struct LayerParams {
   uint64_t* out_ready;           // [Cl]
   uint64_t* pushes_done;         // push CTAs done (several nodes: the reducers then read token_pos)
   uint64_t* blocks_done;         // CTAs done completing receive blocks (layout.h)
-  uint32_t block_completers;     // how many: the arrival role's CTAs, on one rank the push role's
   uint32_t shared_tile_rows;     // S = ceil(T / BLOCK_M) with a shared expert, else 0
   uint32_t shared_row_begin;     // Cs: hidden's and expert_out's row of token 0's shared rows
   MoeLayerPhaseRecord* phases;   // diagnostics: one record per CTA (zeroed before the launch), or null
@@ -205,7 +209,7 @@ class LayerScheduler {
   // remembered) replaces the per-block acquires, which are dependent round trips on this thread
   // between a tile's last load and the next tile's first.
   __device__ bool up_gate(uint32_t r, const gemm::SchedulerParams& sp, const WaitContext& ctx) {
-    const uint32_t completers = p_->block_completers;
+    const uint32_t completers = p_->roles.count(block_completer_role(p_->dispatch.comm));
     if (!all_blocks_ready_ && completers > 0 && flag_load_acquire(p_->blocks_done) >= completers) {
       all_blocks_ready_ = true;
     }
@@ -348,13 +352,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_layer_kernel(const __gri
   // blocks_done, which lets fc1's gate skip the per-block flags once all have.
   const bool nodes = c.net.num_nodes > 1;
   const LayerRole role = roles.role_of(blockIdx.x);
-  const LayerRole completer = JobRanks(c).world() > 1 ? LayerRole::kArrival : LayerRole::kPush;
-  if (ok && threadIdx.x == 0 && ((nodes && role == LayerRole::kPush) || role == completer)) {
+  const bool counts_push = nodes && role == LayerRole::kPush;
+  const bool completed_blocks = role == block_completer_role(c);
+  if (ok && threadIdx.x == 0 && (counts_push || completed_blocks)) {
     __threadfence();  // every warp's stores (run_dispatch_roles ended with a CTA barrier)
-    if (nodes && role == LayerRole::kPush) {
-      asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(p.pushes_done) : "memory");
-    }
-    if (role == completer) asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(p.blocks_done) : "memory");
+    if (counts_push) asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(p.pushes_done) : "memory");
+    if (completed_blocks) asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(p.blocks_done) : "memory");
   }
   if (ok) {
     Scheduler scheduler(p, f.epoch);
