@@ -145,10 +145,12 @@ void check_workspace(uint32_t nodes, uint32_t local) {
   EXPECT_EQ(l.routing_zero_begin(), 0u);
   EXPECT_EQ(l.routing_zero_end(), l.dispatch_zero_begin());
   EXPECT_EQ(l.dispatch_zero_end(), l.hidden_done);
-  // moe_layer's two role counters share one slot, zeroed with the dispatch's flags.
+  // moe_layer's two role counters and its reducers' token counter share one slot, zeroed with
+  // the dispatch's flags.
   EXPECT_EQ(l.blocks_done, l.pushes_done + 8);
-  EXPECT_GE(l.blocks_done, l.dispatch_zero_begin());
-  EXPECT_LE(l.blocks_done + 8, l.dispatch_zero_end());
+  EXPECT_EQ(l.reduce_claims, l.pushes_done + 16);
+  EXPECT_GE(l.pushes_done, l.dispatch_zero_begin());
+  EXPECT_LE(l.reduce_claims + 4, l.dispatch_zero_end());
   EXPECT_EQ(l.out_ready + km::align_up(8 * layer_rows, 256), l.combine_zero_begin());
   EXPECT_EQ(km::layer_rows(cap, tmax, true), layer_rows);
   EXPECT_EQ(km::layer_rows(cap, tmax, false), cap);

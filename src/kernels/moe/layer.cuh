@@ -18,7 +18,8 @@
 //            every fc1 tile, then every fc2 tile, each gated on its inputs (below).
 //   forward  several nodes: moe_dispatch's forwarding role (the entries other nodes send), then compute.
 // Then every CTA reduces tokens (moe_combine's reduce_tokens with FinishedRowGate: a slot's row is
-// read from its rank once out_ready[row] there holds this launch's epoch), and the last CTA runs
+// read from its rank once out_ready[row] there holds this launch's epoch; each warp claims its
+// next token from reduce_claims, so the CTAs whose tiles end first take more), and the last CTA runs
 // moe_combine's done handshake (no rank leaves while another still reads its expert outputs).
 // Several nodes (docs/MOE.md, "The full layer across nodes"): before reducing, every warp returns
 // the partial sums of the entries other nodes staged here (return_partials, gated per row like the
@@ -118,6 +119,7 @@ struct LayerParams {
   uint64_t* out_ready;           // [Cl]
   uint64_t* pushes_done;         // push CTAs done (several nodes: the reducers then read token_pos)
   uint64_t* blocks_done;         // CTAs done completing receive blocks (layout.h)
+  uint32_t* reduce_claims;       // tokens the reducing warps have claimed (TokenWalk)
   uint32_t shared_tile_rows;     // S = ceil(T / BLOCK_M) with a shared expert, else 0
   uint32_t shared_row_begin;     // Cs: hidden's and expert_out's row of token 0's shared rows
   MoeLayerPhaseRecord* phases;   // diagnostics: one record per CTA (zeroed before the launch), or null
@@ -400,7 +402,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_layer_kernel(const __gri
       }
       ok = cta_all(ok);
     }
-    if (ok) ok = cta_all(reduce_tokens<T>(p.combine, warp, warps, f.epoch, f.ctx, gate));
+    if (ok) ok = cta_all(reduce_tokens<T>(p.combine, TokenWalk{warp, warps, p.reduce_claims}, f.epoch, f.ctx, gate));
     if (ok && phase != nullptr) phase->reduced_ns = global_timer_ns();
   }
   if (cta_all(ok)) {
