@@ -5,8 +5,7 @@
 // the rank holding its expert (the routing's slot_dest). The order is fixed, so every run is
 // bit-identical; a token without routed slots gets zeros.
 //
-// The owner pulls: warp w takes tokens w, w + warps, ... (moe_layer: the next unclaimed token)
-// and reads each slot's row over NVLink
+// The owner pulls: warp w takes tokens w, w + warps, ... and reads each slot's row over NVLink
 // (16-byte loads that bypass L1) after that rank's entry word of this launch (its expert outputs
 // are complete: its stream reached the combine). Roles (CombineRoleTable): the finisher and the
 // reducers reduce; the finisher then waits (bounded) for every CTA's read_done flag, tells every
@@ -194,33 +193,12 @@ __device__ __forceinline__ void sum_row(uint64_t row_addr, float w, uint32_t k, 
   }
 }
 
-// Which tokens a reducing warp takes: first, first + stride, ... (claims null: a fixed share), or
-// each time the next token of a launch-wide counter (claims: zeroed before the launch, one per
-// launch), so that warps which start early take more of the tokens than warps which start late
-// (moe_layer: a CTA reduces once its last tile is stored, and the CTAs finish their tiles up to a
-// tile's time apart). Either way every token is taken by exactly one warp, and its sum does not
-// depend on which.
-struct TokenWalk {
-  uint32_t first;
-  uint32_t stride;
-  uint32_t* claims;
-  __device__ uint32_t start() const { return claims != nullptr ? claim() : first; }
-  __device__ uint32_t next(uint32_t t) const { return claims != nullptr ? claim() : t + stride; }
-
- private:
-  __device__ uint32_t claim() const {
-    uint32_t t = 0;
-    if (lane_id() == 0) t = atomicAdd(claims, 1u);
-    return __shfl_sync(0xffffffffu, t, 0);
-  }
-};
-
-// One warp: the tokens of `walk` of this rank. A token's slots on this node are
+// One warp: tokens first, first + stride, ... of this rank. A token's slots on this node are
 // read over NVLink; on several nodes, each other node holding one of its experts returns one
 // fp32 partial (its slots' sum in slot order) into `partials`, and the node sums are added in
 // node order (this node's own in its place). False after a failed wait (recorded).
 template <typename T, class Gate = EntryGate>
-__device__ __forceinline__ bool reduce_tokens(const CombineParams& p, const TokenWalk& walk, uint64_t epoch,
+__device__ __forceinline__ bool reduce_tokens(const CombineParams& p, uint32_t first, uint32_t stride, uint64_t epoch,
                                               const WaitContext& ctx, const Gate& gate = {}) {
   using V = Vec16<T>;
   constexpr uint32_t kChunk = MoeTunables::kNetChunkTokens;
@@ -233,7 +211,7 @@ __device__ __forceinline__ bool reduce_tokens(const CombineParams& p, const Toke
   const uint64_t vectors = p.row_bytes / kVectorBytes;
   const uint32_t remote = r.nodes - 1;
   uint32_t entered = 1u << c.local_rank;  // local ranks whose entry this warp has seen (lane-uniform)
-  for (uint32_t t = walk.start(); t < p.num_tokens; t = walk.next(t)) {
+  for (uint32_t t = first; t < p.num_tokens; t += stride) {
     // Lane j < k: slot j's row (its address on its rank, when on this node) and weight.
     const uint64_t q = static_cast<uint64_t>(t) * k + lane;
     const int32_t dest = lane < k ? valid_slot(p.plan.slot_dest[q], r.world(), cap) : kNoSlot;
@@ -452,8 +430,7 @@ __global__ void __launch_bounds__(MoeTunables::kThreads, 1) moe_combine_kernel(c
     // The finisher and the reducers share the tokens (the finisher is reducer 0).
     const uint32_t reducer = role == CombineRole::kFinisher ? 0 : 1 + roles.index_in_role(blockIdx.x);
     const uint32_t reducers = 1 + roles.count(CombineRole::kReduce, gridDim.x);
-    const TokenWalk walk{reducer * MoeTunables::kWarps + warp_id(), reducers * MoeTunables::kWarps, nullptr};
-    ok = reduce_tokens<T>(p, walk, f.epoch, f.ctx);
+    ok = reduce_tokens<T>(p, reducer * MoeTunables::kWarps + warp_id(), reducers * MoeTunables::kWarps, f.epoch, f.ctx);
   }
   if (cta_all(ok)) {
     if (threadIdx.x == 0) flag_store_release(p.ws.at<uint64_t>(c, c.local_rank, p.ws.layout.read_done, blockIdx.x), f.epoch);

@@ -18,8 +18,7 @@
 //            every fc1 tile, then every fc2 tile, each gated on its inputs (below).
 //   forward  several nodes: moe_dispatch's forwarding role (the entries other nodes send), then compute.
 // Then every CTA reduces tokens (moe_combine's reduce_tokens with FinishedRowGate: a slot's row is
-// read from its rank once out_ready[row] there holds this launch's epoch; each warp claims its
-// next token from reduce_claims, so the CTAs whose tiles end first take more), and the last CTA runs
+// read from its rank once out_ready[row] there holds this launch's epoch), and the last CTA runs
 // moe_combine's done handshake (no rank leaves while another still reads its expert outputs).
 // Several nodes (docs/MOE.md, "The full layer across nodes"): before reducing, every warp returns
 // the partial sums of the entries other nodes staged here (return_partials, gated per row like the
@@ -42,10 +41,8 @@
 //
 // Gates and signals (the engine's signaler thread signals a tile after its stores have landed):
 //   fc1 tile (r, n)  waits for ready[] of the receive blocks its rows cover (moe_dispatch_gemm's
-//                    gate), or for nothing once blocks_done counts every CTA that completes
-//                    receive blocks (one load; a shared tile waits for nothing); signal:
-//                    hidden_done[r] += 1, a release at GPU scope (h stays on this GPU). r: the
-//                    virtual tile row.
+//                    gate; a shared tile waits for nothing); signal: hidden_done[r] += 1, a release
+//                    at GPU scope (h stays on this GPU). r: the virtual tile row.
 //   fc2 tile (r, n)  waits until hidden_done[r] counts every fc1 tile of row r (acquire, then a
 //                    generic-to-async proxy fence: TMA reads h next); signal: system fence,
 //                    out_done[r] += 1; the tile that completes the row fences again and stores the
@@ -96,11 +93,6 @@ enum class LayerRole : uint32_t {
 };
 using LayerRoleTable = frame::RoleTable<LayerRole, LayerRole::kCompute>;
 
-// The role whose CTAs complete this rank's receive blocks (pushers_complete_blocks).
-__device__ __forceinline__ LayerRole block_completer_role(const DeviceComm& c) {
-  return pushers_complete_blocks(c) ? LayerRole::kPush : LayerRole::kArrival;
-}
-
 struct LayerParams {
   GroupedGemmKernelParams up;    // first: tensor maps need 64-byte alignment. a = recv_x [C, H],
                                  // b = gate_up [El, 2I, H], d = hidden [Cl, I] (SwiGLU); header / table:
@@ -118,8 +110,6 @@ struct LayerParams {
   uint64_t* out_done;            // [Ts + Tr]
   uint64_t* out_ready;           // [Cl]
   uint64_t* pushes_done;         // push CTAs done (several nodes: the reducers then read token_pos)
-  uint64_t* blocks_done;         // CTAs done completing receive blocks (layout.h)
-  uint32_t* reduce_claims;       // tokens the reducing warps have claimed (TokenWalk)
   uint32_t shared_tile_rows;     // S = ceil(T / BLOCK_M) with a shared expert, else 0
   uint32_t shared_row_begin;     // Cs: hidden's and expert_out's row of token 0's shared rows
   MoeLayerPhaseRecord* phases;   // diagnostics: one record per CTA (zeroed before the launch), or null
@@ -185,7 +175,11 @@ class LayerScheduler {
       // h was written by TMA stores (and generic stores at an expert's end) and is read by TMA next.
       if (ok) cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
     } else if (m_block >= shared_rows_) {  // a shared tile's input is the caller's x
-      ok = up_gate(m_block - shared_rows_, sp, ctx);
+      ArrivedGroupedTiles<kBlockM> arrived;
+      arrived.table = p_->up.table;
+      arrived.dispatch = &p_->dispatch;
+      arrived.epoch = epoch_;
+      ok = arrived.gate(m_block - shared_rows_, sp, ctx);
     }
     if (!ok) return gemm::WorkItem{static_cast<uint32_t>(gemm::WorkKind::kFailed), 0, 0, 0};
     if (p_->phases != nullptr) note_gate(down, true);
@@ -206,26 +200,6 @@ class LayerScheduler {
   }
 
  private:
-  // fc1's gate: the receive blocks under tile row r. Once every CTA that completes receive blocks
-  // has counted itself done, every ready[] word of the launch is set, so one load (then none:
-  // remembered) replaces the per-block acquires, which are dependent round trips on this thread
-  // between a tile's last load and the next tile's first.
-  __device__ bool up_gate(uint32_t r, const gemm::SchedulerParams& sp, const WaitContext& ctx) {
-    const uint32_t completers = p_->roles.count(block_completer_role(p_->dispatch.comm));
-    if (!all_blocks_ready_ && completers > 0 && flag_load_acquire(p_->blocks_done) >= completers) {
-      all_blocks_ready_ = true;
-    }
-    if (all_blocks_ready_) {
-      cuda::ptx::fence_proxy_async(cuda::ptx::space_global);  // the rows are read by TMA next
-      return true;
-    }
-    ArrivedGroupedTiles<kBlockM> arrived;
-    arrived.table = p_->up.table;
-    arrived.dispatch = &p_->dispatch;
-    arrived.epoch = epoch_;
-    return arrived.gate(r, sp, ctx);
-  }
-
   // Diagnostics (LayerParams::phases): a claim reaching its gate (passed = false: the time is
   // subtracted from the wait sum) and passing it (added, and the tile counted). Nothing stays in
   // a register across the wait: the scheduling thread runs at the producer's few registers.
@@ -245,7 +219,6 @@ class LayerScheduler {
   uint64_t epoch_;
   uint32_t shared_rows_;  // S, or 0 after a failed routing
   uint32_t tile_rows_;    // S + Tt
-  bool all_blocks_ready_ = false;  // blocks_done seen complete (then it stays so for the launch)
 };
 
 // fc1's epilogue: the grouped SwiGLU epilogue, and one count per stored tile.
@@ -349,17 +322,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_layer_kernel(const __gri
   bool ok = run_dispatch_roles<Cfg::kControlOffset>(d, roles, f, smem);
   if (phase != nullptr) phase->roles_done_ns = global_timer_ns();
   // Several nodes: the reducers read token_pos (where the push warps put each token's entry for
-  // every other node), written in this launch: each push CTA counts itself done. The CTAs that
-  // complete receive blocks (ok: every block of their share is ready) count themselves in
-  // blocks_done, which lets fc1's gate skip the per-block flags once all have.
+  // every other node), written in this launch: each push CTA counts itself done.
   const bool nodes = c.net.num_nodes > 1;
-  const LayerRole role = roles.role_of(blockIdx.x);
-  const bool counts_push = nodes && role == LayerRole::kPush;
-  const bool completed_blocks = role == block_completer_role(c);
-  if (ok && threadIdx.x == 0 && (counts_push || completed_blocks)) {
-    __threadfence();  // every warp's stores (run_dispatch_roles ended with a CTA barrier)
-    if (counts_push) asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(p.pushes_done) : "memory");
-    if (completed_blocks) asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(p.blocks_done) : "memory");
+  if (nodes && ok && roles.role_of(blockIdx.x) == LayerRole::kPush && threadIdx.x == 0) {
+    __threadfence();  // every warp's token_pos stores (run_dispatch_roles ended with a CTA barrier)
+    asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(p.pushes_done) : "memory");
   }
   if (ok) {
     Scheduler scheduler(p, f.epoch);
@@ -402,7 +369,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_layer_kernel(const __gri
       }
       ok = cta_all(ok);
     }
-    if (ok) ok = cta_all(reduce_tokens<T>(p.combine, TokenWalk{warp, warps, p.reduce_claims}, f.epoch, f.ctx, gate));
+    if (ok) ok = cta_all(reduce_tokens<T>(p.combine, warp, warps, f.epoch, f.ctx, gate));
     if (ok && phase != nullptr) phase->reduced_ns = global_timer_ns();
   }
   if (cta_all(ok)) {

@@ -283,10 +283,6 @@ struct MoeShape {
 //   sent_chunks  u64   [Nr]  (N > 1)            chunks of each window handed to the proxy (a counter)  dispatch
 //   send_count   u32   [Nr][Q]  (N > 1)         entries written into each chunk of a window     dispatch
 //   pushes_done  u64   [1]                      moe_layer: push CTAs done (their token_pos written)  dispatch
-//   blocks_done  u64   [1]                      moe_layer: CTAs done completing receive blocks (the arrival
-//                                               role; on one rank the push role): all done = every
-//                                               ready[] word of this launch set (local)  dispatch
-//   reduce_claims u32  [1]                      moe_layer: tokens its reducing warps have claimed (local)  dispatch
 //   hidden_done  u64   [Ts + Tr]                moe_layer: fc1 tiles of tile row r finished (local counters)  layer
 //   out_done     u64   [Ts + Tr]                moe_layer: fc2 tiles of tile row r finished (local counters)  layer
 //   out_ready    u64   [Cl]                     moe_layer: epoch: "expert output row j is final" (peers read)  layer
@@ -314,7 +310,7 @@ struct MoeShape {
 // from remote slot i arrived"; combine: the same for partial rows. net_flag_words() of them.
 struct WorkspaceLayout {
   uint64_t count_table, count_flags, node_tokens, chunk_flags, routing_words, arrival, ready, send_fill, sent_chunks,
-      send_count, pushes_done, blocks_done, reduce_claims, hidden_done, out_done, out_ready, read_done, done, ret_count, ret_sent, rows, tiles, staged_epoch,
+      send_count, pushes_done, hidden_done, out_done, out_ready, read_done, done, ret_count, ret_sent, rows, tiles, staged_epoch,
       token_pos, send_window, staging, ret_window, partials, bytes;
   uint64_t entry_bytes;    // eb (0 when N = 1)
   uint64_t partial_bytes;  // pb (0 when N = 1)
@@ -342,8 +338,6 @@ struct WorkspaceLayout {
     const uint64_t tile_rows = max_tile_rows(s.capacity, s.experts / s.world);
     const uint64_t layer_tile_rows = layer_shared_tile_rows(s.max_tokens) + tile_rows;
     l.pushes_done = l.send_count + align_up(4 * remote * q, 256);
-    l.blocks_done = l.pushes_done + 8;  // the same 256-byte slot
-    l.reduce_claims = l.pushes_done + 16;
     l.hidden_done = l.pushes_done + 256;
     l.out_done = l.hidden_done + align_up(8 * layer_tile_rows, 256);
     l.out_ready = l.out_done + align_up(8 * layer_tile_rows, 256);

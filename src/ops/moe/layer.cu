@@ -199,8 +199,6 @@ Status moe_layer(Communicator& comm, const MoePlan& plan, const void* x, const M
   p.out_done = reinterpret_cast<uint64_t*>(ws + wl.out_done);
   p.out_ready = reinterpret_cast<uint64_t*>(ws + wl.out_ready);
   p.pushes_done = reinterpret_cast<uint64_t*>(ws + wl.pushes_done);
-  p.blocks_done = reinterpret_cast<uint64_t*>(ws + wl.blocks_done);
-  p.reduce_claims = reinterpret_cast<uint32_t*>(ws + wl.reduce_claims);
   p.phases = options.phases;
   if (p.phases != nullptr) {
     LOOM_CUDA_TRY(cudaMemsetAsync(p.phases, 0, static_cast<size_t>(fused.grid) * sizeof(MoeLayerPhaseRecord), stream));
