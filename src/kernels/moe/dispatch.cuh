@@ -11,8 +11,8 @@
 //            there): waits (bounded, once per warp and rank) for d's entry word of this launch,
 //            copies the row with 16-byte vector stores into its FIRST row on d (the primary: the
 //            smallest of its rows there, as the layout is expert-major), writes the RecvRow origin
-//            of each of its rows on d (token, source rank and slot, weight, primary), fences at
-//            system scope, and adds 1 to d's arrival counter of each of those rows' blocks (on
+//            of each of its rows on d (token, source rank and slot, weight, primary), fences (at
+//            GPU scope when d is this rank, else at system scope), and adds 1 to d's arrival counter of each of those rows' blocks (on
 //            one rank, the add that completes a block also sets its ready flag: no arrival role).
 //            So a token crosses NVLink once per destination rank. To this rank itself (every
 //            token at W = 1) the warp writes all of the token's rows, each its own primary: there
@@ -138,7 +138,13 @@ __device__ __forceinline__ bool push_row(const DispatchParams& p, uint32_t d, bo
                          static_cast<int32_t>(own ? row : primary)};
     *p.ws.at<RecvRow>(c, static_cast<int>(d), l.rows, row) = origin;
   }
-  __threadfence_system();
+  // Rows on this rank are read only by this GPU (its arrival role, its GEMM's TMA loads after the
+  // gate's proxy fence), so a GPU-scope fence orders them; rows on a peer need system scope.
+  if (own) {
+    __threadfence();
+  } else {
+    __threadfence_system();
+  }
   __syncwarp();
   if (mine) {
     const uint32_t f = row / MoeTunables::kArrivalRows;
