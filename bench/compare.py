@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Compares two benchmark runs of one kind: per row the time ratio new / old.
 
-    bench/compare.py OLD.json NEW.json [--column loom] [--baseline COL] [--worst 5] [--fail-over PCT]
-                     [--fail-geomean-over PCT] [--json OUT.json]
+    bench/compare.py OLD.json NEW.json [--column loom] [--baseline COL] [--times ms] [--worst 5]
+                     [--fail-over PCT] [--fail-geomean-over PCT] [--json OUT.json]
 
 Both files are loom-bench JSON, merged TP JSON (bench/merge_results.py) or raw bench/torch_fused.py
 output (its columns are torch_fused and loom_beside_torch). Rows match on their kind (tensor-
@@ -10,7 +10,9 @@ parallel on one node or across nodes, GEMM, collective, ...), op, dtype, B layou
 (M, N, K or bytes per rank); rows in one file only are listed, not compared. The time compared is
 the row's median in `--column` (default loom); with `--baseline COL` it is that time divided by
 COL's from the same row, which was timed in the same rounds, so the GPU's clock drift between
-runs mostly cancels. A ratio above 1 means the new run is slower.
+runs mostly cancels. `--times NAME` reads the columns from another object of milliseconds in each
+row instead of "ms": bench/moe_layer.py's "ms_queued" (the GPU's time alone) or "phases" (one
+launch's phases, e.g. --column combine_tail). A ratio above 1 means the new run is slower.
 
 OLD and NEW may each name several runs of the same kind, comma-separated (the rounds of
 scripts/device/gemm_ab.sh, which times two builds in the same shuffled rounds): a row's value is
@@ -75,13 +77,17 @@ def row_key(row, doc):
     return (kind(row, doc),) + tuple(row.get(f) for f in KEY_FIELDS)
 
 
-def times(row):
-    """A row's median times by column (raw torch_fused rows hold torch's time as a number)."""
-    if isinstance(row.get("ms"), dict):
-        columns = dict(row["ms"])
-    else:
+def times(row, field="ms"):
+    """A row's median times by column, from its object `field` (raw torch_fused rows hold torch's
+    time as a number in "ms"); entries that are not positive numbers are no times."""
+    if isinstance(row.get(field), dict):
+        columns = dict(row[field])
+    elif field == "ms":
         columns = {"torch_fused": row.get("ms"), "loom_beside_torch": row.get("loom_ms")}
-    return {c: t for c, t in columns.items() if isinstance(t, (int, float)) and t > 0}
+    else:
+        columns = {}
+    return {c: t for c, t in columns.items()
+            if isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0}
 
 
 def rows_by_key(path, doc):
@@ -112,8 +118,8 @@ def describe(key):
     return " ".join(str(part) for part in (op, dtype, layout, shape) if part is not None)
 
 
-def value(row, column, baseline):
-    t = times(row)
+def value(row, column, baseline, field):
+    t = times(row, field)
     if column not in t or (baseline and baseline not in t):
         return None
     return t[column] / t[baseline] if baseline else t[column]
@@ -132,14 +138,14 @@ def load_runs(paths):
     return runs
 
 
-def side_values(runs, column, baseline):
+def side_values(runs, column, baseline, field):
     """{key: median over the runs of the row's value, or None when no run timed it} and the
     columns each key's rows timed in every run."""
     values, columns = {}, {}
     for _, _, rows in runs:
         for key, row in rows.items():
-            values.setdefault(key, []).append(value(row, column, baseline))
-            t = set(times(row))
+            values.setdefault(key, []).append(value(row, column, baseline, field))
+            t = set(times(row, field))
             columns[key] = columns[key] & t if key in columns else t
     medians = {}
     for key, vs in values.items():
@@ -148,11 +154,11 @@ def side_values(runs, column, baseline):
     return medians, columns
 
 
-def compare(old_paths, new_paths, column, baseline):
+def compare(old_paths, new_paths, column, baseline, field="ms"):
     """[(key, old value, new value)] for the rows both sides have with the time asked for, the
     keys on one side only, the keys on both without that time, and the columns both sides timed."""
-    old, old_columns = side_values(load_runs(old_paths), column, baseline)
-    new, new_columns = side_values(load_runs(new_paths), column, baseline)
+    old, old_columns = side_values(load_runs(old_paths), column, baseline, field)
+    new, new_columns = side_values(load_runs(new_paths), column, baseline, field)
     matched, untimed, columns = [], [], set()
     for key, before in old.items():
         if key not in new:
@@ -176,6 +182,7 @@ def write_json(path, args, matched, mean):
         "what": "compare",
         "old": {"files": args.old.split(","), "git_sha": shas(args.old)},
         "new": {"files": args.new.split(","), "git_sha": shas(args.new)},
+        "times": args.times,
         "column": args.column,
         "baseline": args.baseline or None,
         "geomean_new_over_old": mean,
@@ -194,6 +201,9 @@ def main(argv=None):
     p.add_argument("--column", default="loom", help="ms column to compare (default: loom)")
     p.add_argument("--baseline", default="",
                    help="compare column / BASELINE (e.g. nccl_cublas, cublas, nccl) instead of the time itself")
+    p.add_argument("--times", default="ms", metavar="NAME",
+                   help="each row's object of milliseconds to read the columns from (default: ms; "
+                        "bench/moe_layer.py rows also have ms_queued and phases)")
     p.add_argument("--worst", type=int, default=5, help="how many of the slowest rows to list (default: 5)")
     p.add_argument("--fail-over", type=float, default=None, metavar="PCT",
                    help="exit 1 if any row is more than PCT percent slower (ratio > 1 + PCT/100)")
@@ -209,11 +219,12 @@ def main(argv=None):
             p.error(f"--{name.replace('_', '-')} must be a percentage, 0 or more")
 
     try:
-        matched, only, untimed, columns = compare(args.old, args.new, args.column, args.baseline)
+        matched, only, untimed, columns = compare(args.old, args.new, args.column, args.baseline, args.times)
     except InputError as e:
         print(f"compare.py: {e}", file=sys.stderr)
         return 2
-    measure = f"{args.column} / {args.baseline}" if args.baseline else f"{args.column} ms"
+    where = "" if args.times == "ms" else f"{args.times}."
+    measure = f"{where}{args.column} / {where}{args.baseline}" if args.baseline else f"{where}{args.column} ms"
     if not matched and not untimed:
         kinds = {side: sorted({describe(key).split()[0] for key, s in only if s == side}) for side in ("old", "new")}
         print(f"compare.py: the two files share no row (old: {', '.join(kinds['old']) or 'none'}; "

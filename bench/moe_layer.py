@@ -302,7 +302,8 @@ def run_case(torch, loom, lt, comm, args, model, weights, tokens, routing):
 def summarize_phases(records):
     """One launch's phase records (loom.moe_layer_phases) as milliseconds from its first CTA's entry:
     when the dispatch roles were done (the last of them), when the CTAs' first tiles were claimed
-    (median, last), when their queues ran dry (first, last) and their combine shares ended (last);
+    (median, last), when their queues ran dry (first, last) and their combine shares ended (last),
+    and the combine's tail (the last share's end minus the last queue's end, "combine_tail");
     and per CTA, on average, how long its claims waited for inputs (fc1 for receive blocks, fc2 for
     fc1 rows). The CTAs that only compute (no dispatch role first) are also summarized on their
     own ("compute_*": their first tile's median, their waits per CTA), and "per_cta" keeps every
@@ -331,6 +332,7 @@ def summarize_phases(records):
             "first_tile_last": ms(first[-1]) if first else 0.0,
             "queue_dry_first": ms(min(done)), "queue_dry_last": ms(max(done)),
             "combine_done": ms(max(reduced)) if reduced else 0.0,
+            "combine_tail": (max(reduced) - max(done)) / 1e6 if reduced else 0.0,
             "up_wait_per_cta": sum(r["up_wait_ns"] for r in records) / n / 1e6,
             "down_wait_per_cta": sum(r["down_wait_ns"] for r in records) / n / 1e6,
             "tiles": sum(r["tiles"] for r in records),

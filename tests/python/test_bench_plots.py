@@ -149,6 +149,32 @@ def test_compare_refuses_runs_of_different_kinds_and_bad_arguments(tmp_path):
     assert run(COMPARE, tp, tmp_path / "missing.json").returncode == 2
 
 
+def test_compare_reads_another_object_of_times(tmp_path):
+    # bench/moe_layer.py rows: "ms" timed from an idle GPU, "ms_queued" the GPU's time alone, and
+    # one launch's "phases" (numbers among other fields; a list is no time).
+    def layer_run(path, queued, tail):
+        return write(path, {"git_sha": "abc1234", "world": 1, "rows": [
+            {"op": "moe_layer", "model": "deepseek-v3", "tokens": 4096, "routing": "uniform",
+             "ms": {"loom": 5.0, "compute_bound": 4.5}, "ms_queued": {"loom": queued, "compute_bound": 4.4},
+             "phases": {"combine_tail": tail, "ctas": 132, "per_cta": [{"cta": 0}]}}]})
+
+    old = layer_run(tmp_path / "old.json", 4.8, 0.25)
+    new = layer_run(tmp_path / "new.json", 4.56, 0.20)
+    assert run(COMPARE, old, new).stdout.splitlines()[1].endswith("1.000")
+    queued = run(COMPARE, old, new, "--times", "ms_queued", "--json", tmp_path / "q.json")
+    assert queued.returncode == 0, queued.stderr
+    assert "old ms_queued.loom ms" in queued.stdout and queued.stdout.splitlines()[1].endswith("0.950")
+    assert json.loads((tmp_path / "q.json").read_text())["times"] == "ms_queued"
+    relative = run(COMPARE, old, new, "--times", "ms_queued", "--baseline", "compute_bound")
+    assert relative.stdout.splitlines()[1].endswith("0.950")
+    tail = run(COMPARE, old, new, "--times", "phases", "--column", "combine_tail")
+    assert tail.returncode == 0 and tail.stdout.splitlines()[1].endswith("0.800"), tail.stdout
+    assert "moe_layer deepseek-v3 T4096 uniform" in tail.stdout
+    missing = run(COMPARE, old, new, "--times", "phases", "--column", "per_cta")
+    assert missing.returncode == 2 and "columns both timed: combine_tail, ctas" in missing.stderr
+    assert run(COMPARE, old, new, "--times", "nothing").returncode == 2
+
+
 def grouped_run(path, loom_ms):
     # bench/grouped_gemm.py rows: one per (model, gemm, tokens, routing), the same N and K for several.
     rows = [{"op": "grouped_gemm", "model": "deepseek-v3", "gemm": "fc1", "experts": 32, "tokens": 1024,

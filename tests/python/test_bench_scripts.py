@@ -240,7 +240,8 @@ def test_moe_layer_bench_phase_summary(monkeypatch):
                     reduced_ns=990 * us, up_wait_ns=30 * us, down_wait_ns=6 * us, role="compute", tiles=7, cta=1)]
     got = module.summarize_phases(records)
     want = {"ctas": 2, "dispatch_done": 0.1, "first_tile_median": 0.149, "first_tile_last": 0.149,
-            "queue_dry_first": 0.899, "queue_dry_last": 0.949, "combine_done": 0.999, "up_wait_per_cta": 0.02,
+            "queue_dry_first": 0.899, "queue_dry_last": 0.949, "combine_done": 0.999, "combine_tail": 0.05,
+            "up_wait_per_cta": 0.02,
             "down_wait_per_cta": 0.005, "tiles": 12,
             # the compute-only CTAs on their own: CTA 1
             "compute_ctas": 1, "compute_first_tile_median": 0.119, "compute_up_wait_per_cta": 0.03,
