@@ -12,8 +12,9 @@
 //            copies the row with 16-byte vector stores into its FIRST row on d (the primary: the
 //            smallest of its rows there, as the layout is expert-major), writes the RecvRow origin
 //            of each of its rows on d (token, source rank and slot, weight, primary), fences (at
-//            GPU scope when d is this rank, else at system scope), and adds 1 to d's arrival counter of each of those rows' blocks (on
-//            one rank, the add that completes a block also sets its ready flag: no arrival role).
+//            GPU scope when d is this rank, else at system scope), and adds 1 to d's arrival
+//            counter of each of those rows' blocks (on one rank, the add that completes a block
+//            also sets its ready flag: no arrival role).
 //            So a token crosses NVLink once per destination rank. To this rank itself (every
 //            token at W = 1) the warp writes all of the token's rows, each its own primary: there
 //            is no link to spare, and the arrival role need not read a primary back. On several
